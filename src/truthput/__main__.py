@@ -1,0 +1,3 @@
+from truthput.cli import main
+
+main()
