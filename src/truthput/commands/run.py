@@ -1,0 +1,100 @@
+"""`truthput run` and `truthput plan`: the whole A/B experiment, or just its plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+ENGINE_HELP = "Run on this engine instead of the file's [server].engine (e.g. 'sim': the embedded simulator)."
+STORE_HELP = "Results store (SQLite)."
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def run(
+        experiment: Optional[Path] = typer.Argument(None, help="Experiment file (TOML). Not needed with --resume."),
+        engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
+        store: Path = typer.Option(Path("truthput.db"), "--store", help=STORE_HELP),
+        resume: Optional[str] = typer.Option(None, "--resume", help="Continue an interrupted run (id or 'latest') without redoing finished trials."),
+        reports: Optional[Path] = typer.Option(Path("reports"), "--reports", help="Folder for the HTML and markdown reports."),
+    ) -> None:
+        """Run every variant x concurrency level, measure from server counters, print the verdict."""
+        import asyncio
+
+        from truthput.errors import SpecError
+        from truthput.load.client import install_fast_loop
+        from truthput.report.terminal import print_run
+        from truthput.runner import run_experiment
+        from truthput.spec.experiment import load_experiment, parse_experiment
+        from truthput.store.db import Store
+
+        db = Store(store)
+        if resume:
+            run_id = db.resolve_run(resume)
+            row = db.run(run_id)
+            exp = parse_experiment(row["experiment_toml"], f"{row['experiment_path'] or 'stored experiment'} (run {run_id})")
+            text, path = row["experiment_toml"], row["experiment_path"]
+        elif experiment is None:
+            raise SpecError("give an experiment file (truthput run EXP.toml) or --resume RUN_ID")
+        else:
+            exp, text = load_experiment(experiment)
+            path = str(experiment)
+            run_id = None
+        if engine is not None and engine not in ("sim", "vllm", "sglang", "llamacpp", "command", "external", "systemd"):
+            raise SpecError(f"--engine {engine!r}: expected one of sim, vllm, sglang, llamacpp, command, external, systemd")
+        install_fast_loop()
+        try:
+            run_id = asyncio.run(run_experiment(exp, text, path, db, engine=engine, resume=run_id))
+        except KeyboardInterrupt:
+            latest = db.resolve_run("latest") if run_id is None else run_id
+            typer.echo(f"truthput: interrupted; finished trials are kept. Resume with: truthput run --resume {latest} --store {store}", err=True)
+            raise typer.Exit(130)
+        print_run(db, run_id)
+        if reports is not None:
+            try:
+                from truthput.report.files import write_reports
+
+                paths = write_reports(db, run_id, reports)
+                for p in paths:
+                    typer.echo(f"report: {p}")
+            except ImportError:
+                pass
+
+    @app.command()
+    def plan(
+        experiment: Path = typer.Argument(..., help="Experiment file (TOML)."),
+        engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
+    ) -> None:
+        """Print the trial plan, each variant's argv diff and a time estimate; runs nothing."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from truthput.runner import build_plan
+        from truthput.spec.experiment import load_experiment
+
+        exp, _ = load_experiment(experiment)
+        p = build_plan(exp, engine)
+        con = Console()
+        con.print(f"[bold]{exp.experiment.name}[/bold]: engine {p.engine}"
+                  + (" (embedded simulator: every figure will be SIMULATED)" if p.engine == "sim" else ""))
+        con.print(f"base command: {' '.join(exp.server.command) or '(none)'}")
+        t = Table(title="variants (argv diff vs the baseline's command)")
+        t.add_column("variant")
+        t.add_column("diff")
+        t.add_column("speculation")
+        for v in p.variants:
+            name = v.name + (" (baseline)" if v.is_baseline else "")
+            spec = "off" if not v.speculative else ", ".join(f"{k}={val}" for k, val in v.speculative.items())
+            t.add_row(name, "\n".join(v.diff_text), spec)
+        con.print(t)
+        wl = exp.workload
+        window = f"{wl.duration_s:g} s window" if wl.duration_s else f"{wl.requests} requests"
+        con.print(f"order of server starts: {' '.join(f'{n}#{i + 1}' for n, i in p.order)}")
+        con.print(f"per start: concurrency {', '.join(map(str, p.concurrency))}; each level {wl.warmup_s:g} s warm-up "
+                  f"+ {p.repeats} trials x {window}")
+        trials = len(p.order) * len(p.concurrency) * p.repeats
+        con.print(f"{len(p.order)} server starts, {trials} timed trials; estimated time {p.estimate_s / 60:.1f} min"
+                  + (f"; the stopping rule ({exp.measure.target}) may add starts up to {exp.measure.max_starts} per variant"
+                     if exp.measure.target else ""))

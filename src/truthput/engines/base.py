@@ -1,0 +1,40 @@
+"""What the runner needs from any server, local or not: a URL, a start, a stop, and its log.
+
+A failed start is not an exception that ends the experiment: `start()` returns a `StartOutcome`
+with the failure class, and the runner records it and moves on (issue 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class StartOutcome:
+    ok: bool
+    ready_s: float | None = None
+    failure_kind: str | None = None  # see truthput.engines.failures
+    reason: str | None = None
+    root_cause_line: str | None = None
+    excerpt: str | None = None
+    pid: int | None = None
+    info: dict = field(default_factory=dict)
+
+
+class LogSink(Protocol):
+    def __call__(self, t_mono: float, stream: str, line: str) -> None: ...
+
+
+class Engine(Protocol):
+    kind: str
+    base_url: str
+    controlled: bool  # False for external servers: the config was not controlled by truthput
+
+    async def start(self) -> StartOutcome: ...
+
+    async def stop(self) -> None: ...
+
+    def recent_log(self, n: int = 40) -> list[str]: ...
+
+    def is_running(self) -> bool: ...

@@ -1,0 +1,71 @@
+"""Turn (experiment, variant argv) into an engine to start.
+
+`engine = "sim"` (or `--engine sim`) runs the same argv on the embedded simulator: the program part
+of the argv is replaced by `python -m truthput.sim serve` and the simulator is told the hardware and
+model from the experiment. The core never imports `truthput.sim`; it launches it like any server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Callable
+
+from truthput.engines.base import LogSink
+from truthput.engines.external import ExternalEngine
+from truthput.engines.ports import free_port
+from truthput.engines.process import ProcessEngine
+from truthput.errors import SpecError
+from truthput.spec.argv import ServerArgv
+from truthput.spec.experiment import Experiment
+
+READY_PATHS = {
+    "vllm": ("/health", "/v1/models"),
+    "sim": ("/health", "/v1/models"),
+    "sglang": ("/health", "/v1/models"),
+    "llamacpp": ("/health", "/v1/models"),
+    "command": ("/health", "/v1/models"),
+}
+
+
+def sim_requirements(exp: Experiment) -> None:
+    missing = [s for s in ("hardware", "model") if getattr(exp, s) is None]
+    if missing:
+        raise SpecError(
+            "the simulator needs " + " and ".join(f"[{m}]" for m in missing)
+            + " in the experiment file (e.g. [hardware] gpu = \"RTX 3090\", count = 2; [model] profile = \"qwen3.6-27b-5.5bit\")")
+
+
+def sim_argv(exp: Experiment, argv: ServerArgv, host: str, port: int, seed: int) -> list[str]:
+    assert exp.hardware is not None and exp.model is not None
+    served = dataclasses.replace(argv, program=()).with_host_port(host, port).to_argv()
+    extra = ["--sim-gpu", exp.hardware.gpu, "--sim-model", exp.model.ref, "--noise", repr(exp.sim.noise),
+             "--seed", str(seed), "--sim-startup-s", repr(exp.sim.startup_s)]
+    if exp.sim.profile:
+        extra += ["--sim-profile", exp.sim.profile]
+    if exp.sim.acceptance:
+        extra += ["--sim-acceptance", ",".join(str(a) for a in exp.sim.acceptance)]
+    return [sys.executable, "-m", "truthput.sim", "serve", *served, *extra]
+
+
+def make_engine(exp: Experiment, engine_kind: str, argv: ServerArgv, env: dict[str, str], seed: int,
+                log_sink: LogSink | None = None):
+    """Returns (engine, launched argv)."""
+    srv = exp.server
+    if engine_kind == "external":
+        return ExternalEngine(srv.url or ""), []
+    host = srv.host or "127.0.0.1"
+    port = srv.port or free_port(host)
+    if engine_kind == "sim":
+        sim_requirements(exp)
+        launched = sim_argv(exp, argv, host, port, seed)
+        env = {"VLLM_LOG_STATS_INTERVAL": repr(exp.sim.log_stats_interval_s), **env}
+    else:
+        launched = argv.with_host_port(host, port).to_argv()
+    ready = READY_PATHS.get(engine_kind, ("/health", "/v1/models"))
+    if engine_kind == "command" and srv.ready_url:
+        ready = (srv.ready_url,)
+    engine = ProcessEngine(engine_kind, launched, host, port, env=env, ready_paths=ready,
+                           ready_timeout_s=srv.ready_timeout_s, stop_grace_s=srv.stop_grace_s,
+                           log_sink=log_sink, port_pinned=srv.port is not None)
+    return engine, launched

@@ -1,0 +1,199 @@
+"""A server that truthput starts itself, as a subprocess in its own process group (no shell).
+
+Teardown always happens (success, failure, exception, Ctrl-C): SIGTERM to the whole process group,
+SIGKILL after a grace period, then wait until the port is closed, so the next variant never starts
+while an old server still holds the port. An `atexit` net kills any group still alive (principle 2:
+no orphaned GPU processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import signal
+import time
+from collections import deque
+from typing import Mapping, Sequence
+
+from truthput.engines.base import LogSink, StartOutcome
+from truthput.engines.ports import port_is_free, wait_port_free
+
+_LIVE_GROUPS: set[int] = set()
+
+
+def _kill_leftovers() -> None:
+    for pgid in list(_LIVE_GROUPS):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _LIVE_GROUPS.discard(pgid)
+
+
+atexit.register(_kill_leftovers)
+
+
+def _classify(exit_code: int | None, lines: Sequence[str], phase: str):
+    from truthput.engines.failures import classify
+
+    return classify(exit_code, lines, phase)
+
+
+class ProcessEngine:
+    """Launch argv, stream its output to a sink, wait for readiness, stop it cleanly."""
+
+    def __init__(self, kind: str, argv: Sequence[str], host: str, port: int, env: Mapping[str, str] | None = None,
+                 ready_paths: Sequence[str] = ("/health", "/v1/models"), ready_timeout_s: float = 600.0,
+                 stop_grace_s: float = 30.0, log_sink: LogSink | None = None, port_pinned: bool = False,
+                 cwd: str | None = None) -> None:
+        self.kind = kind
+        self.argv = list(argv)
+        self.host = host
+        self.port = port
+        self.base_url = f"http://{host}:{port}"
+        self.controlled = True
+        self.env = dict(env or {})
+        self.ready_paths = list(ready_paths)
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.port_pinned = port_pinned
+        self.cwd = cwd
+        self._sink = log_sink
+        self._lines: deque[str] = deque(maxlen=400)
+        self._proc: asyncio.subprocess.Process | None = None
+        self._readers: list[asyncio.Task] = []
+        self.pid: int | None = None
+        self.exit_code: int | None = None
+
+    # ---- logs -------------------------------------------------------------------------------
+    async def _pump(self, stream: asyncio.StreamReader, name: str) -> None:
+        while True:
+            try:
+                raw = await stream.readline()
+            except (asyncio.LimitOverrunError, ValueError):
+                raw = await stream.read(65536)
+            if not raw:
+                return
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            self._lines.append(line)
+            if self._sink is not None:
+                self._sink(time.monotonic(), name, line)
+
+    def recent_log(self, n: int = 40) -> list[str]:
+        return list(self._lines)[-n:]
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> StartOutcome:
+        if not port_is_free(self.port, self.host):
+            where = "pinned in [server].port" if self.port_pinned else "chosen free a moment ago"
+            reason = f"port {self.port} on {self.host} is already in use ({where})"
+            return StartOutcome(ok=False, failure_kind="port_in_use", reason=reason, root_cause_line=reason)
+        env = {**os.environ, **self.env}
+        t0 = time.monotonic()
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True, env=env, cwd=self.cwd, limit=1 << 20)
+        except (FileNotFoundError, PermissionError) as exc:
+            reason = f"cannot execute {self.argv[0]!r}: {exc.strerror}"
+            return StartOutcome(ok=False, failure_kind="invalid_config", reason=reason, root_cause_line=reason)
+        self.pid = self._proc.pid
+        _LIVE_GROUPS.add(self._proc.pid)
+        self._readers = [asyncio.create_task(self._pump(self._proc.stdout, "stdout")),
+                         asyncio.create_task(self._pump(self._proc.stderr, "stderr"))]
+        outcome = await self._wait_ready(t0)
+        outcome.pid = self.pid
+        if not outcome.ok:
+            await self.stop()
+        return outcome
+
+    async def _wait_ready(self, t0: float) -> StartOutcome:
+        import aiohttp
+
+        deadline = t0 + self.ready_timeout_s
+        timeout = aiohttp.ClientTimeout(total=3.0)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                assert self._proc is not None
+                if self._proc.returncode is not None:
+                    await self._drain_readers()
+                    self.exit_code = self._proc.returncode
+                    return self._failure(self._proc.returncode, "startup")
+                if await self._probe(session):
+                    return StartOutcome(ok=True, ready_s=time.monotonic() - t0)
+                if time.monotonic() > deadline:
+                    out = self._failure(None, "startup")
+                    out.failure_kind = "startup_timeout"
+                    out.reason = (f"not ready after {self.ready_timeout_s:.0f} s "
+                                  f"({' then '.join(self.ready_paths)} never answered 200)")
+                    return out
+                try:
+                    await asyncio.wait_for(self._proc.wait(), timeout=0.2)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _probe(self, session) -> bool:
+        import aiohttp
+
+        for path in self.ready_paths:
+            url = path if path.startswith("http") else self.base_url + path
+            try:
+                async with session.get(url) as resp:
+                    if resp.status != 200:
+                        return False
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                return False
+        return True
+
+    def _failure(self, exit_code: int | None, phase: str) -> StartOutcome:
+        lines = list(self._lines)
+        f = _classify(exit_code, lines, phase)
+        return StartOutcome(ok=False, failure_kind=f.kind, reason=f.reason, root_cause_line=f.root_cause_line,
+                            excerpt=f.excerpt)
+
+    async def _drain_readers(self) -> None:
+        if self._readers:
+            await asyncio.wait(self._readers, timeout=5.0)
+
+    def crashed(self) -> StartOutcome | None:
+        """If the server died under load, the classified failure; else None."""
+        if self._proc is not None and self._proc.returncode is not None:
+            self.exit_code = self._proc.returncode
+            out = self._failure(self._proc.returncode, "load")
+            if out.failure_kind in (None, "exited"):
+                out.failure_kind = "crash_under_load"
+            return out
+        return None
+
+    async def stop(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            if proc.returncode is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+                try:
+                    await asyncio.wait_for(proc.wait(), timeout=self.stop_grace_s)
+                except asyncio.TimeoutError:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    await proc.wait()
+            # children that outlived the leader (engine cores, workers) die with the group
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.exit_code = proc.returncode
+            await self._drain_readers()
+            await asyncio.get_running_loop().run_in_executor(None, wait_port_free, self.port, self.host, 30.0)
+        finally:
+            _LIVE_GROUPS.discard(proc.pid)

@@ -1,0 +1,332 @@
+"""Streaming OpenAI-compatible client: one POST per request, every chunk timed, nothing derived.
+
+Why this shape: the client must not be the bottleneck (principle 4), so there is one aiohttp
+session for all streams (no connection cap, large read buffers), payloads are decoded with orjson,
+and per chunk only three list appends happen on the `RequestRecord`. Errors never escape
+`stream()`: they become `status="error"` records whose `error` is one line saying what and where,
+so a trial keeps every request (principle 2: nothing is lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from truthput.errors import EngineError, SpecError
+from truthput.load.records import RequestRecord
+from truthput.load.sse import SSEParser
+
+_READ_BUFSIZE = 4 * 1024 * 1024  # long prompts / long chunks must not trip aiohttp's line limits
+_DONE = b"[DONE]"
+
+
+def install_fast_loop() -> bool:
+    """Use uvloop's event loop for subsequently created loops when it is installed.
+
+    Returns True when uvloop is active. Call before `asyncio.run`.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+@dataclass
+class ClientConfig:
+    """Where and how to stream. `api_key_env` names an env var; the key itself is never stored."""
+
+    base_url: str
+    endpoint: str = "completions"  # or "chat"
+    model: str | None = None  # None -> first id from GET /v1/models
+    api_key_env: str | None = None
+    request_timeout_s: float = 600.0
+    continuous_usage: bool = True
+
+
+def _api_root(base_url: str) -> str:
+    root = base_url.rstrip("/")
+    if root.endswith("/v1"):
+        root = root[:-3]
+    return root
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class StreamClient:
+    """Async context manager holding the shared HTTP session; `stream()` runs one request."""
+
+    def __init__(self, cfg: ClientConfig) -> None:
+        if cfg.endpoint not in ("completions", "chat"):
+            raise SpecError(f"client endpoint {cfg.endpoint!r}: expected 'completions' or 'chat'")
+        self.cfg = cfg
+        root = _api_root(cfg.base_url)
+        self.models_url = f"{root}/v1/models"
+        self.url = f"{root}/v1/completions" if cfg.endpoint == "completions" else f"{root}/v1/chat/completions"
+        self.model: str | None = cfg.model
+        self.notes: list[str] = []
+        # None: not known yet; True: the server sent running usage; False: rejected or ignored.
+        self.continuous_usage_supported: bool | None = None if cfg.continuous_usage else False
+        self._stream_options_supported = True
+        self._session: aiohttp.ClientSession | None = None
+        self._headers: dict[str, str] = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        self._model_lock = asyncio.Lock()
+
+    async def __aenter__(self) -> StreamClient:
+        if self.cfg.api_key_env:
+            key = os.environ.get(self.cfg.api_key_env)
+            if not key:
+                raise SpecError(f"client api_key_env: environment variable {self.cfg.api_key_env} is not set")
+            self._headers["Authorization"] = f"Bearer {key}"
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False, enable_cleanup_closed=True)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s, sock_connect=30.0),
+            read_bufsize=_READ_BUFSIZE,
+            max_line_size=_READ_BUFSIZE,
+            max_field_size=_READ_BUFSIZE,
+            auto_decompress=False,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    async def resolve_model(self) -> str:
+        """The configured model, else the first id the server lists at GET /v1/models."""
+        if self.model:
+            return self.model
+        async with self._model_lock:
+            if self.model:
+                return self.model
+            assert self._session is not None, "StreamClient used outside `async with`"
+            try:
+                async with self._session.get(self.models_url, headers=self._headers) as resp:
+                    raw = await resp.read()
+                    if resp.status != 200:
+                        raise EngineError(
+                            f"GET {self.models_url}: HTTP {resp.status}: {_one_line(raw.decode('utf-8', 'replace'), 200)}"
+                        )
+                ids = [m.get("id") for m in orjson.loads(raw).get("data", [])]
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                raise EngineError(f"GET {self.models_url}: {type(exc).__name__}: {_one_line(str(exc), 200)}") from None
+            except (orjson.JSONDecodeError, AttributeError, TypeError):
+                raise EngineError(f"GET {self.models_url}: response is not an OpenAI model list") from None
+            if not ids or not ids[0]:
+                raise EngineError(f"GET {self.models_url}: the server lists no models")
+            self.model = str(ids[0])
+            return self.model
+
+    def _payload(self, body: dict[str, Any]) -> tuple[bytes, bool, bool]:
+        """(JSON bytes, whether continuous_usage_stats was asked for, whether stream_options was sent)."""
+        req = dict(body)
+        req["stream"] = True
+        ask_running = False
+        if self._stream_options_supported:
+            opts = dict(req.get("stream_options") or {})
+            opts["include_usage"] = True
+            if self.continuous_usage_supported is not False:
+                opts["continuous_usage_stats"] = True
+                ask_running = True
+            else:
+                opts.pop("continuous_usage_stats", None)
+            req["stream_options"] = opts
+        else:
+            req.pop("stream_options", None)
+        return orjson.dumps(req), ask_running, self._stream_options_supported
+
+    def _handle_rejection(self, status: int, text: str, asked_running: bool, sent_options: bool) -> bool:
+        """True when a 400 names a stream option this attempt sent; the caller retries without it.
+
+        Decided per attempt, so N concurrent first requests all rejected at once each retry once.
+        """
+        if status not in (400, 422):
+            return False
+        if asked_running and "continuous_usage_stats" in text:
+            self.continuous_usage_supported = False
+            self._note(
+                f"{self.url} rejected stream_options.continuous_usage_stats (HTTP {status}); "
+                "streaming without running usage: per-chunk token counts are unavailable"
+            )
+            return True
+        if sent_options and ("stream_options" in text or "include_usage" in text):
+            self._stream_options_supported = False
+            self.continuous_usage_supported = False
+            self._note(
+                f"{self.url} rejected stream_options (HTTP {status}); streaming without usage options: "
+                "final usage only if the server sends it unasked"
+            )
+            return True
+        return False
+
+    async def stream(
+        self,
+        idx: int,
+        body: dict[str, Any],
+        on_first_token: Callable[[int], None] | None = None,
+    ) -> RequestRecord:
+        """POST `body` with streaming on; return the timed record (never raises for request errors).
+
+        `on_first_token(idx)` is called synchronously when the first content chunk arrives (the
+        closed loop uses it to know when all streams are generating).
+        """
+        rec = RequestRecord(idx=idx, t_start=time.monotonic())
+        try:
+            if "model" not in body:
+                body = dict(body)
+                body["model"] = self.model or await self.resolve_model()
+            for _attempt in range(3):
+                done = await self._post(rec, body, on_first_token)
+                if done:
+                    break
+        except EngineError as exc:
+            rec.status, rec.error = "error", f"request {idx}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a record, never an exception, per contract
+            rec.status = "error"
+            rec.error = (
+                f"request {idx}: {type(exc).__name__} from {self.url} after {len(rec.chunk_times)} chunks: "
+                f"{_one_line(str(exc) or repr(exc), 200)}"
+            )
+        if not rec.t_end:
+            rec.t_end = time.monotonic()
+        return rec
+
+    async def _post(
+        self, rec: RequestRecord, body: dict[str, Any], on_first_token: Callable[[int], None] | None
+    ) -> bool:
+        """One attempt. False means: retry (a stream option was rejected); True: record is final."""
+        session = self._session
+        assert session is not None, "StreamClient used outside `async with`"
+        url = self.url
+        chat = self.cfg.endpoint == "chat"
+        rec.t_start = time.monotonic()
+        payload, asked_running, sent_options = self._payload(body)
+        async with session.post(url, data=payload, headers=self._headers) as resp:
+            rec.http_status = resp.status
+            if resp.status != 200:
+                text = (await resp.read()).decode("utf-8", "replace")
+                if self._handle_rejection(resp.status, text, asked_running, sent_options):
+                    return False
+                rec.status = "error"
+                rec.error = f"request {rec.idx}: HTTP {resp.status} from {url}: {_one_line(text, 200)}"
+                rec.t_end = time.monotonic()
+                return True
+
+            parser = SSEParser()
+            feed = parser.feed
+            loads = orjson.loads
+            now = time.monotonic
+            times_append = rec.chunk_times.append
+            tokens_append = rec.chunk_tokens.append
+            texts_append = rec.chunk_texts.append
+            last_ct = 0  # a usage count of 0 (e.g. on a role-only chunk) is no change
+            saw_running_usage = False
+            got_done = False
+            read = resp.content.readany
+            while not got_done:
+                data = await read()
+                if not data:
+                    break
+                t = now()
+                for payload in feed(data):
+                    if payload == _DONE:
+                        got_done = True
+                        break
+                    try:
+                        obj = loads(payload)
+                    except orjson.JSONDecodeError:
+                        rec.status = "error"
+                        rec.error = (
+                            f"request {rec.idx}: malformed SSE data from {url} at chunk {len(rec.chunk_times)}: "
+                            f"{_one_line(payload[:120].decode('utf-8', 'replace'), 160)}"
+                        )
+                        rec.t_end = t
+                        return True
+                    if type(obj) is not dict:
+                        continue
+                    err = obj.get("error")
+                    if err:
+                        msg = err.get("message", err) if isinstance(err, dict) else err
+                        rec.status = "error"
+                        rec.error = (
+                            f"request {rec.idx}: server error event from {url} after "
+                            f"{len(rec.chunk_times)} chunks: {_one_line(str(msg), 200)}"
+                        )
+                        rec.t_end = t
+                        return True
+                    usage = obj.get("usage")
+                    ct = -1
+                    if usage:
+                        c = usage.get("completion_tokens")
+                        if c is not None:
+                            ct = c
+                            rec.completion_tokens = c
+                        p = usage.get("prompt_tokens")
+                        if p is not None:
+                            rec.prompt_tokens = p
+                    choices = obj.get("choices")
+                    if not choices:
+                        continue  # usage-only (final) chunk
+                    choice = choices[0]
+                    if chat:
+                        delta = choice.get("delta")
+                        text = delta.get("content") if delta else None
+                    else:
+                        text = choice.get("text")
+                    fr = choice.get("finish_reason")
+                    if fr is not None:
+                        rec.finish_reason = fr
+                    if ct >= 0:
+                        saw_running_usage = True
+                    if text or ct > last_ct:
+                        if rec.t_first is None:
+                            rec.t_first = t
+                            if on_first_token is not None:
+                                on_first_token(rec.idx)
+                        times_append(t)
+                        tokens_append(ct)
+                        texts_append(text or "")
+                        if ct > last_ct:
+                            last_ct = ct
+            rec.t_end = now()
+            if not got_done:
+                for payload in parser.flush():
+                    if payload == _DONE:
+                        got_done = True
+            if not got_done:
+                rec.status = "error"
+                rec.error = (
+                    f"request {rec.idx}: stream from {url} ended without [DONE] after {len(rec.chunk_times)} chunks"
+                    + (f" ({parser.pending_bytes} bytes of an unfinished event)" if parser.pending_bytes else "")
+                )
+                return True
+            if saw_running_usage:
+                self.continuous_usage_supported = True
+            elif (
+                self.continuous_usage_supported is None
+                and self._stream_options_supported
+                and rec.chunk_times
+            ):
+                self.continuous_usage_supported = False
+                self._note(
+                    f"{url} ignored stream_options.continuous_usage_stats (no running usage in chunks); "
+                    "per-chunk token counts are unavailable"
+                )
+            return True

@@ -1,0 +1,103 @@
+"""Incremental Server-Sent-Events parser for the streaming hot path.
+
+Why hand-written: the client parses every chunk of every stream at high concurrency, so the parser
+must never re-scan bytes it has already looked at (a naive `buffer.split(b"\\n\\n")` per read is
+quadratic for long events) and must not build per-chunk objects beyond the payload bytes.
+
+Handles: `data:` with or without the single leading space, multi-line `data:` (joined with "\\n"
+as the SSE spec says), comment lines (`: keep-alive`), other fields (`event:`, `id:`, `retry:`,
+ignored), CRLF line endings (also a CR/LF pair split across two reads), events split across reads
+and many events in one read. Lone-CR line endings (allowed by the spec, sent by no LLM server we
+know of) are not supported.
+"""
+
+from __future__ import annotations
+
+_DATA = b"data:"
+_SEP = b"\n\n"
+
+
+class SSEParser:
+    """Feed raw bytes, get back the `data` payload (bytes) of every complete event.
+
+    Only the unscanned tail of the buffer is searched for the event separator; consumed bytes are
+    dropped once per `feed` call (one memmove of the unconsumed remainder, usually a few bytes).
+    """
+
+    __slots__ = ("_buf", "_scan_from", "_pending_cr", "events_seen")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._scan_from = 0
+        self._pending_cr = False
+        self.events_seen = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Append `data`; return the payloads of the events it completed (possibly none)."""
+        if self._pending_cr:
+            data = b"\r" + data
+            self._pending_cr = False
+        if b"\r" in data:
+            if data.endswith(b"\r"):
+                # The LF of a CRLF may arrive in the next read: hold the CR back.
+                data = data[:-1]
+                self._pending_cr = True
+            data = data.replace(b"\r\n", b"\n")
+        buf = self._buf
+        buf += data
+        out: list[bytes] = []
+        start = 0
+        find = buf.find
+        pos = find(_SEP, self._scan_from)
+        while pos != -1:
+            payload = _event_data(buf, start, pos)
+            self.events_seen += 1
+            if payload is not None:
+                out.append(payload)
+            start = pos + 2
+            pos = find(_SEP, start)
+        if start:
+            del buf[:start]
+        # A separator may straddle this read and the next: rescan only the last byte.
+        self._scan_from = max(len(buf) - 1, 0)
+        return out
+
+    def flush(self) -> list[bytes]:
+        """At end of stream: the payload of a final event that lacked its blank line, if any."""
+        buf = self._buf
+        if self._pending_cr:
+            self._pending_cr = False
+        while buf.endswith(b"\n"):
+            del buf[-1:]
+        if not buf:
+            return []
+        payload = _event_data(buf, 0, len(buf))
+        buf.clear()
+        self._scan_from = 0
+        return [payload] if payload is not None else []
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes received but not yet part of a complete event (non-zero at EOF = truncated)."""
+        return len(self._buf)
+
+
+def _event_data(buf: bytearray, start: int, end: int) -> bytes | None:
+    """The joined `data` lines of the event in buf[start:end], or None if it has no data line."""
+    # Fast path: the usual one-line event `data: {...}`.
+    if buf.startswith(_DATA, start) and buf.find(b"\n", start, end) == -1:
+        s = start + 5
+        if s < end and buf[s] == 0x20:
+            s += 1
+        return bytes(buf[s:end])
+    parts: list[bytes] = []
+    for line in bytes(buf[start:end]).split(b"\n"):
+        if line.startswith(_DATA):
+            value = line[5:]
+            if value.startswith(b" "):
+                value = value[1:]
+            parts.append(value)
+        # comments (":...") and other fields are ignored
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else b"\n".join(parts)

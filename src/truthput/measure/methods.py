@@ -1,0 +1,170 @@
+"""Client-side ways of counting output, computed per SSE chunk so any window can be applied.
+
+All requests' chunks are flattened once into numpy arrays (measurement must handle 10,000
+requests in well under a second). Per chunk we know: its arrival time, its text, and where the
+server sent `continuous_usage_stats`, the running completion-token count. From that:
+- usage tokens per chunk: differences of the running count (exact, placed in time);
+- tokenizer tokens per chunk: the request's whole text tokenized once, each token assigned to the
+  chunk in which its last character arrived (tokenizing deltas separately would over-count);
+- chunks: one per chunk with text (what GuideLLM-style fallbacks call a token);
+- words: whitespace-separated words, each assigned to the chunk where it starts (the seed's probe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+import math
+
+import numpy as np
+
+from truthput.load.records import RequestRecord
+
+SOURCES = ("server_counter", "usage", "tokenizer", "chunks", "words", "log_line", "client_clock", "simulator", "model")
+
+
+def fig(value: float | int | None, unit: str, source: str, note: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A figure; NaN/inf become None (JSON-able) and `note` says why when there is no value."""
+    if source not in SOURCES:
+        raise ValueError(f"unknown figure source {source!r}")
+    if isinstance(value, np.integer):
+        value = int(value)
+    elif isinstance(value, (float, np.floating)):
+        value = float(value) if math.isfinite(value) else None
+    out: dict[str, Any] = {"value": value, "unit": unit, "source": source}
+    if note:
+        out["note"] = note
+    out.update(extra)
+    return out
+
+
+# Code points Python's str.split() treats as whitespace.
+_WHITESPACE = np.array(
+    [9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 133, 160, 5760, *range(8192, 8203), 8232, 8233, 8239, 8287, 12288],
+    dtype=np.uint32,
+)
+
+
+@dataclass(slots=True)
+class ChunkTable:
+    """Every chunk of every request as parallel arrays (index = global chunk number)."""
+
+    rec: np.ndarray  # int: position of the request in the records list
+    t: np.ndarray  # float: arrival time (monotonic)
+    running: np.ndarray  # int: running completion_tokens after the chunk, -1 unknown
+    n_chars: np.ndarray  # int: characters in the chunk's text
+    first_chunk: np.ndarray  # int per request: index of its first chunk
+    n_chunks: np.ndarray  # int per request
+    continuous: np.ndarray  # bool per request: every chunk carries a running count
+    texts: list[str]  # per chunk
+
+    @property
+    def size(self) -> int:
+        return int(self.t.shape[0])
+
+
+def build_chunk_table(records: Sequence[RequestRecord]) -> ChunkTable:
+    n_chunks = np.fromiter((len(r.chunk_times) for r in records), dtype=np.int64, count=len(records))
+    total = int(n_chunks.sum())
+    t = np.fromiter((x for r in records for x in r.chunk_times), dtype=np.float64, count=total)
+    texts: list[str] = [x for r in records for x in r.chunk_texts]
+    if len(texts) != total:
+        texts = []
+        for r in records:
+            pad = len(r.chunk_times) - len(r.chunk_texts)
+            texts.extend(list(r.chunk_texts[: len(r.chunk_times)]) + [""] * max(pad, 0))
+    running = np.full(total, -1, dtype=np.int64)
+    pos = 0
+    for r in records:
+        n = len(r.chunk_times)
+        if r.chunk_tokens:
+            k = min(n, len(r.chunk_tokens))
+            running[pos : pos + k] = r.chunk_tokens[:k]
+        pos += n
+    rec = np.repeat(np.arange(len(records), dtype=np.int64), n_chunks)
+    first = np.zeros(len(records), dtype=np.int64)
+    if len(records):
+        first[1:] = np.cumsum(n_chunks)[:-1]
+    n_chars = np.fromiter(map(len, texts), dtype=np.int64, count=total)
+    has_unknown = np.zeros(len(records), dtype=bool)
+    if total:
+        np.logical_or.at(has_unknown, rec, running < 0)
+    continuous = (~has_unknown) & (n_chunks > 0)
+    return ChunkTable(rec, t, running, n_chars, first, n_chunks, continuous, texts)
+
+
+def usage_tokens_per_chunk(table: ChunkTable) -> np.ndarray:
+    """Tokens each chunk added by the running usage count; -1 where the request has no continuous count."""
+    out = np.full(table.size, -1, dtype=np.int64)
+    if table.size == 0:
+        return out
+    prev = np.empty_like(table.running)
+    prev[1:] = table.running[:-1]
+    prev[table.first_chunk[table.n_chunks > 0]] = 0
+    diff = table.running - prev
+    ok = table.continuous[table.rec]
+    out[ok] = diff[ok]
+    return out
+
+
+def words_per_chunk(table: ChunkTable) -> np.ndarray:
+    """Whitespace words starting in each chunk (a word split across chunks counts once)."""
+    if table.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    big = "".join(table.texts)
+    if not big:
+        return np.zeros(table.size, dtype=np.int64)
+    codes = np.frombuffer(big.encode("utf-32-le"), dtype=np.uint32)
+    space = np.isin(codes, _WHITESPACE)
+    char_chunk = np.repeat(np.arange(table.size, dtype=np.int64), table.n_chars)
+    char_rec = table.rec[char_chunk]
+    prev_space = np.empty_like(space)
+    prev_space[0] = True
+    prev_space[1:] = space[:-1] | (char_rec[1:] != char_rec[:-1])  # a new request starts a new word
+    starts = ~space & prev_space
+    return np.bincount(char_chunk[starts], minlength=table.size).astype(np.int64)
+
+
+def text_chunks(table: ChunkTable) -> np.ndarray:
+    """1 for each chunk that carried text (the 'chunk = token' method)."""
+    return (table.n_chars > 0).astype(np.int64)
+
+
+def tokenizer_tokens_per_chunk(table: ChunkTable, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens per chunk, tokens per request) with a `tokenizers.Tokenizer`: each request's text is
+    encoded once without special tokens; a token belongs to the chunk holding its last character."""
+    per_chunk = np.zeros(table.size, dtype=np.int64)
+    n_req = table.n_chunks.shape[0]
+    per_req = np.zeros(n_req, dtype=np.int64)
+    docs = []
+    for i in range(n_req):
+        a = int(table.first_chunk[i])
+        docs.append("".join(table.texts[a : a + int(table.n_chunks[i])]))
+    encodings = tokenizer.encode_batch(docs, add_special_tokens=False)
+    cum_all = np.cumsum(table.n_chars)
+    for i, enc in enumerate(encodings):
+        n = int(table.n_chunks[i])
+        if n == 0 or not enc.ids:
+            continue
+        a = int(table.first_chunk[i])
+        base = int(cum_all[a - 1]) if a > 0 else 0
+        bounds = cum_all[a : a + n] - base  # end char (exclusive) of each chunk
+        ends = np.fromiter((o[1] for o in enc.offsets), dtype=np.int64, count=len(enc.offsets))
+        chunk_of = np.searchsorted(bounds, np.maximum(ends, 1), side="left")
+        chunk_of = np.minimum(chunk_of, n - 1)
+        per_chunk[a : a + n] += np.bincount(chunk_of, minlength=n)
+        per_req[i] = len(enc.ids)
+    return per_chunk, per_req
+
+
+def in_window(table: ChunkTable, window: tuple[float, float]) -> np.ndarray:
+    """Chunks that arrived in (start, end]."""
+    ws, we = window
+    return (table.t > ws) & (table.t <= we)
+
+
+def per_request_sum(table: ChunkTable, per_chunk: np.ndarray) -> np.ndarray:
+    n_req = table.n_chunks.shape[0]
+    if table.size == 0:
+        return np.zeros(n_req, dtype=np.int64)
+    return np.bincount(table.rec, weights=per_chunk, minlength=n_req)

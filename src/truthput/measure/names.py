@@ -1,0 +1,114 @@
+"""Prometheus metric names per engine, so measurement never hard-codes one engine's spelling.
+
+Each field holds the current sample name; `aliases` lists older spellings (vLLM renamed
+`gpu_cache_usage_perc` -> `kv_cache_usage_perc` and `time_per_output_token_seconds` ->
+`inter_token_latency_seconds`). `candidates(field)` returns the current name first, then aliases,
+and measurement uses the first one present in a scrape. Counters are named as exposed (`_total`);
+histograms by their base name (`_bucket` / `_sum` / `_count` are appended when read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from truthput.errors import SpecError
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetricNames:
+    """The metric names one engine exposes; None where the engine has no such metric."""
+
+    engine: str
+    emitted_tokens: str | None = None
+    prompt_tokens: str | None = None
+    spec_drafts: str | None = None
+    spec_draft_tokens: str | None = None
+    spec_accepted: str | None = None
+    spec_accepted_per_pos: str | None = None  # labelled position="0", "1", ...
+    spec_verify_calls: str | None = None  # SGLang: one per verification step
+    preemptions: str | None = None
+    running: str | None = None
+    waiting: str | None = None
+    kv_usage: str | None = None
+    ttft_hist: str | None = None
+    itl_hist: str | None = None
+    tpot_hist: str | None = None
+    e2e_hist: str | None = None
+    aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def candidates(self, name_field: str) -> tuple[str, ...]:
+        """Current name first, then older aliases; empty when the engine has none."""
+        current = getattr(self, name_field)
+        older = self.aliases.get(name_field, ())
+        return tuple(n for n in (current, *older) if n)
+
+
+_VLLM = EngineMetricNames(
+    engine="vllm",
+    emitted_tokens="vllm:generation_tokens_total",
+    prompt_tokens="vllm:prompt_tokens_total",
+    spec_drafts="vllm:spec_decode_num_drafts_total",
+    spec_draft_tokens="vllm:spec_decode_num_draft_tokens_total",
+    spec_accepted="vllm:spec_decode_num_accepted_tokens_total",
+    spec_accepted_per_pos="vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    preemptions="vllm:num_preemptions_total",
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
+    kv_usage="vllm:kv_cache_usage_perc",
+    ttft_hist="vllm:time_to_first_token_seconds",
+    itl_hist="vllm:inter_token_latency_seconds",
+    tpot_hist="vllm:request_time_per_output_token_seconds",
+    e2e_hist="vllm:e2e_request_latency_seconds",
+    aliases={
+        "kv_usage": ("vllm:gpu_cache_usage_perc",),
+        "itl_hist": ("vllm:time_per_output_token_seconds",),
+        "preemptions": ("vllm:num_preemptions",),
+    },
+)
+
+_SGLANG = EngineMetricNames(
+    engine="sglang",
+    emitted_tokens="sglang:generation_tokens_total",
+    prompt_tokens="sglang:prompt_tokens_total",
+    spec_verify_calls="sglang:spec_verify_calls_total",
+    running="sglang:num_running_reqs",
+    waiting="sglang:num_queue_reqs",
+    kv_usage="sglang:token_usage",
+    ttft_hist="sglang:time_to_first_token_seconds",
+    itl_hist="sglang:inter_token_latency_seconds",
+    e2e_hist="sglang:e2e_request_latency_seconds",
+    aliases={"itl_hist": ("sglang:time_per_output_token_seconds",)},
+)
+
+_LLAMACPP = EngineMetricNames(
+    engine="llamacpp",
+    emitted_tokens="llamacpp:tokens_predicted_total",
+    prompt_tokens="llamacpp:prompt_tokens_total",
+    spec_drafts="llamacpp:spec_decode_num_drafts_total",
+    spec_draft_tokens="llamacpp:spec_decode_num_draft_tokens_total",
+    spec_accepted="llamacpp:spec_decode_num_accepted_tokens_total",
+    spec_accepted_per_pos="llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
+    running="llamacpp:requests_processing",
+    waiting="llamacpp:requests_deferred",
+)
+
+_BY_ENGINE = {"vllm": _VLLM, "sim": _VLLM, "systemd": _VLLM, "sglang": _SGLANG, "llamacpp": _LLAMACPP}
+
+NAME_FIELDS = tuple(f.name for f in fields(EngineMetricNames) if f.name not in ("engine", "aliases"))
+
+
+def metric_names(engine: str, user_names: dict[str, str] | None = None) -> EngineMetricNames:
+    """Names for `engine`; `user_names` (field -> metric name) overrides or, for "command" /
+    "external" engines, supplies them (unknown engines start from vLLM's names, the common case
+    for OpenAI-compatible servers built on vLLM)."""
+    base = _BY_ENGINE.get(engine)
+    if base is None:
+        if engine not in ("command", "external"):
+            raise SpecError(f"unknown engine {engine!r} for metric names (known: vllm, sglang, llamacpp, command)")
+        base = replace(_VLLM, engine=engine)
+    if not user_names:
+        return base
+    unknown = sorted(set(user_names) - set(NAME_FIELDS))
+    if unknown:
+        raise SpecError(f"unknown metric name field(s) {unknown} (known: {', '.join(NAME_FIELDS)})")
+    return replace(base, **user_names)

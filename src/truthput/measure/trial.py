@@ -1,0 +1,486 @@
+"""Everything measured about one trial, every figure with its provenance, and every other way of
+counting set against the server's counter with the reason it is off.
+
+The reference is the engine's emitted-token counter delta between the `window_start` and
+`window_end` scrapes divided by the time between those scrapes. Client-side methods are computed
+over exactly the same interval (the scrape times), so their differences are the methods'
+own errors (unit, window, definition), not a window mismatch we introduced.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Sequence
+
+import numpy as np
+
+from truthput.load.records import RequestRecord
+from truthput.measure import logparse
+from truthput.measure.counters import CounterDelta, counter_delta
+from truthput.measure.latency import client_latency, server_histograms
+from truthput.measure.methods import (
+    ChunkTable,
+    build_chunk_table,
+    fig,
+    in_window,
+    per_request_sum,
+    text_chunks,
+    tokenizer_tokens_per_chunk,
+    usage_tokens_per_chunk,
+    words_per_chunk,
+)
+from truthput.measure.names import EngineMetricNames, metric_names
+from truthput.measure.prom import ParsedScrape, Scrape, by_label, histogram, parse_scrape
+from truthput.measure.specdecode import SpecDeltas, drafted_plus_accepted_explanation, spec_decode_stats
+
+AGREE_PCT = 0.5  # within this, a method "agrees" with the reference
+
+
+def _pct(value: float | None, ref: float | None) -> float | None:
+    if value is None or ref is None or ref == 0:
+        return None
+    return (value - ref) / ref * 100.0
+
+
+class _Scrapes:
+    """Parsed scrapes in time order with phase lookup and counter series."""
+
+    def __init__(self, scrapes: Sequence[Scrape]):
+        self.all: list[ParsedScrape] = sorted((parse_scrape(s) for s in scrapes), key=lambda p: p.t_mono)
+
+    def phase(self, name: str, last: bool = False) -> ParsedScrape | None:
+        hits = [p for p in self.all if p.phase == name]
+        if not hits:
+            return None
+        return hits[-1] if last else hits[0]
+
+    def first_name(self, candidates: tuple[str, ...]) -> str | None:
+        for name in candidates:
+            if any(p.has(name) for p in self.all):
+                return name
+        return None
+
+    def delta(self, name: str | None, start: ParsedScrape | None, end: ParsedScrape | None,
+              label_filter: dict[str, str] | None = None) -> CounterDelta:
+        if name is None:
+            return CounterDelta(value=None, note="metric not exposed by this engine/scrapes")
+        if start is None or end is None:
+            return CounterDelta(value=None, note="scrape for this interval missing")
+        created = name[: -len("_total")] + "_created" if name.endswith("_total") else None
+        samples = []
+        for p in self.all:
+            if p.t_mono < start.t_mono or p.t_mono > end.t_mono:
+                continue
+            if not p.ok:
+                samples.append((p.t_mono, None, None))
+                continue
+            v = p.total(name, label_filter)
+            c = None
+            if created and p.has(created):
+                rows = p.samples[created]
+                c = max(val for _, val in rows) if rows else None
+            samples.append((p.t_mono, v, c))
+        d = counter_delta(samples)
+        if d.value is None and not d.note.startswith("metric"):
+            d.note = f"{name}: {d.note}"
+        return d
+
+
+def _counter_fig(d: CounterDelta, unit: str, name: str | None, per_second: bool) -> dict[str, Any]:
+    value = d.rate() if per_second else d.value
+    extra: dict[str, Any] = {"metric": name, "resets": d.resets}
+    if d.went_backwards_without_reset:
+        extra["went_backwards_without_reset"] = True
+    if d.seconds is not None:
+        extra["seconds"] = d.seconds
+    return fig(value, unit, "server_counter", d.note or None, **extra)
+
+
+def _tokens_in_flight_partial(r: RequestRecord) -> int | None:
+    """Tokens a failed request received, when the server sent a running count."""
+    known = [x for x in r.chunk_tokens if x >= 0]
+    if known:
+        return max(known)
+    return r.completion_tokens
+
+
+def _integrity(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | None) -> dict[str, Any]:
+    pre, post = sc.phase("pre"), sc.phase("post", last=True)
+    d = sc.delta(emitted, pre, post)
+    ok = [r for r in records if r.status == "ok"]
+    failed = [r for r in records if r.status != "ok"]
+    usage_ok = sum(r.completion_tokens or 0 for r in ok)
+    ok_without_usage = sum(1 for r in ok if r.completion_tokens is None)
+    partial_known = 0
+    partial_unknown = 0
+    partial_chunks = 0
+    for r in failed:
+        p = _tokens_in_flight_partial(r)
+        if p is None:
+            if r.chunk_times:
+                partial_unknown += 1
+                partial_chunks += len(r.chunk_times)
+        else:
+            partial_known += p
+    expected = usage_ok + partial_known
+    out: dict[str, Any] = {
+        "counter_delta": _counter_fig(d, "tokens", emitted, per_second=False),
+        "usage_sum_ok": fig(usage_ok, "tokens", "usage", f"{len(ok)} finished requests"),
+        "failed_requests": len(failed),
+        "failed_partial_tokens": fig(partial_known, "tokens", "usage",
+                                     "running usage count at the last chunk of failed requests"),
+        "failed_without_count": partial_unknown,
+        "failed_chunks_without_count": partial_chunks,
+        "ok_without_usage": ok_without_usage,
+    }
+    if d.value is None:
+        out.update(holds=None, difference=None,
+                   message=f"integrity not checked: {d.note or 'no counter'}")
+        return out
+    diff = int(round(d.value - expected))
+    out["difference"] = diff
+    out["holds"] = diff == 0
+    if diff == 0:
+        msg = f"holds: counter delta {d.value:g} == usage {usage_ok} + failed requests' partial {partial_known}"
+    else:
+        msg = f"differs by {diff:+d}: counter delta {d.value:g} vs usage {usage_ok} + failed partial {partial_known}"
+        why = []
+        if partial_unknown:
+            why.append(f"{partial_unknown} failed request(s) streamed {partial_chunks} chunks without a token count")
+        if ok_without_usage:
+            why.append(f"{ok_without_usage} finished request(s) without usage")
+        if d.resets:
+            why.append(f"counter reset {d.resets}x: tokens before each restart since the previous scrape are lost")
+        if d.went_backwards_without_reset:
+            why.append("counter went backwards without a restart (stale /metrics)")
+        if diff < 0 and not d.resets:
+            last_end = max((r.t_end for r in records), default=None)
+            why.append(
+                "counter below usage: /metrics may lag (post scrape at "
+                f"t={post.t_mono:.3f}, last request ended t={last_end:.3f})" if post and last_end else
+                "counter below usage: /metrics may lag"
+            )
+        if diff > 0 and not why:
+            why.append("server emitted tokens the client did not account (other clients? cancelled requests?)")
+        if why:
+            msg += " (" + "; ".join(why) + ")"
+    out["message"] = msg
+    return out
+
+
+def _log_block(log_lines, win: tuple[float, float] | None, trial_span: tuple[float, float] | None,
+               spec_k: int | None, emitted_window: float | None, drafted_window: float | None,
+               accepted_window: float | None) -> dict[str, Any]:
+    tput, spec = logparse.parse_log(log_lines or [])
+    out: dict[str, Any] = {"lines_seen": len(tput), "spec_lines_seen": len(spec)}
+    agg = [x for x in tput if x.engine == "aggregated"]
+    use = agg if agg else tput
+    engines = sorted({x.engine for x in use})
+    inwin = logparse.lines_in_window(use, win) if win else []
+    if inwin:
+        mean = sum(logparse.time_weighted_mean([x for x in inwin if x.engine == e], "generation_tps") or 0.0
+                   for e in engines)
+        peak_lines = inwin
+        peak = max(x.generation_tps for x in peak_lines) if len(engines) <= 1 else None
+        out["generation_mean_window"] = fig(mean, "tok/s", "log_line",
+                                           f"time-weighted mean of {len(inwin)} line(s) whose interval lies in the window")
+        out["generation_peak_window"] = fig(peak, "tok/s", "log_line", "highest single line in the window")
+        out["kv_kind"] = next((x.kv_kind for x in inwin if x.kv_kind), None)
+    else:
+        note = "no log line in window" if use else "no throughput log line at all"
+        out["generation_mean_window"] = fig(None, "tok/s", "log_line", note)
+        out["generation_peak_window"] = fig(None, "tok/s", "log_line", note)
+    if trial_span and use:
+        span = [x for x in use if trial_span[0] - 1 <= x.t_mono <= trial_span[1] + logparse.DEFAULT_INTERVAL_S]
+        if span:
+            out["generation_peak_trial"] = fig(max(x.generation_tps for x in span), "tok/s", "log_line",
+                                              "highest line during the trial (what people quote as 'peak')")
+    spec_in = logparse.lines_in_window(spec, win) if win else []
+    if spec_in:
+        acc = logparse.time_weighted_mean(spec_in, "accepted_tps")
+        dr = logparse.time_weighted_mean(spec_in, "drafted_tps")
+        out["spec_accepted_tps"] = fig(acc, "tok/s", "log_line")
+        out["spec_drafted_tps"] = fig(dr, "tok/s", "log_line")
+        gen = out["generation_mean_window"]["value"]
+        if acc is not None and dr is not None and gen:
+            rel = (acc + dr - gen) / gen * 100
+            out["drafted_plus_accepted_vs_generation"] = {
+                "ok": abs(rel) < 5.0,
+                "numbers": {"accepted_tps": acc, "drafted_tps": dr, "generation_tps": gen, "diff_pct": rel},
+                "message": f"accepted {acc:.1f} + drafted {dr:.1f} = {acc + dr:.1f} vs generation {gen:.1f} ({rel:+.1f}%)",
+            }
+    if emitted_window is not None and drafted_window is not None and accepted_window is not None:
+        out["drafted_plus_accepted_explanation"] = drafted_plus_accepted_explanation(
+            spec_k, emitted_window, drafted_window, accepted_window)
+    return out
+
+
+def _row(method: str, value: float | None, ref: float | None, cause_if_off: str, source: str,
+         note: str = "", breakdown: dict[str, float] | None = None) -> dict[str, Any]:
+    err = _pct(value, ref)
+    if value is None:
+        cause = "missing data"
+    elif err is not None and abs(err) < AGREE_PCT:
+        cause = "agrees"
+    else:
+        cause = cause_if_off
+    row: dict[str, Any] = {"method": method, "tokps": value, "error_pct_vs_counter": err, "cause": cause,
+                           "source": source, "note": note}
+    if breakdown:
+        row["breakdown_pct"] = breakdown
+    return row
+
+
+def measure_trial(
+    records: Sequence[RequestRecord],
+    scrapes: Sequence[Scrape],
+    log_lines: Sequence[tuple[float, str]] | None,
+    window: tuple[float, float] | None,
+    concurrency: int,
+    engine: str = "vllm",
+    speculative: dict | None = None,
+    tokenizer=None,
+    names: EngineMetricNames | None = None,
+) -> dict[str, Any]:
+    """All figures of one trial as a JSON-able dict (see the module docstring and issue 4)."""
+    names = names or metric_names(engine)
+    sc = _Scrapes(scrapes)
+    table = build_chunk_table(records)
+    usage_pc = usage_tokens_per_chunk(table)
+    words_pc = words_per_chunk(table)
+    chunks_pc = text_chunks(table)
+    tok_pc = tok_req = None
+    if tokenizer is not None:
+        tok_pc, tok_req = tokenizer_tokens_per_chunk(table, tokenizer)
+
+    emitted = sc.first_name(names.candidates("emitted_tokens"))
+    ws_s, we_s = sc.phase("window_start"), sc.phase("window_end", last=True)
+    if ws_s is not None and we_s is not None and we_s.t_mono > ws_s.t_mono:
+        win: tuple[float, float] | None = (ws_s.t_mono, we_s.t_mono)
+        win_source = "window_start/window_end scrape times"
+    else:
+        win = window
+        win_source = "given window (no window scrapes)"
+    t_starts = [r.t_start for r in records]
+    t_ends = [r.t_end for r in records if r.t_end]
+    trial_span = (min(t_starts), max(t_ends)) if t_starts and t_ends else None
+
+    result: dict[str, Any] = {
+        "engine": engine,
+        "concurrency": concurrency,
+        "speculative": speculative,
+        "window": {"start": win[0] if win else None, "end": win[1] if win else None,
+                   "seconds": (win[1] - win[0]) if win else None, "from": win_source},
+        "scrapes": [{"phase": p.phase, "t_mono": p.t_mono, "error": p.error} for p in sc.all],
+        "emitted_metric": emitted,
+    }
+
+    # --- requests
+    errors = Counter((r.error or f"HTTP {r.http_status}" or "error")[:120] for r in records if r.status != "ok")
+    result["requests"] = {
+        "total": len(records),
+        "ok": sum(1 for r in records if r.status == "ok"),
+        "failed": sum(1 for r in records if r.status != "ok"),
+        "failed_mid_stream": sum(1 for r in records if r.status != "ok" and r.chunk_times),
+        "continuous_usage": int(table.continuous.sum()),
+        "errors": [{"error": e, "count": c} for e, c in errors.most_common(10)],
+    }
+
+    result["integrity"] = _integrity(records, sc, emitted)
+
+    # --- throughput over the window
+    d_win = sc.delta(emitted, ws_s, we_s)
+    counter_tps = d_win.rate() if win_source.startswith("window_start") else None
+    tp: dict[str, Any] = {"counter_window": _counter_fig(d_win, "tok/s", emitted, per_second=True)}
+    if win is None:
+        tp["counter_window"] = fig(None, "tok/s", "server_counter", "no window")
+    seconds = (win[1] - win[0]) if win else None
+    mask = in_window(table, win) if win else np.zeros(table.size, dtype=bool)
+    reqs_in_window = np.unique(table.rec[mask]) if mask.any() else np.zeros(0, dtype=np.int64)
+    cont_in = table.continuous[reqs_in_window] if reqs_in_window.size else np.zeros(0, dtype=bool)
+    if seconds and reqs_in_window.size and cont_in.all():
+        usage_w = float(usage_pc[mask].sum()) / seconds
+        tp["usage_window"] = fig(usage_w, "tok/s", "usage", "running usage count differences of chunks arriving in the window")
+    elif seconds and cont_in.any():
+        part = mask & table.continuous[table.rec]
+        usage_w = None
+        tp["usage_window"] = fig(None, "tok/s", "usage",
+                                 f"missing data: {int((~cont_in).sum())} of {reqs_in_window.size} requests in the window "
+                                 "lack continuous usage; partial figure in 'partial_value'",
+                                 partial_value=float(usage_pc[part].sum()) / seconds)
+    else:
+        usage_w = None
+        tp["usage_window"] = fig(None, "tok/s", "usage", "missing data: no continuous usage (usage only at the end) "
+                                 "so tokens cannot be placed in time")
+    tok_w = float(tok_pc[mask].sum()) / seconds if (tok_pc is not None and seconds) else None
+    tp["tokenizer_window"] = fig(tok_w, "tok/s", "tokenizer",
+                                 None if tokenizer is not None else "missing data: no tokenizer")
+    chunks_w = float(chunks_pc[mask].sum()) / seconds if seconds else None
+    words_w = float(words_pc[mask].sum()) / seconds if seconds else None
+    tp["chunks_window"] = fig(chunks_w, "chunks/s", "chunks", "one text chunk counted as one token")
+    tp["words_window"] = fig(words_w, "words/s", "words", "whitespace-separated words")
+
+    # --- whole trial
+    ok = [r for r in records if r.status == "ok"]
+    usage_total = sum(r.completion_tokens or 0 for r in ok)
+    wall = (trial_span[1] - trial_span[0]) if trial_span else None
+    tp["usage_trial"] = fig(usage_total / wall if wall else None, "tok/s", "usage",
+                            "sum of usage.completion_tokens / (last response end - first request start): includes ramp-up and drain")
+    d_trial = sc.delta(emitted, sc.phase("pre"), sc.phase("post", last=True))
+    tp["counter_trial"] = _counter_fig(d_trial, "tok/s", emitted, per_second=True)
+    tp["counter_trial"]["note"] = ((tp["counter_trial"].get("note") or "") +
+                                   " pre->post scrapes: 'read counter, run load, read again, divide by wall time'").strip()
+    words_req = per_request_sum(table, words_pc)
+
+    # --- the seed's per-request word probe
+    rates_first, rates_start = [], []
+    for i, r in enumerate(records):
+        if r.status != "ok" or r.t_first is None or not r.chunk_times:
+            continue
+        active = r.chunk_times[-1] - r.t_first
+        if active > 0:
+            rates_first.append(words_req[i] / active)
+        if r.t_end > r.t_start:
+            rates_start.append(words_req[i] / (r.t_end - r.t_start))
+    probe_first = float(np.mean(rates_first)) * concurrency if rates_first else None
+    probe_start = float(np.mean(rates_start)) * concurrency if rates_start else None
+    tp["word_probe_per_request"] = fig(
+        probe_first, "words/s", "words",
+        "seed's probe: mean over requests of words / (last chunk - first token), x concurrency; "
+        "each request's active time, not the wall-clock window",
+        per_stream_mean=float(np.mean(rates_first)) if rates_first else None,
+        from_request_start=probe_start,
+    )
+    result["throughput"] = tp
+
+    # --- spec decode
+    k = int(speculative["num_speculative_tokens"]) if speculative and speculative.get("num_speculative_tokens") else None
+    spec_method = speculative.get("method") if speculative else None
+    drafts_name = sc.first_name(names.candidates("spec_drafts"))
+    spec_block: dict[str, Any] | None = None
+    d_dt_w = d_acc_w = None
+    if drafts_name:
+        dt_name = sc.first_name(names.candidates("spec_draft_tokens"))
+        acc_name = sc.first_name(names.candidates("spec_accepted"))
+        pp_name = sc.first_name(names.candidates("spec_accepted_per_pos"))
+
+        def deltas(a: ParsedScrape | None, b: ParsedScrape | None) -> SpecDeltas | None:
+            parts = [sc.delta(n, a, b) for n in (emitted, drafts_name, dt_name, acc_name)]
+            if any(p.value is None for p in parts):
+                return None
+            per_pos: dict[int, float] = {}
+            if pp_name and a is not None and b is not None:
+                positions = set()
+                for p in sc.all:
+                    if p.ok:
+                        positions.update(by_label(p, pp_name, "position"))
+                for pos in sorted(positions, key=int):
+                    dd = sc.delta(pp_name, a, b, {"position": pos})
+                    if dd.value is not None:
+                        per_pos[int(pos)] = dd.value
+            return SpecDeltas(parts[0].value, parts[1].value, parts[2].value, parts[3].value, per_pos)  # type: ignore[arg-type]
+
+        first_all = sum(1 for r in records if r.t_first is not None)
+        trial_d = deltas(sc.phase("pre"), sc.phase("post", last=True))
+        win_d = deltas(ws_s, we_s)
+        spec_block = {"k": k, "method": spec_method}
+        if trial_d:
+            spec_block["trial"] = spec_decode_stats(trial_d, k, spec_method, first_all, "pre->post (whole trial)")
+        if win_d:
+            first_in_win = sum(1 for r in records if r.t_first is not None and win and win[0] < r.t_first <= win[1])
+            w = spec_decode_stats(win_d, k, spec_method, None, "window_start->window_end")
+            undr = win_d.emitted - win_d.drafts - win_d.accepted
+            w["checks"]["emitted_identity"] = {
+                "ok": undr >= first_in_win - 0.5,
+                "numbers": {"undrafted": undr, "first_tokens_in_window": first_in_win},
+                "message": f"undrafted steps {undr:g} >= first tokens arriving in the window {first_in_win}"
+                           " (boundary steps make the window check approximate; the whole-trial check is exact)",
+            }
+            spec_block["window"] = w
+            d_dt_w, d_acc_w = win_d.draft_tokens, win_d.accepted
+    elif speculative:
+        spec_block = {"k": k, "method": spec_method, "note": "speculative decoding configured but no spec-decode counters exposed"}
+    if spec_block is not None:
+        result["spec_decode"] = spec_block
+
+    # --- log lines
+    emitted_w = d_win.value
+    result["log_line"] = _log_block(log_lines, win, trial_span, k, emitted_w, d_dt_w, d_acc_w)
+
+    # --- per stream
+    ps = []
+    for r in ok:
+        if r.t_first is None or not r.chunk_times or not r.completion_tokens or r.completion_tokens < 2:
+            continue
+        dt = r.chunk_times[-1] - r.t_first
+        if dt > 0:
+            ps.append((r.completion_tokens - 1) / dt)
+    result["per_stream"] = {
+        "decode_tps_mean": fig(float(np.mean(ps)) if ps else None, "tok/s/stream", "usage",
+                               "per request: (completion_tokens - 1) / (last chunk - first token); NOT aggregate throughput"),
+        "decode_tps_median": fig(float(np.median(ps)) if ps else None, "tok/s/stream", "usage"),
+        "n": len(ps),
+        "aggregate_tps": fig(counter_tps, "tok/s", "server_counter", "aggregate: counter tokens / wall time of the window"),
+    }
+
+    # --- latency
+    lat = client_latency(records, table, usage_pc, tok_pc)
+    hists = {}
+    for key, field in (("ttft", "ttft_hist"), ("itl", "itl_hist"), ("tpot", "tpot_hist"), ("e2e", "e2e_hist")):
+        base = sc.first_name(tuple(n + "_bucket" for n in names.candidates(field)))
+        if base is None or ws_s is None or we_s is None or not ws_s.ok or not we_s.ok:
+            hists[key] = None
+            continue
+        h0, h1 = histogram(ws_s, base[: -len("_bucket")]), histogram(we_s, base[: -len("_bucket")])
+        hists[key] = h1.minus(h0) if (h0 and h1 and h1.count >= h0.count) else None
+    lat["server_window"] = server_histograms(hists)
+    result["latency"] = lat
+
+    # --- methods side by side
+    ref = counter_tps
+    ref_name = "counter (window)"
+    if ref is None and usage_w is not None:
+        ref, ref_name = usage_w, "usage (window; no counter)"
+    rows = [
+        {"method": "counter (window)", "tokps": counter_tps, "error_pct_vs_counter": 0.0 if counter_tps else None,
+         "cause": "reference" if counter_tps is not None else "missing data", "source": "server_counter",
+         "note": f"{emitted} delta window_start->window_end / scrape interval" if counter_tps is not None
+         else (d_win.note or "no counter")},
+        _row("usage placed in time (window)", usage_w, ref, "window", "usage", tp["usage_window"].get("note", "")),
+        _row("tokenizer (window)", tok_w, ref, "unit", "tokenizer", tp["tokenizer_window"].get("note", "") or
+             "client tokenizer re-tokenizes the text: merges can differ from the model's ids"),
+        _row("chunks as tokens (window)", chunks_w, ref, "unit", "chunks", "a chunk can carry several tokens (spec decode, "
+             "stream intervals) or none"),
+        _row("whitespace words (window)", words_w, ref, "unit", "words", "words are not tokens (~0.75 words/token in English)"),
+    ]
+    probe_break = None
+    if probe_first is not None and words_w and ref:
+        probe_break = {"unit": _pct(words_w, ref), "window": _pct(probe_first, words_w)}
+    probe_cause = "unit"
+    if probe_break and probe_break["window"] is not None and probe_break["unit"] is not None and \
+            abs(probe_break["window"]) > abs(probe_break["unit"]):
+        probe_cause = "window"
+    rows.append(_row("word probe per request (seed)", probe_first, ref, probe_cause, "words",
+                     "words per request / that request's active time, x concurrency: words undercount tokens (unit) "
+                     "while per-request active time excludes TTFT and gaps (window)", probe_break))
+    rows.append(_row("usage whole trial", tp["usage_trial"]["value"], ref, "window", "usage",
+                     "includes ramp-up and drain"))
+    rows.append(_row("counter pre->post", tp["counter_trial"]["value"], ref, "window", "server_counter",
+                     "includes ramp-up, drain and idle time around the load"))
+    lb = result["log_line"]
+    rows.append(_row("log line mean (window)", lb["generation_mean_window"]["value"], ref, "window", "log_line",
+                     lb["generation_mean_window"].get("note", "") or "engine interval != timed window"))
+    rows.append(_row("log line peak (window)", lb["generation_peak_window"]["value"], ref, "window", "log_line",
+                     "peak of intervals, not the mean"))
+    if "generation_peak_trial" in lb:
+        rows.append(_row("log line peak (trial)", lb["generation_peak_trial"]["value"], ref, "window", "log_line",
+                         "highest interval during the trial: peak vs mean"))
+    if d_dt_w is not None and d_acc_w is not None and d_win.seconds:
+        rows.append(_row("drafted + accepted (counters)", (d_dt_w + d_acc_w) / d_win.seconds, ref, "definition",
+                         "server_counter", "draft proposals are not output: " +
+                         drafted_plus_accepted_explanation(k, d_win.value or 0.0, d_dt_w, d_acc_w)))
+    if ref_name != "counter (window)":
+        for r in rows:
+            r["reference"] = ref_name
+    result["methods"] = rows
+    return result

@@ -1,0 +1,133 @@
+"""One clear terminal summary of a run (like hyperfine's): a table per variant x concurrency, the
+verdict, failures, and warnings. Every column names its source; a simulated run says so on every figure.
+"""
+
+from __future__ import annotations
+
+import json
+from statistics import mean, median
+from typing import Any
+
+from truthput.store.db import Store
+
+
+def fig(results: dict, *path: str) -> Any:
+    """Follow a path into a trial's results; a figure object yields its value."""
+    cur: Any = results
+    for key in path:
+        if not isinstance(cur, dict) or key not in cur:
+            return None
+        cur = cur[key]
+    if isinstance(cur, dict) and "value" in cur:
+        return cur["value"]
+    return cur
+
+
+def cell_rows(store: Store, run_id: str) -> list[dict]:
+    """Per variant x concurrency: the figures the table and the reports show."""
+    from truthput.analyze.stats import cell_estimate, ratio_estimate
+
+    run_id = store.resolve_run(run_id)
+    variants = [v["name"] for v in store.variants(run_id)]
+    baseline = next((v["name"] for v in store.variants(run_id) if v["is_baseline"]), None)
+    trials = store.trial_results(run_id)
+    failed = {s["variant"]: f"{s['failure_class']}: {s['failure_reason']}" for s in store.starts(run_id)
+              if s["status"] == "failed" and s["failure_class"]}
+    levels = sorted({t["concurrency"] for t in trials})
+    per: dict[tuple[str, int], dict[int, list[float]]] = {}
+    extra: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for t in trials:
+        key = (t["variant"], t["concurrency"])
+        r = t["results"]
+        val = fig(r, "throughput", "counter")
+        if t["status"] == "ok" and val is not None:
+            per.setdefault(key, {}).setdefault(t["start_index"], []).append(float(val))
+        e = extra.setdefault(key, {"per_stream": [], "ttft_p50": [], "itl_p50": [], "usage": []})
+        for name, path in (("per_stream", ("per_stream", "median")), ("ttft_p50", ("latency", "ttft", "p50")),
+                           ("itl_p50", ("latency", "itl", "p50")), ("usage", ("throughput", "usage"))):
+            v = fig(r, *path)
+            if isinstance(v, (int, float)):
+                e[name].append(float(v))
+    n_cmp = max(1, len([v for v in variants if v != baseline]))
+    rows = []
+    for v in variants:
+        for c in levels or [None]:
+            key = (v, c)
+            starts = per.get(key)
+            row: dict[str, Any] = {"variant": v, "concurrency": c, "baseline": v == baseline}
+            if not starts:
+                row["status"] = f"failed: {failed[v]}" if v in failed else "no data"
+                rows.append(row)
+                continue
+            groups = [starts[s] for s in sorted(starts)]
+            est = cell_estimate(groups)
+            row.update(status="ok", tokps=est.mean, lo=est.lo, hi=est.hi, n_starts=est.n_starts,
+                       n_trials=est.n_trials, cv=est.cv_within, warning=est.warning)
+            e = extra.get(key, {})
+            row["per_stream"] = median(e["per_stream"]) if e.get("per_stream") else None
+            row["ttft_p50"] = median(e["ttft_p50"]) if e.get("ttft_p50") else None
+            row["itl_p50"] = median(e["itl_p50"]) if e.get("itl_p50") else None
+            if baseline and v != baseline and per.get((baseline, c)):
+                base_groups = [per[(baseline, c)][s] for s in sorted(per[(baseline, c)])]
+                try:
+                    r = ratio_estimate(groups, base_groups, n_comparisons=n_cmp)
+                    row.update(delta_pct=r.pct, delta_lo=r.pct_lo, delta_hi=r.pct_hi, significant=r.significant)
+                except Exception as exc:  # too little data for an interval
+                    row.update(delta_pct=(est.mean / mean(sum(base_groups, [])) - 1) * 100, delta_note=str(exc))
+            rows.append(row)
+    return rows
+
+
+def _f(x: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if x is None or x != x else fmt.format(x)
+
+
+def print_run(store: Store, run_id: str, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = console or Console()
+    run_id = store.resolve_run(run_id)
+    run = store.run(run_id)
+    sim = bool(run["simulated"])
+    tag = " sim" if sim else ""
+    title = f"run {run_id} ({run['status']})"
+    if sim:
+        con.print("[bold yellow]SIMULATED[/bold yellow]: every figure below comes from the embedded simulator "
+                  "(a physics model), not from a measurement of real hardware.")
+    t = Table(title=title)
+    t.add_column("variant")
+    t.add_column("conc.", justify="right")
+    t.add_column(f"output tok/s\n[server counter{tag}]", justify="right")
+    t.add_column("95% CI", justify="right")
+    t.add_column(f"tok/s per stream\n[usage, per request{tag}]", justify="right")
+    t.add_column(f"TTFT p50 ms\n[client clock{tag}]", justify="right")
+    t.add_column("vs baseline\n[ratio, 95% CI]", justify="right")
+    t.add_column("status")
+    for row in cell_rows(store, run_id):
+        name = row["variant"] + (" *" if row["baseline"] else "")
+        if row.get("status") != "ok":
+            t.add_row(name, _f(row["concurrency"], "{}"), "-", "-", "-", "-", "-", f"[red]{row['status']}[/red]")
+            continue
+        ci = f"{_f(row['lo'])}..{_f(row['hi'])}" if row.get("lo") == row.get("lo") else "-"
+        delta = "baseline" if row["baseline"] else "-"
+        if "delta_pct" in row:
+            delta = f"{row['delta_pct']:+.1f}%"
+            if row.get("delta_lo") is not None and row.get("delta_lo") == row.get("delta_lo"):
+                delta += f" ({row['delta_lo']:+.1f}..{row['delta_hi']:+.1f})"
+        ttft = row.get("ttft_p50")
+        t.add_row(name, str(row["concurrency"]), _f(row["tokps"]), ci, _f(row.get("per_stream")),
+                  _f(ttft * 1000 if ttft is not None else None), delta,
+                  "ok" + (f" ({row['n_starts']} starts x {row['n_trials']} trials)" if row.get("n_trials") else ""))
+    con.print(t)
+    con.print("* baseline. Output tok/s = delta of the server's emitted-token counter over the steady-state window "
+              "(all N streams in flight) / the window's wall time.")
+    if run["summary_json"]:
+        summary = json.loads(run["summary_json"])
+        lines = summary.get("verdict_lines") or []
+        if lines:
+            con.print("[bold]Verdict[/bold]")
+            for line in lines:
+                con.print(f"  {line}")
+        for name, why in (summary.get("failed") or {}).items():
+            con.print(f"[red]failed[/red] {name}: {why}")

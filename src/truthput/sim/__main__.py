@@ -1,0 +1,37 @@
+"""`python -m truthput.sim serve [vLLM flags...] [--sim-* flags]`: the simulated vLLM server.
+
+Launched as a subprocess exactly like a real engine. `calibrate` is forwarded to
+truthput.sim.calibrate when that module provides a `main(argv)`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = "usage: python -m truthput.sim {serve,calibrate} [args...]  (serve --help lists every flag)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    cmd, rest = args[0], args[1:]
+    if cmd == "serve":
+        from truthput.sim.server import serve
+
+        return serve(rest)
+    if cmd == "calibrate":
+        from truthput.sim import calibrate  # written by the calibration module's owner
+
+        entry = getattr(calibrate, "main", None)
+        if entry is None:
+            print("truthput-sim: error: truthput.sim.calibrate has no main(argv)", file=sys.stderr)
+            return 2
+        return int(entry(rest) or 0)
+    print(f"truthput-sim: error: unknown command {cmd!r}; {USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,432 @@
+"""The simulated engine: vLLM-style continuous batching in real time, priced by the physics model.
+
+One asyncio task runs engine steps back to back. A step (1) schedules: running decodes first
+(1 + draft tokens each), then chunked prefill of running and newly admitted requests, all within
+--max-num-batched-tokens, --max-num-seqs and the KV blocks free (running out of blocks preempts
+the most recently admitted request, which is later recomputed); (2) asks the pricer how long that
+step takes on the simulated hardware; (3) sleeps until the step's end on a drift-free clock
+(t_end = t_start + sum of step times, not now + dt); (4) emits the step's tokens to the streams
+and bumps the counters in the same event-loop turn.
+
+Speculation: per sequence per step a draft of length d (k for MTP/EAGLE/draft models; for n-gram
+sometimes none or shorter), position i accepted with probability a_i only if all earlier were;
+the step emits 1 + accepted. Each request's first token comes from prefill (no draft). Accepted
+tokens beyond a request's remaining length are not counted as accepted, so
+emitted == drafts + accepted + steps-without-draft holds exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from truthput.sim.logs import StatsLogger
+from truthput.sim.metrics import SimMetrics
+from truthput.sim.textgen import TokenStream
+
+#: Default per-position conditional acceptance by method family (last value repeats).
+DEFAULT_ACCEPTANCE: dict[str, tuple[float, ...]] = {
+    "mtp": (0.85, 0.7, 0.6, 0.5, 0.45),
+    "eagle": (0.75, 0.6, 0.5, 0.4, 0.35),
+    "draft_model": (0.7, 0.55, 0.45, 0.4, 0.35),
+    "ngram": (0.6, 0.5, 0.4, 0.35, 0.3),
+}
+#: n-gram drafting: chance a step finds a match at all, and that the match is k tokens long.
+NGRAM_MATCH_PROB = 0.7
+NGRAM_FULL_LENGTH_PROB = 0.7
+
+
+def method_family(method: str | None) -> str | None:
+    """Map vLLM method names (qwen3_5_mtp, deepseek_mtp, eagle3, ...) to a family."""
+    if not method:
+        return None
+    m = method.lower()
+    if "mtp" in m:
+        return "mtp"
+    if "eagle" in m or "medusa" in m or "mlp_speculator" in m:
+        return "eagle"
+    if "ngram" in m or "prompt_lookup" in m or "suffix" in m:
+        return "ngram"
+    return "draft_model"
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one engine step computes: the input of the pricer."""
+
+    decode_seqs: int
+    context_tokens: int
+    spec_k: int
+    prefill_tokens: int
+    prefill_seqs: int
+
+
+StepPricer = Callable[[StepShape], float]
+
+
+class SimRequest:
+    """One request's state; the HTTP handler waits on it for emitted tokens."""
+
+    __slots__ = ("rid", "prompt_tokens", "max_new", "end_reason", "stream", "emitted", "computed",
+                 "prefill_target", "blocks", "arrival", "first_token_time", "last_token_time",
+                 "finish_reason", "waiter", "prompt_counted", "admit_seq", "admit_time")
+
+    def __init__(self, rid: str, prompt_tokens: int, max_new: int, end_reason: str,
+                 stream: TokenStream, arrival: float) -> None:
+        self.rid = rid
+        self.prompt_tokens = prompt_tokens
+        self.max_new = max_new
+        self.end_reason = end_reason  # finish_reason once max_new tokens are out
+        self.stream = stream
+        self.emitted = 0
+        self.computed = 0
+        self.prefill_target = prompt_tokens
+        self.blocks = 0
+        self.arrival = arrival
+        self.first_token_time: float | None = None
+        self.last_token_time = arrival
+        self.finish_reason: str | None = None
+        self.waiter: asyncio.Future | None = None
+        self.prompt_counted = False
+        self.admit_seq = 0
+        self.admit_time: float | None = None
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> None:
+        """Return once there are tokens beyond `seen` or the request finished."""
+        self.waiter = asyncio.get_running_loop().create_future()
+        await self.waiter
+        self.waiter = None
+
+
+@dataclass
+class EngineLimits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    kv_capacity_tokens: int
+
+
+class SimEngine:
+    """Continuous-batching engine loop; see the module docstring."""
+
+    def __init__(self, limits: EngineLimits, pricer: StepPricer, metrics: SimMetrics,
+                 stats_logger: StatsLogger | None, *, spec_k: int = 0, spec_method: str | None = None,
+                 acceptance: list[float] | None = None, seed: int = 0, jitter: float = 0.0) -> None:
+        self.limits = limits
+        self.pricer = pricer
+        self.metrics = metrics
+        self.stats_logger = stats_logger
+        self.spec_k = spec_k
+        self.family = method_family(spec_method) if spec_k > 0 else None
+        acc = acceptance or list(DEFAULT_ACCEPTANCE.get(self.family or "", (0.7,)))
+        self.acceptance = [acc[min(i, len(acc) - 1)] for i in range(spec_k)]
+        self.rng = random.Random(seed)
+        self.jitter_rng = random.Random(seed ^ 0x5EED)
+        self.jitter = jitter
+        self.total_blocks = max(0, limits.kv_capacity_tokens // limits.block_size)
+        self.free_blocks = self.total_blocks
+        self.running: list[SimRequest] = []
+        self.waiting: list[SimRequest] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._admit_counter = 0
+        self._now = 0.0
+        self.steps = 0
+        self.steps_behind = 0  # steps whose end the CPU could not keep up with
+        self.simulated_time = 0.0
+        # Whole-life totals, for identities in tests (the counters hold the same).
+        self.total_emitted = 0
+        self.total_drafts = 0
+        self.total_draft_tokens = 0
+        self.total_accepted = 0
+        self.total_nodraft_emissions = 0
+
+    # ---------------------------------------------------------------- public API
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def submit(self, req: SimRequest) -> None:
+        self.waiting.append(req)
+        self.metrics.waiting.set(len(self.waiting))
+        self._wake.set()
+
+    def abort(self, req: SimRequest) -> None:
+        """Client went away: drop the request, free its blocks, count it as aborted."""
+        if req.finish_reason is not None:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._free(req)
+        req.finish_reason = "abort"
+        self.metrics.request_success["abort"].inc()
+
+    @property
+    def kv_usage(self) -> float:
+        if self.total_blocks == 0:
+            return 0.0
+        return (self.total_blocks - self.free_blocks) / self.total_blocks
+
+    # ---------------------------------------------------------------- internals
+    def _free(self, req: SimRequest) -> None:
+        self.free_blocks += req.blocks
+        req.blocks = 0
+
+    def _grow(self, req: SimRequest, tokens: int) -> bool:
+        """Make req hold blocks for `tokens` KV slots; False when blocks ran out."""
+        need = -(-tokens // self.limits.block_size) - req.blocks
+        if need <= 0:
+            return True
+        if need > self.free_blocks:
+            return False
+        self.free_blocks -= need
+        req.blocks += need
+        return True
+
+    def _preempt_last(self) -> SimRequest | None:
+        """Preempt (recompute) the most recently admitted running request."""
+        if not self.running:
+            return None
+        victim = self.running.pop()
+        self._free(victim)
+        victim.computed = 0
+        victim.prefill_target = victim.prompt_tokens + victim.emitted
+        self.waiting.insert(0, victim)
+        self.metrics.num_preemptions.inc()
+        return victim
+
+    def _draft_len(self) -> int:
+        k = self.spec_k
+        if k == 0:
+            return 0
+        if self.family != "ngram":
+            return k
+        if self.rng.random() >= NGRAM_MATCH_PROB:
+            return 0
+        if k == 1 or self.rng.random() < NGRAM_FULL_LENGTH_PROB:
+            return k
+        return self.rng.randint(1, k - 1)
+
+    def _accepted(self, draft_len: int) -> int:
+        n = 0
+        rnd = self.rng.random
+        acc = self.acceptance
+        while n < draft_len and rnd() < acc[n]:
+            n += 1
+        return n
+
+    def _schedule(self) -> tuple[list, list, StepShape]:
+        """Pick this step's work: decodes (req, draft_len), prefills (req, chunk)."""
+        lim = self.limits
+        budget = lim.max_num_batched_tokens
+        decodes: list[tuple[SimRequest, int]] = []
+        prefills: list[tuple[SimRequest, int]] = []
+        context = 0
+        i = 0
+        while i < len(self.running):
+            req = self.running[i]
+            if req.computed < req.prefill_target:
+                i += 1
+                continue
+            d = self._draft_len()
+            if budget < 1 + d:
+                i += 1
+                continue
+            preempted_self = False
+            while not self._grow(req, req.computed + 1 + d):
+                # victims come from the end of the list, so never an already scheduled decode
+                victim = self._preempt_last()
+                if victim is req or victim is None:
+                    preempted_self = True
+                    break
+            if preempted_self:
+                break
+            decodes.append((req, d))
+            context += req.computed
+            budget -= 1 + d
+            i += 1
+        # prefills of running requests (chunked continuation)
+        for req in self.running:
+            if budget <= 0:
+                break
+            rem = req.prefill_target - req.computed
+            if rem <= 0:
+                continue
+            chunk = min(rem, budget)
+            if not self._grow(req, req.computed + chunk):
+                continue
+            prefills.append((req, chunk))
+            budget -= chunk
+        # admit waiting requests
+        while self.waiting and budget > 0 and len(self.running) < lim.max_num_seqs:
+            req = self.waiting[0]
+            chunk = min(req.prefill_target - req.computed, budget)
+            if not self._grow(req, req.computed + chunk):
+                break
+            self.waiting.pop(0)
+            self._admit_counter += 1
+            req.admit_seq = self._admit_counter
+            if req.admit_time is None:
+                req.admit_time = self._now
+                self.metrics.queue_time.observe(self._now - req.arrival)
+            self.running.append(req)
+            prefills.append((req, chunk))
+            budget -= chunk
+        shape = StepShape(
+            decode_seqs=len(decodes),
+            context_tokens=context,
+            spec_k=self.spec_k if any(d for _, d in decodes) else 0,
+            prefill_tokens=sum(c for _, c in prefills),
+            prefill_seqs=len(prefills),
+        )
+        return decodes, prefills, shape
+
+    def _emit(self, decodes: list, prefills: list, now: float) -> None:
+        """Hand the step's tokens out and count them, in one event-loop turn."""
+        m = self.metrics
+        emitted_total = 0
+        drafts = draft_tokens = accepted_total = nodraft = 0
+        per_pos = [0] * self.spec_k
+        finished: list[SimRequest] = []
+        itl_obs = m.itl.observe
+        for req, d in decodes:
+            if req.finish_reason is not None:
+                continue
+            remaining = req.max_new - req.emitted
+            if d:
+                acc = min(self._accepted(d), remaining - 1)
+                drafts += 1
+                draft_tokens += d
+                accepted_total += acc
+                for p in range(acc):
+                    per_pos[p] += 1
+            else:
+                acc = 0
+                nodraft += 1
+            n = 1 + acc
+            req.emitted += n
+            req.computed += n
+            emitted_total += n
+            itl_obs(now - req.last_token_time)
+            req.last_token_time = now
+            if req.emitted >= req.max_new:
+                finished.append(req)
+            req._wake()
+        prompt_tokens = 0
+        for req, chunk in prefills:
+            if req.finish_reason is not None:
+                continue
+            req.computed += chunk
+            if req.computed < req.prefill_target:
+                continue
+            # prefill complete: its last position samples one token (no draft)
+            if not req.prompt_counted:
+                req.prompt_counted = True
+                prompt_tokens += req.prompt_tokens
+                m.request_prompt_tokens.observe(req.prompt_tokens)
+            req.emitted += 1
+            emitted_total += 1
+            nodraft += 1
+            if req.first_token_time is None:
+                req.first_token_time = now
+                m.ttft.observe(now - req.arrival)
+            else:
+                itl_obs(now - req.last_token_time)
+            req.last_token_time = now
+            if req.emitted >= req.max_new:
+                finished.append(req)
+            req._wake()
+        # counters, at the moment the tokens go out
+        if emitted_total:
+            m.generation_tokens.inc(emitted_total)
+        if prompt_tokens:
+            m.prompt_tokens.inc(prompt_tokens)
+            m.prefix_cache_queries.inc(prompt_tokens)
+        if drafts:
+            m.spec_drafts.inc(drafts)
+            m.spec_draft_tokens.inc(draft_tokens)
+            m.spec_accepted.inc(accepted_total)
+            for p, a in enumerate(per_pos):
+                if a:
+                    m.spec_accepted_per_pos[p].inc(a)
+        self.total_emitted += emitted_total
+        self.total_drafts += drafts
+        self.total_draft_tokens += draft_tokens
+        self.total_accepted += accepted_total
+        self.total_nodraft_emissions += nodraft
+        for req in finished:
+            req.finish_reason = req.end_reason
+            self.running.remove(req)
+            self._free(req)
+            m.request_success[req.end_reason].inc()
+            m.e2e.observe(now - req.arrival)
+            if req.emitted > 1 and req.first_token_time is not None:
+                m.tpot.observe((now - req.first_token_time) / (req.emitted - 1))
+            m.request_generation_tokens.observe(req.emitted)
+        # shrink blocks of running decodes to what their KV needs (rejected draft slots)
+        bs = self.limits.block_size
+        for req, _ in decodes:
+            if req.finish_reason is None and req.blocks:
+                keep = -(-req.computed // bs)
+                if keep < req.blocks:
+                    self.free_blocks += req.blocks - keep
+                    req.blocks = keep
+        if self.stats_logger is not None:
+            self.stats_logger.record_step(prompt_tokens, emitted_total, drafts, draft_tokens,
+                                          accepted_total, per_pos)
+        m.running.set(len(self.running))
+        m.waiting.set(len(self.waiting))
+        m.kv_usage.set(self.kv_usage)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        t_next = loop.time()
+        while True:
+            if not self.running and not self.waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                t_next = loop.time()
+            self._now = loop.time()
+            decodes, prefills, shape = self._schedule()
+            if not decodes and not prefills:
+                if self.running:  # KV full of half-prefilled requests: free room by recompute
+                    self._preempt_last()
+                    continue
+                self._wake.clear()
+                await self._wake.wait()
+                t_next = loop.time()
+                continue
+            dt = self.pricer(shape)
+            if self.jitter > 0:
+                dt *= max(0.5, 1.0 + self.jitter_rng.gauss(0.0, self.jitter))
+            self.simulated_time += dt
+            t_next += dt
+            delay = t_next - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                self.steps_behind += 1
+                if delay < -0.25:  # far behind (CPU starved): do not burst to catch up
+                    t_next = loop.time()
+                await asyncio.sleep(0)
+            self.steps += 1
+            self._emit(decodes, prefills, loop.time())

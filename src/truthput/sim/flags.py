@@ -1,0 +1,366 @@
+"""Command-line flags of `truthput sim serve`: vLLM's serve flags plus the simulator's own.
+
+The simulator must accept exactly the argv a real vLLM would get (the runner launches both the
+same way), so the parser knows vLLM's common serve flags with vLLM's defaults. Flags it does not
+model are accepted and listed at start-up instead of failing, because a real deployment's unit
+file carries many flags that do not change throughput (tool parsers, chat templates, ...).
+
+Speculation can be given three ways, as vLLM accepts them: `--speculative-config JSON`, dotted
+`--speculative-config.KEY VALUE`, and the older `--spec-method/--spec-model/--spec-tokens`.
+They are merged into one dict; the same key given two different values is a `SpecError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from truthput.errors import SpecError
+
+#: vLLM's default for the OpenAI API server on most GPUs (V1 engine).
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_STARTUP_S = 0.5
+
+_SPEC_INT_KEYS = {"num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                  "draft_tensor_parallel_size", "max_model_len"}
+#: Flags the parser knows but whose effect the simulator does not model; listed at start-up.
+NOT_MODELLED = frozenset({
+    "--data-parallel-size", "-dp", "--dtype", "--quantization", "-q", "--enable-prefix-caching",
+    "--no-enable-prefix-caching", "--enforce-eager", "--no-enforce-eager", "--swap-space",
+    "--cpu-offload-gb", "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
+    "--chat-template", "--default-chat-template-kwargs", "--trust-remote-code", "--tokenizer",
+    "--revision", "--download-dir", "--load-format", "--uvicorn-log-level", "--api-key",
+    "--max-logprobs",
+})
+
+
+@dataclass
+class SimServeConfig:
+    """Everything `sim serve` needs, parsed and validated from argv."""
+
+    model: str | None
+    served_model_name: str
+    host: str
+    port: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    gpu_memory_utilization: float
+    max_model_len: int | None
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_dtype: str
+    dtype: str
+    quantization: str | None
+    enable_prefix_caching: bool
+    enforce_eager: bool
+    block_size: int
+    speculative: dict[str, Any] | None
+    sim_gpu: str | None
+    sim_model: str | None
+    sim_profile: str | None
+    sim_acceptance: list[float] | None
+    noise: float
+    seed: int
+    startup_s: float
+    disable_log_stats: bool = False
+    ignored: list[str] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def spec_k(self) -> int:
+        if not self.speculative:
+            return 0
+        return int(self.speculative.get("num_speculative_tokens", 0) or 0)
+
+    @property
+    def spec_method(self) -> str | None:
+        return self.speculative.get("method") if self.speculative else None
+
+    @property
+    def kv_dtype_bytes(self) -> float:
+        return 1.0 if self.kv_cache_dtype.startswith("fp8") else 2.0
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"acceptance rates must lie in [0, 1], got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser `--help` shows: vLLM's serve flags (vLLM defaults) and the `--sim-*` flags."""
+    p = argparse.ArgumentParser(
+        prog="truthput sim serve",
+        description=(
+            "Simulated vLLM-compatible OpenAI server (a SIMULATOR: its speed comes from the "
+            "hardware physics model, not a GPU). Accepts vLLM's serve flags; flags it does not "
+            "model are listed at start-up and ignored."
+        ),
+        allow_abbrev=False,
+    )
+    bo = argparse.BooleanOptionalAction
+    v = p.add_argument_group("vLLM serve flags (modelled or accepted)")
+    v.add_argument("model_tag", nargs="?", default=None,
+                   help="Model path or name, as `vllm serve MODEL` (same as --model).")
+    v.add_argument("--model", default=None,
+                   help="Model directory (its config.json gives the architecture) or name.")
+    v.add_argument("--served-model-name", nargs="+", default=None,
+                   help="Name(s) the API answers to; default: the model argument.")
+    v.add_argument("--host", default="127.0.0.1", help="Address to listen on (default 127.0.0.1).")
+    v.add_argument("--port", type=int, default=8000, help="Port to listen on (default 8000).")
+    v.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="GPUs per pipeline stage; the sim prices TP all-reduces per step.")
+    v.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                   help="Pipeline stages; GPU count = TP x PP.")
+    v.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="Data-parallel engines (accepted; the sim runs one engine).")
+    v.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="Fraction of each GPU's memory vLLM may use (default 0.9).")
+    v.add_argument("--max-model-len", type=int, default=None,
+                   help="Context length; default: the model's maximum.")
+    v.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
+                   help=f"Most sequences in one batch (default {DEFAULT_MAX_NUM_SEQS}).")
+    v.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                   help="Token budget of one step (chunked prefill + decodes) "
+                        f"(default {DEFAULT_MAX_NUM_BATCHED_TOKENS}).")
+    v.add_argument("--kv-cache-dtype", default="auto",
+                   choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "bfloat16"],
+                   help="KV cache element type; fp8 halves KV bytes (default auto = model dtype).")
+    v.add_argument("--dtype", default="auto",
+                   help="Activation/weight dtype (auto, half, float16, bfloat16, float).")
+    v.add_argument("--quantization", "-q", default=None,
+                   help="Weight quantization method (the model profile gives bits per weight).")
+    v.add_argument("--enable-prefix-caching", action=bo, default=True,
+                   help="Prefix caching (accepted; the sim reports a 0%% hit rate).")
+    v.add_argument("--enforce-eager", action=bo, default=False,
+                   help="Disable CUDA graphs (accepted; not modelled).")
+    v.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (default 16).")
+    v.add_argument("--swap-space", type=float, default=4, help="CPU swap space GiB (accepted).")
+    v.add_argument("--cpu-offload-gb", type=float, default=0, help="Accepted; not modelled.")
+    v.add_argument("--speculative-config", default=None,
+                   help="Speculative decoding as JSON, e.g. "
+                        "'{\"method\":\"mtp\",\"num_speculative_tokens\":2}'; "
+                        "dotted forms --speculative-config.KEY VALUE are accepted too.")
+    v.add_argument("--spec-method", default=None,
+                   help="Speculation method (mtp, qwen3_5_mtp, eagle, eagle3, ngram, draft_model).")
+    v.add_argument("--spec-model", default=None, help="Draft model path (accepted).")
+    v.add_argument("--spec-tokens", type=int, default=None,
+                   help="Number of speculative tokens k.")
+    v.add_argument("--enable-auto-tool-choice", action=bo, default=False, help="Accepted.")
+    v.add_argument("--tool-call-parser", default=None, help="Accepted.")
+    v.add_argument("--reasoning-parser", default=None, help="Accepted.")
+    v.add_argument("--chat-template", default=None, help="Accepted (the sim has its own).")
+    v.add_argument("--default-chat-template-kwargs", default=None, help="Accepted (JSON).")
+    v.add_argument("--trust-remote-code", action=bo, default=False, help="Accepted.")
+    v.add_argument("--tokenizer", default=None, help="Accepted (the sim counts with its own).")
+    v.add_argument("--revision", default=None, help="Accepted.")
+    v.add_argument("--download-dir", default=None, help="Accepted.")
+    v.add_argument("--load-format", default="auto", help="Accepted.")
+    v.add_argument("--disable-log-requests", action=bo, default=False, help="Accepted.")
+    v.add_argument("--enable-log-requests", action=bo, default=False, help="Accepted.")
+    v.add_argument("--disable-log-stats", action=bo, default=False,
+                   help="Do not print the periodic throughput log lines.")
+    v.add_argument("--uvicorn-log-level", default="info", help="Accepted.")
+    v.add_argument("--api-key", default=None, help="Accepted (not enforced).")
+    v.add_argument("--max-logprobs", type=int, default=20, help="Accepted.")
+    v.add_argument("--seed", type=int, default=0, help="Seeds every random choice of the sim.")
+
+    s = p.add_argument_group("simulator flags")
+    s.add_argument("--sim-gpu", default=os.environ.get("TRUTHPUT_SIM_GPU"),
+                   help="GPU from the catalog (env TRUTHPUT_SIM_GPU), e.g. 'RTX 3090'.")
+    s.add_argument("--sim-model", default=os.environ.get("TRUTHPUT_SIM_MODEL"),
+                   help="Model profile name (env TRUTHPUT_SIM_MODEL) when --model is not a directory.")
+    s.add_argument("--sim-profile", default=None,
+                   help="Calibrated efficiency profile (JSON from `truthput sim calibrate`).")
+    s.add_argument("--sim-acceptance", type=_float_list, default=None,
+                   help="Per-position conditional acceptance, e.g. '0.8,0.6,0.5' "
+                        "(last value repeats for further positions).")
+    s.add_argument("--noise", type=float, default=0.0,
+                   help="Per-start bandwidth variation and per-step jitter as a fraction "
+                        "(0 = exactly deterministic step times).")
+    s.add_argument("--sim-startup-s", type=float, default=DEFAULT_STARTUP_S,
+                   help=f"Seconds before /health answers (default {DEFAULT_STARTUP_S}).")
+    return p
+
+
+def _takes_value(action: argparse.Action) -> bool:
+    return action.nargs != 0
+
+
+def _coerce_spec_value(key: str, raw: str) -> Any:
+    if key in _SPEC_INT_KEYS:
+        try:
+            return int(raw)
+        except ValueError as exc:
+            raise SpecError(f"--speculative-config.{key}: expected an integer, got {raw!r}") from exc
+    try:
+        return json.loads(raw)
+    except (ValueError, TypeError):
+        return raw
+
+
+def split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], dict[str, Any], list[str]]:
+    """Split argv into (known args, dotted speculative-config items, ignored flag names).
+
+    Done by hand rather than with parse_known_args so an unknown flag's value is never taken for
+    the positional model argument.
+    """
+    known: list[str] = []
+    dotted: dict[str, Any] = {}
+    ignored: list[str] = []
+    options = parser._option_string_actions
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok.startswith("-") and tok != "-" and not _is_number(tok):
+            name, eq, value = tok.partition("=")
+            if name.startswith("--speculative-config."):
+                key = name[len("--speculative-config."):].replace("-", "_")
+                if not eq:
+                    if i + 1 >= len(argv):
+                        raise SpecError(f"{name} needs a value")
+                    value = argv[i + 1]
+                    i += 1
+                dotted[key] = _coerce_spec_value(key, value)
+            elif name in options:
+                if name in NOT_MODELLED:
+                    ignored.append(name)
+                known.append(tok)
+                if not eq and _takes_value(options[name]):
+                    nargs = options[name].nargs
+                    if nargs == "+":
+                        while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                            known.append(argv[i + 1])
+                            i += 1
+                    elif i + 1 < len(argv):
+                        known.append(argv[i + 1])
+                        i += 1
+            else:
+                ignored.append(name)
+                if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                    i += 1  # the unknown flag's value
+        else:
+            known.append(tok)
+        i += 1
+    return known, dotted, ignored
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+        return True
+    except ValueError:
+        return False
+
+
+def _merge_speculative(ns: argparse.Namespace, dotted: dict[str, Any]) -> dict[str, Any] | None:
+    """One speculative dict from the three spellings; a key given two values is an error."""
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+
+    def put(key: str, value: Any, where: str) -> None:
+        if value is None:
+            return
+        if key in merged and merged[key] != value:
+            raise SpecError(
+                f"conflicting speculative settings: {origin[key]} gives {key}={merged[key]!r} "
+                f"but {where} gives {key}={value!r}"
+            )
+        merged[key] = value
+        origin[key] = where
+
+    if ns.speculative_config:
+        try:
+            js = json.loads(ns.speculative_config)
+        except ValueError as exc:
+            raise SpecError(f"--speculative-config is not valid JSON: {exc}") from exc
+        if not isinstance(js, dict):
+            raise SpecError("--speculative-config must be a JSON object")
+        for k, val in js.items():
+            put(k, val, "--speculative-config")
+    for k, val in dotted.items():
+        put(k, val, f"--speculative-config.{k}")
+    put("method", ns.spec_method, "--spec-method")
+    put("model", ns.spec_model, "--spec-model")
+    put("num_speculative_tokens", ns.spec_tokens, "--spec-tokens")
+    if not merged:
+        return None
+    k = merged.get("num_speculative_tokens")
+    if k is None:
+        raise SpecError("speculative decoding needs num_speculative_tokens (--spec-tokens N)")
+    if not isinstance(k, int) or k < 0:
+        raise SpecError(f"num_speculative_tokens must be a non-negative integer, got {k!r}")
+    if k == 0:
+        return None
+    if "method" not in merged:
+        merged["method"] = "draft_model" if merged.get("model") else "ngram"
+    return merged
+
+
+def parse_serve_args(argv: list[str]) -> SimServeConfig:
+    """Parse `sim serve` argv into a SimServeConfig; raises SpecError on bad or conflicting flags."""
+    parser = build_parser()
+    known, dotted, ignored = split_argv(parser, list(argv))
+    try:
+        ns = parser.parse_args(known)
+    except SystemExit as exc:  # argparse already printed its message (or --help)
+        if exc.code == 0:
+            raise
+        raise SpecError(f"bad sim serve arguments: {' '.join(argv)}") from exc
+    spec = _merge_speculative(ns, dotted)
+    model = ns.model or ns.model_tag
+    if ns.model and ns.model_tag and ns.model != ns.model_tag:
+        raise SpecError(f"two models given: positional {ns.model_tag!r} and --model {ns.model!r}")
+    served = (ns.served_model_name or [model or ns.sim_model or "sim-model"])[0]
+    for name, val in (("--tensor-parallel-size", ns.tensor_parallel_size),
+                      ("--pipeline-parallel-size", ns.pipeline_parallel_size),
+                      ("--max-num-seqs", ns.max_num_seqs),
+                      ("--max-num-batched-tokens", ns.max_num_batched_tokens),
+                      ("--block-size", ns.block_size)):
+        if val < 1:
+            raise SpecError(f"{name} must be >= 1, got {val}")
+    if not 0.0 < ns.gpu_memory_utilization <= 1.0:
+        raise SpecError(f"--gpu-memory-utilization must lie in (0, 1], got {ns.gpu_memory_utilization}")
+    if ns.noise < 0:
+        raise SpecError(f"--noise must be >= 0, got {ns.noise}")
+    return SimServeConfig(
+        model=model,
+        served_model_name=served,
+        host=ns.host,
+        port=ns.port,
+        tensor_parallel_size=ns.tensor_parallel_size,
+        pipeline_parallel_size=ns.pipeline_parallel_size,
+        gpu_memory_utilization=ns.gpu_memory_utilization,
+        max_model_len=ns.max_model_len,
+        max_num_seqs=ns.max_num_seqs,
+        max_num_batched_tokens=ns.max_num_batched_tokens,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        dtype=ns.dtype,
+        quantization=ns.quantization,
+        enable_prefix_caching=ns.enable_prefix_caching,
+        enforce_eager=ns.enforce_eager,
+        block_size=ns.block_size,
+        speculative=spec,
+        sim_gpu=ns.sim_gpu,
+        sim_model=ns.sim_model,
+        sim_profile=ns.sim_profile,
+        sim_acceptance=ns.sim_acceptance,
+        noise=ns.noise,
+        seed=ns.seed,
+        startup_s=ns.sim_startup_s,
+        disable_log_stats=ns.disable_log_stats,
+        ignored=ignored,
+        argv=list(argv),
+    )

@@ -1,0 +1,92 @@
+"""vLLM V1 Prometheus metrics of the simulator, with vLLM's names, labels and meanings.
+
+One CollectorRegistry per server (so in-process test servers never share series). Counters are
+incremented once per engine step, at the moment that step's tokens are handed to the streams, so
+`vllm:generation_tokens_total` always equals the sum of completion tokens already sent (or about
+to be written in the same event-loop turn).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0]
+_E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
+    out: list[int] = []
+    exponent = 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10**exponent
+            if v > max_value:
+                return out
+            out.append(v)
+        exponent += 1
+
+
+class SimMetrics:
+    """The series the simulator exposes; label values are bound once for speed."""
+
+    def __init__(self, model_name: str, max_model_len: int, spec_k: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        labels = ["model_name", "engine"]
+        lv = (model_name, "0")
+        r = self.registry
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=r).labels(*lv)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r).labels(*lv)
+
+        def hist(name: str, doc: str, buckets: list) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(*lv)
+
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prefix_cache_queries = counter("vllm:prefix_cache_queries",
+                                            "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits",
+                                         "Prefix cache hits, in terms of number of cached tokens.")
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          labels + ["finished_reason"], registry=r)
+        self.request_success = {reason: success.labels(*lv, reason) for reason in FINISH_REASONS}
+        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                         _TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                        _ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds",
+                        "Histogram of e2e request latency in seconds.", _E2E_BUCKETS)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds",
+                         "Histogram of time_per_output_token_seconds per request.", _ITL_BUCKETS)
+        self.queue_time = hist("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.", _E2E_BUCKETS)
+        token_buckets = build_1_2_5_buckets(max_model_len)
+        self.request_generation_tokens = hist("vllm:request_generation_tokens",
+                                              "Number of generation tokens processed.", token_buckets)
+        self.request_prompt_tokens = hist("vllm:request_prompt_tokens",
+                                          "Number of prefill tokens processed.", token_buckets)
+        self.spec_k = spec_k
+        if spec_k > 0:
+            self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+            self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+            self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                              "Accepted tokens per draft position.", labels + ["position"], registry=r)
+            self.spec_accepted_per_pos = [per_pos.labels(*lv, str(i)) for i in range(spec_k)]
+
+    def render(self) -> bytes:
+        """Prometheus text exposition of this server's registry."""
+        return generate_latest(self.registry)

@@ -1,0 +1,111 @@
+"""Helpers to run the simulator in-process and stream from it (tests, demos, benchmarks).
+
+`running_sim(argv, eff=...)` starts a SimServer on a free 127.0.0.1 port inside the caller's
+event loop (no start-up delay, no subprocess), so a test can read the engine's exact totals next
+to what the HTTP API returned. `stream_request` is a minimal SSE reader that keeps every chunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import orjson
+
+from truthput.sim.flags import parse_serve_args
+from truthput.sim.server import SimServer, resolve_setup
+
+
+@contextlib.asynccontextmanager
+async def running_sim(argv: list[str], eff=None, log_out=None,
+                      kv_capacity_tokens: int | None = None) -> AsyncIterator[SimServer]:
+    """An in-process simulated server; `server.port` is bound, `server.engine` is live.
+
+    kv_capacity_tokens overrides the memory plan's KV capacity (to provoke preemptions).
+    """
+    cfg = parse_serve_args([*argv, "--port", "0", "--host", "127.0.0.1"])
+    setup = resolve_setup(cfg, eff=eff)
+    if kv_capacity_tokens is not None:
+        setup.kv_capacity_tokens = kv_capacity_tokens
+    server = SimServer(cfg, setup, log_out=log_out)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@dataclass
+class StreamResult:
+    """One streamed request as the client saw it."""
+
+    text: str = ""
+    chunks: list[dict] = field(default_factory=list)
+    usage: dict | None = None
+    finish_reason: str | None = None
+    t_start: float = 0.0
+    t_first: float | None = None
+    t_last: float | None = None
+    chunk_times: list[float] = field(default_factory=list)
+
+    @property
+    def completion_tokens(self) -> int:
+        return int(self.usage["completion_tokens"]) if self.usage else -1
+
+
+async def stream_request(session, base_url: str, body: dict, chat: bool = False) -> StreamResult:
+    """POST a streaming request and collect every SSE chunk (include_usage is switched on)."""
+    body = {**body, "stream": True}
+    body.setdefault("stream_options", {"include_usage": True})
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    res = StreamResult(t_start=time.monotonic())
+    parts: list[str] = []
+    async with session.post(base_url + path, data=orjson.dumps(body),
+                            headers={"Content-Type": "application/json"}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:]
+            if data == b"[DONE]":
+                break
+            obj = orjson.loads(data)
+            now = time.monotonic()
+            res.chunks.append(obj)
+            if obj.get("usage") and not obj.get("choices"):
+                res.usage = obj["usage"]
+                continue
+            if obj.get("usage"):
+                res.usage = obj["usage"]
+            for ch in obj.get("choices", []):
+                piece = ch.get("text")
+                if piece is None:
+                    piece = (ch.get("delta") or {}).get("content")
+                if piece:
+                    parts.append(piece)
+                    res.chunk_times.append(now)
+                    if res.t_first is None:
+                        res.t_first = now
+                    res.t_last = now
+                if ch.get("finish_reason"):
+                    res.finish_reason = ch["finish_reason"]
+    res.text = "".join(parts)
+    return res
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sample name with sorted labels -> value, e.g. 'vllm:generation_tokens_total' (labels dropped
+    when the only labels are model_name/engine)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine")}
+            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}" if labels else "")
+            out[key] = s.value
+    return out

@@ -1,0 +1,226 @@
+"""The experiment file (TOML): what to launch, which variants to try, how to load and measure.
+
+Validated with pydantic at the edge; unknown keys are errors, and every error names the file, the
+key and what was expected, on one line (principle 5).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from truthput.errors import SpecError
+
+EngineKind = Literal["sim", "vllm", "sglang", "llamacpp", "command", "external", "systemd"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class ExperimentSection(_Strict):
+    name: str
+    baseline: str
+    seed: int = 0
+    description: str = ""
+
+
+class SystemdUnitRef(_Strict):
+    """The unit the baseline came from, kept so the winner can be written back with the same sections."""
+
+    path: str | None = None
+    text: str | None = None
+
+
+class ServerSection(_Strict):
+    engine: EngineKind = "vllm"
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    host: str | None = None
+    port: int | None = None
+    url: str | None = None  # engine = "external": where the server already runs
+    ready_timeout_s: float = 600.0
+    stop_grace_s: float = 30.0
+    ready_url: str | None = None  # engine = "command": readiness path or URL (default /health then /v1/models)
+    metric_names: dict[str, str] = Field(default_factory=dict)  # engine = "command": map onto vLLM's roles
+    systemd_unit: SystemdUnitRef | None = None
+    user: bool = False  # engine = "systemd": use `systemctl --user`
+
+    @model_validator(mode="after")
+    def _needs_what_it_runs(self) -> "ServerSection":
+        if self.engine == "external" and not self.url:
+            raise ValueError("engine = 'external' needs url = 'http://host:port'")
+        if self.engine not in ("external", "sim") and not self.command:
+            raise ValueError(f"engine = '{self.engine}' needs command = [...] (the server's argv)")
+        return self
+
+
+class HardwareSection(_Strict):
+    gpu: str
+    count: int = Field(1, ge=1)
+
+
+class ModelSection(_Strict):
+    profile: str | None = None
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "ModelSection":
+        if not self.profile and not self.path:
+            raise ValueError("give profile = '<named profile>' or path = '<model directory>'")
+        return self
+
+    @property
+    def ref(self) -> str:
+        return self.path or self.profile or ""
+
+
+class SimSection(_Strict):
+    noise: float = Field(0.03, ge=0.0, le=0.5)
+    startup_s: float = Field(0.5, ge=0.0)
+    profile: str | None = None  # calibration profile JSON (truthput sim calibrate)
+    log_stats_interval_s: float = Field(10.0, gt=0.0)
+    acceptance: list[float] | None = None
+
+
+class VariantSection(_Strict):
+    name: str
+    set: dict[str, Any] = Field(default_factory=dict)
+    remove: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    description: str = ""
+
+
+class WorkloadSection(_Strict):
+    concurrency: list[int] = Field(default_factory=lambda: [1])
+    duration_s: float | None = Field(30.0, gt=0)
+    requests: int | None = Field(None, gt=0)
+    warmup_s: float = Field(5.0, ge=0)
+    endpoint: Literal["completions", "chat"] = "completions"
+    prompt_source: str = "synthetic"
+    input_tokens: int | dict[str, Any] = 256
+    output_tokens: int | dict[str, Any] = 256
+    ignore_eos: bool = True
+    temperature: float | None = 0.0
+    top_p: float | None = None
+    seed: int | None = None
+    model: str | None = None  # served model name; default: first of /v1/models
+    api_key_env: str | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if not v or any(c < 1 for c in v):
+            raise ValueError("expected a non-empty list of positive integers")
+        return v
+
+
+class MeasureSection(_Strict):
+    repeats: int = Field(2, ge=1)  # timed trials per concurrency level per server start
+    starts: int = Field(1, ge=1)  # server starts per variant (the unit of replication)
+    target: str | None = None  # stopping rule, e.g. "±2%"
+    max_starts: int = Field(6, ge=1)
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    randomize_order: bool = False
+    output_guard: bool = True
+    guard_prompts: int = Field(4, ge=1)
+    guard_max_tokens: int = Field(64, ge=1)
+    request_error_threshold: float = Field(0.05, ge=0, le=1)
+    time_budget_s: float | None = None
+
+    @property
+    def target_rel(self) -> float | None:
+        if not self.target:
+            return None
+        text = self.target.strip().lstrip("±+").rstrip("%").strip()
+        try:
+            return float(text) / 100.0
+        except ValueError as exc:
+            raise SpecError(f"[measure].target: expected a percentage like '±2%', got {self.target!r}") from exc
+
+
+class Experiment(_Strict):
+    experiment: ExperimentSection
+    server: ServerSection
+    hardware: HardwareSection | None = None
+    model: ModelSection | None = None
+    sim: SimSection = Field(default_factory=SimSection)
+    variant: list[VariantSection] = Field(default_factory=list)
+    workload: WorkloadSection = Field(default_factory=WorkloadSection)
+    measure: MeasureSection = Field(default_factory=MeasureSection)
+    claim: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Experiment":
+        names = [v.name for v in self.variant]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"variant names must be unique; repeated: {', '.join(dupes)}")
+        if not self.variant:
+            raise ValueError("at least one [[variant]] is needed (the baseline may be one with no changes)")
+        if self.experiment.baseline not in names:
+            raise ValueError(
+                f"[experiment].baseline = {self.experiment.baseline!r} names no variant; variants are: {', '.join(names)}"
+            )
+        return self
+
+    def variant_named(self, name: str) -> VariantSection:
+        for v in self.variant:
+            if v.name == name:
+                return v
+        raise SpecError(f"no variant named {name!r}")
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif not parts:
+            parts.append(f"[{item}]")
+        else:
+            parts.append(f".{item}")
+    return "".join(parts) or "(top level)"
+
+
+def format_validation_error(path: str, exc: ValidationError) -> str:
+    """One line per problem: `file: [section].key: what was expected`."""
+    lines = []
+    for err in exc.errors():
+        loc = _loc(tuple(err.get("loc", ())))
+        kind = err.get("type", "")
+        msg = err.get("msg", "invalid")
+        if kind == "extra_forbidden":
+            msg = "unknown key"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        got = err.get("input")
+        if kind not in ("extra_forbidden", "missing", "value_error") and not isinstance(got, (dict, list)):
+            msg = f"{msg} (got {got!r})"
+        lines.append(f"{path}: {loc}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_experiment(text: str, path: str = "<experiment>") -> Experiment:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from exc
+    try:
+        return Experiment.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(path, exc)) from None
+
+
+def load_experiment(path: str | Path) -> tuple[Experiment, str]:
+    """Read and validate an experiment file; returns the model and the exact text (stored with the run)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{p}: cannot read experiment file: {exc.strerror}") from None
+    return parse_experiment(text, str(p)), text

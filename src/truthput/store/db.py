@@ -1,0 +1,215 @@
+"""The results store: SQLite (stdlib sqlite3, WAL).
+
+Principle 2, nothing is lost: every finished trial is committed (with its requests, raw scrapes and
+figures) in one transaction before the next trial starts, so a killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from truthput.errors import StoreError
+
+SCHEMA_VERSION = 1
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class TrialKey:
+    variant: str
+    start_index: int
+    concurrency: int
+    trial_index: int
+
+
+class Store:
+    """A thin, typed wrapper over the SQLite file. One connection, used from one thread at a time."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        try:
+            self.conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open results store: {exc}") from None
+        self.conn.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        try:
+            schema = resources.files("truthput.store").joinpath("schema.sql").read_text()
+            self.conn.executescript(schema)
+            self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            self.conn.commit()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: not a truthput results store ({exc})") from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ---- runs -------------------------------------------------------------------------------
+    def create_run(self, name: str, engine: str, simulated: bool, experiment_path: str | None,
+                   experiment_toml: str, seed: int | None, machine: dict[str, Any]) -> str:
+        stamp = datetime.now(timezone.utc)
+        safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in name)[:40]
+        run_id = f"{stamp:%Y%m%d-%H%M%S}-{safe}-{secrets.token_hex(2)}"
+        with self._lock, self.conn:
+            self.conn.execute(
+                "INSERT INTO runs(id, name, created_at, status, engine, simulated, experiment_path, experiment_toml, seed, machine_json)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (run_id, name, stamp.isoformat(), "running", engine, int(simulated), experiment_path,
+                 experiment_toml, seed, _dumps(machine)),
+            )
+        return run_id
+
+    def resolve_run(self, run_id: str) -> str:
+        """`latest` (or a unique prefix) -> the full run id; a clear error when there is none."""
+        if run_id == "latest":
+            row = self.conn.execute("SELECT id FROM runs ORDER BY created_at DESC, rowid DESC LIMIT 1").fetchone()
+            if row is None:
+                raise StoreError(f"{self.path}: no runs in this store yet")
+            return row["id"]
+        row = self.conn.execute("SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row:
+            return row["id"]
+        rows = self.conn.execute("SELECT id FROM runs WHERE id LIKE ?", (run_id + "%",)).fetchall()
+        if len(rows) == 1:
+            return rows[0]["id"]
+        if not rows:
+            raise StoreError(f"{self.path}: no run {run_id!r} (try `latest`)")
+        raise StoreError(f"{self.path}: {run_id!r} matches {len(rows)} runs; give more of the id")
+
+    def run(self, run_id: str) -> sqlite3.Row:
+        row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (self.resolve_run(run_id),)).fetchone()
+        return row
+
+    def runs(self) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM runs ORDER BY created_at").fetchall()
+
+    def set_run_status(self, run_id: str, status: str, summary: dict[str, Any] | None = None) -> None:
+        with self._lock, self.conn:
+            finished = datetime.now(timezone.utc).isoformat() if status != "running" else None
+            if summary is None:
+                self.conn.execute("UPDATE runs SET status=?, finished_at=? WHERE id=?", (status, finished, run_id))
+            else:
+                self.conn.execute("UPDATE runs SET status=?, finished_at=?, summary_json=? WHERE id=?",
+                                  (status, finished, _dumps(summary), run_id))
+
+    def event(self, run_id: str, kind: str, message: str) -> None:
+        with self._lock, self.conn:
+            self.conn.execute("INSERT INTO events(run_id, t_wall, kind, message) VALUES (?,?,?,?)",
+                              (run_id, time.time(), kind, message))
+
+    # ---- variants ---------------------------------------------------------------------------
+    def put_variant(self, run_id: str, name: str, position: int, is_baseline: bool, argv: Sequence[str],
+                    diff: Any, env: dict[str, str]) -> None:
+        with self._lock, self.conn:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO variants(run_id, name, position, is_baseline, argv_json, diff_json, env_json)"
+                " VALUES (?,?,?,?,?,?,?)",
+                (run_id, name, position, int(is_baseline), _dumps(list(argv)), _dumps(diff), _dumps(env)),
+            )
+
+    def variants(self, run_id: str) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM variants WHERE run_id=? ORDER BY position", (run_id,)).fetchall()
+
+    # ---- server starts ----------------------------------------------------------------------
+    def begin_start(self, run_id: str, variant: str, start_index: int, argv: Sequence[str], port: int | None) -> int:
+        with self._lock, self.conn:
+            cur = self.conn.execute(
+                "INSERT INTO starts(run_id, variant, start_index, status, argv_json, port, started_at) VALUES (?,?,?,?,?,?,?)",
+                (run_id, variant, start_index, "starting", _dumps(list(argv)), port, time.time()),
+            )
+            return int(cur.lastrowid)
+
+    def update_start(self, start_id: int, **fields: Any) -> None:
+        if not fields:
+            return
+        for key in ("info_json",):
+            if key in fields and not isinstance(fields[key], str):
+                fields[key] = _dumps(fields[key])
+        cols = ", ".join(f"{k}=?" for k in fields)
+        with self._lock, self.conn:
+            self.conn.execute(f"UPDATE starts SET {cols} WHERE id=?", (*fields.values(), start_id))
+
+    def starts(self, run_id: str) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM starts WHERE run_id=? ORDER BY id", (run_id,)).fetchall()
+
+    def add_logs(self, start_id: int, first_seq: int, lines: Iterable[tuple[float, str, str]]) -> int:
+        rows = [(start_id, first_seq + i, t, stream, line) for i, (t, stream, line) in enumerate(lines)]
+        if rows:
+            with self._lock, self.conn:
+                self.conn.executemany(
+                    "INSERT OR REPLACE INTO server_logs(start_id, seq, t_mono, stream, line) VALUES (?,?,?,?,?)", rows)
+        return first_seq + len(rows)
+
+    def logs(self, start_id: int) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM server_logs WHERE start_id=? ORDER BY seq", (start_id,)).fetchall()
+
+    # ---- trials -----------------------------------------------------------------------------
+    def commit_trial(self, run_id: str, variant: str, start_id: int | None, key: TrialKey, status: str,
+                     t0_wall: float, t0_mono: float, window: tuple[float | None, float | None], t_end: float,
+                     results: dict[str, Any], records: Sequence[Any], scrapes: Sequence[Any],
+                     telemetry: Sequence[tuple[float, int, float | None, float | None, float | None, float | None]] = (),
+                     error: str | None = None) -> int:
+        """Write one finished trial and everything it saw, atomically."""
+        with self._lock, self.conn:
+            cur = self.conn.execute(
+                "INSERT INTO trials(run_id, variant, start_id, start_index, concurrency, trial_index, status, t0_wall,"
+                " t0_mono, window_start, window_end, t_end, results_json, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (run_id, variant, start_id, key.start_index, key.concurrency, key.trial_index, status, t0_wall, t0_mono,
+                 window[0], window[1], t_end, _dumps(results), error),
+            )
+            trial_id = int(cur.lastrowid)
+            self.conn.executemany(
+                "INSERT INTO requests(trial_id, idx, t_start, t_first, t_end, status, http_status, error, prompt_tokens,"
+                " completion_tokens, finish_reason, n_chunks, chunks_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (trial_id, r.idx, r.t_start, r.t_first, r.t_end, r.status, r.http_status, r.error, r.prompt_tokens,
+                     r.completion_tokens, r.finish_reason, len(r.chunk_times),
+                     _dumps([[t, n, s] for t, n, s in zip(r.chunk_times, r.chunk_tokens, r.chunk_texts)]))
+                    for r in records
+                ],
+            )
+            self.conn.executemany(
+                "INSERT INTO scrapes(trial_id, phase, t_mono, text, error) VALUES (?,?,?,?,?)",
+                [(trial_id, s.phase, s.t_mono, s.text, s.error) for s in scrapes],
+            )
+            if telemetry:
+                self.conn.executemany(
+                    "INSERT INTO telemetry(trial_id, t_mono, gpu, util_pct, mem_used_bytes, power_w, sm_clock_mhz)"
+                    " VALUES (?,?,?,?,?,?,?)", [(trial_id, *row) for row in telemetry])
+        return trial_id
+
+    def done_trials(self, run_id: str) -> set[TrialKey]:
+        rows = self.conn.execute(
+            "SELECT variant, start_index, concurrency, trial_index FROM trials WHERE run_id=?", (run_id,)).fetchall()
+        return {TrialKey(r["variant"], r["start_index"], r["concurrency"], r["trial_index"]) for r in rows}
+
+    def trials(self, run_id: str) -> list[sqlite3.Row]:
+        return self.conn.execute(
+            "SELECT * FROM trials WHERE run_id=? ORDER BY variant, concurrency, start_index, trial_index", (run_id,)
+        ).fetchall()
+
+    def trial_results(self, run_id: str) -> list[dict[str, Any]]:
+        out = []
+        for row in self.trials(run_id):
+            d = dict(row)
+            d["results"] = json.loads(row["results_json"]) if row["results_json"] else {}
+            out.append(d)
+        return out
+
+    def requests(self, trial_id: int) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM requests WHERE trial_id=? ORDER BY idx", (trial_id,)).fetchall()
+
+    def scrapes(self, trial_id: int) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM scrapes WHERE trial_id=? ORDER BY t_mono", (trial_id,)).fetchall()

@@ -1,0 +1,135 @@
+"""Calibration recovers known constants from points the physics model generated (+ seeded noise)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from truthput.errors import SpecError
+from truthput.hardware.gpus import get_gpu
+from truthput.hardware.models import get_model
+from truthput.hardware.physics import Efficiency
+from truthput.sim.calibrate import CalibrationPoint, fit, load_profile, model_tokps, seed_case_report
+
+TRUE = Efficiency(bw_frac=0.7, flops_frac=0.4, step_overhead_s=0.004, tp_latency_s=30e-6)
+GPU = get_gpu("RTX 3090")
+MODEL = get_model("llama-3.1-8b")
+
+
+def synthetic_points(noise: float, seed: int = 7) -> list[CalibrationPoint]:
+    rng = random.Random(seed)
+    points = []
+    for tp, conc, ctx in itertools.product((1, 2, 4), (1, 4, 16, 64, 256), (512, 4096)):
+        p = CalibrationPoint(tp=tp, concurrency=conc, spec_k=0, spec_method=None, acceptance_length=None,
+                             context_tokens=ctx)
+        truth = model_tokps(GPU, MODEL, p, TRUE)
+        points.append(CalibrationPoint(**{**p.__dict__, "measured_tokps": truth * math.exp(rng.gauss(0, noise))}))
+    return points
+
+
+def test_recovers_known_constants_within_5_percent() -> None:
+    result = fit(synthetic_points(noise=0.02), GPU, MODEL)
+    eff = result.efficiency
+    assert set(result.fitted) == {"bw_frac", "flops_frac", "step_overhead_s", "tp_latency_s"}
+    # the resources that scale with the data are pinned to within 5%
+    assert eff.bw_frac == pytest.approx(TRUE.bw_frac, rel=0.05)
+    assert eff.flops_frac == pytest.approx(TRUE.flops_frac, rel=0.05)
+    # the two fixed per-step times are told apart only by TP=1 vs TP>1 points: their sum at TP>1
+    # is pinned to 5%, each alone to within its reported uncertainty (a 2% noise honestly allows
+    # ~10-20% on each; the covariance says so)
+    collectives = 2 * MODEL.layers
+    fixed = eff.step_overhead_s + collectives * eff.tp_latency_s
+    assert fixed == pytest.approx(TRUE.step_overhead_s + collectives * TRUE.tp_latency_s, rel=0.05)
+    for name in result.fitted:
+        assert abs(getattr(eff, name) - getattr(TRUE, name)) < 4 * result.std[name], name
+    assert result.std["tp_latency_s"] / eff.tp_latency_s > 5 * result.std["bw_frac"] / eff.bw_frac
+    assert 0.01 < result.noise_log < 0.03  # the 2% noise is recovered from the residuals
+    for conc in (1, 8, 64):
+        probe = CalibrationPoint(2, conc, 0, None, None, 2048)
+        value, lo, hi = result.predict(probe)
+        assert value == pytest.approx(model_tokps(GPU, MODEL, probe, TRUE), rel=0.05)
+        assert lo < value < hi and hi / lo < 1.2
+
+
+def test_exact_points_are_fitted_exactly() -> None:
+    result = fit(synthetic_points(noise=0.0), GPU, MODEL)
+    for name in result.fitted:
+        assert getattr(result.efficiency, name) == pytest.approx(getattr(TRUE, name), rel=1e-4)
+
+
+def test_one_point_fits_one_constant_and_says_so() -> None:
+    p = CalibrationPoint(2, 1, 0, None, None, 1024)
+    measured = model_tokps(GPU, MODEL, p, TRUE)
+    prior = Efficiency(bw_frac=0.7, flops_frac=0.4, step_overhead_s=0.001, tp_latency_s=30e-6)
+    result = fit([CalibrationPoint(**{**p.__dict__, "measured_tokps": measured})], GPU, MODEL, prior=prior)
+    assert result.fitted == ("step_overhead_s",)
+    assert set(result.dropped) == {"bw_frac", "flops_frac", "tp_latency_s"}
+    assert result.efficiency.step_overhead_s == pytest.approx(0.004, rel=1e-4)
+    assert "one data point" in result.notes[0]
+    assert "assumed" in result.noise_basis
+
+
+def test_unidentifiable_constants_are_dropped() -> None:
+    # TP=1 only and small batches: TP latency has no data, compute never binds
+    points = [p for p in synthetic_points(0.0) if p.tp == 1 and p.concurrency <= 4]
+    result = fit(points, GPU, MODEL)
+    assert "tp_latency_s" in result.dropped and "flops_frac" in result.dropped
+    assert result.efficiency.flops_frac == Efficiency().flops_frac  # left at the prior
+
+
+def test_profile_round_trip(tmp_path: Path) -> None:
+    result = fit(synthetic_points(noise=0.01), GPU, MODEL)
+    path = result.save_profile(tmp_path / "profile.json")
+    eff, meta = load_profile(path)
+    assert eff == result.efficiency
+    assert meta["gpu"] == "RTX 3090" and meta["model"] == "llama-3.1-8b" and len(meta["points"]) == 30
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(SpecError, match="not a truthput simulator profile"):
+        load_profile(tmp_path / "bad.json")
+    with pytest.raises(SpecError, match="cannot read"):
+        load_profile(tmp_path / "missing.json")
+
+
+def test_speculation_point_needs_acceptance() -> None:
+    with pytest.raises(SpecError, match="acceptance_length"):
+        fit([CalibrationPoint(1, 1, 2, "mtp", None, 100, 50.0)], GPU, MODEL)
+
+
+def test_seed_case_report() -> None:
+    text = seed_case_report()
+    assert "339.9" in text and "1.95" in text
+    assert "flops_frac: achieved compute fraction 0.2" in text
+    assert "tp_latency_s: no value explains it" in text
+
+
+def test_hand_written_profile_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "hand.json").write_text(json.dumps({"bw_frac": 0.6, "step_overhead_s": 0.01}))
+    eff, meta = load_profile(tmp_path / "hand.json")
+    assert eff.bw_frac == 0.6 and eff.step_overhead_s == 0.01 and "hand-written" in meta["note"]
+    from truthput.sim.calibrate import main
+
+    out = tmp_path / "p.json"
+    rc = main(["--gpu", "RTX 3090", "--model", "qwen3.6-27b-5.5bit", "--out", str(out), "--point",
+               "tp=2,concurrency=1,spec_k=1,spec_method=mtp,acceptance=1.95,context=2048,tokps=66.9,kv=1"])
+    assert rc == 0
+    eff, meta = load_profile(out)
+    assert meta["fitted"] == ["step_overhead_s"] and 0.005 < eff.step_overhead_s < 0.015
+    assert main(["--gpu", "RTX 3090", "--model", "x", "--point", "tp=2"]) != 0
+    assert "error" in capsys.readouterr().err
+
+
+def test_two_seed_points_pick_the_constants_that_explain_them() -> None:
+    base = CalibrationPoint(2, 1, 1, "qwen3_5_mtp", 1.95, 2048, 66.9, kv_dtype_bytes=1.0)
+    points = [base, CalibrationPoint(**{**base.__dict__, "concurrency": 8, "measured_tokps": 339.9})]
+    result = fit(points, "RTX 3090", "qwen3.6-27b-5.5bit")
+    # only a compute-efficiency term grows with the batch the way the data do: bandwidth and TP
+    # latency terms are nearly batch-independent here
+    assert result.fitted == ("step_overhead_s", "flops_frac")
+    assert result.efficiency.flops_frac == pytest.approx(0.218, abs=0.005)
+    assert result.efficiency.step_overhead_s == pytest.approx(0.0093, abs=0.0002)
+    assert max(abs(r) for r in result.residuals_log) < 1e-6

@@ -1,0 +1,72 @@
+"""The experiment file: clear one-line errors that name the file and the key; valid files parse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from truthput.errors import SpecError
+from truthput.spec.experiment import load_experiment, parse_experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MINIMAL = """
+[experiment]
+name = "t"
+baseline = "a"
+[server]
+engine = "sim"
+[hardware]
+gpu = "RTX 3090"
+[model]
+profile = "qwen3.6-27b-5.5bit"
+[[variant]]
+name = "a"
+"""
+
+
+def test_examples_parse():
+    for path in sorted((ROOT / "examples").glob("*.toml")):
+        if "claims" in path.name:
+            continue
+        exp, text = load_experiment(path)
+        assert exp.experiment.baseline in [v.name for v in exp.variant]
+        assert text == path.read_text()
+
+
+def test_minimal_defaults():
+    exp = parse_experiment(MINIMAL, "m.toml")
+    assert exp.workload.concurrency == [1]
+    assert exp.measure.repeats >= 1
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda s: s + "\n[workload]\nbogus = 1\n", "m.toml: [workload].bogus: unknown key"),
+        (lambda s: s.replace('baseline = "a"', 'baseline = "zzz"'), "baseline = 'zzz' names no variant"),
+        (lambda s: s + "\n[workload]\nconcurrency = [0]\n", "m.toml: [workload].concurrency"),
+        (lambda s: s + "\n[workload]\nconcurrency = 'x'\n", "m.toml: [workload].concurrency"),
+        (lambda s: s.replace('engine = "sim"', 'engine = "vllm"'), "needs command"),
+        (lambda s: s.replace('engine = "sim"', 'engine = "nope"'), "m.toml: [server].engine"),
+        (lambda s: s + "\n[[variant]]\nname = \"a\"\n", "variant names must be unique"),
+        (lambda s: s + "\n[measure\n", "not valid TOML"),
+    ],
+)
+def test_errors_are_one_line_and_say_where(mutate, expected):
+    with pytest.raises(SpecError) as info:
+        parse_experiment(mutate(MINIMAL), "m.toml")
+    msg = str(info.value)
+    assert expected in msg
+    assert "\n" not in msg
+
+
+def test_missing_file_is_clear(tmp_path):
+    with pytest.raises(SpecError, match="cannot read experiment file"):
+        load_experiment(tmp_path / "nope.toml")
+
+
+def test_target_percentage():
+    exp = parse_experiment(MINIMAL + '\n[measure]\ntarget = "±2%"\n', "m.toml")
+    assert exp.measure.target_rel == pytest.approx(0.02)

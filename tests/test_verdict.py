@@ -1,0 +1,128 @@
+"""Verdict and output guard: winners only when the corrected interval excludes 1 and the guard
+allows; figures checked against ratio_estimate and known synthetic truth."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from truthput.analyze.guard import compare_outputs
+from truthput.analyze.stats import ratio_estimate
+from truthput.analyze.stopping import StoppingRule
+from truthput.analyze.verdict import make_verdict
+from truthput.errors import MeasurementError
+
+
+def _arm(rng, level, n=4, k=3, sd_b=0.02, sd_w=0.01):
+    return [(level * np.exp(rng.normal(0, sd_b) + rng.normal(0, sd_w, k))).tolist() for _ in range(n)]
+
+
+def _seed_case(rng):
+    """The seed case's shape: spec3 +38% at c=1, nothing at c=8, spec1 slower at c=8."""
+    return {
+        ("baseline", 1): _arm(rng, 67.0), ("spec3", 1): _arm(rng, 92.5), ("spec1", 1): _arm(rng, 67.0),
+        ("baseline", 8): _arm(rng, 340.0), ("spec3", 8): _arm(rng, 340.0), ("spec1", 8): _arm(rng, 290.0),
+    }
+
+
+def test_seed_case_lines_and_figures():
+    cells = _seed_case(np.random.default_rng(1))
+    guard = {"spec3": compare_outputs(["a b c", "d"], ["a b c", "d"])}
+    v = make_verdict(cells, "baseline", failed={"spec5": "OOM during CUDA graph capture"}, guard=guard)
+    c1, c8 = v.per_concurrency
+    assert c1.winner == "spec3" and c8.winner is None
+    s3 = next(c for c in c1.comparisons if c.variant == "spec3")
+    ref = ratio_estimate(cells[("spec3", 1)], cells[("baseline", 1)], n_comparisons=2)
+    assert s3.estimate.ratio == pytest.approx(ref.ratio) and s3.estimate.lo == pytest.approx(ref.lo)
+    assert 1.30 < s3.estimate.ratio < 1.46
+    assert s3.line.startswith(f"c=1: spec3 beats baseline by +{ref.pct:.0f}% (95% CI +")
+    assert "4 starts x 3 trials" in s3.line and "output guard: identical" in s3.line
+    assert next(c for c in c8.comparisons if c.variant == "spec1").outcome == "slower"
+    lines = v.lines()
+    assert any(line.startswith("c=8: spec3 vs baseline: no difference detectable (") for line in lines)
+    assert "spec5: failed, no measurements (OOM during CUDA graph capture)" in lines
+    json.dumps(v.to_dict())
+
+
+def test_winner_only_when_corrected_interval_excludes_one():
+    rng = np.random.default_rng(8)
+    named = 0
+    for _ in range(300):
+        cells = {("base", 4): _arm(rng, 300.0, n=3, sd_b=0.04),
+                 ("a", 4): _arm(rng, 300.0 * rng.uniform(0.95, 1.1), n=3, sd_b=0.04),
+                 ("b", 4): _arm(rng, 300.0 * rng.uniform(0.95, 1.1), n=3, sd_b=0.04)}
+        cv = make_verdict(cells, "base").per_concurrency[0]
+        for c in cv.comparisons:
+            assert (c.outcome == "faster") == (c.estimate.lo > 1.0)
+            assert c.estimate.level == pytest.approx(1 - 0.05 / 2)
+        if cv.winner is not None:
+            named += 1
+            assert next(c for c in cv.comparisons if c.variant == cv.winner).estimate.lo > 1.0
+    assert named > 20  # the property was exercised
+
+
+def test_no_true_difference_rarely_names_a_winner():
+    rng = np.random.default_rng(12)
+    wins = sum(
+        make_verdict({("base", 1): _arm(rng, 300.0, n=3), ("a", 1): _arm(rng, 300.0, n=3),
+                      ("b", 1): _arm(rng, 300.0, n=3)}, "base").per_concurrency[0].winner is not None
+        for _ in range(400)
+    )
+    assert wins / 400 <= 0.05
+
+
+def test_guard_veto_and_expected_divergence():
+    rng = np.random.default_rng(2)
+    cells = {("base", 1): _arm(rng, 100.0), ("spec3", 1): _arm(rng, 140.0), ("kvfp8", 1): _arm(rng, 100.0)}
+    differs = compare_outputs(["hello world", "x"], ["hello there", "x"])
+    v = make_verdict(cells, "base", guard={"spec3": differs})
+    cv = v.per_concurrency[0]
+    assert cv.winner is None
+    assert "NOT named a winner: greedy outputs differ" in cv.comparisons[1].line
+    v2 = make_verdict(cells, "base", guard={"spec3": differs}, expected_divergence={"spec3"})
+    assert v2.per_concurrency[0].winner == "spec3"
+    assert "(expected for this variant)" in v2.lines()[1]
+
+
+def test_simulated_tag_on_every_line_and_one_start():
+    rng = np.random.default_rng(3)
+    cells = {("base", 1): _arm(rng, 100.0, n=1), ("a", 1): _arm(rng, 150.0, n=1)}
+    v = make_verdict(cells, "base", failed={"b": "timeout"}, simulated=True)
+    assert all(line.startswith("simulated: ") for line in v.lines())
+    assert v.method_notes[0].startswith("SIMULATED")
+    c = v.per_concurrency[0].comparisons[0]
+    assert c.outcome == "undetermined" and v.per_concurrency[0].winner is None
+    assert "one server start" in c.line
+
+
+def test_overlapping_qualifiers_no_single_winner():
+    rng = np.random.default_rng(4)
+    cells = {("base", 1): _arm(rng, 100.0), ("a", 1): _arm(rng, 130.0), ("b", 1): _arm(rng, 130.5)}
+    cv = make_verdict(cells, "base").per_concurrency[0]
+    assert [c.outcome for c in cv.comparisons] == ["faster", "faster"]
+    assert cv.winner is None and "no single winner" in cv.lines[-1]
+    cells[("b", 1)] = _arm(rng, 160.0)
+    assert make_verdict(cells, "base").per_concurrency[0].winner == "b"
+
+
+def test_sequential_verdict_uses_adjusted_level():
+    rng = np.random.default_rng(5)
+    cells = {("base", 1): _arm(rng, 100.0, n=3), ("a", 1): _arm(rng, 140.0, n=3)}
+    rule = StoppingRule(0.02, max_starts=10)
+    v = make_verdict(cells, "base", stopping_rule=rule)
+    est = v.per_concurrency[0].comparisons[0].estimate
+    assert est.level == pytest.approx(1 - rule.look_alpha(3)) == pytest.approx(0.995)
+    assert "sequential-adjusted" in v.lines()[0]
+
+
+def test_compare_outputs():
+    g = compare_outputs(["abc", "same", "xyz"], ["abd", "same", "q"])
+    assert g.first_divergence == [2, None, 0]
+    assert (g.n, g.exact_matches) == (3, 1) and g.exact_match_rate == pytest.approx(1 / 3)
+    assert g.verdict == "diverges: 2/3 prompts differ (earliest at char 0 of prompt 2)"
+    assert compare_outputs(["a"], ["a"]).verdict == "identical"
+    assert compare_outputs(["abc"], ["abcdef"]).first_divergence == [3]
+    with pytest.raises(MeasurementError, match="baseline has 2 outputs but variant has 1"):
+        compare_outputs(["a", "b"], ["a"])
