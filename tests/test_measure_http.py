@@ -106,3 +106,15 @@ def test_real_client_chat_hostile_stream_and_counter_reset():
     assert all(r.completion_tokens == cfg.max_tokens for r in ok)
     assert all(not any(t == "" and k < 0 for t, k in zip(r.chunk_texts, r.chunk_tokens)) for r in ok)
     assert res["spec_decode"]["k"] == 1
+
+
+def test_real_client_metrics_one_scrape_behind_is_flagged():
+    cfg = TruthConfig(concurrency=3, max_tokens=30, prefill_s=0.01, step_s=0.004, metrics_lag_scrapes=True)
+    server, result, scrapes, rendered = asyncio.run(_trial(cfg, chat=False, duration_s=0.8))
+    res = measure_trial(result.records, scrapes, [], (result.t_window_start, result.t_window_end), cfg.concurrency)
+    cw = res["throughput"]["counter_window"]
+    # the window scrapes saw the states at the pre and window_start scrapes
+    assert cw["value"] * cw["seconds"] == pytest.approx(
+        server.ledger.between(rendered["pre"], rendered["window_end"]))
+    assert res["scrape_intervals"]["stale_suspected"] is True and cw["suspect"] is True
+    assert res["integrity"]["holds"] is False

@@ -114,6 +114,23 @@ def test_lagging_metrics_are_flagged_by_the_integrity_identity():
     assert integ["difference"] < 0 and "may lag" in integ["message"]
 
 
+def test_metrics_lagging_by_one_scrape_is_detected():
+    cfg = TruthConfig(concurrency=4, requests=42, metrics_lag_scrapes=True)  # streams end at different times
+    sim, res = run(cfg)
+    t = [s.t_mono for s in sim.scrapes]  # pre, window_start, window_end, post
+    cw = res["throughput"]["counter_window"]
+    # what the window scrapes really saw: the states at the pre and window_start scrapes
+    assert cw["value"] * (t[2] - t[1]) == pytest.approx(sim.ledger.between(t[0], t[1]))
+    assert cw["suspect"] is True
+    assert res["scrape_intervals"]["stale_suspected"] is True
+    assert "stale" in res["warnings"][0] and row(res, "counter (window)")["note"].startswith("SUSPECT")
+    assert res["integrity"]["holds"] is False and "may lag" in res["integrity"]["message"]
+    # a clean trial has per-interval agreement and no warning
+    _, clean = run(TruthConfig(concurrency=4, requests=40))
+    assert clean["scrape_intervals"]["stale_suspected"] is False and clean["warnings"] == []
+    assert all(r["difference"] == 0 for r in clean["scrape_intervals"]["rows"])
+
+
 def test_seed_word_probe_reads_higher_than_the_counter_at_one_stream():
     # 1 stream, long prefill: per-request active time leaves out TTFT, so words/active > tokens/wall
     cfg = TruthConfig(concurrency=1, requests=10, max_tokens=40, prefill_s=0.2, step_s=0.01, tokens_per_chunk=(1,))

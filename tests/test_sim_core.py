@@ -239,3 +239,23 @@ def test_noise_varies_per_seed_and_zero_noise_is_exact():
         factor("--noise", "0.03", "--seed", "1")
     assert a == a2 and a != b
     assert 0.85 < a < 1.15 and 0.85 < b < 1.15
+
+
+def test_max_num_seqs_caps_the_batch_and_the_rest_wait():
+    async def go():
+        slow = Efficiency(bw_frac=0.8, step_overhead_s=0.0)  # ~6 ms steps on H100
+        async with running_sim(BASE + ["--max-num-seqs", "2"], eff=slow) as server:
+            url = f"http://127.0.0.1:{server.port}"
+            async with aiohttp.ClientSession() as s:
+                tasks = [asyncio.create_task(stream_request(s, url, {"prompt": f"p{i}", "max_tokens": 30,
+                                                                     "ignore_eos": True})) for i in range(6)]
+                await asyncio.sleep(0.1)
+                mid = await _metrics(s, url)
+                res = await asyncio.gather(*tasks)
+            return mid, res
+
+    mid, res = run(go())
+    assert mid["vllm:num_requests_running"] == 2 and mid["vllm:num_requests_waiting"] == 4
+    assert [r.completion_tokens for r in res] == [30] * 6
+    firsts = sorted(r.t_first for r in res)
+    assert firsts[2] - firsts[0] > 0.1  # the third request waited for a free slot (~30 steps)

@@ -113,3 +113,45 @@ def test_serves_lists_ignored_flags_and_stops_on_sigterm_within_a_second():
 def test_both_entry_points_reach_the_parser(cmd):
     p = subprocess.run([PY, "-m", *cmd, "serve", "--help"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 0 and "--sim-gpu" in p.stdout
+
+
+def test_sigterm_with_open_streams_exits_0_within_a_second():
+    import threading
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [PY, "-m", "truthput.sim", "serve", "--sim-model", "llama-3.1-8b", "--sim-gpu", "RTX 3090",
+         "--max-model-len", "4096", "--port", str(port), "--sim-startup-s", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def long_stream():
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                     data=b'{"prompt":"x","max_tokens":3000,"ignore_eos":true,"stream":true}',
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                while r.readline():
+                    pass
+        except OSError:
+            pass
+
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        threads = [threading.Thread(target=long_stream, daemon=True) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(5)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0 and took < 1.0

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from truthput.analyze.stats import (
@@ -55,8 +57,9 @@ def test_ratio_matches_scipy_welch_on_start_log_means():
     assert est.significant == (est.lo > 1 or est.hi < 1) == (est.p_value < 0.05)
 
 
-@pytest.mark.parametrize("n_starts", [3, 5, 10])
-@pytest.mark.parametrize("log_normal", [True, False])
+@pytest.mark.parametrize(
+    ("n_starts", "log_normal"), [(3, True), (5, True), (10, True), (5, False)]
+)
 def test_ratio_interval_coverage_two_level_noise(n_starts, log_normal):
     """2000 seeded experiments per case, true ratios drawn in [0.7, 1.5]: 95% coverage 93-97%."""
     rng = np.random.default_rng(1000 + n_starts + 7 * log_normal)
@@ -150,3 +153,22 @@ def test_noise_warnings():
 
 def test_holm_adjust():
     assert holm_adjust([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+
+
+_starts = st.lists(
+    st.lists(st.floats(min_value=1.0, max_value=5000.0), min_size=1, max_size=4), min_size=2, max_size=6
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(v=_starts, b=_starts, scale=st.floats(min_value=0.01, max_value=100.0))
+def test_ratio_is_scale_invariant_and_antisymmetric(v, b, scale):
+    est = ratio_estimate(v, b)
+    scaled = ratio_estimate([[x * scale for x in s] for s in v], [[x * scale for x in s] for s in b])
+    assert scaled.ratio == pytest.approx(est.ratio, rel=1e-9)
+    assert scaled.lo == pytest.approx(est.lo, rel=1e-6) and scaled.hi == pytest.approx(est.hi, rel=1e-6)
+    swapped = ratio_estimate(b, v)
+    assert swapped.ratio == pytest.approx(1 / est.ratio, rel=1e-9)
+    assert swapped.lo == pytest.approx(1 / est.hi, rel=1e-6) and swapped.hi == pytest.approx(1 / est.lo, rel=1e-6)
+    assert est.lo <= est.ratio <= est.hi
+    assert est.significant == (est.lo > 1 or est.hi < 1)

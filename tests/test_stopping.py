@@ -15,6 +15,7 @@ from truthput.analyze.stopping import (
     fixed_design_starts_from_sd,
     simulate_on_log_means,
 )
+from truthput.errors import MeasurementError, SpecError
 
 
 @pytest.mark.parametrize("method", ["linear", "pocock", "obrien-fleming"])
@@ -116,6 +117,15 @@ def test_fixed_design_starts_is_the_smallest_sufficient_n():
     cells = {"base": np.exp(rng.normal(5.7, 0.02, (6, 1))).tolist(),
              "v": np.exp(rng.normal(5.8, 0.03, (6, 1))).tolist()}
     assert fixed_design_starts(cells, "base", 0.02) >= 2
+
+
+def test_bad_settings_are_spec_errors():
+    with pytest.raises(SpecError, match="stopping: max_starts \\(3\\) must be >= min_starts \\(4\\)"):
+        StoppingRule(0.02, max_starts=3, min_starts=4)
+    with pytest.raises(SpecError, match="method must be one of"):
+        StoppingRule(0.02, max_starts=5, method="magic")
+    with pytest.raises(MeasurementError, match="baseline 'base' has no cell at c=8"):
+        StoppingRule(0.02, 5).decide({("v", 8): [[1.0], [2.0]]}, "base")
 
 
 def test_interleaved_order():

@@ -159,6 +159,8 @@ def test_consistency_warnings() -> None:
     assert any("'70B' but the model is" in w for w in warnings)
     assert any("names 'Llama3'" in w for w in warnings)
     assert not any("spec" in w for w in warnings)
+    honest = SEED_TEXT.replace("(Qwen3.6-27B PrismaAURA 5.5bit CT, TP=2, MTP spec=5)", "on GPU0 RTX3090 (qwen-3.6 27b, tp 2, spec=3)")
+    assert consistency_warnings(parse_unit(honest, "honest.service")) == []
     nospec = ServerArgv.parse(SEED_ARGV).without(["--speculative-config"]).to_argv()
     assert any("no speculative decoding" in w for w in consistency_warnings(parse_unit(render_unit(unit, nospec), "n.service")))
 

@@ -126,3 +126,36 @@ def test_compare_outputs():
     assert compare_outputs(["abc"], ["abcdef"]).first_divergence == [3]
     with pytest.raises(MeasurementError, match="baseline has 2 outputs but variant has 1"):
         compare_outputs(["a", "b"], ["a"])
+
+
+def test_runner_loop_end_to_end_on_synthetic_truth():
+    """The runner's intended use: interleaved starts, a look after each round, verdict at the stop
+    with the same adjusted level. Truth: spec3 = 1.38 x baseline at c=1, equal at c=8."""
+    from truthput.analyze.design import interleaved_order
+    from truthput.analyze.stopping import fixed_design_starts
+
+    rng = np.random.default_rng(21)
+    truth = {("baseline", 1): 67.0, ("spec3", 1): 92.5, ("baseline", 8): 340.0, ("spec3", 8): 340.0}
+    rule = StoppingRule(target_rel_halfwidth=0.03, max_starts=8)
+    cells: dict[tuple[str, int], list[list[float]]] = {key: [] for key in truth}
+    order = interleaved_order(["baseline", "spec3"], rule.max_starts, seed=1, randomized=True)
+    decision = None
+    for i, (variant, start) in enumerate(order):
+        start_effect = rng.normal(0, 0.01)
+        for conc in (1, 8):
+            cells[(variant, conc)].append(
+                (truth[(variant, conc)] * np.exp(start_effect + rng.normal(0, 0.005, 3))).tolist())
+        if i % 2 == 1:  # end of a round
+            decision = rule.decide(cells, "baseline", look=start + 1)
+            if decision.stop:
+                break
+    assert decision is not None and decision.stop
+    assert decision.reason in ("precision reached", "decision stable: interval excludes 1")
+    assert decision.look < rule.max_starts
+    v = make_verdict(cells, "baseline", stopping_rule=rule, look=decision.look)
+    c1, c8 = v.per_concurrency
+    assert c1.winner == "spec3" and c8.winner is None
+    e = c1.comparisons[0].estimate
+    assert e.lo == pytest.approx(decision.per_comparison["spec3@c=1"].lo)
+    assert e.lo <= 92.5 / 67.0 <= e.hi
+    assert fixed_design_starts(cells, "baseline", 0.03) >= 2

@@ -5,7 +5,8 @@ tokens emitted in any time range, per-request counts, words, chunks, spec-decode
 behaviour is hostile but legal: several tokens per chunk, empty deltas, usage only in the final
 chunk or continuous usage, a role-only first chunk, keep-alive comments, a counter that restarts
 from zero mid-trial (new `_created`), a /metrics that lags, a request that fails mid-stream, and
-periodic vLLM-format log lines with known figures.
+periodic vLLM-format log lines with known figures; `metrics_lag_s` (state as of some time ago)
+and `metrics_lag_scrapes` (each scrape answered with what the previous one would have seen).
 
 Two ways to use it:
 - `simulate(TruthConfig(...))` plays a closed loop in virtual time and returns RequestRecords,
@@ -64,6 +65,7 @@ class TruthConfig:
     fail_after_tokens: int = 10  # ... after this many tokens
     reset_at: float | None = None  # the counters restart from zero at this time
     metrics_lag_s: float = 0.0  # /metrics shows the state this long ago
+    metrics_lag_scrapes: bool = False  # /metrics serves what the previous scrape would have seen
     log_interval_s: float = 0.5
     empty_deltas: bool = False
     role_first_chunk: bool = True
@@ -132,7 +134,18 @@ class Metrics:
 
     def __init__(self, cfg: TruthConfig, ledger: Ledger):
         self.cfg, self.ledger = cfg, ledger
-        self.last_render = 0.0  # server time of the latest render (the truth for a scrape)
+        self.last_render = 0.0  # server time of the state the latest scrape saw (the truth for it)
+        self._previous: tuple[float, str] | None = None
+
+    def scrape(self, t: float) -> str:
+        """What GET /metrics answers at time t (one scrape behind when metrics_lag_scrapes)."""
+        text = self.render(t)
+        if not self.cfg.metrics_lag_scrapes:
+            return text
+        served = self._previous or (t, text)
+        self._previous = (t, text)
+        self.last_render = served[0]
+        return served[1]
 
     def render(self, t: float) -> str:
         self.last_render = t
@@ -262,7 +275,7 @@ def simulate(cfg: TruthConfig, t0: float = 100.0) -> Simulated:
         ends[r.worker] = max(ends.get(r.worker, 0.0), r.t_end)
     we = min(ends.values()) - 1e-4
     t_post = max(r.t_end for r in records) + 0.01
-    scrapes = [Scrape(ph, tt, metrics.render(tt)) for ph, tt in
+    scrapes = [Scrape(ph, tt, metrics.scrape(tt)) for ph, tt in
                (("pre", t0 - 0.01), ("window_start", ws), ("window_end", we), ("post", t_post))]
     logs = log_lines(cfg, ledger, t0 - cfg.log_interval_s, t_post)
     return Simulated(records, scrapes, logs, (ws, we), ledger, metrics)
@@ -311,7 +324,7 @@ class TruthServer:
         return await self._serve(r, chat=True)
 
     async def _metrics(self, _r: web.Request) -> web.Response:
-        return web.Response(text=self.metrics.render(time.monotonic()), content_type="text/plain")
+        return web.Response(text=self.metrics.scrape(time.monotonic()), content_type="text/plain")
 
     def log_lines(self, t_to: float | None = None) -> list[tuple[float, str]]:
         return log_lines(self.cfg, self.ledger, self.t_started, t_to or time.monotonic())

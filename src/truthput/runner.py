@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from truthput.engines.factory import make_engine, sim_requirements
 from truthput.errors import SpecError
+from truthput.measure.figures import counter_tokps
 from truthput.spec.argv import ServerArgv, argv_diff, speculative_settings
 from truthput.spec.experiment import Experiment
 from truthput.store.db import Store, TrialKey
@@ -325,8 +326,7 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
                 await _warmup(ctx, client, c, tokenizer)
                 for t in trials:
                     out = await _run_trial(ctx, engine, client, vp, start_index, c, t, tokenizer)
-                    tp = out["results"].get("throughput", {}).get("counter", {})
-                    val = tp.get("value") if isinstance(tp, dict) else None
+                    val = counter_tokps(out["results"])
                     sim = " (simulated)" if out["results"].get("simulated") else ""
                     shown = f"{val:.1f} tok/s server counter{sim}" if val is not None else "no counter figure"
                     ctx.progress(f"{vp.name} start {start_index + 1} c={c} trial {t + 1}: {shown} [{out['status']}]")
@@ -350,8 +350,7 @@ def _cells(store: Store, run_id: str) -> dict[tuple[str, int], list[list[float]]
     for row in store.trial_results(run_id):
         if row["status"] != "ok":
             continue
-        tp = row["results"].get("throughput", {}).get("counter", {})
-        val = tp.get("value") if isinstance(tp, dict) else None
+        val = counter_tokps(row["results"])
         if val is None:
             continue
         cells.setdefault((row["variant"], row["concurrency"]), {}).setdefault(row["start_index"], []).append(val)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from truthput.errors import SpecError
+
 
 def interleaved_order(
     variants: Sequence[str], n_starts: int, seed: int, randomized: bool = False
@@ -23,9 +25,9 @@ def interleaved_order(
     """
     names = list(variants)
     if len(set(names)) != len(names):
-        raise ValueError(f"variant names must be unique, got {names}")
+        raise SpecError(f"design: variant names must be unique, got {names}")
     if n_starts < 0:
-        raise ValueError(f"n_starts must be >= 0, got {n_starts}")
+        raise SpecError(f"design: n_starts must be >= 0, got {n_starts}")
     rng = np.random.default_rng(seed)
     order: list[tuple[str, int]] = []
     for k in range(n_starts):
@@ -70,7 +72,7 @@ def estimate_plan_time(
     for name, value in (("n_variants", n_variants), ("n_concurrencies", n_concurrencies),
                         ("n_starts", n_starts), ("trials_per_start", trials_per_start)):
         if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+            raise SpecError(f"design: {name} must be >= 0, got {value}")
 
     def cost(starts: int) -> tuple[int, int, float, float]:
         n_srv = n_variants * starts

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from truthput.errors import MeasurementError
+from truthput.errors import MeasurementError, SpecError
 
 DEFAULT_CV_THRESHOLD = 0.05
 """Coefficient of variation above which a cell is called noisy (pyperf warns from ~10%,
@@ -177,7 +177,7 @@ def start_log_means(starts: list[np.ndarray]) -> np.ndarray:
 
 def _check_confidence(confidence: float) -> None:
     if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        raise SpecError(f"confidence must be in (0, 1), got {confidence!r}")
 
 
 def ratio_estimate(
@@ -196,7 +196,7 @@ def ratio_estimate(
     """
     _check_confidence(confidence)
     if n_comparisons < 1:
-        raise ValueError(f"n_comparisons must be >= 1, got {n_comparisons!r}")
+        raise SpecError(f"n_comparisons must be >= 1, got {n_comparisons!r}")
     v_starts = clean_starts(variant, "variant")
     b_starts = clean_starts(baseline, "baseline")
     if not v_starts or not b_starts:

@@ -31,6 +31,7 @@ from truthput.analyze.stats import (
     start_log_means,
     welch_log_diff,
 )
+from truthput.errors import MeasurementError, SpecError
 
 SPENDING_FUNCTIONS = ("linear", "pocock", "obrien-fleming")
 
@@ -115,15 +116,15 @@ class StoppingRule:
         method: str = "linear",
     ) -> None:
         if not 0 < alpha < 1:
-            raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+            raise SpecError(f"stopping: alpha must be in (0, 1), got {alpha!r}")
         if min_starts < 2:
-            raise ValueError(f"min_starts must be >= 2 (an interval needs two starts), got {min_starts}")
+            raise SpecError(f"stopping: min_starts must be >= 2 (an interval needs two starts), got {min_starts}")
         if max_starts < min_starts:
-            raise ValueError(f"max_starts ({max_starts}) must be >= min_starts ({min_starts})")
+            raise SpecError(f"stopping: max_starts ({max_starts}) must be >= min_starts ({min_starts})")
         if method not in SPENDING_FUNCTIONS:
-            raise ValueError(f"method must be one of {SPENDING_FUNCTIONS}, got {method!r}")
+            raise SpecError(f"stopping: method must be one of {', '.join(SPENDING_FUNCTIONS)}, got {method!r}")
         if not target_rel_halfwidth > 0:
-            raise ValueError(f"target_rel_halfwidth must be > 0, got {target_rel_halfwidth!r}")
+            raise SpecError(f"stopping: target_rel_halfwidth must be > 0, got {target_rel_halfwidth!r}")
         self.target_rel_halfwidth = float(target_rel_halfwidth)
         self.max_starts = int(max_starts)
         self.min_starts = int(min_starts)
@@ -208,7 +209,8 @@ class StoppingRule:
         per: dict[str, RatioEstimate] = {}
         for conc, by_variant in groups.items():
             if baseline not in by_variant:
-                raise ValueError(f"baseline {baseline!r} has no cell at concurrency {conc}")
+                where = "" if conc is None else f" at c={conc}"
+                raise MeasurementError(f"stopping rule: baseline {baseline!r} has no cell{where}: nothing to compare with")
             others = [v for v in by_variant if v != baseline]
             m = len(others)
             base = by_variant[baseline]

@@ -86,6 +86,8 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("oom", r"\bOutOfMemoryError\b", 80, "out of memory"),
     _p("oom", r"Available memory on node .* is less than requested memory for kv", 90,
        "not enough memory for the requested KV cache space"),
+    _p("oom", r"Available memory on node .* is less than desired CPU memory utilization", 90,
+       "not enough free memory for --gpu-memory-utilization (CPU backend: set VLLM_CPU_KVCACHE_SPACE)"),
     _p("oom", r"No available memory for the cache blocks", 85,
        "no memory left for the KV cache after loading the weights"),
     _p("oom", r"std::bad_alloc|Cannot allocate memory|\[Errno 12\]", 60, "host out of memory"),

@@ -50,6 +50,16 @@ class ClientConfig:
     api_key_env: str | None = None
     request_timeout_s: float = 600.0
     continuous_usage: bool = True
+    # Test-only: busy-spin this long per network read in the chunk path, to prove the self-check
+    # flags a client that cannot keep up. Never set it for a real measurement.
+    test_chunk_spin_s: float = 0.0
+
+
+def _spin(seconds: float) -> None:
+    """Burn CPU for `seconds` (the test-only slow-client hook)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _api_root(base_url: str) -> str:
@@ -240,11 +250,14 @@ class StreamClient:
             saw_running_usage = False
             got_done = False
             read = resp.content.readany
+            spin = self.cfg.test_chunk_spin_s
             while not got_done:
                 data = await read()
                 if not data:
                     break
                 t = now()
+                if spin:
+                    _spin(spin)
                 for payload in feed(data):
                     if payload == _DONE:
                         got_done = True

@@ -89,7 +89,13 @@ class ClosedLoop:
         self._bodies: dict[int, dict] = {}
         self._next_build = 0
         self._need_more = asyncio.Event()
+        self._end_window = asyncio.Event()
         self.inline_builds = 0
+
+    def end_window(self) -> None:
+        """End the timed window now (from the same event loop): a coordinator (worker processes)
+        decides when the window ends; no new requests are issued after it."""
+        self._end_window.set()
 
     def _on_first_token(self, _idx: int) -> None:
         self._streaming += 1
@@ -183,7 +189,8 @@ class ClosedLoop:
             if window_possible and not workers_done.done():
                 t_ws = await self._timed(on_window_start)
                 remaining = None if self.duration_s is None else max(0.0, self.duration_s - (time.monotonic() - t_ws))
-                await self._wait_any(self._all_issued.wait(), asyncio.shield(workers_done), timeout=remaining)
+                await self._wait_any(self._all_issued.wait(), asyncio.shield(workers_done), self._end_window.wait(),
+                                     timeout=remaining)
                 t_we = await self._timed(on_window_end)
         except BaseException:
             # A failing callback (e.g. the runner's scrape) or a cancel: stop the load, then re-raise.
@@ -226,3 +233,332 @@ class ClosedLoop:
             notes=notes,
             max_in_flight=self.max_in_flight,
         )
+
+
+# ---- open loop ---------------------------------------------------------------------------------
+
+
+class _BodyQueue:
+    """Request bodies built ahead of use, off the event loop (a worker thread), so building a long
+    exact-length prompt never delays chunk timestamps. `get(i)` falls back to an inline build in a
+    thread when the prefetch fell behind (counted in `late`)."""
+
+    def __init__(self, workload: Workload, ahead: int, limit: int | None) -> None:
+        self.workload = workload
+        self.ahead = ahead
+        self.limit = limit
+        self.bodies: dict[int, dict] = {}
+        self.next_build = 0
+        self.next_use = 0
+        self.late = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def _build(self, start: int, stop: int) -> dict[int, dict]:
+        return {i: self.workload.body(i) for i in range(start, stop)}
+
+    def prime(self) -> None:
+        stop = self.ahead if self.limit is None else min(self.ahead, self.limit)
+        self.bodies = self._build(0, stop)
+        self.next_build = stop
+        self._task = asyncio.get_running_loop().create_task(self._refill(), name="truthput-body-refill")
+
+    async def _refill(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.next_build - self.next_use < self.ahead:
+                start = max(self.next_build, self.next_use)
+                stop = start + max(1, self.ahead // 2)
+                if self.limit is not None:
+                    stop = min(stop, self.limit)
+                if stop <= start:
+                    return
+                self.bodies.update(await asyncio.to_thread(self._build, start, stop))
+                self.next_build = stop
+
+    async def get(self, i: int) -> dict:
+        self.next_use = i + 1
+        body = self.bodies.pop(i, None)
+        if self.next_build - self.next_use < self.ahead // 2:
+            self._wake.set()
+        if body is None:
+            self.late += 1
+            body = await asyncio.to_thread(self.workload.body, i)
+        return body
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+
+class OpenLoop:
+    """Requests arrive at `rate` per second whatever the server does (open loop), with at most
+    `max_in_flight` open at once.
+
+    Why: a closed loop hides queueing (a slow server just gets fewer requests); an arrival process
+    shows how latency grows with offered load. Arrivals are `poisson` (exponential gaps from a
+    seeded RNG, so a rerun offers the same schedule) or `constant` (1/rate apart). An arrival that
+    finds `max_in_flight` requests open waits for a free slot; such arrivals are counted, because
+    the offered rate was then not what the server received.
+
+    Window: opens when the first request has finished (the system has gone through one full request
+    lifetime, so the in-flight mix is near its steady state) and ends when the arrivals end
+    (`max_requests` issued) or `duration_s` after it opened; after that the offered load falls.
+    """
+
+    def __init__(
+        self,
+        client: StreamClient,
+        workload: Workload,
+        rate: float,
+        arrival: str = "poisson",
+        max_in_flight: int | None = None,
+        duration_s: float | None = None,
+        max_requests: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not rate > 0:
+            raise SpecError(f"open loop rate {rate}: must be > 0 requests/s")
+        if arrival not in ("poisson", "constant"):
+            raise SpecError(f"open loop arrival {arrival!r}: expected 'poisson' or 'constant'")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise SpecError(f"open loop max_in_flight {max_in_flight}: must be >= 1")
+        if duration_s is None and max_requests is None:
+            raise SpecError("open loop: give duration_s or max_requests (or both)")
+        if duration_s is not None and duration_s <= 0:
+            raise SpecError(f"open loop duration_s {duration_s}: must be > 0")
+        if max_requests is not None and max_requests < 1:
+            raise SpecError(f"open loop max_requests {max_requests}: must be >= 1")
+        self.client = client
+        self.workload = workload
+        self.rate = rate
+        self.arrival = arrival
+        self.max_in_flight_cap = max_in_flight
+        self.duration_s = duration_s
+        self.max_requests = max_requests
+        self.seed = seed
+        self.delayed_arrivals = 0
+        self.max_in_flight = 0
+        self._in_flight = 0
+        self._end_window = asyncio.Event()
+
+    def end_window(self) -> None:
+        """End the window (and the arrivals) now; see ClosedLoop.end_window."""
+        self._end_window.set()
+
+    def arrival_offsets(self, n: int) -> list[float]:
+        """Seconds after the start at which requests 0..n-1 arrive (deterministic per seed)."""
+        import random
+
+        if self.arrival == "constant":
+            return [k / self.rate for k in range(n)]
+        rng = random.Random(f"truthput-arrivals:{self.seed}")
+        t, out = 0.0, []
+        for _ in range(n):
+            out.append(t)
+            t += rng.expovariate(self.rate)
+        return out
+
+    async def run(self, on_window_start: Callback | None = None, on_window_end: Callback | None = None) -> LoadResult:
+        import random
+
+        notes: list[str] = []
+        records: list[RequestRecord] = []
+        ahead = max(64, int(self.rate * 2))
+        bodies = _BodyQueue(self.workload, ahead, self.max_requests)
+        bodies.prime()
+        if "model" not in bodies.bodies.get(0, {}):
+            await self.client.resolve_model()
+        first_done = asyncio.Event()
+        slots = asyncio.Semaphore(self.max_in_flight_cap) if self.max_in_flight_cap else None
+        stop_arrivals = asyncio.Event()
+        tasks: set[asyncio.Task[None]] = set()
+        rng = random.Random(f"truthput-arrivals:{self.seed}")
+        client = self.client
+
+        async def one(idx: int, body: dict) -> None:
+            try:
+                rec = await client.stream(idx, body)
+            finally:
+                self._in_flight -= 1
+                if slots is not None:
+                    slots.release()
+            records.append(rec)
+            first_done.set()
+
+        async def arrivals() -> None:
+            t0 = time.monotonic()
+            t_next = 0.0
+            idx = 0
+            while not stop_arrivals.is_set():
+                if self.max_requests is not None and idx >= self.max_requests:
+                    return
+                delay = t0 + t_next - time.monotonic()
+                if delay > 0:
+                    try:
+                        await asyncio.wait_for(stop_arrivals.wait(), delay)
+                        return
+                    except asyncio.TimeoutError:
+                        pass
+                body = await bodies.get(idx)
+                if slots is not None:
+                    if slots.locked():
+                        self.delayed_arrivals += 1
+                    await slots.acquire()
+                self._in_flight += 1
+                if self._in_flight > self.max_in_flight:
+                    self.max_in_flight = self._in_flight
+                task = asyncio.get_running_loop().create_task(one(idx, body), name=f"truthput-stream-{idx}")
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                idx += 1
+                t_next += (1.0 / self.rate) if self.arrival == "constant" else rng.expovariate(self.rate)
+
+        probe = LagProbe()
+        probe.start()
+        t_start = time.monotonic()
+        arr = asyncio.get_running_loop().create_task(arrivals(), name="truthput-arrivals")
+        t_ws: float | None = None
+        t_we: float | None = None
+        never_settled = False
+        try:
+            await _wait_first(first_done.wait(), asyncio.shield(arr), timeout=None)
+            if first_done.is_set() and not arr.done():
+                t_ws = await _timed(on_window_start)
+                remaining = None if self.duration_s is None else max(0.0, self.duration_s - (time.monotonic() - t_ws))
+                await _wait_first(asyncio.shield(arr), self._end_window.wait(), timeout=remaining)
+                t_we = await _timed(on_window_end)
+            else:
+                never_settled = True
+                notes.append("no window: every arrival was issued before the first request finished "
+                             "(too few requests for this rate)")
+            stop_arrivals.set()
+            await arr
+            while tasks:
+                await asyncio.gather(*list(tasks), return_exceptions=True)
+        except BaseException:
+            stop_arrivals.set()
+            for task in (arr, *tasks):
+                task.cancel()
+            await asyncio.gather(arr, *tasks, return_exceptions=True)
+            await bodies.close()
+            await probe.stop()
+            raise
+        await bodies.close()
+        t_end = time.monotonic()
+        selfcheck = await probe.stop()
+        if self.delayed_arrivals:
+            notes.append(f"{self.delayed_arrivals} arrivals waited for a free slot (max in flight "
+                         f"{self.max_in_flight_cap}): the server received less than the offered {self.rate:g} req/s")
+        if bodies.late:
+            notes.append(f"{bodies.late} request bodies were not prefetched in time")
+        if selfcheck.client_bound:
+            notes.append(f"client-bound: {selfcheck.reason}")
+        notes.extend(n for n in self.client.notes if n not in notes)
+        return LoadResult(
+            records=sorted(records, key=lambda r: r.idx), t_start=t_start, t_window_start=t_ws, t_window_end=t_we,
+            t_end=t_end, never_settled=never_settled, selfcheck=selfcheck, notes=notes,
+            max_in_flight=self.max_in_flight,
+        )
+
+
+async def _timed(cb: Callback | None) -> float:
+    t0 = time.monotonic()
+    if cb is not None:
+        await cb()
+    return (t0 + time.monotonic()) / 2.0
+
+
+async def _wait_first(*aws: Awaitable[object], timeout: float | None) -> None:
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+# ---- sweep -------------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepPoint:
+    """One level of a sweep and the throughput the server counter gave for it (None: no figure)."""
+
+    level: float
+    throughput: float | None
+
+
+@dataclass
+class Sweep:
+    """Increase the load level until throughput stops rising; the saturation point is the lowest
+    level within `tolerance` of the best throughput seen.
+
+    Why this rule: past saturation more load only adds queueing (latency), so the useful operating
+    point is where throughput first reaches its plateau. Levels double from `start` (concurrency:
+    1, 2, 4, ...; rate: r, 2r, 4r, ...) up to `max_level`; the sweep stops after `patience`
+    consecutive levels that did not beat the best throughput by more than `tolerance`.
+    """
+
+    start: float = 1.0
+    max_level: float = 512.0
+    factor: float = 2.0
+    tolerance: float = 0.05
+    patience: int = 1
+    integer: bool = True
+    points: list[SweepPoint] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.start > 0 or self.max_level < self.start:
+            raise SpecError(f"sweep: need 0 < start ({self.start}) <= max level ({self.max_level})")
+        if not self.factor > 1:
+            raise SpecError(f"sweep factor {self.factor}: must be > 1")
+
+    def record(self, level: float, throughput: float | None) -> None:
+        self.points.append(SweepPoint(level, throughput))
+
+    def _stalled(self) -> int:
+        """How many of the latest levels did not raise the best throughput by more than tolerance."""
+        best: float | None = None
+        stalled = 0
+        for p in self.points:
+            if p.throughput is None:
+                stalled += 1
+                continue
+            if best is None or p.throughput > best * (1 + self.tolerance):
+                stalled = 0
+            else:
+                stalled += 1
+            best = p.throughput if best is None else max(best, p.throughput)
+        return stalled
+
+    def next_level(self) -> float | None:
+        """The next level to run, or None when the sweep is over."""
+        if not self.points:
+            return self.start
+        if self._stalled() >= self.patience:
+            return None
+        nxt = self.points[-1].level * self.factor
+        if self.integer:
+            nxt = float(max(int(self.points[-1].level) + 1, int(round(nxt))))
+        if nxt > self.max_level:
+            return None
+        return nxt
+
+    def saturation(self) -> SweepPoint | None:
+        """The lowest level whose throughput is within `tolerance` of the best seen."""
+        measured = [p for p in self.points if p.throughput is not None]
+        if not measured:
+            return None
+        best = max(p.throughput for p in measured)  # type: ignore[type-var]
+        return min((p for p in measured if p.throughput >= best * (1 - self.tolerance)), key=lambda p: p.level)
+
+    @property
+    def saturated(self) -> bool:
+        """True when throughput stopped rising within the sweep (False: it hit max_level still rising)."""
+        return self._stalled() >= self.patience

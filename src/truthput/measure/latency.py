@@ -105,12 +105,13 @@ def client_latency(
     return out
 
 
-def server_histograms(window_hists: dict[str, Histogram | None]) -> dict[str, Any]:
+def server_histograms(window_hists: dict[str, Histogram | None], notes: dict[str, str] | None = None) -> dict[str, Any]:
     """Mean and bucket-interpolated quantiles of each histogram's observations in the window."""
     out: dict[str, Any] = {}
     for key, h in window_hists.items():
         if h is None:
-            out[key] = {"mean": fig(None, "s", "server_counter", "histogram not exposed")}
+            why = (notes or {}).get(key, "histogram not exposed (or a window scrape is missing)")
+            out[key] = {"mean": fig(None, "s", "server_counter", why)}
             continue
         entry: dict[str, Any] = {
             "n": h.count,

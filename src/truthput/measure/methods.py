@@ -12,9 +12,9 @@ server sent `continuous_usage_stats`, the running completion-token count. From t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
-import math
 
 import numpy as np
 

@@ -168,6 +168,38 @@ def _integrity(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | No
     return out
 
 
+def _scrape_intervals(sc: _Scrapes, emitted: str | None, table: ChunkTable, usage_pc: np.ndarray) -> dict[str, Any]:
+    """Counter increase vs usage tokens that arrived, per interval between consecutive scrapes.
+
+    The two count the same tokens, so per interval they agree up to the tokens in flight on the
+    wire. A /metrics that serves an older state (a cache, a lagging exporter, a proxy) shows as a
+    counter that trails usage in one interval and catches up in the next: flagged as stale.
+    """
+    ok = [p for p in sc.all if p.ok and emitted and p.has(emitted)]
+    rows = []
+    if len(ok) < 2 or not bool(table.continuous.any()) or not bool(table.continuous[table.rec].all()):
+        return {"rows": rows, "stale_suspected": None,
+                "note": "needs two scrapes with the counter and continuous usage on every request"}
+    for a, b in zip(ok, ok[1:]):
+        d = sc.delta(emitted, a, b)
+        m = (table.t > a.t_mono) & (table.t <= b.t_mono)
+        arrived = int(usage_pc[m].sum())
+        rows.append({"from": a.phase, "to": b.phase, "t_from": a.t_mono, "t_to": b.t_mono,
+                     "counter": d.value, "usage_arrived": arrived, "resets": d.resets,
+                     "difference": None if d.value is None else d.value - arrived})
+    # tokens on the wire at a scrape are a few per stream; a lag shows as a large trailing counter
+    clean = [r for r in rows if r["counter"] is not None and not r["resets"]]
+    trailing = [r for r in clean if r["usage_arrived"] > 0 and r["difference"] < -max(16, 0.05 * r["usage_arrived"])]
+    stale = bool(trailing)
+    note = ""
+    if stale:
+        worst = min(trailing, key=lambda r: r["difference"])
+        note = (f"/metrics looks stale: between the {worst['from']} and {worst['to']} scrapes the counter rose "
+                f"{worst['counter']:g} while {worst['usage_arrived']} tokens arrived at the client; "
+                "counter-based figures are suspect")
+    return {"rows": rows, "stale_suspected": stale, "note": note}
+
+
 def _log_block(log_lines, win: tuple[float, float] | None, trial_span: tuple[float, float] | None,
                spec_k: int | None, emitted_window: float | None, drafted_window: float | None,
                accepted_window: float | None) -> dict[str, Any]:
@@ -276,7 +308,8 @@ def measure_trial(
     }
 
     # --- requests
-    errors = Counter((r.error or f"HTTP {r.http_status}" or "error")[:120] for r in records if r.status != "ok")
+    errors = Counter((r.error or (f"HTTP {r.http_status}" if r.http_status else "error"))[:120]
+                     for r in records if r.status != "ok")
     result["requests"] = {
         "total": len(records),
         "ok": sum(1 for r in records if r.status == "ok"),
@@ -287,6 +320,10 @@ def measure_trial(
     }
 
     result["integrity"] = _integrity(records, sc, emitted)
+    result["scrape_intervals"] = _scrape_intervals(sc, emitted, table, usage_pc)
+    warnings: list[str] = []
+    if result["scrape_intervals"]["stale_suspected"]:
+        warnings.append(result["scrape_intervals"]["note"])
 
     # --- throughput over the window
     d_win = sc.delta(emitted, ws_s, we_s)
@@ -426,14 +463,19 @@ def measure_trial(
     # --- latency
     lat = client_latency(records, table, usage_pc, tok_pc)
     hists = {}
+    hist_notes: dict[str, str] = {}
     for key, field in (("ttft", "ttft_hist"), ("itl", "itl_hist"), ("tpot", "tpot_hist"), ("e2e", "e2e_hist")):
         base = sc.first_name(tuple(n + "_bucket" for n in names.candidates(field)))
         if base is None or ws_s is None or we_s is None or not ws_s.ok or not we_s.ok:
             hists[key] = None
             continue
         h0, h1 = histogram(ws_s, base[: -len("_bucket")]), histogram(we_s, base[: -len("_bucket")])
-        hists[key] = h1.minus(h0) if (h0 and h1 and h1.count >= h0.count) else None
-    lat["server_window"] = server_histograms(hists)
+        if h0 and h1 and h1.count < h0.count:
+            hist_notes[key] = "histogram count dropped inside the window (server restart): not usable"
+            hists[key] = None
+            continue
+        hists[key] = h1.minus(h0) if (h0 and h1) else None
+    lat["server_window"] = server_histograms(hists, hist_notes)
     result["latency"] = lat
 
     # --- methods side by side
@@ -482,5 +524,13 @@ def measure_trial(
     if ref_name != "counter (window)":
         for r in rows:
             r["reference"] = ref_name
+    if d_win.resets:
+        warnings.append(f"counter restarted inside the window: {d_win.note}")
+    if d_win.went_backwards_without_reset:
+        warnings.append(f"counter went backwards inside the window: {d_win.note}")
+    if warnings:
+        rows[0]["note"] = "SUSPECT: " + " | ".join(warnings) + " -- " + rows[0]["note"]
+        tp["counter_window"]["suspect"] = True
     result["methods"] = rows
+    result["warnings"] = warnings
     return result

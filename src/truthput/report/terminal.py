@@ -8,19 +8,10 @@ import json
 from statistics import mean, median
 from typing import Any
 
+from truthput.measure.figures import counter_tokps, fig
 from truthput.store.db import Store
 
 
-def fig(results: dict, *path: str) -> Any:
-    """Follow a path into a trial's results; a figure object yields its value."""
-    cur: Any = results
-    for key in path:
-        if not isinstance(cur, dict) or key not in cur:
-            return None
-        cur = cur[key]
-    if isinstance(cur, dict) and "value" in cur:
-        return cur["value"]
-    return cur
 
 
 def cell_rows(store: Store, run_id: str) -> list[dict]:
@@ -39,12 +30,12 @@ def cell_rows(store: Store, run_id: str) -> list[dict]:
     for t in trials:
         key = (t["variant"], t["concurrency"])
         r = t["results"]
-        val = fig(r, "throughput", "counter")
+        val = counter_tokps(r)
         if t["status"] == "ok" and val is not None:
             per.setdefault(key, {}).setdefault(t["start_index"], []).append(float(val))
         e = extra.setdefault(key, {"per_stream": [], "ttft_p50": [], "itl_p50": [], "usage": []})
-        for name, path in (("per_stream", ("per_stream", "median")), ("ttft_p50", ("latency", "ttft", "p50")),
-                           ("itl_p50", ("latency", "itl", "p50")), ("usage", ("throughput", "usage"))):
+        for name, path in (("per_stream", ("per_stream", "decode_tps_median")), ("ttft_p50", ("latency", "ttft", "p50")),
+                           ("itl_p50", ("latency", "itl", "p50")), ("usage", ("throughput", "usage_window"))):
             v = fig(r, *path)
             if isinstance(v, (int, float)):
                 e[name].append(float(v))
@@ -82,15 +73,23 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if x is None or x != x else fmt.format(x)
 
 
-def print_run(store: Store, run_id: str, console=None) -> None:
+def make_console():
     from rich.console import Console
+
+    con = Console()
+    if not con.is_terminal:
+        con = Console(width=160)
+    return con
+
+
+def print_run(store: Store, run_id: str, console=None) -> None:
     from rich.table import Table
 
-    con = console or Console()
+    con = console or make_console()
     run_id = store.resolve_run(run_id)
     run = store.run(run_id)
     sim = bool(run["simulated"])
-    tag = " sim" if sim else ""
+    tag = ", simulated" if sim else ""
     title = f"run {run_id} ({run['status']})"
     if sim:
         con.print("[bold yellow]SIMULATED[/bold yellow]: every figure below comes from the embedded simulator "
@@ -98,27 +97,28 @@ def print_run(store: Store, run_id: str, console=None) -> None:
     t = Table(title=title)
     t.add_column("variant")
     t.add_column("conc.", justify="right")
-    t.add_column(f"output tok/s\n[server counter{tag}]", justify="right")
-    t.add_column("95% CI", justify="right")
-    t.add_column(f"tok/s per stream\n[usage, per request{tag}]", justify="right")
-    t.add_column(f"TTFT p50 ms\n[client clock{tag}]", justify="right")
-    t.add_column("vs baseline\n[ratio, 95% CI]", justify="right")
-    t.add_column("status")
+    t.add_column(f"output tok/s (95% CI)\n\\[server counter{tag}]", justify="right")
+    t.add_column(f"tok/s per stream\n\\[usage{tag}]", justify="right")
+    t.add_column(f"TTFT p50 ms\n\\[client clock{tag}]", justify="right")
+    t.add_column("vs baseline (95% CI)\n\\[ratio of counters]", justify="right")
+    t.add_column("starts x trials")
     for row in cell_rows(store, run_id):
         name = row["variant"] + (" *" if row["baseline"] else "")
         if row.get("status") != "ok":
-            t.add_row(name, _f(row["concurrency"], "{}"), "-", "-", "-", "-", "-", f"[red]{row['status']}[/red]")
+            t.add_row(name, _f(row["concurrency"], "{}"), f"[red]{row['status']}[/red]", "-", "-", "-", "-")
             continue
-        ci = f"{_f(row['lo'])}..{_f(row['hi'])}" if row.get("lo") == row.get("lo") else "-"
+        tokps = _f(row["tokps"])
+        if row.get("lo") is not None and row.get("lo") == row.get("lo"):
+            tokps += f" ({_f(row['lo'])}..{_f(row['hi'])})"
         delta = "baseline" if row["baseline"] else "-"
         if "delta_pct" in row:
             delta = f"{row['delta_pct']:+.1f}%"
             if row.get("delta_lo") is not None and row.get("delta_lo") == row.get("delta_lo"):
                 delta += f" ({row['delta_lo']:+.1f}..{row['delta_hi']:+.1f})"
         ttft = row.get("ttft_p50")
-        t.add_row(name, str(row["concurrency"]), _f(row["tokps"]), ci, _f(row.get("per_stream")),
-                  _f(ttft * 1000 if ttft is not None else None), delta,
-                  "ok" + (f" ({row['n_starts']} starts x {row['n_trials']} trials)" if row.get("n_trials") else ""))
+        per_start = row["n_trials"] / max(row["n_starts"], 1)
+        t.add_row(name, str(row["concurrency"]), tokps, _f(row.get("per_stream")),
+                  _f(ttft * 1000 if ttft is not None else None), delta, f"{row['n_starts']} x {per_start:g}")
     con.print(t)
     con.print("* baseline. Output tok/s = delta of the server's emitted-token counter over the steady-state window "
               "(all N streams in flight) / the window's wall time.")

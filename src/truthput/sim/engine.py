@@ -142,6 +142,7 @@ class SimEngine:
         self._now = 0.0
         self.steps = 0
         self.steps_behind = 0  # steps whose end the CPU could not keep up with
+        self.time_lost_s = 0.0  # real time the clock gave up catching (CPU starved)
         self.simulated_time = 0.0
         # Whole-life totals, for identities in tests (the counters hold the same).
         self.total_emitted = 0
@@ -426,6 +427,7 @@ class SimEngine:
             else:
                 self.steps_behind += 1
                 if delay < -0.25:  # far behind (CPU starved): do not burst to catch up
+                    self.time_lost_s += -delay  # simulated speed understated by this much
                     t_next = loop.time()
                 await asyncio.sleep(0)
             self.steps += 1

