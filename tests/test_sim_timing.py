@@ -13,7 +13,7 @@ import pytest
 from truthput.hardware.gpus import get_gpu
 from truthput.hardware.models import get_model
 from truthput.hardware.physics import Efficiency, decode_step
-from truthput.sim.testing import running_sim, stream_request
+from truthput.sim.testing import parse_prometheus, running_sim, stream_request
 
 BASE = ["--sim-gpu", "H100", "--sim-model", "llama-3.1-8b", "--max-model-len", "4096"]
 
@@ -34,16 +34,22 @@ async def _single_stream(argv, eff, max_tokens=80):
         return r, server.engine
 
 
+def _sim_rate(eng) -> float:
+    """Tokens per second of SIMULATED time: exact and independent of host CPU load."""
+    return eng.total_emitted / eng.simulated_time
+
+
 def test_doubling_bandwidth_halves_weight_bound_step_time():
     slow = Efficiency(bw_frac=0.4, flops_frac=0.5, step_overhead_s=0.0, tp_latency_s=0.0)
     fast = Efficiency(bw_frac=0.8, flops_frac=0.5, step_overhead_s=0.0, tp_latency_s=0.0)
     r_slow, e_slow = asyncio.run(_single_stream(BASE, slow))
     r_fast, e_fast = asyncio.run(_single_stream(BASE, fast))
-    ratio = _decode_rate(r_fast) / _decode_rate(r_slow)
-    assert ratio == pytest.approx(2.0, rel=0.06)
+    # exact on simulated time; served (wall-clock, shared CPU) within 10%
+    assert _sim_rate(e_fast) / _sim_rate(e_slow) == pytest.approx(2.0, rel=1e-3)
+    assert _decode_rate(r_fast) / _decode_rate(r_slow) == pytest.approx(2.0, rel=0.1)
     # the served rate is the physics' step rate (weights + tiny KV, batch 1)
     step = decode_step(get_gpu("H100"), get_model("llama-3.1-8b"), 1, 1, 40, eff=fast).total
-    assert _decode_rate(r_fast) == pytest.approx(1.0 / step, rel=0.06)
+    assert _decode_rate(r_fast) == pytest.approx(1.0 / step, rel=0.1)
     # --noise 0: simulated time is exactly deterministic
     r_again, e_again = asyncio.run(_single_stream(BASE, fast))
     assert e_again.simulated_time == e_fast.simulated_time
@@ -51,11 +57,13 @@ def test_doubling_bandwidth_halves_weight_bound_step_time():
 
 def test_k1_speculation_gain_never_exceeds_100_percent():
     eff = Efficiency(bw_frac=0.8, flops_frac=0.5, step_overhead_s=0.002, tp_latency_s=0.0)
-    plain, _ = asyncio.run(_single_stream(BASE, eff))
+    plain, e_plain = asyncio.run(_single_stream(BASE, eff))
     spec, eng = asyncio.run(_single_stream(BASE + ["--spec-method", "mtp", "--spec-tokens", "1",
                                                    "--sim-acceptance", "1.0"], eff))
-    gain = _decode_rate(spec) / _decode_rate(plain) - 1.0
+    gain = _sim_rate(eng) / _sim_rate(e_plain) - 1.0  # best case: every draft accepted
     assert 0.5 < gain <= 1.0
+    served_gain = _decode_rate(spec) / _decode_rate(plain) - 1.0
+    assert served_gain == pytest.approx(gain, abs=0.15)
     # acceptance 1.0: every draft accepted, except where max_tokens left no room for it (last step)
     assert eng.total_drafts - 1 <= eng.total_accepted <= eng.total_drafts
 
@@ -105,3 +113,27 @@ def test_log_line_generation_throughput_equals_counter_rate_over_its_interval(mo
     busy = [(g, a, d) for g, a, d in zip(gen, acc, dra) if g > 100]
     assert busy and all(a + d == pytest.approx(g, rel=0.1) for g, a, d in busy)
     assert re.search(r"Per-position acceptance rate: \d\.\d{3}, Avg Draft acceptance rate: [\d.]+%$", spec[0])
+
+
+def test_long_prompt_ttft_is_chunked_prefill_priced_by_flops():
+    eff = Efficiency(bw_frac=0.8, flops_frac=0.5, step_overhead_s=0.001, tp_latency_s=0.0)
+    prompt = " ".join(["word"] * 2250)  # 3000 prompt tokens at 0.75 words/token
+
+    async def go():
+        async with running_sim(BASE, eff=eff) as server:
+            url = f"http://127.0.0.1:{server.port}"
+            async with aiohttp.ClientSession() as s:
+                r = await stream_request(s, url, {"prompt": prompt, "max_tokens": 4, "ignore_eos": True})
+                async with s.get(url + "/metrics") as m:
+                    metrics = parse_prometheus(await m.text())
+            return r, metrics
+
+    r, metrics = asyncio.run(go())
+    assert r.usage["prompt_tokens"] == 3000
+    gpu, model = get_gpu("H100"), get_model("llama-3.1-8b")
+    # --max-num-batched-tokens 2048: two prefill steps, 2048 then 952 tokens
+    expected = sum(decode_step(gpu, model, 1, 0, 0, prefill_tokens=n, eff=eff).total for n in (2048, 952))
+    # server-side TTFT (vllm:time_to_first_token_seconds, arrival -> emission), then the client's
+    assert metrics["vllm:time_to_first_token_seconds_count"] == 1
+    assert metrics["vllm:time_to_first_token_seconds_sum"] == pytest.approx(expected, rel=0.1, abs=0.005)
+    assert r.t_first - r.t_start == pytest.approx(expected, rel=0.1, abs=0.05)

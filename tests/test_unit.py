@@ -253,3 +253,20 @@ def test_cli_import_and_unit_round_trip(tmp_path: Path, monkeypatch: pytest.Monk
     assert written.get("Service", "Restart") == "on-failure"  # normal mode keeps the user's restart policy
     missing = runner.invoke(app, ["unit", run_id, "--variant", "nope", "--store", str(tmp_path / "truthput.db")])
     assert missing.exit_code != 0 and "no variant 'nope'" in str(missing.exception)
+
+
+def test_import_unwraps_a_simple_shell_wrapper_and_names_the_engine(tmp_path: Path) -> None:
+    wrapped = tmp_path / "wrapped.service"
+    wrapped.write_text("[Service]\nUser=root\nExecStart=/bin/bash -c 'HF_HOME=%h/hf exec /opt/v/bin/vllm serve /m --max-num-seqs 8'\n")
+    exp = parse_experiment(import_unit(str(wrapped)), "w.toml")
+    assert exp.server.command == ["/opt/v/bin/vllm", "serve", "/m", "--max-num-seqs", "8"]
+    assert exp.server.env == {"HF_HOME": "/root/hf"}  # %h of User=root
+    assert exp.server.engine == "vllm"
+    scripted = tmp_path / "scripted.service"
+    scripted.write_text("[Service]\nExecStart=/bin/sh -c 'source /v/bin/activate && vllm serve /m'\n")
+    text = import_unit(str(scripted))
+    assert "cannot edit flags inside it" in text
+    assert parse_experiment(text, "s.toml").server.command[:2] == ["/bin/sh", "-c"]
+    sglang = tmp_path / "sg.service"
+    sglang.write_text("[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --tp 2\n")
+    assert parse_experiment(import_unit(str(sglang)), "g.toml").server.engine == "sglang"

@@ -121,6 +121,7 @@ class RunContext:
     start_id: int | None = None
     guard_texts: dict[str, list[str]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    stopping: dict | None = None
 
 
 def _log_sink(ctx: RunContext):
@@ -378,10 +379,25 @@ def summarize(store: Store, run_id: str, exp: Experiment, guard_texts: dict[str,
         prev = json.loads(run["summary_json"]).get("guard_texts") or {}
         if prev:
             return summarize(store, run_id, exp, prev)
-    verdict = make_verdict(_cells(store, run_id), exp.experiment.baseline, failed=failed, guard=guard,
-                           confidence=exp.measure.confidence, simulated=bool(run["simulated"]))
+    cells = _cells(store, run_id)
+    rule, look, stopping = None, None, None
+    m = exp.measure
+    if m.target_rel is not None:
+        from truthput.analyze.stopping import StoppingRule, fixed_design_starts
+
+        rule = StoppingRule(target_rel_halfwidth=m.target_rel, max_starts=m.max_starts, min_starts=m.starts,
+                            alpha=1 - m.confidence)
+        look = max((len(v) for v in cells.values()), default=None)
+        stopping = {"method": rule.method, "starts_used": look}
+        try:
+            stopping["fixed_design_starts"] = fixed_design_starts(cells, exp.experiment.baseline, m.target_rel,
+                                                                  confidence=m.confidence)
+        except Exception as exc:  # not enough data to size a fixed design
+            stopping["fixed_design_note"] = str(exc)
+    verdict = make_verdict(cells, exp.experiment.baseline, failed=failed, guard=guard,
+                           confidence=m.confidence, simulated=bool(run["simulated"]), stopping_rule=rule, look=look)
     return {"verdict": verdict.to_dict(), "verdict_lines": verdict.lines(), "failed": failed, "guard": guard_json,
-            "guard_texts": guard_texts or {}}
+            "guard_texts": guard_texts or {}, "stopping": stopping}
 
 
 async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, store: Store, engine: str | None = None,
@@ -460,10 +476,11 @@ async def _maybe_more_starts(ctx: RunContext, tokenizer) -> None:
             per_variant = {v: cells.get((v, c), []) for v in (vp.name for vp in ctx.plan.variants)
                            if v not in ctx.failed}
             decisions.append(rule.decide(per_variant, ctx.exp.experiment.baseline,
-                                         elapsed_s=time.monotonic() - t_start, budget_s=m.time_budget_s))
+                                         elapsed_s=time.monotonic() - t_start, budget_s=m.time_budget_s, look=n))
         if all(d.stop for d in decisions) or n >= m.max_starts:
             reasons = "; ".join(f"c={c}: {d.reason}" for c, d in zip(ctx.plan.concurrency, decisions))
             ctx.store.event(ctx.run_id, "stopping_rule", f"stopped after {n} starts per variant: {reasons}")
+            ctx.stopping = {"starts": n, "reasons": reasons, "method": decisions[0].method if decisions else None}
             ctx.progress(f"stopping rule: {n} starts per variant: {reasons}")
             return
         ctx.progress(f"stopping rule: adding start round {n + 1}")

@@ -40,6 +40,7 @@ def pytest_collection_modifyitems(config, items):
     skip = None if vllm_importable() else pytest.mark.skip(reason=SKIP_REASON)
     for item in mine:
         item.add_marker(pytest.mark.slow)
+        item.add_marker(pytest.mark.realengine)
         if skip is not None:
             item.add_marker(skip)
 

@@ -36,7 +36,7 @@ def export_variant_unit(
 
     from truthput.errors import SpecError, StoreError
     from truthput.spec.argv import ServerArgv
-    from truthput.spec.unit import consistency_warnings, parse_unit, render_unit
+    from truthput.spec.unit import consistency_warnings, guess_engine, parse_unit, render_unit, unwrap_shell
     from truthput.store.db import Store
 
     if not store_path.exists():
@@ -77,8 +77,10 @@ def export_variant_unit(
             )
     unit = parse_unit(unit_text, unit_path)
 
-    original = ServerArgv.parse(unit.exec_start_argv())
-    server = ServerArgv.parse(argv)
+    original_argv, _, _ = unwrap_shell(unit.exec_start_argv(), unit.where)
+    engine = guess_engine(argv)
+    original = ServerArgv.parse(original_argv, engine=engine)
+    server = ServerArgv.parse(argv, engine=engine)
     for name in ("--host", "--port"):
         server = server.with_set({name: original.get(name)}) if original.has(name) else server.without([name])
     text = render_unit(unit, server.to_argv(), env=env, experiment_mode=experiment_mode, description=description)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 FailureKind = Literal[
@@ -47,22 +47,21 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 @dataclass(frozen=True, slots=True)
 class Failure:
     """Why a server failed: `kind` (one of FAILURE_KINDS), a one-line `reason`, the log line that
-    caused it (None when no log line says) and a short log `excerpt` around that line."""
+    caused it (None when no log line says) and a short log `excerpt` around that line (lines
+    joined by newlines, ready for `starts.log_excerpt`; "" when there is no log)."""
 
     kind: FailureKind
     reason: str
     root_cause_line: str | None = None
-    excerpt: tuple[str, ...] = field(default_factory=tuple)
+    excerpt: str = ""
 
     def to_dict(self) -> dict:
         """Plain dict for JSON / the store (`starts.failure_*`, `log_excerpt`)."""
-        d = asdict(self)
-        d["excerpt"] = list(self.excerpt)
-        return d
+        return asdict(self)
 
     @property
-    def excerpt_text(self) -> str:
-        return "\n".join(self.excerpt)
+    def excerpt_lines(self) -> list[str]:
+        return self.excerpt.split("\n") if self.excerpt else []
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +145,9 @@ def _message_after(line: str, match: re.Match[str]) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-def _excerpt(lines: list[str], index: int | None) -> tuple[str, ...]:
-    if index is None:
-        return tuple(lines[-EXCERPT_TAIL:])
-    return tuple(lines[max(0, index - EXCERPT_BEFORE): index + EXCERPT_AFTER + 1])
+def _excerpt(lines: list[str], index: int | None) -> str:
+    chosen = lines[-EXCERPT_TAIL:] if index is None else lines[max(0, index - EXCERPT_BEFORE): index + EXCERPT_AFTER + 1]
+    return "\n".join(chosen)
 
 
 def _signal_name(exit_code: int) -> str | None:

@@ -11,7 +11,25 @@ round(0.75 * n) words of English-like text (`WORDS_PER_TOKEN`): the usual ratio 
 BPE vocabularies; the token count it gives is an estimate (provenance `words`), typically within
 +-25 % for LLM tokenizers, so the server's `usage.prompt_tokens` is the figure to report.
 
-Every prompt starts with a few random words, so prefix caching cannot share prompts across requests.
+Every prompt starts with a few random words, so prefix caching cannot share prompts across requests
+(except in the `shared-prefix` workload, which is made to share them).
+
+Prompt sources (`WorkloadSpec.prompt_source`):
+- `synthetic`: generated English-like text of the drawn input length;
+- a JSONL path: one `prompt` or `messages` per line (optionally `max_tokens`);
+- `sharegpt` / `sharegpt:PATH`: ShareGPT-format conversations (JSON list or JSONL of
+  `{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}`); the
+  prompt is the first human turn and the output length is the first reply's length (tokenizer
+  tokens, else words / 0.75). Without PATH the small generated sample shipped in
+  `truthput/load/data/sharegpt_sample.json` is used (nothing is fetched at run time);
+- `shared-prefix`: `prefixes` (N) shared prefixes of `prefix_tokens` tokens x `suffixes` (M)
+  suffixes of the drawn input length: request i uses prefix i % N and suffix (i // N) % M, so the
+  prompt has exactly prefix + suffix tokens with a tokenizer (for `--enable-prefix-caching`);
+- `multi-turn`: conversations of `turns` user turns; request i is turn i % turns of conversation
+  i // turns and carries the earlier turns (user: input length, assistant: output length) as
+  history (chat endpoint);
+- `tool-call`: chat requests with `tools` (function definitions) and `tool_choice` in the body.
+`thinking` (True/False) sends `chat_template_kwargs.enable_thinking` (chat endpoint).
 """
 
 from __future__ import annotations
@@ -148,6 +166,12 @@ class WorkloadSpec:
     prompt_source: str = "synthetic"
     endpoint: str = "completions"  # or "chat"
     extra_body: dict[str, Any] = field(default_factory=dict)
+    prefixes: int = 4  # shared-prefix: N
+    suffixes: int = 16  # shared-prefix: M
+    prefix_tokens: int = 256  # shared-prefix: tokens of each shared prefix
+    turns: int = 3  # multi-turn: user turns per conversation
+    tool_choice: str = "auto"  # tool-call: "auto", "required" or "none"
+    thinking: bool | None = None  # chat_template_kwargs.enable_thinking; None: not sent
 
 
 class Workload:
@@ -162,8 +186,25 @@ class Workload:
         self.input_dist = _as_dist(spec.input_tokens, "input_tokens")
         self.output_dist = _as_dist(spec.output_tokens, "output_tokens")
         self._rows: list[dict[str, Any]] | None = None
-        if spec.prompt_source != "synthetic":
+        self._pairs: list[tuple[str, str]] | None = None
+        self.kind = _source_kind(spec.prompt_source)
+        if self.kind == "jsonl":
             self._rows = _load_jsonl(Path(spec.prompt_source))
+        elif self.kind == "sharegpt":
+            _, _, path = spec.prompt_source.partition(":")
+            self._pairs = load_sharegpt(Path(path) if path else SHAREGPT_SAMPLE)
+        elif self.kind in ("multi-turn", "tool-call") and spec.endpoint != "chat":
+            raise SpecError(f"workload {self.kind}: needs the chat endpoint (--endpoint chat)")
+        elif self.kind == "shared-prefix":
+            if spec.prefixes < 1 or spec.suffixes < 1 or spec.prefix_tokens < 1:
+                raise SpecError(f"workload shared-prefix: prefixes ({spec.prefixes}), suffixes ({spec.suffixes}) "
+                                f"and prefix_tokens ({spec.prefix_tokens}) must be >= 1")
+        if self.kind == "multi-turn" and spec.turns < 1:
+            raise SpecError(f"workload multi-turn turns {spec.turns}: must be >= 1")
+        if spec.tool_choice not in ("auto", "required", "none"):
+            raise SpecError(f"workload tool_choice {spec.tool_choice!r}: expected auto, required or none")
+        if spec.thinking is not None and spec.endpoint != "chat":
+            raise SpecError("workload thinking on/off: chat_template_kwargs apply to the chat endpoint only")
         self._special = 0
         if tokenizer is not None:
             self._special = len(tokenizer.encode("the", add_special_tokens=True).ids) - len(
@@ -185,53 +226,117 @@ class Workload:
             return " ".join(rng.choices(_VOCAB, k=n_words))
         return self._exact_prompt(rng, n_tokens)
 
-    def _exact_prompt(self, rng: random.Random, n_tokens: int) -> str:
+    def _exact_prompt(self, rng: random.Random, n_tokens: int, head: str = "", special: bool = True) -> str:
+        """Text of exactly n_tokens tokens (counting the tokenizer's special tokens when `special`)
+        that starts with `head` (whose own tokens must stay as they are: a shared prefix)."""
         tok = self.tokenizer
-        target = n_tokens - self._special
+        target = n_tokens - (self._special if special else 0)
         if target < 1:
             raise SpecError(f"workload input_tokens {n_tokens}: below the tokenizer's {self._special} special tokens")
         words = rng.choices(_VOCAB, k=target + 8)
+        lead = head + " " if head else ""
         while True:
-            text = " ".join(words)
+            text = lead + " ".join(words)
             enc = tok.encode(text, add_special_tokens=False)
             if len(enc.ids) >= target:
                 break
             words += rng.choices(_VOCAB, k=target - len(enc.ids) + 8)
         # Cut at the end of the target-th token, then fix up any merge across the cut.
-        cut = enc.offsets[target - 1][1]
+        cut = max(enc.offsets[target - 1][1], len(lead))
         text = text[:cut]
         for _ in range(64):
             n = len(tok.encode(text, add_special_tokens=False).ids)
             if n == target:
                 return text
-            if n > target:
+            if n > target and len(text) > len(lead):
                 text = text[:-1].rstrip() or text[:-1]
+                if len(text) < len(lead):
+                    text = lead
             else:
                 text = text + " " + rng.choice(("a", "I", "x", "o"))
         raise SpecError(f"workload: could not build a prompt of exactly {n_tokens} tokens with the given tokenizer")
+
+    def text(self, rng: random.Random, n_tokens: int, head: str = "") -> str:
+        """Generated text of n tokens (exact with a tokenizer, else round(0.75 n) words)."""
+        if self.tokenizer is None:
+            n_words = max(1, int(round(n_tokens * WORDS_PER_TOKEN)))
+            words = rng.choices(_VOCAB, k=n_words)
+            return (head + " " + " ".join(words)) if head else " ".join(words)
+        return self._exact_prompt(rng, n_tokens, head)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` with the tokenizer (no special tokens), else round(words / 0.75)."""
+        if self.tokenizer is None:
+            return max(1, int(round(len(text.split()) / WORDS_PER_TOKEN)))
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def shared_prefix(self, p: int) -> str:
+        """Shared prefix p of the shared-prefix workload (prefix_tokens tokens, no special tokens)."""
+        rng = random.Random(f"truthput:{self.seed}:prefix:{p}")
+        if self.tokenizer is None:
+            return self.text(rng, self.spec.prefix_tokens)
+        return self._exact_prompt(rng, self.spec.prefix_tokens, special=False)
 
     def body(self, i: int) -> dict[str, Any]:
         """The request body for request i (without `model` unless the JSONL row names one)."""
         spec = self.spec
         n_in, n_out = self.lengths(i)
         body: dict[str, Any] = {}
-        if self._rows is not None:
+        chat = spec.endpoint == "chat"
+        kind = self.kind
+        if kind == "jsonl":
+            assert self._rows is not None
             row = self._rows[i % len(self._rows)]
             if "max_tokens" in row:
                 n_out = int(row["max_tokens"])
-            if spec.endpoint == "chat":
+            if chat:
                 body["messages"] = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
             else:
                 if "prompt" not in row:
                     raise SpecError(f"workload {spec.prompt_source}: the completions endpoint needs a 'prompt' per line")
                 body["prompt"] = row["prompt"]
-        else:
-            text = self.prompt(i, n_in)
-            if spec.endpoint == "chat":
+        elif kind == "sharegpt":
+            assert self._pairs is not None
+            prompt, reply = self._pairs[i % len(self._pairs)]
+            n_out = self.count_tokens(reply)
+            if chat:
+                body["messages"] = [{"role": "user", "content": prompt}]
+            else:
+                body["prompt"] = prompt
+        elif kind == "shared-prefix":
+            p = i % spec.prefixes
+            m = (i // spec.prefixes) % spec.suffixes
+            prefix = self.shared_prefix(p)
+            rng = random.Random(f"truthput:{self.seed}:suffix:{p}:{m}")
+            n_suffix = self.input_dist.draw(random.Random(f"truthput:{self.seed}:{p}:{m}:in"))
+            text = self.text(rng, spec.prefix_tokens + n_suffix, head=prefix) if self.tokenizer is not None \
+                else prefix + " " + self.text(rng, n_suffix)
+            if chat:
                 body["messages"] = [{"role": "user", "content": text}]
             else:
                 body["prompt"] = text
-        body["max_tokens"] = n_out
+        elif kind == "multi-turn":
+            conv, turn = divmod(i, spec.turns)
+            messages: list[dict[str, Any]] = []
+            for t in range(turn + 1):
+                j = conv * spec.turns + t
+                t_in, t_out = self.lengths(j)
+                messages.append({"role": "user", "content": self.prompt(j, t_in)})
+                if t < turn:
+                    messages.append({"role": "assistant", "content": self.text(self._rng(j, "reply"), t_out)})
+            body["messages"] = messages
+        elif kind == "tool-call":
+            rng = self._rng(i, "text")
+            body["messages"] = [{"role": "user", "content": self.text(rng, n_in, head=TOOL_PROMPT_HEAD)}]
+            body["tools"] = TOOLS
+            body["tool_choice"] = spec.tool_choice
+        else:
+            text = self.prompt(i, n_in)
+            if chat:
+                body["messages"] = [{"role": "user", "content": text}]
+            else:
+                body["prompt"] = text
+        body["max_tokens"] = max(1, n_out)
         if spec.ignore_eos:
             body["ignore_eos"] = True
         if spec.temperature is not None:
@@ -241,7 +346,74 @@ class Workload:
         if spec.seed is not None:
             body["seed"] = spec.seed
         body.update(spec.extra_body)
+        if spec.thinking is not None:
+            kwargs = dict(body.get("chat_template_kwargs") or {})
+            kwargs["enable_thinking"] = spec.thinking
+            body["chat_template_kwargs"] = kwargs
         return body
+
+
+SHAREGPT_SAMPLE = Path(__file__).with_name("data") / "sharegpt_sample.json"
+
+TOOL_PROMPT_HEAD = "Use the tools if they help."
+
+# Two small function tools in the OpenAI format (what a server's tool-call parser sees).
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City name"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "search_notes", "description": "Search the user's notes for a phrase.",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 20}},
+            "required": ["query"]}}},
+]
+
+
+def _source_kind(source: str) -> str:
+    if source in ("synthetic", "shared-prefix", "multi-turn", "tool-call"):
+        return source
+    if source == "sharegpt" or source.startswith("sharegpt:"):
+        return "sharegpt"
+    if source.startswith("jsonl:"):
+        raise SpecError(f"workload prompt_source {source!r}: give the JSONL path without 'jsonl:'")
+    return "jsonl"
+
+
+def load_sharegpt(path: Path) -> list[tuple[str, str]]:
+    """(first human turn, first reply) of every ShareGPT conversation that has both."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"workload sharegpt {path}: cannot read ({exc.strerror})") from None
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            data = [orjson.loads(line) for line in raw.splitlines() if line.strip()]
+        except orjson.JSONDecodeError as exc:
+            raise SpecError(f"workload sharegpt {path}: neither a JSON list nor JSONL ({exc})") from None
+    if not isinstance(data, list):
+        raise SpecError(f"workload sharegpt {path}: expected a list of conversations")
+    pairs: list[tuple[str, str]] = []
+    for conv in data:
+        turns = conv.get("conversations") if isinstance(conv, dict) else None
+        if not isinstance(turns, list):
+            continue
+        human = next((k for k, t in enumerate(turns) if isinstance(t, dict) and t.get("from") in ("human", "user")), None)
+        if human is None or human + 1 >= len(turns):
+            continue
+        reply = turns[human + 1]
+        if not isinstance(reply, dict) or reply.get("from") not in ("gpt", "assistant", "chatgpt", "bard"):
+            continue
+        q, a = str(turns[human].get("value") or ""), str(reply.get("value") or "")
+        if q.strip() and a.strip():
+            pairs.append((q, a))
+    if not pairs:
+        raise SpecError(f"workload sharegpt {path}: no conversation with a human turn followed by a reply")
+    return pairs
 
 
 def _load_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -164,6 +164,11 @@ class Unit:
 
     # ------------------------------------------------------------------ specifiers
     def _specifier_value(self, letter: str) -> str | None:
+        user = self.get("Service", "User")
+        if letter == "u":  # the unit's User=, else the system manager's user
+            return user or "root"
+        if letter in ("h", "U", "s") and user in (None, "root", "0"):
+            return {"h": "/root", "U": "0", "s": "/bin/sh"}[letter]
         name = self.name
         if name is None:
             return None
@@ -559,6 +564,49 @@ def _normalise_name(text: str) -> str:
 
 # ---------------------------------------------------------------------- import
 
+_SHELLS = ("sh", "bash", "dash", "zsh")
+_SHELL_SYNTAX = re.compile(r"[;&|<>`()]|\$\(|\$\{?[A-Za-z_]")
+
+
+def unwrap_shell(argv: list[str], where: str) -> tuple[list[str], dict[str, str], list[str]]:
+    """`bash -c "exec VAR=1 vllm serve ..."` -> the server's own argv, so flags can be edited.
+
+    Only a single simple command is unwrapped (leading NAME=value assignments become env, a
+    leading `exec` is dropped); anything with shell syntax is kept as it is, with a note."""
+    import shlex
+
+    if len(argv) < 3 or os.path.basename(argv[0]) not in _SHELLS or argv[1] not in ("-c", "-lc", "-ec"):
+        return argv, {}, []
+    script = argv[2]
+    if _SHELL_SYNTAX.search(script) or len(argv) > 3:
+        return argv, {}, [
+            f"{where} runs a shell script ({argv[0]} {argv[1]} ...); truthput cannot edit flags inside it. "
+            "Write the server command directly in ExecStart= (absolute path to the venv's python or vllm)"
+        ]
+    words = shlex.split(script)
+    env: dict[str, str] = {}
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    if words and words[0] == "exec":
+        words.pop(0)
+    if not words:
+        return argv, {}, [f"{where}: the shell script runs no command"]
+    return words, env, [f"{where}: unwrapped the {os.path.basename(argv[0])} -c script into the server's own command"]
+
+
+def guess_engine(argv: Sequence[str]) -> str:
+    """The [server].engine for a command: by the program it runs."""
+    program = " ".join(argv[:3]).lower()
+    if "sglang" in program:
+        return "sglang"
+    if "llama-server" in program or "llama_cpp" in program:
+        return "llamacpp"
+    if "vllm" in program:
+        return "vllm"
+    return "command"
+
+
 
 def _toml_str(value: str) -> str:
     """A TOML basic string (JSON's escaping is a subset TOML accepts)."""
@@ -590,7 +638,10 @@ def import_unit(path: str) -> str:
     env = unit.environment()
     from truthput.spec.argv import ServerArgv, speculative_settings
 
-    server = ServerArgv.parse(argv)
+    argv, shell_env, shell_notes = unwrap_shell(argv, f"{path}: ExecStart=")
+    env = {**env, **shell_env}
+    engine = guess_engine(argv)
+    server = ServerArgv.parse(argv, engine=engine)
     chat = server.has("--default-chat-template-kwargs") or server.has("--chat-template")
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.basename(path).rsplit(".", 1)[0]) or "imported"
     tp = server.get("--tensor-parallel-size")
@@ -602,7 +653,7 @@ def import_unit(path: str) -> str:
         example = '# set = { "--max-num-seqs" = 64 }'
     out: list[str] = []
     out.append(f"# Imported by `truthput import` from {path}.")
-    for note in consistency_warnings(unit) + unit.notes():
+    for note in consistency_warnings(unit) + unit.notes() + shell_notes:
         out.append(f"# WARNING: {note}")
     out += [
         "",
@@ -611,7 +662,7 @@ def import_unit(path: str) -> str:
         'baseline = "baseline"',
         "",
         "[server]",
-        'engine = "vllm"',
+        f"engine = {_toml_str(engine)}",
         "# ExecStart= as systemd passes it to the server (quotes, continuations and %/$ resolved).",
         "command = [",
     ]

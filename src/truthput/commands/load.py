@@ -1,0 +1,147 @@
+"""`truthput load URL`: load a running OpenAI-compatible endpoint, measured and stored like `run`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+DIST_HELP = ("Tokens: N (fixed), uniform:LOW:HIGH, normal:MEAN:STD[:LOW:HIGH] or hist:V=W,V=W "
+             "(histogram of lengths with weights).")
+
+
+def parse_distribution(text: str, what: str):
+    """`256`, `uniform:100:900`, `normal:500:100[:1:2000]`, `hist:128=3,1024=1` -> Distribution."""
+    from truthput.errors import SpecError
+    from truthput.load.workload import Distribution
+
+    try:
+        if text.isdigit():
+            return Distribution("fixed", value=int(text))
+        kind, _, rest = text.partition(":")
+        parts = rest.split(":") if rest else []
+        if kind == "uniform" and len(parts) == 2:
+            return Distribution("uniform", low=int(parts[0]), high=int(parts[1]))
+        if kind == "normal" and len(parts) in (2, 4):
+            mean, std = float(parts[0]), float(parts[1])
+            low, high = (int(parts[2]), int(parts[3])) if len(parts) == 4 else (1, max(1, int(mean + 6 * std)))
+            return Distribution("normal", mean=mean, std=std, low=low, high=high)
+        if kind in ("hist", "histogram") and rest:
+            pairs = [p.split("=") for p in rest.split(",")]
+            return Distribution("histogram", values=tuple(int(v) for v, _ in pairs),
+                                weights=tuple(float(w) for _, w in pairs))
+    except SpecError as exc:
+        raise SpecError(f"--{what} {text!r}: {exc}") from None
+    except ValueError:
+        pass
+    raise SpecError(f"--{what} {text!r}: expected N, uniform:LOW:HIGH, normal:MEAN:STD[:LOW:HIGH] or hist:V=W,...")
+
+
+def _numbers(text: str, what: str, cast):
+    from truthput.errors import SpecError
+
+    try:
+        return [cast(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecError(f"--{what} {text!r}: expected a comma-separated list of numbers") from None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def load(
+        url: str = typer.Argument(..., help="Base URL of a running OpenAI-compatible server, e.g. http://127.0.0.1:8000"),
+        concurrency: str = typer.Option("1", "--concurrency", "-c", help="Closed-loop streams, a list: 1,8,32"),
+        rate: Optional[str] = typer.Option(None, "--rate", help="Open loop: requests/s, a list: 2,4,8"),
+        arrival: str = typer.Option("poisson", "--arrival", help="Open-loop arrivals: poisson or constant"),
+        max_in_flight: Optional[int] = typer.Option(None, "--max-in-flight", help="Open loop: cap on open requests"),
+        sweep: bool = typer.Option(False, "--sweep", help="Double the concurrency (or rate) until throughput stops rising"),
+        sweep_max: float = typer.Option(512, "--sweep-max", help="Highest level a sweep tries"),
+        requests: Optional[int] = typer.Option(None, "--requests", "-n", help="Requests per trial"),
+        duration: Optional[float] = typer.Option(None, "--duration", help="Window seconds per trial"),
+        input_tokens: str = typer.Option("128", "--input-tokens", help=DIST_HELP),
+        output_tokens: str = typer.Option("128", "--output-tokens", help=DIST_HELP),
+        ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Generate exactly max_tokens"),
+        endpoint: str = typer.Option("completions", "--endpoint", help="completions or chat"),
+        temperature: Optional[float] = typer.Option(0.0, "--temperature"),
+        top_p: Optional[float] = typer.Option(None, "--top-p"),
+        seed: int = typer.Option(0, "--seed", help="Workload seed (and the sampling seed sent in the body)"),
+        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Same as --output-tokens N"),
+        model: Optional[str] = typer.Option(None, "--model", help="Model id (default: the first of GET /v1/models)"),
+        api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="NAME of the env var holding the API key"),
+        workload: str = typer.Option("synthetic", "--workload",
+                                     help="synthetic | jsonl:PATH | sharegpt[:PATH] | shared-prefix | multi-turn | tool-call"),
+        prefixes: int = typer.Option(4, "--prefixes", help="shared-prefix: number of shared prefixes"),
+        suffixes: int = typer.Option(16, "--suffixes", help="shared-prefix: suffixes per prefix"),
+        prefix_tokens: int = typer.Option(256, "--prefix-tokens", help="shared-prefix: tokens per prefix"),
+        turns: int = typer.Option(3, "--turns", help="multi-turn: user turns per conversation"),
+        thinking: Optional[str] = typer.Option(None, "--thinking", help="on|off: chat_template_kwargs.enable_thinking"),
+        slo_ttft_ms: Optional[float] = typer.Option(None, "--slo-ttft-ms", help="Goodput target: time to first token"),
+        slo_itl_ms: Optional[float] = typer.Option(None, "--slo-itl-ms", help="Goodput target: mean inter-token latency"),
+        workers: int = typer.Option(1, "--workers", help="Load processes (when one core is not enough)"),
+        tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer.json (or its folder): exact prompt lengths"),
+        engine: str = typer.Option("vllm", "--engine", help="Metric names to read: vllm, sglang, llamacpp"),
+        store: Path = typer.Option(Path("truthput.db"), "--store", help="Results store (SQLite)"),
+        no_store: bool = typer.Option(False, "--no-store", help="Do not store the run"),
+        name: str = typer.Option("load", "--name", help="Run name in the store"),
+    ) -> None:
+        """Load a running endpoint (closed loop, open loop or a sweep) and report the server-counted throughput."""
+        import asyncio
+
+        from truthput.errors import SpecError
+        from truthput.load.client import install_fast_loop
+        from truthput.load.drive import LoadOptions, load_tokenizer, run_load
+        from truthput.load.goodput import SLO
+        from truthput.load.workload import WorkloadSpec
+
+        if endpoint not in ("completions", "chat"):
+            raise SpecError(f"--endpoint {endpoint!r}: expected completions or chat")
+        if thinking not in (None, "on", "off"):
+            raise SpecError(f"--thinking {thinking!r}: expected on or off")
+        source = workload[len("jsonl:"):] if workload.startswith("jsonl:") else workload
+        if workload.startswith("jsonl:") and not source:
+            raise SpecError("--workload jsonl:PATH: the path is missing")
+        spec = WorkloadSpec(
+            input_tokens=parse_distribution(input_tokens, "input-tokens"),
+            output_tokens=parse_distribution(str(max_tokens) if max_tokens else output_tokens, "output-tokens"),
+            ignore_eos=ignore_eos, temperature=temperature, top_p=top_p, seed=seed, prompt_source=source,
+            endpoint=endpoint, prefixes=prefixes, suffixes=suffixes, prefix_tokens=prefix_tokens, turns=turns,
+            thinking=None if thinking is None else thinking == "on",
+        )
+        opts = LoadOptions(
+            url=url, concurrency=_numbers(concurrency, "concurrency", int),
+            rate=_numbers(rate, "rate", float) if rate else [], arrival=arrival, max_in_flight=max_in_flight,
+            sweep=sweep, sweep_max=sweep_max, requests=requests, duration_s=duration, workload=spec, seed=seed,
+            model=model, api_key_env=api_key_env, slo=SLO(slo_ttft_ms, slo_itl_ms), workers=workers,
+            tokenizer_path=tokenizer, engine=engine, name=name,
+        )
+        tok = load_tokenizer(tokenizer)
+        # Build one body now: a bad workload is a one-line error before any process starts.
+        from truthput.load.workload import Workload
+
+        Workload(spec, seed=seed, tokenizer=tok).body(0)
+        db = None
+        if not no_store:
+            from truthput.store.db import Store
+
+            db = Store(store)
+        pool = None
+        if workers > 1:
+            from truthput.load.workers import WorkerPool
+
+            pool = WorkerPool(opts.client_config(), workers).start()  # forked before the event loop
+        install_fast_loop()
+        from rich.console import Console
+
+        err = Console(stderr=True, highlight=False)
+        try:
+            result = asyncio.run(run_load(opts, db, pool, progress=lambda m: err.print(m), tokenizer=tok))
+        except KeyboardInterrupt:
+            typer.echo("truthput: interrupted; finished trials are kept in the store", err=True)
+            raise typer.Exit(130)
+        finally:
+            if pool is not None:
+                pool.close()
+        from truthput.load.summary import print_summary
+
+        print_summary(result, opts, store=None if no_store else str(store))

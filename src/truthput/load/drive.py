@@ -1,0 +1,320 @@
+"""`truthput load`: load against a running endpoint, measured and stored exactly like `truthput run`.
+
+Why a separate driver: `truthput run` owns server lifecycles; this drives a server someone else
+runs (like `vllm bench serve`) with the same trial anatomy: /metrics scraped `pre`,
+`window_start`, `window_end` and `post`, figures from `truthput.measure.trial.measure_trial`, the
+trial committed to the store before the next one starts (principle 2). Each load level (a
+concurrency, a rate, or a sweep step) is one trial.
+
+Lean on purpose (the whole run's CPU is part of what the client costs): nothing heavy is imported
+until the load is over, and the store write is one transaction per trial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from truthput.errors import SpecError
+from truthput.load.client import ClientConfig, StreamClient
+from truthput.load.goodput import SLO, goodput
+from truthput.load.schedule import ClosedLoop, LoadResult, OpenLoop, Sweep
+from truthput.load.workers import TrialLoad, WorkerPool
+from truthput.load.workload import Distribution, Workload, WorkloadSpec
+
+
+@dataclass
+class LoadOptions:
+    """Everything `truthput load` was asked to do (stored as the run's TOML, minus secrets)."""
+
+    url: str
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    rate: list[float] = field(default_factory=list)  # req/s; non-empty -> open loop
+    arrival: str = "poisson"
+    max_in_flight: int | None = None
+    sweep: bool = False
+    sweep_max: float = 512.0
+    sweep_tolerance: float = 0.05
+    requests: int | None = None
+    duration_s: float | None = None
+    workload: WorkloadSpec = field(default_factory=lambda: WorkloadSpec(input_tokens=128, output_tokens=128))
+    seed: int = 0
+    model: str | None = None
+    api_key_env: str | None = None
+    slo: SLO = field(default_factory=SLO)
+    workers: int = 1
+    tokenizer_path: str | None = None
+    engine: str = "vllm"
+    name: str = "load"
+    test_chunk_spin_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.requests is None and self.duration_s is None:
+            raise SpecError("truthput load: give --requests N or --duration SECONDS")
+        if self.workers < 1:
+            raise SpecError(f"--workers {self.workers}: must be >= 1")
+        if any(c < 1 for c in self.concurrency):
+            raise SpecError(f"--concurrency {self.concurrency}: every level must be >= 1")
+        if any(not r > 0 for r in self.rate):
+            raise SpecError(f"--rate {self.rate}: every rate must be > 0 requests/s")
+
+    @property
+    def mode(self) -> str:
+        return "open" if self.rate else "closed"
+
+    def client_config(self) -> ClientConfig:
+        return ClientConfig(base_url=self.url, endpoint=self.workload.endpoint, model=self.model,
+                            api_key_env=self.api_key_env, test_chunk_spin_s=self.test_chunk_spin_s)
+
+    def toml(self) -> str:
+        """The options as TOML (the run's `experiment_toml`); the API key itself is never in it."""
+        wl = self.workload
+        rows: dict[str, Any] = {
+            "url": self.url, "mode": self.mode, "concurrency": self.concurrency, "rate": self.rate,
+            "arrival": self.arrival, "max_in_flight": self.max_in_flight, "sweep": self.sweep,
+            "requests": self.requests, "duration_s": self.duration_s, "seed": self.seed, "model": self.model,
+            "api_key_env": self.api_key_env, "slo_ttft_ms": self.slo.ttft_ms, "slo_itl_ms": self.slo.itl_ms,
+            "workers": self.workers, "tokenizer": self.tokenizer_path,
+        }
+        wrows: dict[str, Any] = {
+            "endpoint": wl.endpoint, "prompt_source": wl.prompt_source, "ignore_eos": wl.ignore_eos,
+            "temperature": wl.temperature, "top_p": wl.top_p, "seed": wl.seed,
+            "input_tokens": _dist_text(wl.input_tokens), "output_tokens": _dist_text(wl.output_tokens),
+            "thinking": wl.thinking, "prefixes": wl.prefixes, "suffixes": wl.suffixes,
+            "prefix_tokens": wl.prefix_tokens, "turns": wl.turns, "tool_choice": wl.tool_choice,
+        }
+        return "[load]\n" + _toml_rows(rows) + "\n[load.workload]\n" + _toml_rows(wrows)
+
+
+def _dist_text(d: Any) -> Any:
+    if isinstance(d, Distribution):
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(d).items()
+                if v not in ((), 0, 0.0) or k == "kind"}
+    return d
+
+
+def _toml_value(v: Any) -> str:
+    import json
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    return json.dumps(str(v))
+
+
+def _toml_rows(rows: dict[str, Any]) -> str:
+    return "".join(f"{k} = {_toml_value(v)}\n" for k, v in rows.items() if v is not None)
+
+
+@dataclass
+class TrialOutcome:
+    """One load level's figures (what the summary prints)."""
+
+    level: float
+    mode: str
+    results: dict[str, Any]
+    load: LoadResult
+    scrapes: list[Any] = field(default_factory=list)
+    times: tuple[float, float, float] = (0.0, 0.0, 0.0)  # t0 wall, t0 monotonic, t_end monotonic
+    trial_id: int | None = None
+
+    @property
+    def counter_tps(self) -> float | None:
+        return (self.results.get("throughput", {}).get("counter_window") or {}).get("value")
+
+    @property
+    def client_tokens(self) -> int:
+        """Tokens of every finished request (usage), plus the running count of failed ones."""
+        total = 0
+        for r in self.load.records:
+            if r.status == "ok":
+                total += r.completion_tokens or 0
+            else:
+                known = [x for x in r.chunk_tokens if x >= 0]
+                total += max(known) if known else (r.completion_tokens or 0)
+        return total
+
+    @property
+    def counter_tokens(self) -> float | None:
+        return (self.results.get("integrity", {}).get("counter_delta") or {}).get("value")
+
+
+@dataclass
+class LoadRun:
+    run_id: str | None
+    outcomes: list[TrialOutcome]
+    sweep: Sweep | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def load_tokenizer(path: str | None) -> Any:
+    if not path:
+        return None
+    import os
+
+    from tokenizers import Tokenizer
+
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    try:
+        return Tokenizer.from_file(file)
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises its own Exception types
+        raise SpecError(f"--tokenizer {path}: cannot load {file}: {exc}") from None
+
+
+async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None = None,
+                   progress: Callable[[str], None] | None = None, tokenizer: Any = None) -> LoadRun:
+    """Every load level as a trial: scrape, load, scrape, measure, store. `pool` when --workers > 1
+    (forked before the event loop started)."""
+    import aiohttp
+
+    from truthput.measure.names import metric_names
+    from truthput.store.db import TrialKey
+
+    say = progress or (lambda _m: None)
+    names = metric_names(opts.engine)
+    run_id = None
+    if store is not None:
+        machine: dict[str, Any] = {}
+        try:
+            from truthput.engines.versions import machine_metadata
+
+            machine = machine_metadata()
+        except Exception:  # noqa: BLE001 - machine metadata is optional
+            machine = {}
+        run_id = store.create_run(opts.name, engine="external", simulated=False, experiment_path=None,
+                                  experiment_toml=opts.toml(), seed=opts.seed, machine=machine)
+        store.put_variant(run_id, "load", 0, True, [opts.url], {"lines": ["(load only: a running endpoint)"]}, {})
+    start_id = store.begin_start(run_id, "load", 0, [opts.url], None) if store is not None else None
+    if store is not None:
+        store.update_start(start_id, status="ready")
+    outcomes: list[TrialOutcome] = []
+    sweep: Sweep | None = None
+    status = "failed"
+    client_cfg = opts.client_config()
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session, \
+                StreamClient(client_cfg) as client:
+            base = client.url.rsplit("/v1/", 1)[0]
+            await client.resolve_model()  # fail fast with one line when the endpoint is wrong
+            levels = _levels(opts)
+            if opts.sweep:
+                start = float(opts.rate[0]) if opts.rate else float(opts.concurrency[0])
+                sweep = Sweep(start=start, max_level=opts.sweep_max, tolerance=opts.sweep_tolerance,
+                              integer=not opts.rate)
+            k = 0
+            while True:
+                if sweep is not None:
+                    level = sweep.next_level()
+                    if level is None:
+                        break
+                elif k < len(levels):
+                    level = levels[k]
+                else:
+                    break
+                out = await _one_trial(opts, session, base, client, pool, level, k, names, tokenizer)
+                if sweep is not None:
+                    sweep.record(level, out.counter_tps)
+                if store is not None:
+                    out.trial_id = _commit(store, run_id, start_id, opts, out, k, TrialKey)
+                outcomes.append(out)
+                say(_progress_line(out))
+                k += 1
+        status = "done"
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        status = "interrupted"
+        raise
+    finally:
+        if store is not None:
+            summary = {"trials": [{"level": o.level, "mode": o.mode, "counter_tps": o.counter_tps,
+                                   "client_tokens": o.client_tokens, "counter_tokens": o.counter_tokens}
+                                  for o in outcomes]}
+            if sweep is not None:
+                sat = sweep.saturation()
+                summary["sweep"] = {"saturation_level": sat.level if sat else None,
+                                    "saturation_tps": sat.throughput if sat else None,
+                                    "saturated": sweep.saturated}
+            store.update_start(start_id, status="stopped", stopped_at=time.time())
+            store.set_run_status(run_id, status, summary)
+    return LoadRun(run_id=run_id, outcomes=outcomes, sweep=sweep)
+
+
+def _levels(opts: LoadOptions) -> list[float]:
+    return [float(r) for r in opts.rate] if opts.rate else [float(c) for c in opts.concurrency]
+
+
+async def _one_trial(opts: LoadOptions, session: Any, base: str, client: StreamClient, pool: WorkerPool | None,
+                     level: float, k: int, names: Any, tokenizer: Any) -> TrialOutcome:
+    from truthput.measure.trial import measure_trial
+    from truthput.runner import scrape_metrics, settled_post_scrape
+
+    seed = opts.seed * 1_000_003 + k
+    workload = Workload(opts.workload, seed=seed, tokenizer=tokenizer)
+    scrapes: list[Any] = []
+
+    async def window_start() -> None:
+        scrapes.append(await scrape_metrics(session, base, "window_start"))
+
+    async def window_end() -> None:
+        scrapes.append(await scrape_metrics(session, base, "window_end"))
+
+    t0_wall, t0_mono = time.time(), time.monotonic()
+    scrapes.append(await scrape_metrics(session, base, "pre"))
+    if pool is not None:
+        load = TrialLoad(mode=opts.mode, concurrency=int(level), rate=level if opts.rate else None,
+                         arrival=opts.arrival, max_in_flight=opts.max_in_flight, duration_s=opts.duration_s,
+                         max_requests=opts.requests, seed=seed)
+        result = await pool.run(workload, load, window_start, window_end)
+    elif opts.rate:
+        result = await OpenLoop(client, workload, level, opts.arrival, opts.max_in_flight, duration_s=opts.duration_s,
+                                max_requests=opts.requests, seed=seed).run(window_start, window_end)
+    else:
+        result = await ClosedLoop(client, workload, int(level), duration_s=opts.duration_s,
+                                  max_requests=opts.requests).run(window_start, window_end)
+    scrapes.append(await settled_post_scrape(session, base, names.candidates("emitted_tokens")))
+    window = (result.t_window_start, result.t_window_end)
+    concurrency = int(level) if not opts.rate else (opts.max_in_flight or result.max_in_flight)
+    results = measure_trial(result.records, scrapes, None, window if None not in window else None, concurrency,
+                            engine=opts.engine, speculative=None, tokenizer=tokenizer, names=names)
+    results["simulated"] = False
+    results["load"] = {"mode": opts.mode, "level": level, "unit": "req/s" if opts.rate else "streams",
+                       "arrival": opts.arrival if opts.rate else None, "max_in_flight_seen": result.max_in_flight,
+                       "workers": opts.workers}
+    results["goodput"] = goodput(result.records, opts.slo, window if None not in window else None)
+    results["client"] = {"selfcheck": dataclasses.asdict(result.selfcheck) if result.selfcheck else None,
+                         "notes": list(result.notes), "never_settled": result.never_settled,
+                         "continuous_usage": client.continuous_usage_supported}
+    out = TrialOutcome(level=level, mode=opts.mode, results=results, load=result, scrapes=scrapes,
+                       times=(t0_wall, t0_mono, time.monotonic()))
+    results["client"]["token_total"] = out.client_tokens
+    return out
+
+
+def _commit(store: Any, run_id: str, start_id: int | None, opts: LoadOptions, out: TrialOutcome, k: int,
+            key_type: Any) -> int:
+    t0_wall, t0_mono, t_end = out.times
+    records = out.load.records
+    n_err = sum(1 for r in records if r.status != "ok")
+    status, error = "ok", None
+    if records and n_err == len(records):
+        status, error = "failed", f"request_errors: all {n_err} requests failed"
+    level_key = int(out.level) if not opts.rate else k
+    return store.commit_trial(run_id, "load", start_id, key_type("load", 0, level_key, k), status, t0_wall, t0_mono,
+                              (out.load.t_window_start, out.load.t_window_end), t_end, out.results, records,
+                              out.scrapes, error=error)
+
+
+def _progress_line(out: TrialOutcome) -> str:
+    unit = "req/s" if out.mode == "open" else "streams"
+    tps = out.counter_tps
+    shown = f"{tps:.1f} tok/s server counter" if tps is not None else "no counter figure"
+    return f"{out.level:g} {unit}: {shown}; {len(out.load.records)} requests"

