@@ -67,9 +67,12 @@ def test_audit_command_table_json_and_simulated_marking(tmp_path):
     assert out.exit_code == 0, out.output
     assert "SIMULATED" in out.output and "simulated" in out.output
     assert "whitespace words (window)" in out.output and "unit" in out.output
+    assert "identity held in 2/2 trial(s)" in out.output
     js = runner.invoke(app, ["audit", run_id[:12], "--store", str(db_path), "--json"])
-    rows = json.loads(js.output)
-    assert rows and all(r["simulated"] and r["source"] == "simulator" for r in rows)
+    data = json.loads(js.output)
+    rows = data["methods"]
+    assert data["simulated"] and rows and all(r["simulated"] and r["source"] == "simulator" for r in rows)
+    assert all(c["identity_held"] == 2 and not c["spec_checks_failed"] for c in data["integrity"])
 
 
 def test_audit_errors_are_one_line(tmp_path):

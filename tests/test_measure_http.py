@@ -74,7 +74,7 @@ def test_real_client_continuous_usage_failed_request_and_tokenizer():
     assert cw_tokens == pytest.approx(led.between(rendered["window_start"], rendered["window_end"]))
     # client-side placed-in-time counts differ from the counter only by network delay at the edges
     for key in ("usage_window", "tokenizer_window"):
-        assert tp[key]["value"] == pytest.approx(tp["counter_window"]["value"], rel=0.04), key
+        assert tp[key]["value"] == pytest.approx(tp["counter_window"]["value"], rel=0.08), key
     rows = {r["method"]: r for r in res["methods"]}
     assert rows["whitespace words (window)"]["error_pct_vs_counter"] == pytest.approx(-25, abs=4)
     assert rows["chunks as tokens (window)"]["cause"] == "unit"
@@ -106,6 +106,8 @@ def test_real_client_chat_hostile_stream_and_counter_reset():
     assert all(r.completion_tokens == cfg.max_tokens for r in ok)
     assert all(not any(t == "" and k < 0 for t, k in zip(r.chunk_texts, r.chunk_tokens)) for r in ok)
     assert res["spec_decode"]["k"] == 1
+    # the role-only first chunk (sent before prefill, with usage 0) must not count as the first token
+    assert res["latency"]["ttft"]["p50"]["value"] >= cfg.prefill_s
 
 
 def test_real_client_metrics_one_scrape_behind_is_flagged():
@@ -117,4 +119,5 @@ def test_real_client_metrics_one_scrape_behind_is_flagged():
     assert cw["value"] * cw["seconds"] == pytest.approx(
         server.ledger.between(rendered["pre"], rendered["window_end"]))
     assert res["scrape_intervals"]["stale_suspected"] is True and cw["suspect"] is True
-    assert res["integrity"]["holds"] is False
+    # the post scrape shows the window_end state: whatever was emitted after it is missing
+    assert res["integrity"]["difference"] == -server.ledger.between(rendered["post"], float("inf"))

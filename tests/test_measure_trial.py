@@ -38,6 +38,8 @@ def test_every_window_method_matches_the_ledger():
     assert tp["tokenizer_window"]["value"] == pytest.approx(truth_tps, rel=1e-12)
     assert tp["chunks_window"]["value"] == pytest.approx(sim.ledger.chunks_between(ws, we) / dt)
     assert tp["words_window"]["value"] == pytest.approx(sim.ledger.between(ws, we, "words") / dt)
+    assert tp["words_per_token"]["value"] == pytest.approx(0.75)
+    assert tp["tokenizer_vs_usage"]["value"] == 0.0
     # whole trial: usage over the client's wall clock includes ramp-up and drain
     ok = [r for r in sim.records if r.status == "ok"]
     wall = max(r.t_end for r in sim.records) - min(r.t_start for r in sim.records)
@@ -249,3 +251,26 @@ def test_ten_thousand_requests_under_two_seconds():
     elapsed = time.perf_counter() - t
     assert res["integrity"]["holds"] is True
     assert elapsed < 2.0, f"measure_trial took {elapsed:.2f} s for 10,000 requests"
+
+
+def test_sglang_accept_length_from_verify_calls():
+    cfg = TruthConfig(concurrency=2, requests=8, spec_k=2, accept_pattern=(2, 1, 0))
+    sim = simulate(cfg)
+
+    def to_sglang(text: str) -> str:
+        out = []
+        for line in text.splitlines():
+            if line.startswith("vllm:generation_tokens_total"):
+                out.append(line.replace("vllm:generation_tokens_total", "sglang:generation_tokens_total"))
+            elif line.startswith("vllm:spec_decode_num_drafts_total"):
+                out.append(line.replace("vllm:spec_decode_num_drafts_total", "sglang:spec_verify_calls_total"))
+        return "\n".join(out) + "\n"
+
+    scrapes = [Scrape(s.phase, s.t_mono, to_sglang(s.text)) for s in sim.scrapes]
+    res = measure_trial(sim.records, scrapes, [], sim.window, 2, engine="sglang",
+                        speculative={"method": "eagle", "num_speculative_tokens": 2})
+    ws, we = sim.window
+    acc = res["spec_decode"]["accept_length_window"]
+    assert acc["value"] == pytest.approx(sim.ledger.between(ws, we) / sim.ledger.between(ws, we, "drafts"))
+    assert res["emitted_metric"] == "sglang:generation_tokens_total"
+    assert res["integrity"]["holds"] is True

@@ -249,8 +249,11 @@ def test_max_num_seqs_caps_the_batch_and_the_rest_wait():
             async with aiohttp.ClientSession() as s:
                 tasks = [asyncio.create_task(stream_request(s, url, {"prompt": f"p{i}", "max_tokens": 30,
                                                                      "ignore_eos": True})) for i in range(6)]
-                await asyncio.sleep(0.1)
-                mid = await _metrics(s, url)
+                for _ in range(200):  # until all six arrived (shared CPUs can delay the sends)
+                    await asyncio.sleep(0.01)
+                    mid = await _metrics(s, url)
+                    if mid["vllm:num_requests_running"] == 2 and mid["vllm:num_requests_waiting"] == 4:
+                        break
                 res = await asyncio.gather(*tasks)
             return mid, res
 

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 from truthput.engines.factory import make_engine, sim_requirements
 from truthput.errors import SpecError
-from truthput.measure.figures import counter_tokps
-from truthput.spec.argv import ServerArgv, argv_diff, speculative_settings
+from truthput.measure.figures import headline_tokps
+from truthput.spec.argv import ServerArgv, argv_diff, speculative_settings, variant_argv
 from truthput.spec.experiment import Experiment
 from truthput.store.db import Store, TrialKey
 
@@ -68,7 +68,7 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
         try:
-            argv = base.with_set(v.set).without(v.remove)
+            argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
             spec = speculative_settings(argv)
         except SpecError as exc:
             raise SpecError(f"[[variant]] {v.name!r}: {exc}") from None
@@ -327,10 +327,11 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
                 await _warmup(ctx, client, c, tokenizer)
                 for t in trials:
                     out = await _run_trial(ctx, engine, client, vp, start_index, c, t, tokenizer)
-                    val = counter_tokps(out["results"])
-                    sim = " (simulated)" if out["results"].get("simulated") else ""
-                    shown = f"{val:.1f} tok/s server counter{sim}" if val is not None else "no counter figure"
-                    ctx.progress(f"{vp.name} start {start_index + 1} c={c} trial {t + 1}: {shown} [{out['status']}]")
+                    val, source = headline_tokps(out["results"])
+                    sim = ", simulated" if out["results"].get("simulated") else ""
+                    source_text = {"server_counter": "server counter", "usage": "usage field: no counter"}.get(source, source)
+                    shown = f"{val:.1f} tok/s \\[{source_text}{sim}]" if val is not None else "no throughput figure"
+                    ctx.progress(f"{vp.name} start {start_index + 1} c={c} trial {t + 1}: {shown} {out['status']}")
                     if out["crashed"]:
                         ctx.failed[vp.name] = out["error"]
                         store.update_start(ctx.start_id, status="failed", failure_class="crash_under_load",
@@ -351,7 +352,7 @@ def _cells(store: Store, run_id: str) -> dict[tuple[str, int], list[list[float]]
     for row in store.trial_results(run_id):
         if row["status"] != "ok":
             continue
-        val = counter_tokps(row["results"])
+        val, _source = headline_tokps(row["results"])
         if val is None:
             continue
         cells.setdefault((row["variant"], row["concurrency"]), {}).setdefault(row["start_index"], []).append(val)

@@ -73,6 +73,26 @@ def audit_rows(results: list[dict[str, Any]], simulated: bool = False) -> list[d
     return rows
 
 
+def integrity_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per variant x concurrency: how many trials' counter identity held, and every warning raised."""
+    rows = []
+    for (variant, conc), trials in sorted(group_trials(results).items()):
+        integ = [t.get("integrity", {}) for t in trials]
+        checks = [c for t in trials for iv in (t.get("spec_decode") or {}).values() if isinstance(iv, dict)
+                  for c in (iv.get("checks") or {}).values()]
+        rows.append({
+            "variant": variant,
+            "concurrency": conc,
+            "trials": len(trials),
+            "identity_held": sum(1 for i in integ if i.get("holds") is True),
+            "identity_failed": [i.get("message", "") for i in integ if i.get("holds") is False],
+            "identity_unchecked": sum(1 for i in integ if i.get("holds") is None),
+            "spec_checks_failed": [c.get("message", "") for c in checks if c.get("ok") is False],
+            "warnings": sorted({w for t in trials for w in t.get("warnings", [])}),
+        })
+    return rows
+
+
 def render_audit(rows: list[dict[str, Any]], title: str, simulated: bool = False):
     """A rich Table of the audit rows (simulated figures say so on every figure)."""
     from rich.table import Table

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 
         from rich.console import Console
 
-        from truthput.analyze.audit import audit_rows, render_audit
+        from truthput.analyze.audit import audit_rows, integrity_rows, render_audit
         from truthput.errors import StoreError
         from truthput.store.db import Store
 
@@ -29,13 +29,23 @@ def register(app: typer.Typer) -> None:
             rid = db.resolve_run(run_id)
             run = db.run(rid)
             simulated = bool(run["simulated"])
-            rows = audit_rows(db.trial_results(rid), simulated=simulated)
+            trials = db.trial_results(rid)
+            rows = audit_rows(trials, simulated=simulated)
+            checks = integrity_rows(trials)
         finally:
             db.close()
         if not rows:
             raise StoreError(f"{store}: run {rid} has no finished trial with measurements")
         if as_json:
-            typer.echo(json.dumps(rows, indent=2))
+            typer.echo(json.dumps({"run": rid, "simulated": simulated, "methods": rows, "integrity": checks}, indent=2))
             return
         title = f"audit of run {rid}" + (" -- SIMULATED: no figure here is a measurement" if simulated else "")
-        Console().print(render_audit(rows, title, simulated))
+        console = Console()
+        console.print(render_audit(rows, title, simulated))
+        for c in checks:
+            head = f"{c['variant']} @ {c['concurrency']}: counter == usage identity held in {c['identity_held']}/{c['trials']} trial(s)"
+            if c["identity_unchecked"]:
+                head += f", {c['identity_unchecked']} unchecked (no counter)"
+            console.print(head, markup=False)
+            for line in c["identity_failed"] + c["spec_checks_failed"] + c["warnings"]:
+                console.print(f"  ! {line}", markup=False)

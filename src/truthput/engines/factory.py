@@ -60,6 +60,9 @@ def make_engine(exp: Experiment, engine_kind: str, argv: ServerArgv, env: dict[s
         sim_requirements(exp)
         launched = sim_argv(exp, argv, host, port, seed)
         env = {"VLLM_LOG_STATS_INTERVAL": repr(exp.sim.log_stats_interval_s), **env}
+    elif any("{port}" in a for a in argv.to_argv()):
+        # a command that spells its own port option: truthput fills in the placeholders instead
+        launched = [a.replace("{port}", str(port)).replace("{host}", host) for a in argv.to_argv()]
     else:
         launched = argv.with_host_port(host, port).to_argv()
     ready = READY_PATHS.get(engine_kind, ("/health", "/v1/models"))

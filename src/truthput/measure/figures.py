@@ -21,3 +21,18 @@ def counter_tokps(results: dict) -> float | None:
     """THE reference figure: emitted-token counter delta over the steady-state window / its wall time."""
     v = fig(results, "throughput", "counter_window")
     return float(v) if isinstance(v, (int, float)) else None
+
+
+def headline_tokps(results: dict) -> tuple[float | None, str]:
+    """The figure a cell is judged by, and where it came from.
+
+    The server counter when there is one; without /metrics (or without the counter) the running
+    usage count placed in the same window — and the source says so, never silently.
+    """
+    v = counter_tokps(results)
+    if v is not None:
+        return v, "server_counter"
+    u = fig(results, "throughput", "usage_window")
+    if isinstance(u, (int, float)):
+        return float(u), "usage"
+    return None, "missing"

@@ -8,6 +8,8 @@ server sent `continuous_usage_stats`, the running completion-token count. From t
   chunk in which its last character arrived (tokenizing deltas separately would over-count);
 - chunks: one per chunk with text (what GuideLLM-style fallbacks call a token);
 - words: whitespace-separated words, each assigned to the chunk where it starts (the seed's probe).
+
+`fig()` builds the one shape every stored figure has: {"value", "unit", "source"[, "note"]}.
 """
 
 from __future__ import annotations

@@ -63,7 +63,12 @@ class _Scrapes:
     def delta(self, name: str | None, start: ParsedScrape | None, end: ParsedScrape | None,
               label_filter: dict[str, str] | None = None) -> CounterDelta:
         if name is None:
-            return CounterDelta(value=None, note="metric not exposed by this engine/scrapes")
+            if not self.all:
+                return CounterDelta(value=None, note="no /metrics scrapes")
+            if not any(p.ok for p in self.all):
+                first = self.all[0]
+                return CounterDelta(value=None, note=f"no readable /metrics scrape ({first.phase}: {first.error})")
+            return CounterDelta(value=None, note="metric not exposed by this engine (check the metric names)")
         if start is None or end is None:
             return CounterDelta(value=None, note="scrape for this interval missing")
         created = name[: -len("_total")] + "_created" if name.endswith("_total") else None
@@ -250,9 +255,9 @@ def _log_block(log_lines, win: tuple[float, float] | None, trial_span: tuple[flo
 def _row(method: str, value: float | None, ref: float | None, cause_if_off: str, source: str,
          note: str = "", breakdown: dict[str, float] | None = None) -> dict[str, Any]:
     err = _pct(value, ref)
-    if value is None:
-        cause = "missing data"
-    elif err is not None and abs(err) < AGREE_PCT:
+    if value is None or err is None:
+        cause = "missing data"  # no figure, or no reference to hold it against
+    elif abs(err) < AGREE_PCT:
         cause = "agrees"
     else:
         cause = cause_if_off
@@ -368,6 +373,17 @@ def measure_trial(
     tp["counter_trial"]["note"] = ((tp["counter_trial"].get("note") or "") +
                                    " pre->post scrapes: 'read counter, run load, read again, divide by wall time'").strip()
     words_req = per_request_sum(table, words_pc)
+    ok_idx = np.array([i for i, r in enumerate(records) if r.status == "ok" and r.completion_tokens], dtype=np.int64)
+    usage_ok_tokens = sum(records[i].completion_tokens or 0 for i in ok_idx)
+    if usage_ok_tokens:
+        tp["words_per_token"] = fig(float(words_req[ok_idx].sum()) / usage_ok_tokens, "words/token", "words",
+                                    "whitespace words / usage.completion_tokens over finished requests: "
+                                    "divide a word rate by this to get tokens")
+        if tok_req is not None:
+            tok_sum = int(tok_req[ok_idx].sum())
+            tp["tokenizer_vs_usage"] = fig(_pct(tok_sum, usage_ok_tokens), "%", "tokenizer",
+                                           f"client tokenizer {tok_sum} vs usage {usage_ok_tokens} tokens over finished "
+                                           "requests (re-tokenizing text need not give the model's ids)")
 
     # --- the seed's per-request word probe
     rates_first, rates_start = [], []
@@ -435,6 +451,15 @@ def measure_trial(
             }
             spec_block["window"] = w
             d_dt_w, d_acc_w = win_d.draft_tokens, win_d.accepted
+    elif sc.first_name(names.candidates("spec_verify_calls")):
+        # SGLang: one verify call per decode step of the batch; its gauges only cover the last interval
+        vname = sc.first_name(names.candidates("spec_verify_calls"))
+        dv = sc.delta(vname, ws_s, we_s)
+        acc_len = (d_win.value / dv.value) if (d_win.value is not None and dv.value) else None
+        spec_block = {"k": k, "method": spec_method,
+                      "accept_length_window": fig(acc_len, "tokens/verify", "server_counter",
+                                                  "delta emitted tokens / delta verify calls over the window",
+                                                  verify_calls=dv.value)}
     elif speculative:
         spec_block = {"k": k, "method": spec_method, "note": "speculative decoding configured but no spec-decode counters exposed"}
     if spec_block is not None:

@@ -8,7 +8,7 @@ import json
 from statistics import mean, median
 from typing import Any
 
-from truthput.measure.figures import counter_tokps, fig
+from truthput.measure.figures import fig, headline_tokps
 from truthput.store.db import Store
 
 
@@ -30,10 +30,11 @@ def cell_rows(store: Store, run_id: str) -> list[dict]:
     for t in trials:
         key = (t["variant"], t["concurrency"])
         r = t["results"]
-        val = counter_tokps(r)
+        val, source = headline_tokps(r)
+        e = extra.setdefault(key, {"per_stream": [], "ttft_p50": [], "itl_p50": [], "usage": [], "sources": set()})
         if t["status"] == "ok" and val is not None:
             per.setdefault(key, {}).setdefault(t["start_index"], []).append(float(val))
-        e = extra.setdefault(key, {"per_stream": [], "ttft_p50": [], "itl_p50": [], "usage": []})
+            e["sources"].add(source)
         for name, path in (("per_stream", ("per_stream", "decode_tps_median")), ("ttft_p50", ("latency", "ttft", "p50")),
                            ("itl_p50", ("latency", "itl", "p50")), ("usage", ("throughput", "usage_window"))):
             v = fig(r, *path)
@@ -55,6 +56,7 @@ def cell_rows(store: Store, run_id: str) -> list[dict]:
             row.update(status="ok", tokps=est.mean, lo=est.lo, hi=est.hi, n_starts=est.n_starts,
                        n_trials=est.n_trials, cv=est.cv_within, warning=est.warning)
             e = extra.get(key, {})
+            row["sources"] = sorted(e.get("sources", ()))
             row["per_stream"] = median(e["per_stream"]) if e.get("per_stream") else None
             row["ttft_p50"] = median(e["ttft_p50"]) if e.get("ttft_p50") else None
             row["itl_p50"] = median(e["itl_p50"]) if e.get("itl_p50") else None
@@ -108,6 +110,8 @@ def print_run(store: Store, run_id: str, console=None) -> None:
             t.add_row(name, _f(row["concurrency"], "{}"), f"[red]{row['status']}[/red]", "-", "-", "-", "-")
             continue
         tokps = _f(row["tokps"])
+        if row.get("sources") and row["sources"] != ["server_counter"]:
+            tokps += " [yellow]\\[usage: no counter][/yellow]"
         if row.get("lo") is not None and row.get("lo") == row.get("lo"):
             tokps += f" ({_f(row['lo'])}..{_f(row['hi'])})"
         delta = "baseline" if row["baseline"] else "-"

@@ -1,0 +1,573 @@
+"""The report document: ONE JSON-able dict with everything a run's reports show.
+
+Why one document: the HTML page, the markdown, the CSV files and the JSON export all render this
+dict, so they cannot disagree, and the JSON export *is* the document (schema "truthput-report/1",
+documented in docs/export-schema.md). Every figure keeps its provenance: figures are objects
+`{"value", "unit", "source", ...}`; in a simulated run the source of every figure derived from the
+simulated server is "simulator" and `read_via` keeps the mechanism (server counter, usage, ...),
+so a simulated figure is never presented as a measurement.
+
+Numbers that are not finite (NaN intervals of one-start cells) become null, so the document is
+strict JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from collections import defaultdict
+from datetime import datetime, timezone
+from statistics import mean, median
+from typing import Any
+
+from truthput.store.db import Store
+
+SCHEMA = "truthput-report/1"
+GPU_UTIL_NOTE = ("GPU utilisation is the share of the sample period in which any kernel ran (time busy), "
+                 "not the share of the GPU's capacity in use")
+KV_DTYPE_BYTES_FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+
+
+def clean(obj: Any) -> Any:
+    """Strict-JSON copy: NaN/inf -> None, tuples -> lists, unknown objects -> str."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.generic):
+            return clean(obj.item())
+    except ImportError:  # pragma: no cover
+        pass
+    return str(obj)
+
+
+def figure(value: Any, unit: str, source: str, simulated: bool, **extra: Any) -> dict[str, Any]:
+    """A figure with provenance; in a simulated run the source is 'simulator' (read via `source`)."""
+    out: dict[str, Any] = {"value": value, "unit": unit}
+    if simulated and source not in ("model",):
+        out["source"] = "simulator"
+        out["read_via"] = source
+    else:
+        out["source"] = source
+    out.update(extra)
+    return out
+
+
+def _get(d: Any, *path: str) -> Any:
+    cur = d
+    for key in path:
+        if not isinstance(cur, dict) or key not in cur:
+            return None
+        cur = cur[key]
+    return cur
+
+
+def _val(d: Any, *path: str) -> float | None:
+    cur = _get(d, *path)
+    if isinstance(cur, dict):
+        cur = cur.get("value")
+    return float(cur) if isinstance(cur, (int, float)) and not isinstance(cur, bool) else None
+
+
+def _loads(text: str | None, default: Any) -> Any:
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return default
+
+
+# ---- experiment -------------------------------------------------------------------------------
+def _experiment(run: Any) -> tuple[Any, str | None]:
+    """The stored experiment parsed again (None and why when it no longer parses)."""
+    from truthput.errors import TruthputError
+    from truthput.spec.experiment import parse_experiment
+
+    try:
+        return parse_experiment(run["experiment_toml"], f"{run['experiment_path'] or 'stored experiment'}"), None
+    except TruthputError as exc:
+        return None, str(exc)
+    except Exception as exc:  # a schema that changed since the run
+        return None, f"stored experiment no longer parses: {exc}"
+
+
+def _raw_toml(run: Any) -> dict[str, Any]:
+    try:
+        return tomllib.loads(run["experiment_toml"] or "")
+    except tomllib.TOMLDecodeError:
+        return {}
+
+
+def _slo(exp: Any, raw: dict[str, Any]) -> dict[str, float | None] | None:
+    """Latency targets, wherever the experiment keeps them ([slo], [workload.slo] or [measure.slo])."""
+    for holder in (exp, getattr(exp, "workload", None), getattr(exp, "measure", None)):
+        slo = getattr(holder, "slo", None) if holder is not None else None
+        if slo is not None:
+            d = slo.model_dump() if hasattr(slo, "model_dump") else dict(slo)
+            if d.get("ttft_ms") is not None or d.get("itl_ms") is not None:
+                return {"ttft_ms": d.get("ttft_ms"), "itl_ms": d.get("itl_ms")}
+    for table in (raw.get("slo"), _get(raw, "workload", "slo"), _get(raw, "measure", "slo")):
+        if isinstance(table, dict) and (table.get("ttft_ms") is not None or table.get("itl_ms") is not None):
+            return {"ttft_ms": table.get("ttft_ms"), "itl_ms": table.get("itl_ms")}
+    return None
+
+
+def _experiment_block(store: Store, run_id: str, run: Any, exp: Any, exp_error: str | None) -> dict[str, Any]:
+    from truthput.spec.argv import ServerArgv, speculative_settings
+
+    raw = _raw_toml(run)
+    variants = []
+    for v in store.variants(run_id):
+        argv = _loads(v["argv_json"], [])
+        diff = _loads(v["diff_json"], {})
+        try:
+            spec = speculative_settings(ServerArgv.parse(argv))
+        except Exception as exc:  # a stored argv the parser no longer accepts
+            spec = {"error": str(exc)}
+        variants.append({
+            "name": v["name"], "position": v["position"], "baseline": bool(v["is_baseline"]), "argv": argv,
+            "diff": diff.get("diff", diff), "diff_lines": diff.get("lines") or [], "env": _loads(v["env_json"], {}),
+            "speculative": spec,
+            "description": next((x.description for x in exp.variant if x.name == v["name"]), "") if exp else "",
+        })
+    block: dict[str, Any] = {
+        "name": run["name"], "path": run["experiment_path"], "toml": run["experiment_toml"],
+        "parse_error": exp_error,
+        "base_command": list(exp.server.command) if exp else list(_get(raw, "server", "command") or []),
+        "baseline": exp.experiment.baseline if exp else _get(raw, "experiment", "baseline"),
+        "variants": variants,
+        "hardware": exp.hardware.model_dump() if exp and exp.hardware else raw.get("hardware"),
+        "model": exp.model.model_dump() if exp and exp.model else raw.get("model"),
+        "workload": exp.workload.model_dump() if exp else raw.get("workload"),
+        "measure": exp.measure.model_dump() if exp else raw.get("measure"),
+        "slo": _slo(exp, raw),
+    }
+    return block
+
+
+# ---- cells ------------------------------------------------------------------------------------
+def _cells(store: Store, run_id: str, simulated: bool) -> list[dict[str, Any]]:
+    from truthput.report.terminal import cell_rows
+
+    out = []
+    for row in cell_rows(store, run_id):
+        c: dict[str, Any] = {"variant": row["variant"], "concurrency": row["concurrency"],
+                             "baseline": row["baseline"], "status": row.get("status")}
+        if row.get("status") == "ok":
+            c["tokps"] = figure(row["tokps"], "tok/s", "server_counter", simulated,
+                                lo=row.get("lo"), hi=row.get("hi"), interval="95% Student-t over server starts",
+                                note="emitted-token counter delta over the steady-state window / its wall time")
+            c["n_starts"] = row.get("n_starts")
+            c["n_trials"] = row.get("n_trials")
+            c["cv_within"] = row.get("cv")
+            c["warning"] = row.get("warning")
+            c["per_stream"] = figure(row.get("per_stream"), "tok/s/stream", "usage", simulated,
+                                     note="median over trials of per-request (tokens-1)/(last chunk - first token)")
+            c["ttft_p50"] = figure(row.get("ttft_p50"), "s", "client_clock", simulated)
+            c["itl_p50"] = figure(row.get("itl_p50"), "s", "client_clock", simulated)
+            if "delta_pct" in row:
+                c["delta_pct"] = figure(row.get("delta_pct"), "%", "server_counter", simulated,
+                                        lo=row.get("delta_lo"), hi=row.get("delta_hi"),
+                                        significant=row.get("significant"), note=row.get("delta_note"),
+                                        interval="ratio of geometric means, Welch t, Bonferroni-corrected")
+        out.append(c)
+    return out
+
+
+def _pooled_quantile(trials: list[dict[str, Any]], *path: str) -> float | None:
+    vals = [_val(t["results"], *path) for t in trials]
+    vals = [v for v in vals if v is not None]
+    return median(vals) if vals else None
+
+
+def _add_cell_latency(cells: list[dict[str, Any]], by_cell: dict, simulated: bool) -> None:
+    """p99 TTFT / ITL per cell (median over the cell's trials), for the trade-off plot."""
+    for c in cells:
+        trials = by_cell.get((c["variant"], c["concurrency"]), [])
+        for name in ("ttft", "itl", "tpot", "e2e"):
+            for q in ("p50", "p90", "p99"):
+                key = f"{name}_{q}"
+                if key in c and c[key].get("value") is not None:
+                    continue
+                c[key] = figure(_pooled_quantile(trials, "latency", name, q), "s", "client_clock", simulated,
+                                note="median over the cell's trials of each trial's quantile")
+
+
+# ---- requests, latency, goodput -----------------------------------------------------------------
+def _record(row: Any):
+    from truthput.load.records import RequestRecord
+
+    chunks = _loads(row["chunks_json"], [])
+    return RequestRecord(
+        idx=row["idx"], t_start=row["t_start"], t_end=row["t_end"] or row["t_start"], t_first=row["t_first"],
+        chunk_times=[c[0] for c in chunks], chunk_tokens=[c[1] for c in chunks],
+        chunk_texts=[c[2] if len(c) > 2 else "" for c in chunks], prompt_tokens=row["prompt_tokens"],
+        completion_tokens=row["completion_tokens"], finish_reason=row["finish_reason"], status=row["status"],
+        http_status=row["http_status"], error=row["error"])
+
+
+def _latency_and_goodput(store: Store, trials: list[dict[str, Any]], slo: dict | None,
+                         simulated: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    from truthput.load.goodput import SLO, goodput, request_itl_ms, request_ttft_ms
+
+    per_cell: dict[tuple[str, int], dict[str, Any]] = {}
+    slo_obj = SLO(slo.get("ttft_ms"), slo.get("itl_ms")) if slo else None
+    good_rows: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for t in trials:
+        key = (t["variant"], t["concurrency"])
+        cell = per_cell.setdefault(key, {"variant": key[0], "concurrency": key[1], "ttft_ms": [], "itl_ms": [],
+                                         "n_requests": 0, "n_failed": 0, "from_results": []})
+        records = [_record(r) for r in store.requests(t["id"])]
+        cell["n_requests"] += len(records)
+        for r in records:
+            if r.status != "ok":
+                cell["n_failed"] += 1
+                continue
+            ttft = request_ttft_ms(r)
+            itl = request_itl_ms(r)
+            if ttft is not None:
+                cell["ttft_ms"].append(round(ttft, 4))
+            if itl is not None:
+                cell["itl_ms"].append(round(itl, 4))
+        lat = t["results"].get("latency") or {}
+        cell["from_results"].append({"trial_id": t["id"], "start_index": t["start_index"],
+                                     "trial_index": t["trial_index"],
+                                     **{k: lat.get(k) for k in ("ttft", "itl", "tpot", "e2e", "server_window")
+                                        if k in lat}})
+        if slo_obj is not None and t["status"] == "ok":
+            win = (t["window_start"], t["window_end"]) if t["window_start"] and t["window_end"] else None
+            good_rows[key].append(goodput(records, slo_obj, win))
+    latency = []
+    for cell in per_cell.values():
+        cell["ttft_ms"] = sorted(cell["ttft_ms"])
+        cell["itl_ms"] = sorted(cell["itl_ms"])
+        cell["source"] = "simulator" if simulated else "client_clock"
+        cell["note"] = ("per request, from the requests table: TTFT = first chunk - request sent; "
+                        "ITL = (last chunk - first chunk) / (completion tokens - 1)")
+        latency.append(cell)
+    good = None
+    if slo_obj is not None:
+        good = []
+        for (variant, conc), rows in sorted(good_rows.items()):
+            rps = [_val(r, "goodput_rps") for r in rows]
+            tps = [_val(r, "good_tokens_per_s") for r in rows]
+            frac = [_val(r, "good_fraction") for r in rows]
+            good.append({
+                "variant": variant, "concurrency": conc, "slo": slo,
+                "goodput_rps": figure(mean([v for v in rps if v is not None]) if any(v is not None for v in rps) else None,
+                                      "req/s", "client_clock", simulated),
+                "good_tokens_per_s": figure(mean([v for v in tps if v is not None]) if any(v is not None for v in tps) else None,
+                                            "tok/s", "usage", simulated),
+                "good_fraction": figure(mean([v for v in frac if v is not None]) if any(v is not None for v in frac) else None,
+                                        "fraction", "client_clock", simulated),
+                "n_trials": len(rows),
+            })
+    return sorted(latency, key=lambda c: (c["variant"], c["concurrency"])), good
+
+
+# ---- spec decode ------------------------------------------------------------------------------
+def _spec_decode(by_cell: dict, simulated: bool) -> list[dict[str, Any]]:
+    out = []
+    for (variant, conc), trials in sorted(by_cell.items()):
+        blocks = [t["results"].get("spec_decode") for t in trials if t["status"] == "ok"]
+        blocks = [b for b in blocks if b]
+        if not blocks:
+            continue
+        pos: dict[int, list[float]] = defaultdict(list)
+        mal, rate = [], []
+        for b in blocks:
+            w = b.get("window") or b.get("trial") or {}
+            for p in w.get("per_position_acceptance") or []:
+                if p.get("value") is not None:
+                    pos[int(p.get("position", 0))].append(float(p["value"]))
+            if _val(w, "mean_acceptance_length") is not None:
+                mal.append(_val(w, "mean_acceptance_length"))
+            if _val(w, "acceptance_rate") is not None:
+                rate.append(_val(w, "acceptance_rate"))
+        out.append({
+            "variant": variant, "concurrency": conc, "k": blocks[0].get("k"), "method": blocks[0].get("method"),
+            "note": blocks[0].get("note"),
+            "per_position": [figure(mean(v), "ratio", "server_counter", simulated, position=p, n_trials=len(v))
+                             for p, v in sorted(pos.items())],
+            "mean_acceptance_length": figure(mean(mal) if mal else None, "tokens/step", "server_counter", simulated,
+                                             note="1 + accepted / drafts over the window, mean over trials"),
+            "acceptance_rate": figure(mean(rate) if rate else None, "ratio", "server_counter", simulated),
+            "n_trials": len(blocks),
+        })
+    return out
+
+
+# ---- roofline ---------------------------------------------------------------------------------
+def _context_tokens(workload: dict | None) -> tuple[int, str]:
+    """Mean context a stream holds during decode: prompt + half the output (what is known of it)."""
+    def size(x: Any, default: int) -> float:
+        if isinstance(x, (int, float)):
+            return float(x)
+        if isinstance(x, dict):
+            for k in ("mean", "value", "max", "tokens"):
+                if isinstance(x.get(k), (int, float)):
+                    return float(x[k])
+        return float(default)
+
+    wl = workload or {}
+    inp = size(wl.get("input_tokens"), 256)
+    out = size(wl.get("output_tokens"), 256)
+    return int(inp + out / 2), f"input {inp:g} + output {out:g} / 2 (mean context during decode)"
+
+
+def _flag(argv: list[str], *names: str) -> str | None:
+    for i, tok in enumerate(argv):
+        for n in names:
+            if tok == n and i + 1 < len(argv):
+                return argv[i + 1]
+            if tok.startswith(n + "="):
+                return tok.split("=", 1)[1]
+    return None
+
+
+def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
+    from truthput.analyze.roofline import place, roofline
+    from truthput.hardware.gpus import get_gpu
+    from truthput.hardware.models import get_model
+
+    exp = doc["experiment"]
+    hw, model = exp.get("hardware"), exp.get("model")
+    if not hw or not model:
+        return {"available": False, "reason": "the experiment has no [hardware] and [model] sections, so no "
+                                              "roofline (add gpu/count and a model profile or path)"}
+    try:
+        gpu = get_gpu(hw["gpu"])
+        profile = get_model(model.get("path") or model.get("profile"))
+    except Exception as exc:
+        return {"available": False, "reason": f"roofline inputs: {exc}"}
+    context, context_basis = _context_tokens(exp.get("workload"))
+    spec_by_cell = {(s["variant"], s["concurrency"]): s for s in doc["spec_decode"]}
+    rows, notes = [], []
+    for c in doc["cells"]:
+        if c.get("status") != "ok" or not c["tokps"].get("value"):
+            continue
+        v = next((x for x in exp["variants"] if x["name"] == c["variant"]), None)
+        argv = v["argv"] if v else []
+        tp_text = _flag(argv, "--tensor-parallel-size", "-tp")
+        tp = int(tp_text) if tp_text and tp_text.isdigit() else 1
+        kv_text = (_flag(argv, "--kv-cache-dtype") or "auto").lower()
+        kv_bytes = 1.0 if kv_text in KV_DTYPE_BYTES_FP8 else 2.0
+        spec = v.get("speculative") if v else None
+        k = int(spec.get("num_speculative_tokens") or 0) if isinstance(spec, dict) else 0
+        acc = None
+        if k:
+            s = spec_by_cell.get((c["variant"], c["concurrency"]))
+            acc = s["mean_acceptance_length"]["value"] if s else None
+            if acc is not None and not 1.0 <= acc <= k + 1:
+                notes.append(f"{c['variant']} c={c['concurrency']}: measured acceptance length {acc:.3f} outside "
+                             f"[1, {k + 1}]; the ceiling uses k+1")
+                acc = None
+        try:
+            roof = roofline(gpu, profile, tp, kv_bytes, context, int(c["concurrency"]), k, acc)
+            pl = place(roof, float(c["tokps"]["value"]), acc,
+                       measured_source="simulator" if simulated else "server_counter",
+                       model_bits=getattr(profile, "bits_per_weight", None))
+        except Exception as exc:
+            notes.append(f"{c['variant']} c={c['concurrency']}: {exc}")
+            continue
+        if hw.get("count") and int(hw["count"]) != tp:
+            notes.append(f"{c['variant']}: [hardware].count = {hw['count']} but TP = {tp}; one TP replica modelled")
+        tight = roof.tightest_ceiling
+        rows.append({
+            "variant": c["variant"], "concurrency": c["concurrency"], "tp": tp, "kv_cache_dtype": kv_text,
+            "kv_dtype_bytes": kv_bytes, "spec_k": k, "acceptance_length": acc,
+            "measured": figure(c["tokps"]["value"], "tok/s", "server_counter", simulated),
+            "tightest_ceiling": {"value": roof.concurrency * pl.tokens_per_step_per_stream / tight.step_floor_s,
+                                 "unit": "tok/s", "source": "model", "name": tight.name},
+            "pct_of_tightest": {"value": pl.fraction_of_ceiling * 100.0, "unit": "%", "source": "model",
+                                "note": "measured / tightest ceiling"},
+            "pct_of_weight_streaming": {"value": pl.fraction_of_weight_streaming * 100.0, "unit": "%",
+                                        "source": "model"},
+            "measured_step_ms": {"value": pl.measured_step_s * 1e3, "unit": "ms/step", "source": "model",
+                                 "note": "concurrency x tokens per step / measured tok/s"},
+            "unexplained_ms": {"value": pl.unexplained_step_s * 1e3, "unit": "ms/step", "source": "model",
+                               "note": "measured step - tightest ceiling's step floor"},
+            "bounds_ms": {name: {"value": b.seconds_per_step * 1e3, "unit": "ms/step", "source": "model",
+                                 "additive": b.additive, "detail": b.detail} for name, b in roof.bounds.items()},
+            "weight_passes_per_s": {"value": roof.weight_passes_per_s, "unit": "1/s", "source": "model"},
+            "binding": pl.binding, "sentence": pl.sentence,
+            "roofline": roof.to_dict(), "placement": pl.to_dict(),
+        })
+    return {"available": bool(rows), "reason": None if rows else "no cell could be placed", "gpu": gpu.name,
+            "gpu_count": hw.get("count"), "model": profile.name, "context_tokens": context,
+            "context_basis": context_basis, "cells": rows, "notes": notes,
+            "source_note": "ceilings and bounds: source 'model' (peak datasheet figures, first-order physics), "
+                           "not measurements"}
+
+
+# ---- failures, telemetry, trials ----------------------------------------------------------------
+def _failures(store: Store, run_id: str, trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for s in store.starts(run_id):
+        if s["status"] != "failed" and not s["failure_class"]:
+            continue
+        excerpt = s["log_excerpt"]
+        if not excerpt:
+            excerpt = "\n".join(r["line"] for r in store.logs(s["id"])[-30:])
+        out.append({"kind": "start", "variant": s["variant"], "start_index": s["start_index"],
+                    "failure_class": s["failure_class"], "reason": s["failure_reason"], "line": s["failure_line"],
+                    "log_excerpt": excerpt or "", "argv": _loads(s["argv_json"], []), "source": "log_line"})
+    for t in trials:
+        if t["status"] != "ok":
+            out.append({"kind": "trial", "variant": t["variant"], "start_index": t["start_index"],
+                        "concurrency": t["concurrency"], "trial_index": t["trial_index"],
+                        "failure_class": (t["error"] or "failed").split(":", 1)[0], "reason": t["error"],
+                        "line": None, "log_excerpt": "", "source": "client_clock"})
+    return out
+
+
+def _telemetry(store: Store, trials: list[dict[str, Any]]) -> dict[str, Any]:
+    by_id = {t["id"]: t for t in trials}
+    rows = store.conn.execute(
+        "SELECT telemetry.* FROM telemetry JOIN trials ON trials.id = telemetry.trial_id WHERE trials.run_id = ?",
+        (trials[0]["run_id"],) if trials else ("",)).fetchall()
+    if not rows:
+        return {"available": False, "note": "no GPU telemetry recorded for this run", "util_note": GPU_UTIL_NOTE,
+                "rows": [], "samples": 0}
+    groups: dict[tuple[str, int, int], list[Any]] = defaultdict(list)
+    for r in rows:
+        t = by_id.get(r["trial_id"])
+        if t is not None:
+            groups[(t["variant"], t["concurrency"], r["gpu"])].append(r)
+
+    def avg(xs: list[Any], key: str, fn=mean) -> float | None:
+        vals = [x[key] for x in xs if x[key] is not None]
+        return fn(vals) if vals else None
+
+    out = []
+    for (variant, conc, gpu), xs in sorted(groups.items()):
+        out.append({"variant": variant, "concurrency": conc, "gpu": gpu, "samples": len(xs),
+                    "util_pct_mean": {"value": avg(xs, "util_pct"), "unit": "%", "source": "nvml",
+                                      "note": "time busy, not capacity used"},
+                    "mem_used_gb_max": {"value": (avg(xs, "mem_used_bytes", max) or 0) / 1e9 if avg(xs, "mem_used_bytes") is not None else None,
+                                        "unit": "GB", "source": "nvml"},
+                    "power_w_mean": {"value": avg(xs, "power_w"), "unit": "W", "source": "nvml"},
+                    "sm_clock_mhz_mean": {"value": avg(xs, "sm_clock_mhz"), "unit": "MHz", "source": "nvml"}})
+    return {"available": True, "note": None, "util_note": GPU_UTIL_NOTE, "rows": out, "samples": len(rows)}
+
+
+def _trial_table(trials: list[dict[str, Any]], simulated: bool) -> list[dict[str, Any]]:
+    out = []
+    for t in trials:
+        r = t["results"]
+        out.append({
+            "trial_id": t["id"], "variant": t["variant"], "start_index": t["start_index"],
+            "concurrency": t["concurrency"], "trial_index": t["trial_index"], "status": t["status"],
+            "error": t["error"],
+            "t0_utc": datetime.fromtimestamp(t["t0_wall"], timezone.utc).isoformat() if t["t0_wall"] else None,
+            "window_s": _val(r, "window", "seconds"),
+            "counter_tokps": figure(_val(r, "throughput", "counter_window"), "tok/s", "server_counter", simulated),
+            "usage_tokps": figure(_val(r, "throughput", "usage_window"), "tok/s", "usage", simulated),
+            "per_stream_median": figure(_val(r, "per_stream", "decode_tps_median"), "tok/s/stream", "usage", simulated),
+            "ttft_p50": figure(_val(r, "latency", "ttft", "p50"), "s", "client_clock", simulated),
+            "itl_p99": figure(_val(r, "latency", "itl", "p99"), "s", "client_clock", simulated),
+            "acceptance_length": figure(_val(r, "spec_decode", "window", "mean_acceptance_length"), "tokens/step",
+                                        "server_counter", simulated),
+            "requests_ok": _get(r, "requests", "ok"), "requests_total": _get(r, "requests", "total"),
+            "integrity_holds": _get(r, "integrity", "holds"),
+            "integrity": _get(r, "integrity", "message"),
+            "warnings": r.get("warnings") or [],
+        })
+    return out
+
+
+def _claims(exp: Any, raw_trials: list[dict[str, Any]], roof: dict[str, Any], simulated: bool) -> dict[str, Any]:
+    if exp is None or not getattr(exp, "claim", None):
+        return {"present": False, "results": []}
+    from truthput.analyze.claims import check_claims
+    from truthput.spec.claims import parse_claims
+
+    ceilings: dict[int, float] = {}
+    for row in roof.get("cells") or []:
+        nospec = _get(row, "roofline", "ceilings", "no_spec", "aggregate", "value")
+        if nospec is not None:
+            ceilings[int(row["concurrency"])] = float(nospec)
+    try:
+        claims = parse_claims(exp.claim)
+        results = check_claims(claims, raw_trials, {"ceiling_tps": ceilings} if ceilings else None,
+                               simulated=simulated)
+    except Exception as exc:
+        return {"present": True, "error": str(exc), "results": []}
+    return {"present": True, "results": [r.to_dict() for r in results],
+            "bounds_note": "ceilings: roofline without speculation per concurrency (source model)"}
+
+
+# ---- the document -----------------------------------------------------------------------------
+def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
+    """Everything a run's reports show, as one strict-JSON dict (schema truthput-report/1)."""
+    from truthput.analyze.audit import audit_rows
+
+    run_id = store.resolve_run(run_id)
+    run = store.run(run_id)
+    simulated = bool(run["simulated"])
+    exp, exp_error = _experiment(run)
+    machine = _loads(run["machine_json"], {})
+    trials = store.trial_results(run_id)
+    by_cell: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for t in trials:
+        by_cell[(t["variant"], t["concurrency"])].append(t)
+    starts = store.starts(run_id)
+    engine_versions = sorted({s["engine_version"] for s in starts if s["engine_version"]})
+
+    summary = _loads(run["summary_json"], None)
+    verdict_from = "runs.summary_json"
+    if not summary and exp is not None:
+        from truthput.runner import summarize
+
+        try:
+            summary = summarize(store, run_id, exp)
+            verdict_from = "recomputed from the store (runner.summarize)"
+        except Exception as exc:
+            summary, verdict_from = {}, f"no verdict: {exc}"
+    summary = summary or {}
+
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "generated_at": datetime.now(timezone.utc).isoformat(),
+        "simulated": simulated,
+        "simulated_note": ("SIMULATED: every figure comes from the embedded simulator (a physics model), "
+                           "not from a measurement of real hardware") if simulated else None,
+        "run": {
+            "id": run_id, "name": run["name"], "status": run["status"], "created_at": run["created_at"],
+            "finished_at": run["finished_at"], "engine": run["engine"], "simulated": simulated,
+            "seed": run["seed"], "experiment_path": run["experiment_path"], "machine": machine,
+            "versions": {"truthput": machine.get("truthput_version"), "git": machine.get("git"),
+                         "python": machine.get("python"), "engine": engine_versions},
+        },
+    }
+    doc["experiment"] = _experiment_block(store, run_id, run, exp, exp_error)
+    doc["cells"] = _cells(store, run_id, simulated)
+    _add_cell_latency(doc["cells"], by_cell, simulated)
+    doc["verdict"] = {
+        "from": verdict_from,
+        "lines": summary.get("verdict_lines") or [],
+        "detail": summary.get("verdict"),
+        "failed": summary.get("failed") or {},
+        "guard": summary.get("guard") or {},
+        "stopping": summary.get("stopping"),
+    }
+    doc["audit"] = audit_rows(trials, simulated=simulated)
+    doc["spec_decode"] = _spec_decode(by_cell, simulated)
+    doc["latency"], doc["goodput"] = _latency_and_goodput(store, trials, doc["experiment"]["slo"], simulated)
+    doc["roofline"] = _roofline(doc, simulated)
+    doc["claims"] = _claims(exp, trials, doc["roofline"], simulated)
+    doc["failures"] = _failures(store, run_id, trials)
+    doc["telemetry"] = _telemetry(store, trials)
+    doc["trials"] = _trial_table(trials, simulated)
+    doc["events"] = [dict(e) for e in store.conn.execute(
+        "SELECT t_wall, kind, message FROM events WHERE run_id=? ORDER BY t_wall", (run_id,)).fetchall()]
+    return clean(doc)

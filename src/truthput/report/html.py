@@ -1,0 +1,93 @@
+"""The HTML report: one self-contained file (inline CSS and SVG, no script, no network).
+
+Why jinja2 with autoescape ON: log lines, prompts, variant names and argv come from servers and
+users; every one of them is escaped, so a log line holding `<script>` shows as text. The only
+markup inserted unescaped is matplotlib's SVG, which is checked to hold no script or event handler.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from truthput.store.db import Store
+
+SECTIONS = (
+    ("verdict", "Verdict"), ("experiment", "Experiment"), ("cells", "Throughput table"),
+    ("throughput", "Throughput vs concurrency"), ("tradeoff", "Trade-off"), ("goodput", "Goodput"),
+    ("per_stream", "Per-stream speed"), ("latency", "Latency distributions"), ("acceptance", "Speculation"),
+    ("roofline", "Roofline"), ("audit", "Audit and claims"), ("failures", "Failures"),
+    ("telemetry", "GPU telemetry"), ("trials", "Raw trials"),
+)
+
+PLOT_SECTIONS = (
+    ("throughput", "Throughput vs concurrency",
+     "Output tok/s from the server's emitted-token counter over the steady-state window; bars: 95% interval over server starts."),
+    ("tradeoff", "Throughput-latency trade-off",
+     "Each point is one variant at one concurrency: tok/s (server counter) against TTFT p99 and ITL p99 (client clock). Circled: the Pareto front (no other cell is both faster and lower-latency)."),
+    ("goodput", "Goodput under the experiment's SLOs",
+     "Completion tokens (usage) of requests that met every latency target and finished in the window, per second."),
+    ("per_stream", "Per-stream speed vs concurrency",
+     "Median per request of (completion tokens - 1) / (last chunk - first token): what one user sees, not aggregate throughput."),
+    ("latency", "TTFT and ITL distributions",
+     "Empirical CDFs over every request of the cell, from the requests table (client clock)."),
+    ("acceptance", "Speculative acceptance per position",
+     "Share of drafts whose token at this position was accepted, from the engine's spec-decode counters over the window."),
+    ("roofline", "% of roofline and unexplained time per step",
+     "Left: measured tok/s as a share of the tightest physical ceiling (model, peak datasheet figures). Right: the measured time per decode step split into the tightest floor and what no modelled resource explains."),
+)
+
+ABSENT = {
+    "throughput": "no successful cell to plot",
+    "tradeoff": "no latency figures to plot",
+    "goodput": "no SLOs set in the experiment, so no goodput (set ttft_ms / itl_ms targets)",
+    "per_stream": "no per-stream figures",
+    "latency": "no request timings stored",
+    "acceptance": "no speculative decoding in this run (or no spec-decode counters exposed)",
+    "roofline": "no roofline for this run",
+}
+
+_UNSAFE_SVG = re.compile(r"<\s*script|\son[a-z]+\s*=|javascript:|<\s*foreignObject", re.IGNORECASE)
+
+
+def safe_svg(svg: str | None) -> str | None:
+    """matplotlib's SVG, refused if it holds anything executable (it never should)."""
+    if svg is None:
+        return None
+    if _UNSAFE_SVG.search(svg):
+        return None
+    return svg
+
+
+def _environment():
+    from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+    env = Environment(loader=PackageLoader("truthput.report", "templates"),
+                      autoescape=select_autoescape(default=True, default_for_string=True),
+                      trim_blocks=True, lstrip_blocks=True)
+    del StrictUndefined  # lenient: an absent optional key renders as empty
+    return env
+
+
+def render_html(doc: dict[str, Any], plots: dict[str, str | None] | None = None) -> str:
+    """The HTML page for a report document (plots made here unless given)."""
+    if plots is None:
+        from truthput.report.plots import render_plots
+
+        plots = render_plots(doc)
+    absent = dict(ABSENT)
+    if not (doc.get("roofline") or {}).get("available"):
+        absent["roofline"] = f"no roofline: {(doc.get('roofline') or {}).get('reason')}"
+    template = _environment().get_template("report.html.j2")
+    return template.render(doc=doc, plots={k: safe_svg(v) for k, v in plots.items()}, sections=SECTIONS,
+                           plot_sections=PLOT_SECTIONS, absent=absent)
+
+
+def write_html(store: Store, run_id: str, path: str | Path) -> Path:
+    from truthput.report.data import build_report_data
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(build_report_data(store, run_id)), encoding="utf-8")
+    return path

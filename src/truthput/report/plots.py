@@ -1,0 +1,253 @@
+"""The report's plots as inline SVG strings (matplotlib's SVG backend, no pyplot state, no network).
+
+Why SVG inline: the HTML report must open anywhere with no network and stay one file. Text stays
+text (svg.fonttype = none) so it is searchable, and matplotlib XML-escapes every label, so a
+variant named `<script>` is drawn as text. Every plot's title names the provenance of its figures;
+a simulated run's plots say SIMULATED in the title.
+
+Each function takes the report document (truthput.report.data) and returns an SVG string, or None
+when the run has nothing to plot for it.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def _figure(width: float = 7.0, height: float = 3.6, ncols: int = 1):
+    import matplotlib
+
+    matplotlib.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _svg(fig, salt: str) -> str:
+    import matplotlib
+
+    matplotlib.rcParams["svg.hashsalt"] = f"truthput-{salt}"
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg")
+    text = buf.getvalue()
+    start = text.find("<svg")
+    return text[start:] if start >= 0 else text
+
+
+def _tag(doc: dict[str, Any]) -> str:
+    return " — SIMULATED" if doc.get("simulated") else ""
+
+
+def _variants(doc: dict[str, Any]) -> list[str]:
+    return [v["name"] for v in doc["experiment"]["variants"]]
+
+
+def _colour(doc: dict[str, Any], name: str) -> str:
+    names = _variants(doc)
+    return PALETTE[names.index(name) % len(PALETTE)] if name in names else "#555555"
+
+
+def _ok_cells(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in doc["cells"] if c.get("status") == "ok" and c["tokps"].get("value") is not None]
+
+
+def throughput(doc: dict[str, Any]) -> str | None:
+    cells = _ok_cells(doc)
+    if not cells:
+        return None
+    fig, (ax,) = _figure()
+    for name in _variants(doc):
+        rows = sorted((c for c in cells if c["variant"] == name), key=lambda c: c["concurrency"])
+        if not rows:
+            continue
+        x = [c["concurrency"] for c in rows]
+        y = [c["tokps"]["value"] for c in rows]
+        lo = [c["tokps"]["value"] - c["tokps"]["lo"] if c["tokps"].get("lo") is not None else 0 for c in rows]
+        hi = [c["tokps"]["hi"] - c["tokps"]["value"] if c["tokps"].get("hi") is not None else 0 for c in rows]
+        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=4, label=name, color=_colour(doc, name))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (streams)")
+    ax.set_ylabel("output tok/s")
+    ax.set_title(f"Output throughput vs concurrency, 95% CI [server counter{_tag(doc)}]")
+    ax.legend(fontsize=8)
+    return _svg(fig, "throughput")
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated (lower latency x AND higher throughput y is better)."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        dominated = any((x2 <= x and y2 >= y) and (x2 < x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i)
+        if not dominated:
+            front.append(i)
+    return front
+
+
+def tradeoff(doc: dict[str, Any]) -> str | None:
+    cells = _ok_cells(doc)
+    if not cells:
+        return None
+    fig, axes = _figure(width=9.0, height=3.8, ncols=2)
+    drawn = False
+    for ax, key, label in ((axes[0], "ttft_p99", "TTFT p99 (ms)"), (axes[1], "itl_p99", "ITL p99 (ms)")):
+        pts, meta = [], []
+        for c in cells:
+            lat = (c.get(key) or {}).get("value")
+            if lat is None:
+                continue
+            pts.append((lat * 1e3, c["tokps"]["value"]))
+            meta.append(c)
+        if not pts:
+            ax.text(0.5, 0.5, "no latency data", ha="center", transform=ax.transAxes)
+            continue
+        drawn = True
+        for (x, y), c in zip(pts, meta):
+            ax.scatter([x], [y], color=_colour(doc, c["variant"]), s=30, zorder=3)
+            ax.annotate(f"{c['variant']} c={c['concurrency']}", (x, y), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+        front = sorted((pts[i] for i in pareto_front(pts)), key=lambda p: p[0])
+        ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=1, label="Pareto front", zorder=2)
+        ax.scatter([p[0] for p in front], [p[1] for p in front], facecolors="none", edgecolors="k", s=90, zorder=4)
+        ax.set_xlabel(f"{label} [client clock]")
+        ax.set_ylabel("output tok/s [server counter]")
+        ax.legend(fontsize=7, loc="lower right")
+    if not drawn:
+        return None
+    fig.suptitle(f"Throughput-latency trade-off per variant x concurrency (Pareto front circled){_tag(doc)}")
+    return _svg(fig, "tradeoff")
+
+
+def per_stream(doc: dict[str, Any]) -> str | None:
+    cells = [c for c in _ok_cells(doc) if (c.get("per_stream") or {}).get("value") is not None]
+    if not cells:
+        return None
+    fig, (ax,) = _figure()
+    for name in _variants(doc):
+        rows = sorted((c for c in cells if c["variant"] == name), key=lambda c: c["concurrency"])
+        if rows:
+            ax.plot([c["concurrency"] for c in rows], [c["per_stream"]["value"] for c in rows], marker="o",
+                    label=name, color=_colour(doc, name))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (streams)")
+    ax.set_ylabel("tok/s per stream")
+    ax.set_title(f"Per-stream decode speed vs concurrency (median) [usage, client clock{_tag(doc)}]")
+    ax.legend(fontsize=8)
+    return _svg(fig, "per_stream")
+
+
+def goodput(doc: dict[str, Any]) -> str | None:
+    rows = doc.get("goodput") or []
+    rows = [r for r in rows if r["good_tokens_per_s"].get("value") is not None]
+    if not rows:
+        return None
+    slo = rows[0]["slo"]
+    fig, (ax,) = _figure()
+    for name in _variants(doc):
+        rs = sorted((r for r in rows if r["variant"] == name), key=lambda r: r["concurrency"])
+        if rs:
+            ax.plot([r["concurrency"] for r in rs], [r["good_tokens_per_s"]["value"] for r in rs], marker="o",
+                    label=name, color=_colour(doc, name))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (streams)")
+    ax.set_ylabel("good tok/s")
+    targets = ", ".join(f"{k} ≤ {v:g}" for k, v in slo.items() if v is not None)
+    ax.set_title(f"Goodput under SLO ({targets}) [usage, client clock{_tag(doc)}]")
+    ax.legend(fontsize=8)
+    return _svg(fig, "goodput")
+
+
+def latency_distributions(doc: dict[str, Any]) -> str | None:
+    cells = doc.get("latency") or []
+    if not any(c["ttft_ms"] or c["itl_ms"] for c in cells):
+        return None
+    import numpy as np
+
+    fig, axes = _figure(width=9.0, height=3.8, ncols=2)
+    styles = ("-", "--", ":", "-.")
+    levels = sorted({c["concurrency"] for c in cells})
+    for ax, key, label in ((axes[0], "ttft_ms", "TTFT per request (ms)"),
+                           (axes[1], "itl_ms", "mean ITL per request (ms)")):
+        for c in cells:
+            vals = np.asarray(c[key], dtype=float)
+            if vals.size == 0:
+                continue
+            y = np.arange(1, vals.size + 1) / vals.size
+            ax.step(np.sort(vals), y, where="post", color=_colour(doc, c["variant"]),
+                    linestyle=styles[levels.index(c["concurrency"]) % len(styles)],
+                    label=f"{c['variant']} c={c['concurrency']}")
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("share of requests ≤ x")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"TTFT and ITL distributions (ECDF) [client clock, requests table{_tag(doc)}]")
+    return _svg(fig, "latency")
+
+
+def acceptance(doc: dict[str, Any]) -> str | None:
+    rows = [s for s in doc.get("spec_decode") or [] if s["per_position"]]
+    if not rows:
+        return None
+    fig, (ax,) = _figure()
+    styles = ("-", "--", ":", "-.")
+    levels = sorted({s["concurrency"] for s in rows})
+    for s in rows:
+        x = [p["position"] + 1 for p in s["per_position"]]
+        y = [p["value"] for p in s["per_position"]]
+        mal = s["mean_acceptance_length"].get("value")
+        ax.plot(x, y, marker="o", color=_colour(doc, s["variant"]),
+                linestyle=styles[levels.index(s["concurrency"]) % len(styles)],
+                label=f"{s['variant']} c={s['concurrency']}" + (f" (mean length {mal:.2f})" if mal else ""))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.05)
+    ax.set_xticks(sorted({p["position"] + 1 for s in rows for p in s["per_position"]}))
+    ax.set_title(f"Speculative acceptance per position [server counter{_tag(doc)}]")
+    ax.legend(fontsize=7)
+    return _svg(fig, "acceptance")
+
+
+def roofline(doc: dict[str, Any]) -> str | None:
+    roof = doc.get("roofline") or {}
+    rows = roof.get("cells") or []
+    if not rows:
+        return None
+    fig, axes = _figure(width=9.0, height=3.8, ncols=2)
+    labels = [f"{r['variant']}\nc={r['concurrency']}" for r in rows]
+    colours = [_colour(doc, r["variant"]) for r in rows]
+    pct = [r["pct_of_tightest"]["value"] for r in rows]
+    axes[0].bar(range(len(rows)), pct, color=colours)
+    axes[0].axhline(70, color="k", ls="--", lw=1, label="binding threshold (70%)")
+    axes[0].set_xticks(range(len(rows)), labels, fontsize=7)
+    axes[0].set_ylabel("% of the tightest ceiling")
+    axes[0].set_ylim(0, max(100, max(pct) * 1.1))
+    axes[0].legend(fontsize=7)
+    floor = [r["measured_step_ms"]["value"] - r["unexplained_ms"]["value"] for r in rows]
+    unexplained = [r["unexplained_ms"]["value"] for r in rows]
+    axes[1].bar(range(len(rows)), floor, color="#999999", label="tightest step floor (model)")
+    axes[1].bar(range(len(rows)), unexplained, bottom=floor, color=colours, alpha=0.6, label="unexplained")
+    axes[1].set_xticks(range(len(rows)), labels, fontsize=7)
+    axes[1].set_ylabel("ms per decode step")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"Where the wall is: measured [server counter{_tag(doc)}] vs roofline [model]")
+    return _svg(fig, "roofline")
+
+
+PLOTS: dict[str, tuple[str, Callable[[dict[str, Any]], str | None]]] = {
+    "throughput": ("Throughput vs concurrency", throughput),
+    "tradeoff": ("Throughput-latency trade-off", tradeoff),
+    "goodput": ("Goodput under the SLOs", goodput),
+    "per_stream": ("Per-stream speed vs concurrency", per_stream),
+    "latency": ("TTFT and ITL distributions", latency_distributions),
+    "acceptance": ("Speculative acceptance per position", acceptance),
+    "roofline": ("% of roofline and unexplained time per step", roofline),
+}
+
+
+def render_plots(doc: dict[str, Any]) -> dict[str, str | None]:
+    """name -> SVG (None when the run has nothing for that plot)."""
+    return {name: fn(doc) for name, (_title, fn) in PLOTS.items()}

@@ -1,0 +1,277 @@
+"""`truthput run` end to end on the embedded simulator: known truth, failures as results, resume.
+
+Known truth: with ignore_eos every request emits exactly output_tokens tokens, so the usage sum of
+a trial is n_requests * output_tokens, and the server counter delta over the whole trial must equal
+it exactly (an integer identity).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from truthput.runner import build_plan, run_experiment
+from truthput.spec.experiment import parse_experiment
+from truthput.store.db import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+TRUTHPUT = [sys.executable, "-m", "truthput"]
+
+SEED_CMD = [
+    "/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/qwen",
+    "--tensor-parallel-size", "2", "--max-model-len", "8192", "--max-num-seqs", "64",
+    "--kv-cache-dtype", "fp8", "--spec-method", "qwen3_5_mtp", "--spec-tokens", "3",
+    "--enable-prefix-caching", "--host", "0.0.0.0", "--port", "8080",
+]
+
+
+def experiment_text(variants: str, *, concurrency=(1, 4), duration=1.0, output_tokens=24, starts=1, repeats=1,
+                    engine="sim", command=None, extra="") -> str:
+    cmd = json.dumps(command if command is not None else SEED_CMD)
+    return f"""
+[experiment]
+name = "e2e"
+baseline = "base"
+seed = 3
+[server]
+engine = "{engine}"
+command = {cmd}
+ready_timeout_s = 30
+stop_grace_s = 5
+{extra}
+[hardware]
+gpu = "H100 SXM"
+count = 2
+[model]
+profile = "llama-3.1-8b"
+[sim]
+noise = 0.0
+startup_s = 0.1
+log_stats_interval_s = 0.5
+{variants}
+[workload]
+concurrency = {list(concurrency)}
+duration_s = {duration}
+warmup_s = 0
+input_tokens = 32
+output_tokens = {output_tokens}
+ignore_eos = true
+[measure]
+starts = {starts}
+repeats = {repeats}
+output_guard = true
+guard_prompts = 2
+guard_max_tokens = 8
+"""
+
+
+BASE_VARIANTS = """
+[[variant]]
+name = "base"
+[[variant]]
+name = "spec1"
+set = { "--spec-tokens" = 1, "--max-num-seqs" = 32 }
+[[variant]]
+name = "nospec"
+remove = ["--speculative-config", "--enable-prefix-caching"]
+"""
+
+
+def _run(text: str, db: Path, engine: str | None = None) -> str:
+    exp = parse_experiment(text, "e2e.toml")
+    store = Store(db)
+    return asyncio.run(run_experiment(exp, text, "e2e.toml", store, engine=engine, progress=lambda m: None))
+
+
+def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
+    db = tmp_path / "r.db"
+    text = experiment_text(BASE_VARIANTS)
+    run_id = _run(text, db)
+    store = Store(db)
+    assert store.run(run_id)["status"] == "done"
+    assert store.run(run_id)["simulated"] == 1
+    trials = store.trial_results(run_id)
+    assert {(t["variant"], t["concurrency"]) for t in trials} == {
+        (v, c) for v in ("base", "spec1", "nospec") for c in (1, 4)}
+    for t in trials:
+        r = t["results"]
+        assert t["status"] == "ok"
+        reqs = store.requests(t["id"])
+        assert reqs and all(q["status"] == "ok" for q in reqs)
+        # known truth: ignore_eos -> exactly output_tokens per request
+        assert all(q["completion_tokens"] == 24 for q in reqs)
+        integ = r["integrity"]
+        assert integ["holds"] is True
+        assert integ["counter_delta"]["value"] == 24 * len(reqs) == integ["usage_sum_ok"]["value"]
+        assert integ["counter_delta"]["source"] == "server_counter"
+        tp = r["throughput"]["counter_window"]
+        assert tp["source"] == "server_counter" and tp["value"] > 0
+        assert r["simulated"] is True
+        # four scrapes, raw Prometheus text kept
+        phases = [s["phase"] for s in store.scrapes(t["id"])]
+        assert phases == ["pre", "window_start", "window_end", "post"]
+        assert "vllm:generation_tokens_total" in store.scrapes(t["id"])[0]["text"]
+    # speculation counters only where speculation is on
+    by_variant = {t["variant"]: t["results"] for t in trials if t["concurrency"] == 4}
+    assert by_variant["base"]["spec_decode"]["k"] == 3
+    assert by_variant["spec1"]["spec_decode"]["k"] == 1
+    assert not by_variant["nospec"].get("spec_decode")
+    summary = json.loads(store.run(run_id)["summary_json"])
+    assert summary["verdict_lines"], "a verdict is written"
+    # greedy output unchanged by speculation (the simulator promises it; the guard checks it)
+    assert summary["guard"]["spec1"]["exact_match_rate"] == 1.0
+
+
+def test_variant_argv_is_exactly_what_the_experiment_asked(tmp_path):
+    db = tmp_path / "r.db"
+    exp = parse_experiment(experiment_text(BASE_VARIANTS), "e2e.toml")
+    plan = build_plan(exp)
+    base = plan.variant("base").argv.to_argv()
+    spec1 = plan.variant("spec1").argv.to_argv()
+    nospec = plan.variant("nospec").argv.to_argv()
+    assert base == SEED_CMD
+    # only the asked flags changed, in place
+    changed = [(a, b) for a, b in zip(base, spec1) if a != b]
+    assert changed == [("64", "32"), ("3", "1")]
+    assert len(spec1) == len(base)
+    assert nospec == [a for a in SEED_CMD if a not in (
+        "--spec-method", "qwen3_5_mtp", "--spec-tokens", "3", "--enable-prefix-caching")]
+    assert plan.variant("nospec").speculative is None
+    assert plan.variant("spec1").speculative["num_speculative_tokens"] == 1
+
+
+def test_failed_start_is_a_result_and_the_run_goes_on(tmp_path):
+    variants = BASE_VARIANTS + """
+[[variant]]
+name = "too-long"
+set = { "--max-model-len" = 4000000, "--gpu-memory-utilization" = 0.2 }
+"""
+    db = tmp_path / "r.db"
+    run_id = _run(experiment_text(variants, concurrency=(2,)), db)
+    store = Store(db)
+    starts = {s["variant"]: s for s in store.starts(run_id)}
+    bad = starts["too-long"]
+    assert bad["status"] == "failed"
+    assert bad["failure_class"] in ("kv_too_small", "oom", "invalid_config")
+    assert bad["failure_line"]
+    assert {t["variant"] for t in store.trial_results(run_id)} == {"base", "spec1", "nospec"}
+    assert store.run(run_id)["status"] == "done"
+    assert "too-long" in json.loads(store.run(run_id)["summary_json"])["failed"]
+
+
+def test_pinned_port_in_use_is_recorded(tmp_path):
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen(1)
+        port = blocker.getsockname()[1]
+        text = experiment_text("[[variant]]\nname = \"base\"\n", concurrency=(1,), extra=f"port = {port}")
+        db = tmp_path / "r.db"
+        run_id = _run(text, db)
+    store = Store(db)
+    (start,) = store.starts(run_id)
+    assert start["failure_class"] == "port_in_use"
+    assert str(port) in start["failure_reason"]
+    assert store.trial_results(run_id) == []
+
+
+def test_server_that_exits_at_once(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; print('ValueError: bad flag --frobnicate', file=sys.stderr); sys.exit(3)"]
+    text = experiment_text("[[variant]]\nname = \"base\"\n", concurrency=(1,), engine="command", command=cmd)
+    db = tmp_path / "r.db"
+    run_id = _run(text, db)
+    (start,) = Store(db).starts(run_id)
+    assert start["status"] == "failed"
+    assert "bad flag" in (start["log_excerpt"] or "") + (start["failure_line"] or "")
+
+
+def test_server_without_metrics_falls_back_to_usage_and_says_so(tmp_path):
+    cmd = [sys.executable, str(ROOT / "tests" / "stubserver.py"), "--tokens-per-chunk", "2", "--token-delay-s", "0.002",
+           "--port", "{port}"]
+    text = experiment_text("[[variant]]\nname = \"base\"\n", concurrency=(2,), engine="command", command=cmd,
+                           output_tokens=20, extra='ready_url = "/v1/models"')
+    db = tmp_path / "r.db"
+    run_id = _run(text, db)
+    store = Store(db)
+    (trial,) = store.trial_results(run_id)
+    r = trial["results"]
+    assert r["throughput"]["counter_window"]["value"] is None
+    assert "metrics" in json.dumps(r["throughput"]["counter_window"]).lower() or r["scrapes"][0]["error"]
+    assert r["throughput"]["usage_window"]["value"] > 0
+    from truthput.report.terminal import cell_rows
+
+    (row,) = cell_rows(store, run_id)
+    assert row["sources"] == ["usage"]
+
+
+def _pids_alive(pids):
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+def _port_listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path):
+    exp = tmp_path / "e.toml"
+    exp.write_text(experiment_text(BASE_VARIANTS, concurrency=(1, 2), duration=1.0, repeats=2))
+    db = tmp_path / "r.db"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    # wait until at least 3 trials are committed, i.e. mid-run (the second variant's server is up)
+    deadline = time.monotonic() + 120
+    n = 0
+    while time.monotonic() < deadline:
+        if db.exists():
+            try:
+                with sqlite3.connect(db) as c:
+                    n = c.execute("SELECT count(*) FROM trials").fetchone()[0]
+            except sqlite3.OperationalError:
+                n = 0
+        if n >= 5:
+            break
+        time.sleep(0.1)
+    assert n >= 5, proc.stdout.read().decode() if proc.poll() is not None else "no trials committed in time"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out.decode()
+    assert b"--resume" in out
+    store = Store(db)
+    run_id = store.resolve_run("latest")
+    assert store.run(run_id)["status"] == "interrupted"
+    starts = store.starts(run_id)
+    assert not _pids_alive([s["pid"] for s in starts if s["pid"]]), "a server outlived Ctrl-C"
+    assert not any(_port_listening(s["port"]) for s in starts if s["port"])
+    before = {(t["variant"], t["start_index"], t["concurrency"], t["trial_index"]): t["id"]
+              for t in store.trial_results(run_id)}
+    store.close()
+    done = subprocess.run([*TRUTHPUT, "run", "--resume", run_id, "--store", str(db), "--reports", str(tmp_path / "rep")],
+                          capture_output=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    store = Store(db)
+    assert store.run(run_id)["status"] == "done"
+    after = {(t["variant"], t["start_index"], t["concurrency"], t["trial_index"]): t["id"]
+             for t in store.trial_results(run_id)}
+    assert len(after) == 3 * 2 * 2  # every planned trial, once
+    assert all(after[k] == v for k, v in before.items()), "finished trials were redone"
+    assert all(t["results"]["integrity"]["holds"] for t in store.trial_results(run_id))
