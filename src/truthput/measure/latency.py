@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from truthput.load.records import RequestRecord
-from truthput.measure.methods import ChunkTable, fig
+from truthput.measure.methods import ChunkTable, figure
 from truthput.measure.prom import Histogram
 
 ITL_RULE = (
@@ -27,11 +27,11 @@ QUANTILES = (50, 90, 99)
 def distribution(values: np.ndarray, unit: str, source: str, note: str | None = None, **extra: Any) -> dict[str, Any]:
     """mean and p50/p90/p99 of `values` as figures."""
     if values.size == 0:
-        return {"n": 0, "mean": fig(None, unit, source, note or "no samples"), **extra}
+        return {"n": 0, "mean": figure(None, unit, source, note or "no samples"), **extra}
     qs = np.percentile(values, QUANTILES)
-    out: dict[str, Any] = {"n": int(values.size), "mean": fig(float(values.mean()), unit, source, note)}
+    out: dict[str, Any] = {"n": int(values.size), "mean": figure(float(values.mean()), unit, source, note)}
     for q, v in zip(QUANTILES, qs):
-        out[f"p{q}"] = fig(float(v), unit, source)
+        out[f"p{q}"] = figure(float(v), unit, source)
     out.update(extra)
     return out
 
@@ -111,13 +111,13 @@ def server_histograms(window_hists: dict[str, Histogram | None], notes: dict[str
     for key, h in window_hists.items():
         if h is None:
             why = (notes or {}).get(key, "histogram not exposed (or a window scrape is missing)")
-            out[key] = {"mean": fig(None, "s", "server_counter", why)}
+            out[key] = {"mean": figure(None, "s", "server_counter", why)}
             continue
         entry: dict[str, Any] = {
             "n": h.count,
-            "mean": fig(h.mean, "s", "server_counter", None if h.count else "no observations in window"),
+            "mean": figure(h.mean, "s", "server_counter", None if h.count else "no observations in window"),
         }
         for q in QUANTILES:
-            entry[f"p{q}"] = fig(h.quantile(q / 100), "s", "server_counter", "interpolated inside histogram buckets")
+            entry[f"p{q}"] = figure(h.quantile(q / 100), "s", "server_counter", "interpolated inside histogram buckets")
         out[key] = entry
     return out

@@ -9,7 +9,7 @@ server sent `continuous_usage_stats`, the running completion-token count. From t
 - chunks: one per chunk with text (what GuideLLM-style fallbacks call a token);
 - words: whitespace-separated words, each assigned to the chunk where it starts (the seed's probe).
 
-`fig()` builds the one shape every stored figure has: {"value", "unit", "source"[, "note"]}.
+`figure()` builds the one shape every stored figure has: {"value", "unit", "source"[, "note"]}.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from truthput.load.records import RequestRecord
 SOURCES = ("server_counter", "usage", "tokenizer", "chunks", "words", "log_line", "client_clock", "simulator", "model")
 
 
-def fig(value: float | int | None, unit: str, source: str, note: str | None = None, **extra: Any) -> dict[str, Any]:
+def figure(value: float | int | None, unit: str, source: str, note: str | None = None, **extra: Any) -> dict[str, Any]:
     """A figure; NaN/inf become None (JSON-able) and `note` says why when there is no value."""
     if source not in SOURCES:
         raise ValueError(f"unknown figure source {source!r}")

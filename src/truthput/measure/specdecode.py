@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from truthput.measure.methods import fig
+from truthput.measure.methods import figure
 
 # Methods that propose a draft at every decode step (so undrafted == first tokens, draft_tokens == k*drafts).
 ALWAYS_DRAFTING = ("mtp", "eagle", "eagle3", "draft_model", "medusa", "deepseek_mtp", "qwen3_5_mtp", "qwen3_next_mtp")
@@ -43,21 +43,21 @@ def spec_decode_stats(d: SpecDeltas, k: int | None, method: str | None, first_to
     """Statistics and checks for one interval (`label` says which: window or whole trial)."""
     out: dict[str, Any] = {"interval": label}
     src = "server_counter"
-    out["drafts"] = fig(d.drafts, "drafts", src)
-    out["draft_tokens"] = fig(d.draft_tokens, "tokens", src)
-    out["accepted_tokens"] = fig(d.accepted, "tokens", src)
-    out["acceptance_rate"] = fig(d.accepted / d.draft_tokens if d.draft_tokens else None, "ratio", src,
+    out["drafts"] = figure(d.drafts, "drafts", src)
+    out["draft_tokens"] = figure(d.draft_tokens, "tokens", src)
+    out["accepted_tokens"] = figure(d.accepted, "tokens", src)
+    out["acceptance_rate"] = figure(d.accepted / d.draft_tokens if d.draft_tokens else None, "ratio", src,
                                  note=None if d.draft_tokens else "no draft tokens")
-    out["mean_acceptance_length"] = fig(1 + d.accepted / d.drafts if d.drafts else None, "tokens/step", src,
+    out["mean_acceptance_length"] = figure(1 + d.accepted / d.drafts if d.drafts else None, "tokens/step", src,
                                         note="1 + accepted / drafts" if d.drafts else "no drafts")
     positions = sorted(d.accepted_per_pos)
     out["per_position_acceptance"] = [
-        fig(d.accepted_per_pos[p] / d.drafts if d.drafts else None, "ratio", src, position=p) for p in positions
+        figure(d.accepted_per_pos[p] / d.drafts if d.drafts else None, "ratio", src, position=p) for p in positions
     ]
     undrafted = d.emitted - d.drafts - d.accepted
-    out["undrafted_steps"] = fig(undrafted, "steps", src, note="emitted - drafts - accepted")
+    out["undrafted_steps"] = figure(undrafted, "steps", src, note="emitted - drafts - accepted")
     steps = d.drafts + undrafted
-    out["share_steps_without_draft"] = fig(undrafted / steps if steps > 0 else None, "ratio", src,
+    out["share_steps_without_draft"] = figure(undrafted / steps if steps > 0 else None, "ratio", src,
                                            note="undrafted / (drafts + undrafted), per sequence-step")
     checks: dict[str, Any] = {}
     if k:

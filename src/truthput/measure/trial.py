@@ -21,7 +21,7 @@ from truthput.measure.latency import client_latency, server_histograms
 from truthput.measure.methods import (
     ChunkTable,
     build_chunk_table,
-    fig,
+    figure,
     in_window,
     per_request_sum,
     text_chunks,
@@ -98,7 +98,7 @@ def _counter_fig(d: CounterDelta, unit: str, name: str | None, per_second: bool)
         extra["went_backwards_without_reset"] = True
     if d.seconds is not None:
         extra["seconds"] = d.seconds
-    return fig(value, unit, "server_counter", d.note or None, **extra)
+    return figure(value, unit, "server_counter", d.note or None, **extra)
 
 
 def _tokens_in_flight_partial(r: RequestRecord) -> int | None:
@@ -130,9 +130,9 @@ def _integrity(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | No
     expected = usage_ok + partial_known
     out: dict[str, Any] = {
         "counter_delta": _counter_fig(d, "tokens", emitted, per_second=False),
-        "usage_sum_ok": fig(usage_ok, "tokens", "usage", f"{len(ok)} finished requests"),
+        "usage_sum_ok": figure(usage_ok, "tokens", "usage", f"{len(ok)} finished requests"),
         "failed_requests": len(failed),
-        "failed_partial_tokens": fig(partial_known, "tokens", "usage",
+        "failed_partial_tokens": figure(partial_known, "tokens", "usage",
                                      "running usage count at the last chunk of failed requests"),
         "failed_without_count": partial_unknown,
         "failed_chunks_without_count": partial_chunks,
@@ -219,25 +219,25 @@ def _log_block(log_lines, win: tuple[float, float] | None, trial_span: tuple[flo
                    for e in engines)
         peak_lines = inwin
         peak = max(x.generation_tps for x in peak_lines) if len(engines) <= 1 else None
-        out["generation_mean_window"] = fig(mean, "tok/s", "log_line",
+        out["generation_mean_window"] = figure(mean, "tok/s", "log_line",
                                            f"time-weighted mean of {len(inwin)} line(s) whose interval lies in the window")
-        out["generation_peak_window"] = fig(peak, "tok/s", "log_line", "highest single line in the window")
+        out["generation_peak_window"] = figure(peak, "tok/s", "log_line", "highest single line in the window")
         out["kv_kind"] = next((x.kv_kind for x in inwin if x.kv_kind), None)
     else:
         note = "no log line in window" if use else "no throughput log line at all"
-        out["generation_mean_window"] = fig(None, "tok/s", "log_line", note)
-        out["generation_peak_window"] = fig(None, "tok/s", "log_line", note)
+        out["generation_mean_window"] = figure(None, "tok/s", "log_line", note)
+        out["generation_peak_window"] = figure(None, "tok/s", "log_line", note)
     if trial_span and use:
         span = [x for x in use if trial_span[0] - 1 <= x.t_mono <= trial_span[1] + logparse.DEFAULT_INTERVAL_S]
         if span:
-            out["generation_peak_trial"] = fig(max(x.generation_tps for x in span), "tok/s", "log_line",
+            out["generation_peak_trial"] = figure(max(x.generation_tps for x in span), "tok/s", "log_line",
                                               "highest line during the trial (what people quote as 'peak')")
     spec_in = logparse.lines_in_window(spec, win) if win else []
     if spec_in:
         acc = logparse.time_weighted_mean(spec_in, "accepted_tps")
         dr = logparse.time_weighted_mean(spec_in, "drafted_tps")
-        out["spec_accepted_tps"] = fig(acc, "tok/s", "log_line")
-        out["spec_drafted_tps"] = fig(dr, "tok/s", "log_line")
+        out["spec_accepted_tps"] = figure(acc, "tok/s", "log_line")
+        out["spec_drafted_tps"] = figure(dr, "tok/s", "log_line")
         gen = out["generation_mean_window"]["value"]
         if acc is not None and dr is not None and gen:
             rel = (acc + dr - gen) / gen * 100
@@ -335,38 +335,38 @@ def measure_trial(
     counter_tps = d_win.rate() if win_source.startswith("window_start") else None
     tp: dict[str, Any] = {"counter_window": _counter_fig(d_win, "tok/s", emitted, per_second=True)}
     if win is None:
-        tp["counter_window"] = fig(None, "tok/s", "server_counter", "no window")
+        tp["counter_window"] = figure(None, "tok/s", "server_counter", "no window")
     seconds = (win[1] - win[0]) if win else None
     mask = in_window(table, win) if win else np.zeros(table.size, dtype=bool)
     reqs_in_window = np.unique(table.rec[mask]) if mask.any() else np.zeros(0, dtype=np.int64)
     cont_in = table.continuous[reqs_in_window] if reqs_in_window.size else np.zeros(0, dtype=bool)
     if seconds and reqs_in_window.size and cont_in.all():
         usage_w = float(usage_pc[mask].sum()) / seconds
-        tp["usage_window"] = fig(usage_w, "tok/s", "usage", "running usage count differences of chunks arriving in the window")
+        tp["usage_window"] = figure(usage_w, "tok/s", "usage", "running usage count differences of chunks arriving in the window")
     elif seconds and cont_in.any():
         part = mask & table.continuous[table.rec]
         usage_w = None
-        tp["usage_window"] = fig(None, "tok/s", "usage",
+        tp["usage_window"] = figure(None, "tok/s", "usage",
                                  f"missing data: {int((~cont_in).sum())} of {reqs_in_window.size} requests in the window "
                                  "lack continuous usage; partial figure in 'partial_value'",
                                  partial_value=float(usage_pc[part].sum()) / seconds)
     else:
         usage_w = None
-        tp["usage_window"] = fig(None, "tok/s", "usage", "missing data: no continuous usage (usage only at the end) "
+        tp["usage_window"] = figure(None, "tok/s", "usage", "missing data: no continuous usage (usage only at the end) "
                                  "so tokens cannot be placed in time")
     tok_w = float(tok_pc[mask].sum()) / seconds if (tok_pc is not None and seconds) else None
-    tp["tokenizer_window"] = fig(tok_w, "tok/s", "tokenizer",
+    tp["tokenizer_window"] = figure(tok_w, "tok/s", "tokenizer",
                                  None if tokenizer is not None else "missing data: no tokenizer")
     chunks_w = float(chunks_pc[mask].sum()) / seconds if seconds else None
     words_w = float(words_pc[mask].sum()) / seconds if seconds else None
-    tp["chunks_window"] = fig(chunks_w, "chunks/s", "chunks", "one text chunk counted as one token")
-    tp["words_window"] = fig(words_w, "words/s", "words", "whitespace-separated words")
+    tp["chunks_window"] = figure(chunks_w, "chunks/s", "chunks", "one text chunk counted as one token")
+    tp["words_window"] = figure(words_w, "words/s", "words", "whitespace-separated words")
 
     # --- whole trial
     ok = [r for r in records if r.status == "ok"]
     usage_total = sum(r.completion_tokens or 0 for r in ok)
     wall = (trial_span[1] - trial_span[0]) if trial_span else None
-    tp["usage_trial"] = fig(usage_total / wall if wall else None, "tok/s", "usage",
+    tp["usage_trial"] = figure(usage_total / wall if wall else None, "tok/s", "usage",
                             "sum of usage.completion_tokens / (last response end - first request start): includes ramp-up and drain")
     d_trial = sc.delta(emitted, sc.phase("pre"), sc.phase("post", last=True))
     tp["counter_trial"] = _counter_fig(d_trial, "tok/s", emitted, per_second=True)
@@ -376,12 +376,12 @@ def measure_trial(
     ok_idx = np.array([i for i, r in enumerate(records) if r.status == "ok" and r.completion_tokens], dtype=np.int64)
     usage_ok_tokens = sum(records[i].completion_tokens or 0 for i in ok_idx)
     if usage_ok_tokens:
-        tp["words_per_token"] = fig(float(words_req[ok_idx].sum()) / usage_ok_tokens, "words/token", "words",
+        tp["words_per_token"] = figure(float(words_req[ok_idx].sum()) / usage_ok_tokens, "words/token", "words",
                                     "whitespace words / usage.completion_tokens over finished requests: "
                                     "divide a word rate by this to get tokens")
         if tok_req is not None:
             tok_sum = int(tok_req[ok_idx].sum())
-            tp["tokenizer_vs_usage"] = fig(_pct(tok_sum, usage_ok_tokens), "%", "tokenizer",
+            tp["tokenizer_vs_usage"] = figure(_pct(tok_sum, usage_ok_tokens), "%", "tokenizer",
                                            f"client tokenizer {tok_sum} vs usage {usage_ok_tokens} tokens over finished "
                                            "requests (re-tokenizing text need not give the model's ids)")
 
@@ -397,7 +397,7 @@ def measure_trial(
             rates_start.append(words_req[i] / (r.t_end - r.t_start))
     probe_first = float(np.mean(rates_first)) * concurrency if rates_first else None
     probe_start = float(np.mean(rates_start)) * concurrency if rates_start else None
-    tp["word_probe_per_request"] = fig(
+    tp["word_probe_per_request"] = figure(
         probe_first, "words/s", "words",
         "seed's probe: mean over requests of words / (last chunk - first token), x concurrency; "
         "each request's active time, not the wall-clock window",
@@ -457,7 +457,7 @@ def measure_trial(
         dv = sc.delta(vname, ws_s, we_s)
         acc_len = (d_win.value / dv.value) if (d_win.value is not None and dv.value) else None
         spec_block = {"k": k, "method": spec_method,
-                      "accept_length_window": fig(acc_len, "tokens/verify", "server_counter",
+                      "accept_length_window": figure(acc_len, "tokens/verify", "server_counter",
                                                   "delta emitted tokens / delta verify calls over the window",
                                                   verify_calls=dv.value)}
     elif speculative:
@@ -478,11 +478,11 @@ def measure_trial(
         if dt > 0:
             ps.append((r.completion_tokens - 1) / dt)
     result["per_stream"] = {
-        "decode_tps_mean": fig(float(np.mean(ps)) if ps else None, "tok/s/stream", "usage",
+        "decode_tps_mean": figure(float(np.mean(ps)) if ps else None, "tok/s/stream", "usage",
                                "per request: (completion_tokens - 1) / (last chunk - first token); NOT aggregate throughput"),
-        "decode_tps_median": fig(float(np.median(ps)) if ps else None, "tok/s/stream", "usage"),
+        "decode_tps_median": figure(float(np.median(ps)) if ps else None, "tok/s/stream", "usage"),
         "n": len(ps),
-        "aggregate_tps": fig(counter_tps, "tok/s", "server_counter", "aggregate: counter tokens / wall time of the window"),
+        "aggregate_tps": figure(counter_tps, "tok/s", "server_counter", "aggregate: counter tokens / wall time of the window"),
     }
 
     # --- latency

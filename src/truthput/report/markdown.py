@@ -1,0 +1,130 @@
+"""The markdown report: verdict and main tables, ready to paste into a GitHub issue or PR.
+
+Why its own escaping: GitHub renders inline HTML in markdown, so text from servers or users
+(variant names, log lines, argv) is escaped for HTML and for table pipes before it goes in.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from truthput.store.db import Store
+
+
+def md_text(text: Any) -> str:
+    """One table cell / inline span: HTML-escaped, pipes and newlines neutralised."""
+    s = html.escape("" if text is None else str(text), quote=False)
+    return s.replace("|", "\\|").replace("\r", " ").replace("\n", " ").replace("`", "'")
+
+
+def _num(f: dict[str, Any] | None, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+    if not f or f.get("value") is None:
+        return "–"
+    return fmt.format(f["value"] * scale)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(head))) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    sim = doc.get("simulated")
+    tag = ", simulated" if sim else ""
+    run = doc["run"]
+    lines = [f"## truthput: {md_text(run['name'])} (`{md_text(run['id'])}`)", ""]
+    if sim:
+        lines += ["> **SIMULATED**: every figure below comes from the embedded simulator (a physics model), "
+                  "not from a measurement of real hardware.", ""]
+    hw = doc["experiment"].get("hardware")
+    model = doc["experiment"].get("model")
+    lines.append(f"engine {md_text(run['engine'])} · status {md_text(run['status'])} · "
+                 f"{md_text(hw['count']) + ' × ' + md_text(hw['gpu']) if hw else 'hardware not given'} · "
+                 f"model {md_text((model or {}).get('profile') or (model or {}).get('path') or 'not given')} · "
+                 f"seed {md_text(run['seed'])} · truthput {md_text(run['versions'].get('truthput'))}")
+    lines += ["", "### Verdict", ""]
+    lines += [f"- {md_text(line)}" for line in doc["verdict"]["lines"]] or ["- no verdict"]
+    guard = doc["verdict"].get("guard") or {}
+    if guard:
+        lines.append("- output guard (greedy outputs vs baseline): " +
+                     ", ".join(f"{md_text(k)}: {md_text(g.get('verdict'))}" for k, g in guard.items()))
+    for name, why in (doc["verdict"].get("failed") or {}).items():
+        lines.append(f"- **failed** {md_text(name)}: {md_text(why)}")
+
+    lines += ["", "### Variants (argv diff vs the base command)", ""]
+    lines += _table(["variant", "diff"], [[md_text(v["name"]) + (" (baseline)" if v["baseline"] else ""),
+                                           "<br>".join(md_text(x) for x in v["diff_lines"]) or "(no change)"]
+                                          for v in doc["experiment"]["variants"]])
+
+    lines += ["", f"### Throughput (output tok/s: server counter{tag})", ""]
+    rows = []
+    for c in doc["cells"]:
+        name = md_text(c["variant"]) + (" *" if c["baseline"] else "")
+        if c.get("status") != "ok":
+            rows.append([name, str(c["concurrency"]), md_text(c["status"]), "", "", "", ""])
+            continue
+        t = c["tokps"]
+        ci = f"{t['lo']:.1f}..{t['hi']:.1f}" if t.get("lo") is not None else "– (1 start)"
+        d = c.get("delta_pct")
+        delta = "baseline" if c["baseline"] else "–"
+        if d and d.get("value") is not None:
+            delta = f"{d['value']:+.1f}%" + (f" ({d['lo']:+.1f}..{d['hi']:+.1f})" if d.get("lo") is not None else "")
+        rows.append([name, str(c["concurrency"]), _num(t), ci, delta, _num(c.get("per_stream")),
+                     f"{_num(c.get('ttft_p50'), 1000, '{:.0f}')} / {_num(c.get('ttft_p99'), 1000, '{:.0f}')}"])
+    lines += _table(["variant", "conc.", "tok/s", "95% CI", "vs baseline (CI)", f"per stream [usage{tag}]",
+                     f"TTFT p50/p99 ms [client clock{tag}]"], rows)
+    lines += ["", "\\* baseline. tok/s = emitted-token counter delta over the steady-state window / its wall time; "
+                  "the interval is over server starts."]
+
+    roof = doc.get("roofline") or {}
+    if roof.get("available"):
+        lines += ["", f"### Roofline ({md_text(roof.get('gpu_count'))} × {md_text(roof['gpu'])}, "
+                      f"{md_text(roof['model'])}; ceilings are model figures, not measurements)", ""]
+        lines += _table(["variant", "conc.", "measured tok/s", "tightest ceiling", "% of it", "unexplained ms/step",
+                         "reading"],
+                        [[md_text(r["variant"]), str(r["concurrency"]), _num(r["measured"]),
+                          _num(r["tightest_ceiling"]), _num(r["pct_of_tightest"], 1, "{:.0f}%"),
+                          _num(r["unexplained_ms"]), md_text(r["sentence"])] for r in roof["cells"]])
+
+    spec = doc.get("spec_decode") or []
+    if spec:
+        lines += ["", f"### Speculative decoding (server counter{tag})", ""]
+        lines += _table(["variant", "conc.", "k", "mean acceptance length", "per position"],
+                        [[md_text(s["variant"]), str(s["concurrency"]), md_text(s["k"]),
+                          _num(s["mean_acceptance_length"], 1, "{:.3f}"),
+                          ", ".join(_num(p, 1, "{:.3f}") for p in s["per_position"])] for s in spec])
+
+    audit = [a for a in doc.get("audit") or [] if a["cause"] not in ("reference",)]
+    if audit:
+        lines += ["", "### Audit: other ways of counting vs the counter", ""]
+        lines += _table(["variant", "conc.", "method", "tok/s", "vs counter", "cause"],
+                        [[md_text(a["variant"]), str(a["concurrency"]), md_text(a["method"]),
+                          "–" if a["tokps"] is None else f"{a['tokps']:.1f}",
+                          "–" if a["error_pct_vs_counter"] is None else f"{a['error_pct_vs_counter']:+.1f}%",
+                          md_text(a["cause"])] for a in audit])
+
+    claims = doc.get("claims") or {}
+    if claims.get("results"):
+        lines += ["", "### Claims", ""]
+        lines += _table(["claim", "verdict", "why"], [[md_text(c["text"]), md_text(c["verdict"]), md_text(c["reason"])]
+                                                     for c in claims["results"]])
+    if doc.get("failures"):
+        lines += ["", "### Failures", ""]
+        for f in doc["failures"]:
+            lines.append(f"- **{md_text(f['variant'])}** {md_text(f['kind'])}: {md_text(f['failure_class'])} — "
+                         f"{md_text(f['reason'])}" + (f" (`{md_text(f['line'])}`)" if f.get("line") else ""))
+    lines += ["", f"<sub>truthput report schema {md_text(doc['schema'])}; full figures with provenance: "
+                  f"`truthput report {md_text(run['id'])} --json PATH`</sub>", ""]
+    return "\n".join(lines)
+
+
+def write_markdown(store: Store, run_id: str, path: str | Path) -> Path:
+    from truthput.report.data import build_report_data
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_markdown(build_report_data(store, run_id)), encoding="utf-8")
+    return path
