@@ -143,9 +143,14 @@ def test_spec_line_and_the_seed_peak():
 
 def test_intervals_window_and_time_weighted_mean():
     lines = [(t, f"Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: {g} tokens/s, "
-                 "Running: 1 reqs, Waiting: 0 reqs") for t, g in ((10.0, 100.0), (20.0, 200.0), (25.0, 400.0), (40.0, 1.0))]
-    tput, _ = parse_log(lines)
-    assert [x.t_interval_start for x in tput] == [0.0, 10.0, 20.0, 25.0]
+                 "Running: 1 reqs, Waiting: 0 reqs") for t, g in ((10.0, 100.0), (20.0, 200.0), (25.0, 400.0), (45.0, 1.0))]
+    tput, _ = parse_log(lines, interval_s=10.0)
+    # the 20 s gap before the last line (an idle engine skips lines) counts as one interval, not the gap
+    assert [x.t_interval_start for x in tput] == [0.0, 10.0, 20.0, 35.0]
     inside = lines_in_window(tput, (10.0, 25.0))
     assert [x.generation_tps for x in inside] == [200.0, 400.0]
     assert time_weighted_mean(inside, "generation_tps") == pytest.approx((200 * 10 + 400 * 5) / 15)
+    # without interval_s the median spacing (10 s) is used for the first line
+    assert parse_log(lines)[0][0].t_interval_start == 0.0
+    every_second = [(float(t), lines[0][1]) for t in range(100, 106)]
+    assert parse_log(every_second)[0][0].t_interval_start == 99.0

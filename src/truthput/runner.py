@@ -203,6 +203,7 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
                      trial_index: int, tokenizer) -> dict:
     import aiohttp
 
+    from truthput.engines.telemetry import GpuSampler, energy_per_token
     from truthput.load.schedule import ClosedLoop
     from truthput.measure.names import metric_names
     from truthput.measure.trial import measure_trial
@@ -223,7 +224,11 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
         scrapes.append(await scrape_metrics(session, engine.base_url, "pre"))
         loop = ClosedLoop(client, workload, concurrency, duration_s=exp.workload.duration_s,
                           max_requests=exp.workload.requests)
-        result = await loop.run(on_window_start=window_start, on_window_end=window_end)
+        sampler = GpuSampler().start() if ctx.plan.engine not in SIMULATED_ENGINES else None
+        try:
+            result = await loop.run(on_window_start=window_start, on_window_end=window_end)
+        finally:
+            telemetry = sampler.stop() if sampler is not None else None
         scrapes.append(await settled_post_scrape(session, engine.base_url, names.candidates("emitted_tokens")))
     t_end = time.monotonic()
     window = (result.t_window_start, result.t_window_end)
@@ -232,6 +237,14 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
                             engine=_engine_for_argv(ctx.plan.engine), speculative=vp.speculative,
                             tokenizer=tokenizer, names=names)
     results["simulated"] = ctx.plan.engine in SIMULATED_ENGINES
+    if telemetry is None:
+        results["telemetry"] = {"available": False, "reason": "no GPU telemetry: simulated server (no GPU)"}
+    else:
+        results["telemetry"] = telemetry.to_dict()
+        tokens = results.get("integrity", {}).get("counter_delta", {}).get("value")
+        if telemetry.available and tokens:
+            results["telemetry"]["energy_per_token_j"] = {
+                "value": energy_per_token(telemetry, tokens), "unit": "J/token", "source": "nvml + server_counter"}
     results["client"] = {"selfcheck": dataclasses.asdict(result.selfcheck) if result.selfcheck else None,
                          "notes": list(result.notes),
                          "never_settled": result.never_settled,
@@ -247,7 +260,10 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
     _flush_logs(ctx)
     ctx.store.commit_trial(ctx.run_id, vp.name, ctx.start_id,
                            TrialKey(vp.name, start_index, concurrency, trial_index), status, t0_wall, t0_mono,
-                           window, t_end, results, result.records, scrapes, error=error)
+                           window, t_end, results, result.records, scrapes,
+                           telemetry=[(x.t_mono, x.gpu, x.util_pct, x.mem_used_bytes, x.power_w, x.sm_clock_mhz)
+                                      for x in (sampler.samples if sampler is not None else [])],
+                           error=error)
     return {"status": status, "error": error, "results": results, "crashed": crash is not None}
 
 
@@ -287,6 +303,19 @@ def _guard_body(exp: Experiment, i: int) -> dict:
     return body
 
 
+async def _engine_version(kind: str, launched: list[str]) -> str | None:
+    """The engine's own version string (recorded per start, principle 1)."""
+    if kind == "sim":
+        import truthput
+
+        return f"truthput-sim {truthput.__version__} (simulator, not vLLM)"
+    if kind in ("vllm", "sglang", "llamacpp") and launched:
+        from truthput.engines.versions import engine_version
+
+        return await asyncio.get_running_loop().run_in_executor(None, engine_version, launched, kind)
+    return None
+
+
 async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: set[TrialKey], tokenizer) -> None:
     from truthput.load.client import ClientConfig, StreamClient
 
@@ -314,7 +343,9 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
             ctx.progress(f"[red]{vp.name}: failed: {outcome.failure_kind}: {outcome.reason}[/red]")
             store.event(ctx.run_id, "start_failed", f"{vp.name} start {start_index}: {outcome.failure_kind}: {outcome.reason}")
             return
-        store.update_start(ctx.start_id, status="ready", ready_s=outcome.ready_s, pid=outcome.pid)
+        store.update_start(ctx.start_id, status="ready", ready_s=outcome.ready_s, pid=outcome.pid,
+                           engine_version=await _engine_version(ctx.plan.engine, launched),
+                           info_json=outcome.info or {})
         ctx.progress(f"{vp.name} start {start_index + 1}: ready in {outcome.ready_s:.1f} s")
         wl = exp.workload
         cfg = ClientConfig(base_url=engine.base_url, endpoint=wl.endpoint, model=wl.model, api_key_env=wl.api_key_env)
@@ -341,6 +372,12 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
                 await _guard_outputs(ctx, client, vp)
     finally:
         await engine.stop()
+        if getattr(engine, "pid", None) and ctx.plan.engine not in SIMULATED_ENGINES:
+            from truthput.engines.telemetry import gpu_memory_released
+
+            released = await asyncio.get_running_loop().run_in_executor(None, gpu_memory_released, [engine.pid], 60.0)
+            if released is False:
+                ctx.progress(f"[yellow]{vp.name}: GPU memory of pid {engine.pid} not released after 60 s[/yellow]")
         _flush_logs(ctx)
         if ctx.start_id is not None:
             row_status = "failed" if vp.name in ctx.failed else "stopped"

@@ -119,28 +119,47 @@ def parse_spec_line(t_mono: float, line: str) -> SpecLine | None:
 
 
 def parse_log(
-    lines: Iterable[tuple[float, str]], interval_s: float = DEFAULT_INTERVAL_S
+    lines: Iterable[tuple[float, str]], interval_s: float | None = None
 ) -> tuple[list[ThroughputLine], list[SpecLine]]:
-    """All throughput and spec-decode lines with their intervals set from the previous line."""
+    """All throughput and spec-decode lines with their intervals set from the previous line.
+
+    The first line's interval is `interval_s` when given, else the median spacing of the lines
+    (the engine's VLLM_LOG_STATS_INTERVAL), else the default of 10 s. Note that vLLM skips a line
+    when the engine was idle, so a gap can be longer than one interval: such a line's interval
+    is taken as one spacing, not the whole gap.
+    """
     tput: list[ThroughputLine] = []
     spec: list[SpecLine] = []
-    last_t: dict[str, float] = {}
-    last_spec_t: float | None = None
     for t, line in sorted(lines, key=lambda p: p[0]):
         if "throughput" in line:
             tl = parse_throughput_line(t, line)
             if tl is not None:
-                tl.t_interval_start = last_t.get(tl.engine, t - interval_s)
-                last_t[tl.engine] = t
                 tput.append(tl)
                 continue
         if "SpecDecoding" in line:
             sl = parse_spec_line(t, line)
             if sl is not None:
-                sl.t_interval_start = last_spec_t if last_spec_t is not None else t - interval_s
-                last_spec_t = t
                 spec.append(sl)
+    step = interval_s or _median_spacing(tput) or DEFAULT_INTERVAL_S
+    last_t: dict[str, float] = {}
+    for tl in tput:
+        prev = last_t.get(tl.engine)
+        tl.t_interval_start = prev if prev is not None and tl.t_mono - prev <= 1.5 * step else tl.t_mono - step
+        last_t[tl.engine] = tl.t_mono
+    last_spec: float | None = None
+    for sl in spec:
+        ok = last_spec is not None and sl.t_mono - last_spec <= 1.5 * step
+        sl.t_interval_start = last_spec if ok else sl.t_mono - step  # type: ignore[assignment]
+        last_spec = sl.t_mono
     return tput, spec
+
+
+def _median_spacing(lines: Sequence[ThroughputLine]) -> float | None:
+    by_engine: dict[str, list[float]] = {}
+    for x in lines:
+        by_engine.setdefault(x.engine, []).append(x.t_mono)
+    gaps = sorted(b - a for ts in by_engine.values() for a, b in zip(ts, ts[1:]) if b > a)
+    return gaps[len(gaps) // 2] if gaps else None
 
 
 def lines_in_window(items: Sequence, window: tuple[float, float], tolerance_s: float = 1.0) -> list:

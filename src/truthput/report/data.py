@@ -571,3 +571,67 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
     doc["events"] = [dict(e) for e in store.conn.execute(
         "SELECT t_wall, kind, message FROM events WHERE run_id=? ORDER BY t_wall", (run_id,)).fetchall()]
     return clean(doc)
+
+
+# ---- comparing two runs -----------------------------------------------------------------------
+def run_cells(store: Store, run_id: str) -> dict[tuple[str, int], list[list[float]]]:
+    """(variant, concurrency) -> per-start lists of counter tok/s over the run's successful trials."""
+    from truthput.measure.figures import counter_tokps
+
+    cells: dict[tuple[str, int], dict[int, list[float]]] = {}
+    for row in store.trial_results(run_id):
+        val = counter_tokps(row["results"]) if row["status"] == "ok" else None
+        if val is None:
+            continue
+        cells.setdefault((row["variant"], row["concurrency"]), {}).setdefault(row["start_index"], []).append(val)
+    return {k: [v[s] for s in sorted(v)] for k, v in cells.items()}
+
+
+def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confidence: float = 0.95) -> dict[str, Any]:
+    """Cells both runs have, side by side: B / A ratio with a Bonferroni-corrected interval over the
+    shared cells (e.g. before/after a vLLM upgrade). Server starts are the unit of replication."""
+    from truthput.analyze.stats import cell_estimate, ratio_estimate
+
+    run_a, run_b = store_a.resolve_run(run_a), store_b.resolve_run(run_b)
+    ra, rb = store_a.run(run_a), store_b.run(run_b)
+    ca, cb = run_cells(store_a, run_a), run_cells(store_b, run_b)
+    shared = sorted(set(ca) & set(cb), key=lambda k: (k[0], k[1]))
+    argv_a = {v["name"]: _loads(v["argv_json"], []) for v in store_a.variants(run_a)}
+    argv_b = {v["name"]: _loads(v["argv_json"], []) for v in store_b.variants(run_b)}
+    sim_a, sim_b = bool(ra["simulated"]), bool(rb["simulated"])
+    rows = []
+    for key in shared:
+        ea, eb = cell_estimate(ca[key], confidence), cell_estimate(cb[key], confidence)
+        r = ratio_estimate(cb[key], ca[key], confidence, n_comparisons=max(1, len(shared)))
+        rows.append({
+            "variant": key[0], "concurrency": key[1],
+            "a": figure(ea.mean, "tok/s", "server_counter", sim_a, lo=ea.lo, hi=ea.hi, n_starts=ea.n_starts,
+                        n_trials=ea.n_trials),
+            "b": figure(eb.mean, "tok/s", "server_counter", sim_b, lo=eb.lo, hi=eb.hi, n_starts=eb.n_starts,
+                        n_trials=eb.n_trials),
+            "ratio": {"value": r.ratio, "lo": r.lo, "hi": r.hi, "unit": "B/A", "source": "server_counter",
+                      "pct": r.pct, "pct_lo": r.pct_lo, "pct_hi": r.pct_hi, "p_value": r.p_value,
+                      "significant": r.significant, "method": r.method, "correction": r.correction,
+                      "warning": r.warning},
+            "same_argv": argv_a.get(key[0]) == argv_b.get(key[0]),
+        })
+    notes = []
+    if sim_a != sim_b:
+        notes.append("one run is SIMULATED and the other is not: the ratio compares a model with a measurement")
+    elif sim_a:
+        notes.append("both runs are SIMULATED: no figure here is a measurement")
+    only_a = sorted(set(ca) - set(cb))
+    only_b = sorted(set(cb) - set(ca))
+    if not shared:
+        notes.append("the runs share no variant x concurrency cell (same variant name and concurrency)")
+
+    def head(store: Store, run_id: str, row: Any) -> dict[str, Any]:
+        machine = _loads(row["machine_json"], {})
+        versions = sorted({s["engine_version"] for s in store.starts(run_id) if s["engine_version"]})
+        return {"store": store.path, "id": run_id, "name": row["name"], "created_at": row["created_at"],
+                "engine": row["engine"], "simulated": bool(row["simulated"]), "engine_versions": versions,
+                "truthput": machine.get("truthput_version"), "host": machine.get("hostname")}
+
+    return clean({"a": head(store_a, run_a, ra), "b": head(store_b, run_b, rb), "rows": rows,
+                  "only_a": [list(k) for k in only_a], "only_b": [list(k) for k in only_b], "notes": notes,
+                  "confidence": confidence})

@@ -1,0 +1,73 @@
+"""`truthput compare RUN_A RUN_B`: the cells two runs share, side by side, with B/A ratios and intervals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("compare")
+    def compare(
+        run_a: str = typer.Argument(..., help="Run A (id, unique prefix or 'latest'), e.g. before an upgrade."),
+        run_b: str = typer.Argument(..., help="Run B, e.g. after the upgrade."),
+        store: Path = typer.Option(Path("truthput.db"), "--store", help="Results store of run A (SQLite)."),
+        store_b: Optional[Path] = typer.Option(None, "--store-b", help="Results store of run B (default: --store)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    ) -> None:
+        """Per shared variant x concurrency: A and B tok/s (server counter) and B/A with a corrected interval."""
+        import json
+
+        from rich.console import Console
+        from rich.table import Table
+
+        from truthput.errors import StoreError
+        from truthput.report.data import compare_runs
+        from truthput.store.db import Store
+
+        for p in (store, store_b or store):
+            if not p.exists():
+                raise StoreError(f"{p}: no results store here (give --store / --store-b PATH)")
+        db_a = Store(store)
+        db_b = Store(store_b) if store_b and store_b.resolve() != store.resolve() else db_a
+        try:
+            result = compare_runs(db_a, run_a, db_b, run_b)
+        finally:
+            db_a.close()
+            if db_b is not db_a:
+                db_b.close()
+        if as_json:
+            typer.echo(json.dumps(result, indent=2))
+            return
+        con = Console()
+        a, b = result["a"], result["b"]
+        for tag, h in (("A", a), ("B", b)):
+            sim = " [bold yellow]SIMULATED[/bold yellow]" if h["simulated"] else ""
+            ver = ", ".join(h["engine_versions"]) or "engine version not reported"
+            con.print(f"{tag}: {h['id']} ({h['store']}) engine {h['engine']} {ver}{sim}", highlight=False)
+        t = Table(title="B vs A, output tok/s \\[server counter]")
+        for col in ("variant", "conc.", "A tok/s (95% CI)", "B tok/s (95% CI)", "B/A (CI)", "same argv"):
+            t.add_column(col, justify="left" if col in ("variant", "same argv") else "right")
+
+        def cell(f: dict) -> str:
+            s = f"{f['value']:.1f}"
+            return s + (f" ({f['lo']:.1f}..{f['hi']:.1f})" if f.get("lo") is not None else "")
+
+        for r in result["rows"]:
+            q = r["ratio"]
+            ratio = f"{q['pct']:+.1f}%"
+            ratio += f" ({q['pct_lo']:+.1f}..{q['pct_hi']:+.1f})" if q.get("pct_lo") is not None else " (no interval)"
+            if q["significant"]:
+                ratio = f"[bold]{ratio}[/bold]"
+            t.add_row(r["variant"], str(r["concurrency"]), cell(r["a"]), cell(r["b"]), ratio,
+                      "yes" if r["same_argv"] else "[yellow]no[/yellow]")
+        con.print(t)
+        if result["rows"]:
+            con.print(f"[dim]{result['rows'][0]['ratio']['correction']}; server starts are the unit of replication[/dim]")
+        for note in result["notes"]:
+            con.print(f"[yellow]{note}[/yellow]")
+        for name, keys in (("only in A", result["only_a"]), ("only in B", result["only_b"])):
+            if keys:
+                con.print(f"{name}: " + ", ".join(f"{v} c={c}" for v, c in keys), highlight=False)

@@ -1,0 +1,62 @@
+"""`truthput report RUN_ID`: the run's reports (HTML, markdown, CSV, JSON), or its terminal summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report(
+        run_id: str = typer.Argument("latest", help="Run id (or a unique prefix), or 'latest'."),
+        store: Path = typer.Option(Path("truthput.db"), "--store", help="Results store (SQLite)."),
+        html: Optional[Path] = typer.Option(None, "--html", help="Write the self-contained HTML report here."),
+        md: Optional[Path] = typer.Option(None, "--md", help="Write the markdown report (verdict, main tables) here."),
+        csv_dir: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV per table into this folder."),
+        json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON document (schema truthput-report/1) here."),
+    ) -> None:
+        """Write the run's reports; with no output option, print the terminal summary and write nothing."""
+        from truthput.errors import StoreError
+        from truthput.store.db import Store
+
+        if not store.exists():
+            raise StoreError(f"{store}: no results store here (give --store PATH)")
+        db = Store(store)
+        try:
+            rid = db.resolve_run(run_id)
+            if not any((html, md, csv_dir, json_path)):
+                from truthput.report.terminal import print_run
+
+                print_run(db, rid)
+                return
+            from truthput.report.data import build_report_data
+
+            doc = build_report_data(db, rid)
+        finally:
+            db.close()
+        written: list[Path] = []
+        if html:
+            from truthput.report.html import render_html
+
+            html.parent.mkdir(parents=True, exist_ok=True)
+            html.write_text(render_html(doc), encoding="utf-8")
+            written.append(html)
+        if md:
+            from truthput.report.markdown import render_markdown
+
+            md.parent.mkdir(parents=True, exist_ok=True)
+            md.write_text(render_markdown(doc), encoding="utf-8")
+            written.append(md)
+        if json_path:
+            from truthput.report.export import write_json
+
+            written.append(write_json(doc, json_path))
+        if csv_dir:
+            from truthput.report.export import write_csv
+
+            written += write_csv(doc, csv_dir)
+        for p in written:
+            typer.echo(f"report: {p}")
