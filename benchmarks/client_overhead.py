@@ -198,14 +198,14 @@ def run_vllm(url: str, n: int, conc: int, work: str):
 def run_guidellm(url: str, n: int, conc: int, work: str):
     d = tempfile.mkdtemp(dir=work)
     cmd = [str(GUIDELLM_VENV / "bin" / "guidellm"), "run", "--backend", f"kind=openai_http,target={url},model=leanstub",
-           "--profile", f"kind=concurrent,streams={conc}", "--constraint", f"kind=max_requests,value={n}",
+           "--profile", f"kind=concurrent,streams={conc}", "--constraint", f"kind=max_requests,count={n}",
            "--data", f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={TOKENS}",
-           "--tokenizer", f"kind=huggingface_auto,name={tok_dir()}",
+           "--tokenizer", f"kind=huggingface_auto,model={tok_dir()}",
            "--output", f"kind=json,path={d}/out.json", "--disable-console-interactive"]
 
     def tokens(_out: str) -> int | None:
         data = json.loads(Path(d, "out.json").read_text())
-        return _find_total(data, ("output_tokens", "total_output_tokens"))
+        return int(sum(b["metrics"]["output_token_count"]["total"]["total_sum"] for b in data["benchmarks"]))
 
     return cmd, tokens
 
@@ -219,12 +219,11 @@ def run_aiperf(url: str, n: int, conc: int, work: str):
            "--tokenizer", tok_dir(), "--artifact-dir", d, "--ui-type", "none"]
 
     def tokens(_out: str) -> int | None:
-        for p in Path(d).rglob("*aiperf*.json"):
-            data = json.loads(p.read_text())
-            v = _find_total(data, ("total_output_tokens", "output_token_count_total"))
-            if v is not None:
-                return v
-        return None
+        # AIPerf's headline `total_output_tokens` is counted with the tokenizer it was given (here a
+        # small local one that splits the stub's " t<k>" tokens further); `total_usage_completion_tokens`
+        # is the server's usage field as AIPerf summed it: the comparable total.
+        data = json.loads(Path(d, "profile_export_aiperf.json").read_text())
+        return int(data["total_usage_completion_tokens"]["avg"])
 
     return cmd, tokens
 
@@ -272,8 +271,9 @@ def install_peers() -> None:
 def one(tool: str, stub: LeanStubProcess, n: int, conc: int, work: str) -> Run:
     make = TOOLS[tool][0]
     cmd, get_tokens = make(stub.url, n, conc, work)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    if tool != "aiperf":  # AIPerf treats a local tokenizer folder as a hub id when offline mode is set
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     before = stub.stats()["generation_tokens"]
     cpu, wall, out, rc = measure(cmd, env=env, cwd=work)
     server = stub.stats()["generation_tokens"] - before

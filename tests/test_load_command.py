@@ -166,3 +166,16 @@ def test_load_options_need_a_stop_condition() -> None:
     assert parsed["load"]["workload"]["input_tokens"] == {"kind": "fixed", "value": 16} or \
         parsed["load"]["workload"]["input_tokens"] == 16
     assert json.dumps(parsed)  # plain data
+
+
+def test_driver_with_worker_processes_counts_exactly(stub, tmp_path: Path) -> None:
+    o = opts(stub.url, concurrency=[6], requests=30, workers=2)
+    pool = WorkerPool(o.client_config(), 2).start()
+    try:
+        run = asyncio.run(run_load(o, Store(tmp_path / "w.db"), pool))
+    finally:
+        pool.close()
+    (row,) = summary_rows(run)
+    assert row["requests"] == 30 and row["client_tokens"] == 30 * 40 and row["tokens_equal"]
+    assert {r.worker for r in run.outcomes[0].load.records} == {0, 1}
+    assert run.outcomes[0].results["integrity"]["holds"] is True

@@ -158,17 +158,31 @@ def test_max_model_len_above_models_is_recorded_as_invalid_config(real_run):
     assert all(r["status"] == "stopped" for r in ok)
 
 
-def _vllm_processes(marker: str) -> list[int]:
-    """Pids whose command line mentions `marker` (the unique model path), read from /proc."""
+def _stat_session(pid: str) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+    return int(fields[3]) if fields[0] != "Z" else None  # session id; zombies hold nothing
+
+
+def _vllm_processes(marker: str, session: int | None = None) -> list[int]:
+    """Live pids whose command line mentions `marker` (this test's own model path) or that belong
+    to the server's session (truthput starts it with setsid; vLLM's engine core and workers
+    inherit the session but rename themselves, so their command line no longer says vllm)."""
     pids = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        sid = _stat_session(entry.name)
+        if sid is None:
             continue
         try:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if marker in cmd and "pytest" not in cmd:
+        if (marker in cmd and "-m vllm" in cmd) or (session is not None and sid == session):
             pids.append(int(entry.name))
     return pids
 
@@ -204,23 +218,26 @@ def test_ctrl_c_mid_trial_leaves_no_vllm_and_marks_run_interrupted(tiny_model, v
         assert start, f"server never became ready; truthput said:\n{proc.stdout.read() if proc.poll() is not None else ''}"
         pid, port = start
         time.sleep(3.0)  # warm-up (0.5 s) done: the 60 s trial is running
-        assert _vllm_processes(str(model)), "no vLLM process found before SIGINT"
+        before = _vllm_processes(str(model), session=pid)
+        assert pid in before and len(before) >= 2, f"expected the API server and its engine core, found {before}"
+        assert _port_open(port)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if start:  # never leave a stray server behind, even when the test fails
+            for p in _vllm_processes(str(model), session=start[0]):
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     assert proc.returncode == 130, out[-3000:]
     assert "interrupted" in out
-    deadline = time.monotonic() + 10
-    while _vllm_processes(str(model)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = _vllm_processes(str(model))
-    for p in left:  # never leave a stray server behind, even when the test fails
-        os.kill(p, signal.SIGKILL)
-    assert left == [], f"vLLM processes survived SIGINT: {left}"
-    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/status").read_text().find("State:\tZ") >= 0
+    # truthput has exited: by now every process of the server's session must be gone.
+    left = _vllm_processes(str(model), session=pid)
+    assert left == [], f"vLLM processes survived SIGINT: {left} (of {before})"
     assert not _port_open(port), f"port {port} still open after SIGINT"
     with sqlite3.connect(db_path) as db:
         status = db.execute("SELECT status FROM runs").fetchone()[0]

@@ -28,9 +28,13 @@ def register(app: typer.Typer) -> None:
         try:
             rid = db.resolve_run(run_id)
             if not any((html, md, csv_dir, json_path)):
-                from truthput.report.terminal import print_run
+                from truthput.report.data import roofline_for_run, roofline_lines
+                from truthput.report.terminal import make_console, print_run
 
-                print_run(db, rid)
+                con = make_console()
+                print_run(db, rid, console=con)
+                for line in roofline_lines(roofline_for_run(db, rid)):
+                    con.print(line, markup=False, highlight=False)
                 return
             from truthput.report.data import build_report_data
 

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
 
         from truthput.errors import SpecError
         from truthput.load.client import install_fast_loop
-        from truthput.report.terminal import print_run
+        from truthput.report.terminal import print_audit_matrix, print_run
         from truthput.runner import run_experiment
         from truthput.spec.experiment import load_experiment, parse_experiment
         from truthput.store.db import Store
@@ -52,6 +52,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"truthput: interrupted; finished trials are kept. Resume with: truthput run --resume {latest} --store {store}", err=True)
             raise typer.Exit(130)
         print_run(db, run_id)
+        print_audit_matrix(db, run_id)
         if reports is not None:
             try:
                 from truthput.report.files import write_reports

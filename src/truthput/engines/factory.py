@@ -49,8 +49,9 @@ def sim_argv(exp: Experiment, argv: ServerArgv, host: str, port: int, seed: int)
 
 
 def make_engine(exp: Experiment, engine_kind: str, argv: ServerArgv, env: dict[str, str], seed: int,
-                log_sink: LogSink | None = None):
-    """Returns (engine, launched argv)."""
+                log_sink: LogSink | None = None, *, run_id: str | None = None, variant: str | None = None,
+                start_index: int | None = None):
+    """Returns (engine, launched argv). run_id / variant / start_index only name systemd units."""
     srv = exp.server
     if engine_kind == "external":
         return ExternalEngine(srv.url or ""), []
@@ -66,9 +67,32 @@ def make_engine(exp: Experiment, engine_kind: str, argv: ServerArgv, env: dict[s
     else:
         launched = argv.with_host_port(host, port).to_argv()
     ready = READY_PATHS.get(engine_kind, ("/health", "/v1/models"))
+    if engine_kind == "systemd":
+        return _systemd_engine(exp, launched, env, host, port, seed, log_sink, run_id, variant, start_index), launched
     if engine_kind == "command" and srv.ready_url:
         ready = (srv.ready_url,)
     engine = ProcessEngine(engine_kind, launched, host, port, env=env, ready_paths=ready,
                            ready_timeout_s=srv.ready_timeout_s, stop_grace_s=srv.stop_grace_s,
                            log_sink=log_sink, port_pinned=srv.port is not None)
     return engine, launched
+
+
+def _systemd_engine(exp: Experiment, launched: list[str], env: dict[str, str], host: str, port: int, seed: int,
+                    log_sink: LogSink | None, run_id: str | None, variant: str | None, start_index: int | None):
+    """The variant's unit (the experiment's [server.systemd_unit], ExecStart= = launched, Restart=no)
+    under a run-specific name; without a run id the name is made unique from seed, port and time."""
+    import time
+
+    from truthput.engines.systemd import SystemdEngine, render_variant_unit, unit_name
+
+    srv = exp.server
+    if run_id is not None:
+        name = unit_name(run_id, variant, start_index)
+    else:
+        name = unit_name(exp.experiment.name, variant, f"s{seed}", f"p{port}", f"{time.time_ns() // 1_000_000:x}")
+    ref = srv.systemd_unit
+    text = render_variant_unit(ref.text if ref else None, ref.path if ref else None, launched, env,
+                               label=name.removesuffix(".service"))
+    return SystemdEngine(name, text, host, port, user=srv.user, ready_paths=READY_PATHS["vllm"],
+                         ready_timeout_s=srv.ready_timeout_s, stop_grace_s=srv.stop_grace_s, log_sink=log_sink,
+                         port_pinned=srv.port is not None)

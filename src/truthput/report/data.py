@@ -635,3 +635,32 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
     return clean({"a": head(store_a, run_a, ra), "b": head(store_b, run_b, rb), "rows": rows,
                   "only_a": [list(k) for k in only_a], "only_b": [list(k) for k in only_b], "notes": notes,
                   "confidence": confidence})
+
+
+# ---- the roofline section on its own (terminal output of `run` / `report`) ----------------------
+def roofline_for_run(store: Store, run_id: str) -> dict[str, Any]:
+    """The roofline section of the report document without building the rest of it."""
+    run_id = store.resolve_run(run_id)
+    run = store.run(run_id)
+    simulated = bool(run["simulated"])
+    exp, exp_error = _experiment(run)
+    by_cell: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for t in store.trial_results(run_id):
+        by_cell[(t["variant"], t["concurrency"])].append(t)
+    part = {"experiment": _experiment_block(store, run_id, run, exp, exp_error),
+            "cells": _cells(store, run_id, simulated), "spec_decode": _spec_decode(by_cell, simulated)}
+    return clean(_roofline(part, simulated))
+
+
+def roofline_lines(roof: dict[str, Any]) -> list[str]:
+    """Plain sentences for a terminal: one per cell, plus the notes. Ceilings are model figures."""
+    if not roof.get("available"):
+        return [f"roofline: {roof.get('reason')}"]
+    out = [f"roofline ({roof.get('gpu_count')} x {roof['gpu']}, {roof['model']}, {roof['context_tokens']} context "
+           "tokens per stream; ceilings are physics-model figures at peak datasheet numbers, not measurements):"]
+    for r in roof["cells"]:
+        kind = "SIMULATED" if r["measured"].get("source") == "simulator" else "measured"
+        out.append(f"  {r['variant']} c={r['concurrency']}: {kind} {r['measured']['value']:.1f} tok/s, "
+                   f"{r['measured_step_ms']['value']:.1f} ms/step; {r['sentence']}")
+    out += [f"  note: {n}" for n in roof.get("notes") or []]
+    return out

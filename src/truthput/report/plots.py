@@ -33,7 +33,7 @@ def _svg(fig, salt: str) -> str:
 
     matplotlib.rcParams["svg.hashsalt"] = f"truthput-{salt}"
     buf = io.StringIO()
-    fig.savefig(buf, format="svg")
+    fig.savefig(buf, format="svg", metadata={"Date": None})
     text = buf.getvalue()
     start = text.find("<svg")
     return text[start:] if start >= 0 else text

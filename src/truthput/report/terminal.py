@@ -135,3 +135,56 @@ def print_run(store: Store, run_id: str, console=None) -> None:
                 con.print(f"  {line}")
         for name, why in (summary.get("failed") or {}).items():
             con.print(f"[red]failed[/red] {name}: {why}")
+
+
+def print_audit_matrix(store: Store, run_id: str, console=None) -> None:
+    """The audit in one table: each counting method's error vs the server counter, per cell.
+
+    Rows are methods, columns are variant@concurrency; the cause class stands beside each method.
+    `truthput audit RUN_ID` prints the long form with tok/s and notes.
+    """
+    from rich.table import Table
+
+    from truthput.analyze.audit import audit_rows, integrity_rows
+
+    con = console or make_console()
+    run_id = store.resolve_run(run_id)
+    sim = bool(store.run(run_id)["simulated"])
+    items = [{"variant": t["variant"], "concurrency": t["concurrency"], "results": t["results"]}
+             for t in store.trial_results(run_id) if t["status"] == "ok" and t["results"].get("methods")]
+    if not items:
+        return
+    rows = audit_rows(items, simulated=sim)
+    cells = sorted({(r["variant"], r["concurrency"]) for r in rows}, key=lambda k: (k[1], k[0]))
+    methods: list[str] = []
+    for r in rows:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+    by = {(r["method"], r["variant"], r["concurrency"]): r for r in rows}
+    t = Table(title="Audit: every counting method vs the server counter (error %)" + (", simulated" if sim else ""))
+    t.add_column("method")
+    t.add_column("cause")
+    for v, c in cells:
+        t.add_column(f"{v}\nc={c}", justify="right")
+    for m in methods:
+        causes = [by[(m, v, c)]["cause"] for v, c in cells if (m, v, c) in by]
+        cause = max(set(causes), key=causes.count) if causes else "-"
+        vals = []
+        for v, c in cells:
+            r = by.get((m, v, c))
+            e = r["error_pct_vs_counter"] if r else None
+            vals.append("-" if e is None else ("ref" if r["cause"] == "reference" else f"{e:+.1f}%"))
+        t.add_row(m, cause, *vals)
+    con.print(t)
+    integ = integrity_rows(items)
+    held = sum(r["identity_held"] for r in integ)
+    total = sum(r["trials"] for r in integ)
+    failed = [m for r in integ for m in r["identity_failed"]]
+    spec_failed = [m for r in integ for m in r["spec_checks_failed"]]
+    con.print(f"Whole-trial identity (counter delta == sum of usage.completion_tokens): held in {held} of {total} trials"
+              + (f"; [red]failed[/red]: {failed[0]}" if failed else ""))
+    if spec_failed:
+        con.print(f"[red]spec-decode checks failed[/red]: {spec_failed[0]}")
+    warnings = sorted({w for r in integ for w in r["warnings"]})
+    for w in warnings[:5]:
+        con.print(f"[yellow]warning[/yellow]: {w}")

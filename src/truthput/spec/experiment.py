@@ -211,9 +211,14 @@ def parse_experiment(text: str, path: str = "<experiment>") -> Experiment:
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from exc
     try:
-        return Experiment.model_validate(data)
+        exp = Experiment.model_validate(data)
     except ValidationError as exc:
         raise SpecError(format_validation_error(path, exc)) from None
+    if exp.claim:
+        from truthput.spec.claims import parse_claims
+
+        parse_claims(exp.claim, where=f"{path}: [[claim]]")
+    return exp
 
 
 def load_experiment(path: str | Path) -> tuple[Experiment, str]:

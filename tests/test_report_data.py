@@ -1,0 +1,217 @@
+"""build_report_data against the store it reads: every figure equals what the store holds (or what
+the documented formula makes of it), with its provenance; the roofline matches hand computation."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+from pathlib import Path
+from statistics import mean
+
+import pytest
+
+FIXTURE = Path(__file__).parent / "fixtures" / "report" / "quickstart.sql.gz"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from truthput.store.db import Store
+
+    db = tmp_path_factory.mktemp("report") / "q.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(gzip.decompress(FIXTURE.read_bytes()).decode())
+    conn.close()
+    return Store(db)
+
+
+@pytest.fixture(scope="module")
+def doc(store):
+    from truthput.report.data import build_report_data
+
+    return build_report_data(store, "latest")
+
+
+def _per_start(store, variant, conc):
+    out = {}
+    for t in store.trial_results(store.resolve_run("latest")):
+        if t["variant"] == variant and t["concurrency"] == conc and t["status"] == "ok":
+            out.setdefault(t["start_index"], []).append(t["results"]["throughput"]["counter_window"]["value"])
+    return [out[k] for k in sorted(out)]
+
+
+def test_document_is_strict_json_with_schema(doc):
+    text = json.dumps(doc, allow_nan=False)
+    assert json.loads(text)["schema"] == "truthput-report/1"
+    assert doc["simulated"] is True and "SIMULATED" in doc["simulated_note"]
+    assert doc["run"]["seed"] == 7 and doc["run"]["engine"] == "sim"
+    assert [v["name"] for v in doc["experiment"]["variants"]] == ["original", "spec1", "nospec"]
+    assert doc["experiment"]["hardware"] == {"gpu": "RTX 3090", "count": 2}
+
+
+def test_cells_equal_mean_of_per_start_counter_means(doc, store):
+    for c in doc["cells"]:
+        starts = _per_start(store, c["variant"], c["concurrency"])
+        expected = mean(mean(s) for s in starts)
+        assert c["tokps"]["value"] == pytest.approx(expected, rel=1e-12)
+        # simulated: never presented as a measurement
+        assert c["tokps"]["source"] == "simulator" and c["tokps"]["read_via"] == "server_counter"
+        assert c["n_starts"] == 2
+        assert c["tokps"]["lo"] < c["tokps"]["value"] < c["tokps"]["hi"]
+
+
+def test_verdict_and_guard_from_summary(doc):
+    assert doc["verdict"]["from"] == "runs.summary_json"
+    assert any("nospec is slower than original by -54%" in line for line in doc["verdict"]["lines"])
+    assert doc["verdict"]["guard"]["spec1"]["verdict"] == "identical"
+
+
+def test_verdict_recomputed_when_summary_absent(store, tmp_path):
+    import shutil
+
+    from truthput.report.data import build_report_data
+    from truthput.store.db import Store
+
+    copy = tmp_path / "nosummary.db"
+    shutil.copy(store.path, copy)
+    conn = sqlite3.connect(copy)
+    conn.execute("UPDATE runs SET summary_json = NULL")
+    conn.commit()
+    conn.close()
+    d = build_report_data(Store(copy), "latest")
+    assert d["verdict"]["from"].startswith("recomputed")
+    assert any("nospec is slower than original by -54%" in line for line in d["verdict"]["lines"])
+
+
+def test_spec_decode_per_position_is_mean_over_trials(doc, store):
+    s = next(x for x in doc["spec_decode"] if x["variant"] == "original" and x["concurrency"] == 8)
+    trials = [t for t in store.trial_results(store.resolve_run("latest")) if t["variant"] == "original" and t["concurrency"] == 8]
+    for p in s["per_position"]:
+        vals = [t["results"]["spec_decode"]["window"]["per_position_acceptance"][p["position"]]["value"] for t in trials]
+        assert p["value"] == pytest.approx(mean(vals))
+    assert s["k"] == 3 and len(s["per_position"]) == 3
+    assert not any(x["variant"] == "nospec" for x in doc["spec_decode"])
+
+
+def test_latency_from_requests_table(doc, store):
+    cell = next(x for x in doc["latency"] if x["variant"] == "nospec" and x["concurrency"] == 1)
+    ids = [t["id"] for t in store.trial_results(store.resolve_run("latest")) if t["variant"] == "nospec" and t["concurrency"] == 1]
+    ttft = sorted(round((r["t_first"] - r["t_start"]) * 1000, 4) for i in ids for r in store.requests(i)
+                  if r["status"] == "ok" and r["t_first"] is not None)
+    assert cell["ttft_ms"] == ttft
+    assert len(cell["itl_ms"]) == cell["n_requests"]
+
+
+def test_roofline_matches_hand_computation(doc):
+    """nospec at 8 streams: 2x RTX 3090 TP=2; ceiling = 8 / max(weights+KV, compute) step floor."""
+    from truthput.hardware.gpus import get_gpu
+    from truthput.hardware.models import get_model
+    from truthput.hardware.physics import kv_bytes_per_token_per_gpu
+
+    gpu, model = get_gpu("RTX 3090"), get_model("qwen3.6-27b-5.5bit")
+    r = next(x for x in doc["roofline"]["cells"] if x["variant"] == "nospec" and x["concurrency"] == 8)
+    assert (r["tp"], r["kv_dtype_bytes"], r["spec_k"]) == (2, 1.0, 0)
+    context = 256 + 128 // 2
+    assert doc["roofline"]["context_tokens"] == context
+    t_w = model.weight_bytes / 2 / gpu.mem_bw_Bps
+    t_kv = 8 * context * kv_bytes_per_token_per_gpu(model, 1.0, 2) / gpu.mem_bw_Bps
+    assert r["bounds_ms"]["weights"]["value"] == pytest.approx(t_w * 1e3)
+    assert r["bounds_ms"]["kv"]["value"] == pytest.approx(t_kv * 1e3)
+    floor = max(t_w + t_kv, r["bounds_ms"]["compute"]["value"] / 1e3)
+    assert r["tightest_ceiling"]["value"] == pytest.approx(8 / floor)
+    measured = r["measured"]["value"]
+    assert r["pct_of_tightest"]["value"] == pytest.approx(measured / (8 / floor) * 100)
+    assert r["measured_step_ms"]["value"] == pytest.approx(8 / measured * 1e3)
+    assert r["unexplained_ms"]["value"] == pytest.approx((8 / measured - floor) * 1e3)
+    assert 700 < r["tightest_ceiling"]["value"] < 900  # issue 7: "near 800 tok/s at 8 streams"
+    assert r["binding"] is None and r["sentence"].startswith("no modelled resource binds")
+    assert r["measured"]["source"] == "simulator" and r["tightest_ceiling"]["source"] == "model"
+
+
+def test_roofline_uses_measured_acceptance_length(doc):
+    spec = {(s["variant"], s["concurrency"]): s for s in doc["spec_decode"]}
+    r = next(x for x in doc["roofline"]["cells"] if x["variant"] == "original" and x["concurrency"] == 1)
+    acc = spec[("original", 1)]["mean_acceptance_length"]["value"]
+    assert r["spec_k"] == 3 and r["acceptance_length"] == pytest.approx(acc)
+    assert r["measured_step_ms"]["value"] == pytest.approx(1 * acc / r["measured"]["value"] * 1e3)
+
+
+def test_no_telemetry_said_plainly(doc):
+    assert doc["telemetry"]["available"] is False
+    assert "no GPU telemetry" in doc["telemetry"]["note"]
+    assert "time busy" in doc["telemetry"]["util_note"]
+
+
+def test_goodput_under_slo(store):
+    from truthput.report.data import _latency_and_goodput
+
+    trials = store.trial_results(store.resolve_run("latest"))
+    _, loose = _latency_and_goodput(store, trials, {"ttft_ms": 1e9, "itl_ms": None}, True)
+    _, tight = _latency_and_goodput(store, trials, {"ttft_ms": 1e-6, "itl_ms": None}, True)
+    assert all(g["good_fraction"]["value"] == 1.0 for g in loose)
+    assert all(g["good_tokens_per_s"]["value"] == 0.0 for g in tight)
+    assert all(g["good_tokens_per_s"]["value"] > 0 for g in loose)
+
+
+def test_failures_and_telemetry_rows(store, tmp_path):
+    import shutil
+
+    from truthput.report.data import build_report_data
+    from truthput.store.db import Store
+
+    copy = tmp_path / "fail.db"
+    shutil.copy(store.path, copy)
+    s = Store(copy)
+    run_id = s.resolve_run("latest")
+    sid = s.begin_start(run_id, "nospec", 5, ["vllm", "serve"], 8000)
+    s.update_start(sid, status="failed", failure_class="oom", failure_reason="CUDA out of memory",
+                   failure_line="torch.OutOfMemoryError: CUDA out of memory", log_excerpt="line a\nline b")
+    tid = s.trial_results(run_id)[0]["id"]
+    s.conn.executemany("INSERT INTO telemetry VALUES (?,?,?,?,?,?,?)",
+                       [(tid, 1.0, 0, 50.0, 20e9, 300.0, 1800.0), (tid, 2.0, 0, 100.0, 22e9, 340.0, 1700.0)])
+    s.conn.commit()
+    d = build_report_data(s, run_id)
+    f = [x for x in d["failures"] if x["kind"] == "start"]
+    assert f and f[0]["failure_class"] == "oom" and f[0]["log_excerpt"] == "line a\nline b"
+    t = d["telemetry"]["rows"][0]
+    assert d["telemetry"]["available"] and t["samples"] == 2
+    assert t["util_pct_mean"]["value"] == pytest.approx(75.0)
+    assert t["mem_used_gb_max"]["value"] == pytest.approx(22.0)
+    assert t["power_w_mean"]["value"] == pytest.approx(320.0)
+
+
+CLAIMS = '''
+[[claim]]
+text = "nospec does 253 tok/s at 8 streams"
+figure = { value = 253, unit = "tok/s" }
+method = "counter"
+conditions = { kind = "throughput", variant = "nospec", concurrency = 8 }
+
+[[claim]]
+text = "5000 tok/s at 8 streams without speculation"
+figure = { value = 5000, unit = "tok/s" }
+method = "counter"
+conditions = { kind = "throughput", variant = "nospec", concurrency = 8, spec_tokens = 0 }
+'''
+
+
+def test_claims_checked_against_run_and_roofline(store, tmp_path):
+    import shutil
+
+    from truthput.report.data import build_report_data
+    from truthput.report.html import render_html
+    from truthput.store.db import Store
+
+    copy = tmp_path / "claims.db"
+    shutil.copy(store.path, copy)
+    conn = sqlite3.connect(copy)
+    conn.execute("UPDATE runs SET experiment_toml = experiment_toml || ?", (CLAIMS,))
+    conn.commit()
+    conn.close()
+    d = build_report_data(Store(copy), "latest")
+    assert d["experiment"]["parse_error"] is None
+    verdicts = [c["verdict"] for c in d["claims"]["results"]]
+    assert verdicts[0] == "plausible"
+    assert verdicts[1] == "impossible"  # above the 801.5 tok/s no-speculation ceiling at 8 streams
+    html = render_html(d)
+    assert "5000 tok/s at 8 streams without speculation" in html and "impossible" in html

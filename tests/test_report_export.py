@@ -1,0 +1,115 @@
+"""Exports round-trip: the JSON loads back to the same numbers as the store; CSVs carry the same
+figures with their provenance columns; write_reports and `truthput report` write what they say."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+FIXTURE = Path(__file__).parent / "fixtures" / "report" / "quickstart.sql.gz"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from truthput.store.db import Store
+
+    db = tmp_path_factory.mktemp("export") / "q.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(gzip.decompress(FIXTURE.read_bytes()).decode())
+    conn.close()
+    return Store(db)
+
+
+@pytest.fixture(scope="module")
+def doc(store):
+    from truthput.report.data import build_report_data
+
+    return build_report_data(store, "latest")
+
+
+def test_json_round_trip_equals_store(store, doc, tmp_path):
+    from truthput.report.export import load_report, write_json
+    from truthput.report.terminal import cell_rows
+
+    path = write_json(doc, tmp_path / "r.json")
+    back = load_report(path)
+    assert back == json.loads(json.dumps(doc))
+    rid = store.resolve_run("latest")
+    # cells: same numbers as the terminal table computes from the store
+    rows = {(r["variant"], r["concurrency"]): r for r in cell_rows(store, rid)}
+    for c in back["cells"]:
+        r = rows[(c["variant"], c["concurrency"])]
+        assert c["tokps"]["value"] == r["tokps"]
+        assert (c["tokps"]["lo"], c["tokps"]["hi"]) == (r["lo"], r["hi"])
+        if "delta_pct" in r:
+            assert c["delta_pct"]["value"] == r["delta_pct"]
+    # raw trials: every trial's counter figure, exactly as stored
+    stored = {t["id"]: t["results"]["throughput"]["counter_window"]["value"] for t in store.trial_results(rid)}
+    assert {t["trial_id"]: t["counter_tokps"]["value"] for t in back["trials"]} == stored
+    assert len(back["trials"]) == 12
+
+
+def test_load_report_rejects_other_files(tmp_path):
+    from truthput.errors import StoreError
+    from truthput.report.export import load_report
+
+    (tmp_path / "x.json").write_text('{"schema": "other/1"}')
+    with pytest.raises(StoreError, match="not a truthput report"):
+        load_report(tmp_path / "x.json")
+    (tmp_path / "y.json").write_text('{"schema": "truthput-report/99"}')
+    with pytest.raises(StoreError, match="truthput-report/99"):
+        load_report(tmp_path / "y.json")
+    (tmp_path / "z.json").write_text("not json")
+    with pytest.raises(StoreError, match="not a JSON report"):
+        load_report(tmp_path / "z.json")
+    with pytest.raises(StoreError, match="no such report"):
+        load_report(tmp_path / "missing.json")
+
+
+def test_csv_round_trip(doc, tmp_path):
+    from truthput.report.export import read_csv, write_csv
+
+    paths = write_csv(doc, tmp_path / "csv")
+    names = {p.stem for p in paths}
+    assert {"cells", "audit", "roofline", "spec_decode", "trials", "latency_requests", "failures",
+            "telemetry", "goodput", "variants", "claims"} <= names
+    cells = read_csv(tmp_path / "csv" / "cells.csv")
+    for row, c in zip(cells, doc["cells"]):
+        assert float(row["tokps"]) == c["tokps"]["value"]
+        assert float(row["tokps_lo"]) == c["tokps"]["lo"]
+        assert row["tokps_source"] == "simulator" and row["tokps_read_via"] == "server_counter"
+        assert row["tokps_unit"] == "tok/s"
+    roof = read_csv(tmp_path / "csv" / "roofline.csv")
+    assert len(roof) == 6
+    for row, r in zip(roof, doc["roofline"]["cells"]):
+        assert float(row["pct_of_tightest"]) == pytest.approx(r["pct_of_tightest"]["value"])
+        assert row["pct_of_tightest_source"] == "model"
+    reqs = read_csv(tmp_path / "csv" / "latency_requests.csv")
+    assert len(reqs) == sum(len(c["ttft_ms"]) + len(c["itl_ms"]) for c in doc["latency"])
+
+
+def test_write_reports_and_cli(store, tmp_path):
+    from typer.testing import CliRunner
+
+    from truthput.cli import app
+    from truthput.report.files import write_reports
+
+    paths = write_reports(store, "latest", tmp_path / "rep")
+    assert [p.suffix for p in paths] == [".html", ".md"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+    runner = CliRunner()
+    res = runner.invoke(app, ["report", "latest", "--store", store.path, "--json", str(tmp_path / "o.json"),
+                              "--md", str(tmp_path / "o.md"), "--csv", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "o.json").read_text())["schema"] == "truthput-report/1"
+    assert "nospec is slower than original by -54%" in (tmp_path / "o.md").read_text()
+    assert (tmp_path / "o" / "cells.csv").exists()
+    # no output option: the terminal summary, nothing written
+    before = set(tmp_path.iterdir())
+    res = runner.invoke(app, ["report", "latest", "--store", store.path])
+    assert res.exit_code == 0 and "SIMULATED" in res.output and "Verdict" in res.output
+    assert set(tmp_path.iterdir()) == before
