@@ -151,3 +151,18 @@ def test_failure_is_plain_data():
     assert d["kind"] == "invalid_config" and isinstance(d["excerpt"], str)
     assert d["excerpt"].count("\n") == len(f.excerpt_lines) - 1
     assert 4 <= len(f.excerpt_lines) <= 3 + 1 + 6
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [  # SYNTHETIC lines in llama.cpp's and SGLang's spelling (no GPU here to provoke them for real)
+        ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000.00 MiB on device 0: cudaMalloc failed: out of memory", "oom"),
+        ("llama_init_from_model: failed to allocate CUDA0 buffer of size 1234", "oom"),
+        ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: 0.5", "oom"),
+        ("error: invalid argument: --no-such-flag", "invalid_config"),
+        ("main: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080", "port_in_use"),
+    ],
+)
+def test_synthetic_other_engines_spellings(line, kind):
+    f = classify(1, ["some start-up line", line, "exiting"], "startup")
+    assert (f.kind, f.root_cause_line) == (kind, line)

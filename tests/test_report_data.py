@@ -215,3 +215,34 @@ def test_claims_checked_against_run_and_roofline(store, tmp_path):
     assert verdicts[1] == "impossible"  # above the 801.5 tok/s no-speculation ceiling at 8 streams
     html = render_html(d)
     assert "5000 tok/s at 8 streams without speculation" in html and "impossible" in html
+
+
+def test_stored_goodput_is_reported_and_plotted(store, tmp_path):
+    import shutil
+
+    from truthput.report.data import build_report_data
+    from truthput.report.html import render_html
+    from truthput.store.db import Store
+
+    copy = tmp_path / "good.db"
+    shutil.copy(store.path, copy)
+    conn = sqlite3.connect(copy)
+    for tid, text in conn.execute("SELECT id, results_json FROM trials").fetchall():
+        r = json.loads(text)
+        r["goodput"] = {"slo": {"ttft_ms": 500.0, "itl_ms": None},
+                        "good_fraction": {"value": 0.5, "unit": "fraction", "source": "client_clock"},
+                        "goodput_rps": {"value": 1.0, "unit": "req/s", "source": "client_clock"},
+                        "good_tokens_per_s": {"value": float(tid), "unit": "tok/s", "source": "usage"}}
+        conn.execute("UPDATE trials SET results_json = ? WHERE id = ?", (json.dumps(r), tid))
+    conn.commit()
+    conn.close()
+    s = Store(copy)
+    d = build_report_data(s, "latest")
+    ids = {}
+    for t in s.trial_results(s.resolve_run("latest")):
+        ids.setdefault((t["variant"], t["concurrency"]), []).append(t["id"])
+    for g in d["goodput"]:
+        assert g["good_tokens_per_s"]["value"] == pytest.approx(mean(ids[(g["variant"], g["concurrency"])]))
+        assert g["slo"]["ttft_ms"] == 500.0 and g["good_tokens_per_s"]["source"] == "simulator"
+    html = render_html(d)
+    assert 'id="plot-goodput"' in html and "TTFT" in html

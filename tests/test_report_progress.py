@@ -20,7 +20,7 @@ def test_plain_lines_count_trials_and_time_left():
     p("[bold]a[/bold] start 1: launching sim server")
     assert (p.state.variant, p.state.start) == ("a", 1)
     p("a start 1 c=1 trial 1: 96.2 tok/s server counter (simulated) ok")
-    p("a start 1 c=1 trial 1: 96.2 tok/s server counter (simulated) ok")  # the same trial again: not recounted
+    p("a start 1 c=1 trial 1: 96.2 tok/s \\[server counter, simulated] ok")  # same trial, newer wording: not recounted
     p.trial_done("a", 0, 1, 0, 96.2, simulated=True)  # and through the hook: not recounted either
     assert p.state.done_trials == 1
     p.state.t0 -= 10.0  # 10 s for one trial -> 7 left -> ~70 s

@@ -450,6 +450,8 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
         store.set_run_status(run_id, "running")
         store.event(run_id, "resumed", "run resumed")
     plan = build_plan(exp, engine)
+    if hasattr(progress, "set_plan"):
+        progress.set_plan(plan)
     if not resume:
         run_id = store.create_run(exp.experiment.name, plan.engine, plan.engine in SIMULATED_ENGINES, exp_path,
                                   exp_text, exp.experiment.seed, machine_metadata())

@@ -117,6 +117,15 @@ def test_whole_trial_identity_from_raw_scrapes_and_requests(real_run):
         assert integrity["counter_delta"]["source"] == "server_counter"
 
 
+def test_no_gpu_telemetry_is_said_not_invented(real_run):
+    db, _, _ = real_run
+    for t in db.execute("SELECT * FROM trials").fetchall():
+        tel = json.loads(t["results_json"])["telemetry"]
+        assert tel["available"] is False and tel["reason"].startswith("no GPU telemetry: ")
+        assert tel.get("energy_j") is None
+    assert db.execute("SELECT COUNT(*) FROM telemetry").fetchone()[0] == 0
+
+
 def test_ngram_variant_reads_spec_decode_counters(real_run):
     db, _, _ = real_run
     for t in db.execute("SELECT * FROM trials").fetchall():
@@ -244,3 +253,19 @@ def test_ctrl_c_mid_trial_leaves_no_vllm_and_marks_run_interrupted(tiny_model, v
         trials = db.execute("SELECT COUNT(*) FROM trials WHERE status='ok'").fetchone()[0]
     assert status == "interrupted"
     assert trials == 0  # the 60 s trial was cut short: nothing half-measured is stored as done
+
+
+def test_tiny_model_is_deterministic_and_as_described(tiny_model, tmp_path):
+    again = tmp_path / "again"
+    proc = subprocess.run([str(VLLM_PY), str(REPO / "scripts" / "make_tiny_model.py"), str(again)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (again / name).read_bytes() == (tiny_model / name).read_bytes(), f"{name} differs between builds"
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    assert (cfg["architectures"], cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"],
+            cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"],
+            cfg["max_position_embeddings"]) == (["LlamaForCausalLM"], 2, 128, 256, 4, 2, 2048, 2048)
+    template = (tiny_model / "chat_template.jinja").read_text()
+    assert "<|im_start|>" in template and "add_generation_prompt" in template
+    assert len(json.loads((tiny_model / "tokenizer.json").read_text())["model"]["vocab"]) == 2048

@@ -25,6 +25,8 @@ def register(app: typer.Typer) -> None:
 
         from truthput.errors import SpecError
         from truthput.load.client import install_fast_loop
+        from truthput.report.data import roofline_for_run, roofline_lines
+        from truthput.report.progress import make_progress
         from truthput.report.terminal import print_audit_matrix, print_run
         from truthput.runner import run_experiment
         from truthput.spec.experiment import load_experiment, parse_experiment
@@ -45,14 +47,19 @@ def register(app: typer.Typer) -> None:
         if engine is not None and engine not in ("sim", "vllm", "sglang", "llamacpp", "command", "external", "systemd"):
             raise SpecError(f"--engine {engine!r}: expected one of sim, vllm, sglang, llamacpp, command, external, systemd")
         install_fast_loop()
+        progress = make_progress()
         try:
-            run_id = asyncio.run(run_experiment(exp, text, path, db, engine=engine, resume=run_id))
+            run_id = asyncio.run(run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress))
         except KeyboardInterrupt:
+            progress.close()
             latest = db.resolve_run("latest") if run_id is None else run_id
             typer.echo(f"truthput: interrupted; finished trials are kept. Resume with: truthput run --resume {latest} --store {store}", err=True)
             raise typer.Exit(130)
+        progress.close()
         print_run(db, run_id)
         print_audit_matrix(db, run_id)
+        for line in roofline_lines(roofline_for_run(db, run_id)):
+            typer.echo(line)
         if reports is not None:
             try:
                 from truthput.report.files import write_reports

@@ -16,54 +16,87 @@ import typer
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
-def calibration_points(store, run_ids: list[str]):
-    """One point per (run, variant, concurrency): median counter tok/s of its ok trials.
+def _trial_chunks(store, trial_id: int, default_prompt: float) -> list[tuple[float, int, float, float, float]]:
+    """(arrival time, request, prompt tokens, tokens before, tokens in chunk) of every chunk that
+    carried tokens. Token counts come from the running usage the server streams
+    (continuous_usage_stats); without it each text chunk counts as one token."""
+    import json
 
-    tp, KV dtype and speculation come from the variant's stored argv; the acceptance length from the
-    spec-decode counters of the same trials; context from the workload (input + half the output).
+    out = []
+    for row in store.requests(trial_id):
+        prompt = float(row["prompt_tokens"] or default_prompt)
+        before = 0.0
+        for t, running, text in json.loads(row["chunks_json"]):
+            now = float(running) if running is not None else (before + 1.0 if text else before)
+            if now > before:
+                out.append((float(t), int(row["idx"]), prompt, before, now - before))
+                before = now
+    return out
+
+
+def calibration_points(store, run_ids: list[str]):
+    """One point per ok trial: its server-counter tok/s over the steady-state window, and the
+    engine steps that produced it.
+
+    The steps (decode seqs, their context, prefill tokens) are rebuilt from the trial's streamed
+    chunks (calibrate.observed_steps), so the model prices exactly the work the window held:
+    decodes, the prefills of requests that started in it, the steps a finished stream sat out.
+    tp, KV dtype and speculation come from the variant's stored argv; the acceptance length from
+    the spec-decode counters of the trial (used for predictions, not for pricing observed steps).
+    Returns (points, {(gpu, model)}, {variant: workload (input, output) lengths}).
     """
     import json
-    import statistics
 
+    from truthput.errors import SpecError
     from truthput.measure.figures import counter_tokps, fig
-    from truthput.sim.calibrate import CalibrationPoint
+    from truthput.sim.calibrate import CalibrationPoint, observed_steps
     from truthput.spec.argv import ServerArgv, speculative_settings
     from truthput.spec.experiment import parse_experiment
 
     points = []
     hw = set()
+    lengths: dict[str, tuple[float | None, float | None]] = {}
     for rid in run_ids:
         rid = store.resolve_run(rid)
         run = store.run(rid)
         exp = parse_experiment(run["experiment_toml"], f"run {rid}")
         if exp.hardware is None or exp.model is None:
-            from truthput.errors import SpecError
-
             raise SpecError(f"run {rid}: its experiment has no [hardware]/[model]; calibration needs both")
         hw.add((exp.hardware.gpu, exp.model.ref))
         wl = exp.workload
-        ctx = (wl.input_tokens if isinstance(wl.input_tokens, int) else 512) + \
-              (wl.output_tokens if isinstance(wl.output_tokens, int) else 256) / 2
+        inp = float(wl.input_tokens) if isinstance(wl.input_tokens, int) else None
+        outp = float(wl.output_tokens) if isinstance(wl.output_tokens, int) else None
         argv = {v["name"]: ServerArgv.parse(json.loads(v["argv_json"])) for v in store.variants(rid)}
-        cells: dict[tuple[str, int], list[tuple[float, float | None]]] = {}
+        rows = {row["id"]: row for row in store.trials(rid)}
         for t in store.trial_results(rid):
             tokps = counter_tokps(t["results"])
-            if t["status"] != "ok" or tokps is None:
+            window_s = fig(t["results"], "throughput", "counter_window", "seconds")
+            if t["status"] != "ok" or tokps is None or not window_s:
                 continue
-            acc = fig(t["results"], "spec_decode", "window", "mean_acceptance_length")
-            cells.setdefault((t["variant"], t["concurrency"]), []).append((tokps, acc))
-        for (variant, conc), vals in sorted(cells.items()):
-            a = argv[variant]
+            row = rows[t["id"]]
+            a = argv[t["variant"]]
             tp = int(a.get("--tensor-parallel-size") or 1)
             kv = 1.0 if str(a.get("--kv-cache-dtype") or "auto").startswith("fp8") else 2.0
             spec = speculative_settings(a) or {}
             k = int(spec.get("num_speculative_tokens") or 0)
-            accs = [x for _, x in vals if isinstance(x, (int, float))]
+            chunks = _trial_chunks(store, row["id"], inp or 0.0)
+            start = fig(t["results"], "window", "start")
+            end = fig(t["results"], "window", "end")
+            steps, tokens, tail = observed_steps(chunks, (start, end)) if start and end else ([], 0.0, 0.0)
+            acc = fig(t["results"], "spec_decode", "window", "mean_acceptance_length")
+            if k and not isinstance(acc, (int, float)):
+                decoded = [c[4] for c in chunks if c[3] > 0]
+                acc = sum(decoded) / len(decoded) if decoded else None
+            lengths[t["variant"]] = (inp, outp)
             points.append(CalibrationPoint(
-                tp=tp, concurrency=conc, spec_k=k, spec_method=spec.get("method"),
-                acceptance_length=statistics.median(accs) if (k and accs) else None,
-                context_tokens=ctx, measured_tokps=statistics.median(v for v, _ in vals), kv_dtype_bytes=kv))
-    return points, hw
+                tp=tp, concurrency=t["concurrency"], spec_k=k, spec_method=spec.get("method"),
+                acceptance_length=float(acc) if k and acc else None,
+                context_tokens=(inp or 512.0) + (outp or 256.0) / 2, measured_tokps=tokps, kv_dtype_bytes=kv,
+                input_tokens=inp, output_tokens=outp,
+                steps=tuple(steps) if steps else None, window_s=window_s if steps else None,
+                tail_s=tail if steps else 0.0,
+                label=f"{rid}/{t['variant']}/c{t['concurrency']}/s{row['start_index']}t{row['trial_index']}"))
+    return points, hw, lengths
 
 
 def register(app: typer.Typer) -> None:
@@ -105,7 +138,7 @@ def register(app: typer.Typer) -> None:
             from truthput.store.db import Store
 
             db = Store(store)
-            pts, hw = calibration_points(db, list(run_ids))
+            pts, hw, _lengths = calibration_points(db, list(run_ids))
             points += pts
             simulated_runs = [r for r in run_ids if db.run(r)["simulated"]]
             if len(hw) > 1 and not (gpu and model):

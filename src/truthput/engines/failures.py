@@ -90,6 +90,10 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("oom", r"No available memory for the cache blocks", 85,
        "no memory left for the KV cache after loading the weights"),
     _p("oom", r"std::bad_alloc|Cannot allocate memory|\[Errno 12\]", 60, "host out of memory"),
+    # llama.cpp (ggml) and SGLang spellings of the same.
+    _p("oom", r"cudaMalloc failed: out of memory|failed to allocate \w+ buffer", 85, "GPU out of memory"),
+    _p("oom", r"Not enough memory\. Please try to increase --mem-fraction-static", 85,
+       "not enough GPU memory for the KV cache (SGLang)"),
     # KV cache cannot hold one request of max_model_len.
     _p("kv_too_small", r"To serve at least one request with the model's max seq len", 95,
        "KV cache too small for max-model-len"),
@@ -103,12 +107,14 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("invalid_config", r"unrecognized arguments", 90, "unrecognized command-line arguments"),
     _p("invalid_config", r"error: argument", 90, "invalid command-line argument"),
     _p("invalid_config", r"invalid choice", 85, "invalid command-line choice"),
+    _p("invalid_config", r"error: invalid argument", 90, "invalid command-line argument"),  # llama.cpp
     _p("invalid_config", r"Value error, ", 70, "invalid configuration"),
     _p("invalid_config", r"\d+ validation errors? for \w+", 50, "invalid configuration"),
     _p("invalid_config", r"\bValidationError\b", 40, "invalid configuration"),
     # Port already bound.
     _p("port_in_use", r"Address already in use", 95, "port already in use"),
     _p("port_in_use", r"\[Errno 98\]|errno 98", 95, "port already in use"),
+    _p("port_in_use", r"couldn't bind HTTP server socket", 90, "port already in use"),  # llama.cpp
 )
 
 # Lines that say "something failed" without saying what: never chosen as the root cause when a

@@ -13,6 +13,10 @@ ExecMainStatus/ExecMainCode and NRestarts. A restart count above zero means the 
 behind truthput's back (a drop-in overrode Restart=no, or someone ran `systemctl restart`), so the
 engine's counters were reset: it is reported in `StartOutcome.info` and, under load, as a crash.
 
+Log sink streams: "journal" (`journalctl -o cat` lines: the server's output and systemd's own lines
+about the unit), "unit" (the unit file as written, line by line, so the store keeps it), and
+"systemctl" / "systemd-analyze" / "truthput" (their complaints, teardown notes).
+
 The executables are configurable so that tests can use recorded stand-ins:
 TRUTHPUT_SYSTEMCTL / TRUTHPUT_JOURNALCTL (a command, split like a shell would), and the unit
 directory with TRUTHPUT_SYSTEMD_UNIT_DIR.
@@ -41,6 +45,7 @@ USER_UNIT_DIR = "~/.config/systemd/user"
 ENV_SYSTEMCTL = "TRUTHPUT_SYSTEMCTL"
 ENV_JOURNALCTL = "TRUTHPUT_JOURNALCTL"
 ENV_UNIT_DIR = "TRUTHPUT_SYSTEMD_UNIT_DIR"
+ENV_ANALYZE = "TRUTHPUT_SYSTEMD_ANALYZE"  # "none" skips the `systemd-analyze verify` pre-flight
 
 STATUS_PROPERTIES = ("ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode", "NRestarts",
                      "MainPID", "Restart")
@@ -192,6 +197,7 @@ class SystemdEngine:
         self.poll_s = poll_s
         self.systemctl = _tool(ENV_SYSTEMCTL, "systemctl")
         self.journalctl = _tool(ENV_JOURNALCTL, "journalctl")
+        self.verify_notes: list[str] = []
         self._sink = log_sink
         self._lines: deque[str] = deque(maxlen=400)
         self._journal: asyncio.subprocess.Process | None = None
@@ -337,6 +343,8 @@ class SystemdEngine:
     def _info(self, status: UnitStatus | None) -> dict:
         info: dict = {"unit": self.name, "unit_path": str(self.unit_path), "user": self.user,
                       "unit_text": self.unit_text}
+        if self.verify_notes:
+            info["verify_warnings"] = list(self.verify_notes)
         if status is not None:
             info["systemd_status"] = asdict(status)
             info["restarts"] = status.n_restarts
@@ -364,14 +372,22 @@ class SystemdEngine:
             reason = f"port {self.port} on {self.host} is already in use ({where})"
             return StartOutcome(ok=False, failure_kind="port_in_use", reason=reason, root_cause_line=reason)
         self._install()
-        rc, _out, err = await self._ctl("daemon-reload")
+        rejected = await self._verify()
+        if rejected is not None:
+            await self._uninstall(reload=False)
+            return rejected
+        try:
+            rc, _out, err = await self._ctl("daemon-reload")
+        except EngineError:
+            await self._uninstall(reload=False)
+            raise
         if rc != 0:
             await self._uninstall(reload=False)
             first = (err.strip().splitlines() or ["no message"])[0]
             raise EngineError(f"`{self._scope_text()} daemon-reload` failed (exit {rc}) after writing "
                               f"{self.unit_path}: {first}")
         t0 = time.monotonic()
-        self._since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 1.0))
+        self._since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time()))  # whole seconds, rounded down
         await self._follow_journal()
         rc, _out, err = await self._ctl("start", self.name, timeout_s=self.ready_timeout_s)
         self._started = True
@@ -384,6 +400,38 @@ class SystemdEngine:
         if not outcome.ok:
             await self.stop()
         return outcome
+
+    async def _verify(self) -> StartOutcome | None:
+        """`systemd-analyze verify` on the written unit before systemd sees it: a unit systemd would
+        refuse (bad setting, ExecStart= not executable) is an invalid_config failure with systemd's
+        own line; other remarks go to info["verify_warnings"]. Skipped where systemd-analyze is absent."""
+        import shutil
+
+        setting = os.environ.get(ENV_ANALYZE, "").strip()
+        if setting.lower() == "none":
+            return None
+        tool = shlex.split(setting) if setting else ([found] if (found := shutil.which("systemd-analyze")) else None)
+        if not tool:
+            return None
+        try:
+            proc = await asyncio.create_subprocess_exec(*tool, "verify", str(self.unit_path), stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), timeout=30.0)
+        except (OSError, asyncio.TimeoutError):
+            return None
+        lines = [ln for ln in (err + out).decode(errors="replace").splitlines() if ln.strip()]
+        fatal = proc.returncode != 0 and any(
+            k in ln for ln in lines for k in ("bad unit file setting", "fatal error", "is not executable",
+                                              "Neither a valid executable"))
+        if not fatal:
+            self.verify_notes = lines
+            return None
+        for line in lines:
+            self._emit("systemd-analyze", line)
+        root = next((ln for ln in lines if self.name in ln or str(self.unit_path) in ln), lines[0]).strip()
+        reason = f"systemd-analyze verify rejects the variant's unit {self.name}: {root}"
+        return StartOutcome(ok=False, failure_kind="invalid_config", reason=reason, root_cause_line=root,
+                            excerpt="\n".join(lines), info=self._info(None))
 
     async def _wait_ready(self, t0: float) -> StartOutcome:
         import aiohttp
@@ -443,6 +491,7 @@ class SystemdEngine:
                 reason = f"unit {self.name} was killed for running out of memory (systemd Result=oom-kill)"
             elif special is not None and status.stopped:
                 kind = "oom" if special == "MEMORY" else "invalid_config"
+                root = self._systemd_line(lines) or root
                 reason = (f"systemd could not run the unit's ExecStart= (status={status.exec_main_status}/{special}, "
                           f"see systemd.exec(5)){': ' + root if root else ''}")
             elif status.result == "start-limit-hit":
@@ -452,6 +501,15 @@ class SystemdEngine:
         return StartOutcome(ok=False, failure_kind=kind, reason=f"{reason} [{self.name}: {status.describe()}]",
                             root_cause_line=root, excerpt=excerpt, pid=status.main_pid or self.pid,
                             info=self._info(status))
+
+    def _systemd_line(self, lines: Sequence[str]) -> str | None:
+        """systemd's own line on why the unit's process did not run ("NAME: Failed to locate
+        executable ...", "NAME: Failed at step USER spawning ..."), else its "Main process exited"."""
+        mine = f"{self.name}: "
+        for line in lines:
+            if line.startswith(mine + "Failed") and "Failed with result" not in line:
+                return line.strip()
+        return next((ln.strip() for ln in reversed(lines) if ln.startswith(mine + "Main process exited")), None)
 
     def is_running(self) -> bool:
         return self._started and self.status_sync().active_state == "active"
@@ -507,7 +565,10 @@ class SystemdEngine:
         self._installed = False
         _LIVE_UNITS.pop(self.name, None)
         if reload:
-            rc, _out, err = await self._ctl("daemon-reload")
+            try:
+                rc, _out, err = await self._ctl("daemon-reload")
+            except EngineError as exc:
+                rc, err = 127, str(exc)
             if rc != 0:
                 self.teardown_notes.append(f"daemon-reload after removing {self.name}: exit {rc}: {err.strip()[:200]}")
 

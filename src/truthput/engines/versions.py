@@ -75,7 +75,10 @@ def _truthput_version() -> str | None:
 
 
 def git_commit(repo: Path = _REPO_ROOT) -> dict[str, Any] | None:
-    """The repo's HEAD commit and whether the tree has uncommitted changes, None outside git."""
+    """The repo's HEAD commit and whether the tree has uncommitted changes; None when truthput
+    does not run from a git checkout (an installed wheel must not report some other repo's commit)."""
+    if not (repo / ".git").exists() or not (repo / "src" / "truthput").is_dir():
+        return None
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                               text=True, timeout=5)

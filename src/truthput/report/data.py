@@ -246,6 +246,10 @@ def _latency_and_goodput(store: Store, trials: list[dict[str, Any]], slo: dict |
         if slo_obj is not None and t["status"] == "ok":
             win = (t["window_start"], t["window_end"]) if t["window_start"] and t["window_end"] else None
             good_rows[key].append(goodput(records, slo_obj, win))
+        elif slo_obj is None and t["status"] == "ok" and isinstance(t["results"].get("goodput"), dict):
+            stored = t["results"]["goodput"]  # goodput the measuring side computed under its own SLOs
+            if any(v is not None for v in (stored.get("slo") or {}).values()):
+                good_rows[key].append(stored)
     latency = []
     for cell in per_cell.values():
         cell["ttft_ms"] = sorted(cell["ttft_ms"])
@@ -255,9 +259,10 @@ def _latency_and_goodput(store: Store, trials: list[dict[str, Any]], slo: dict |
                         "ITL = (last chunk - first chunk) / (completion tokens - 1)")
         latency.append(cell)
     good = None
-    if slo_obj is not None:
+    if good_rows:
         good = []
         for (variant, conc), rows in sorted(good_rows.items()):
+            slo = slo or rows[0].get("slo")
             rps = [_val(r, "goodput_rps") for r in rows]
             tps = [_val(r, "good_tokens_per_s") for r in rows]
             frac = [_val(r, "good_fraction") for r in rows]
@@ -485,17 +490,23 @@ def _trial_table(trials: list[dict[str, Any]], simulated: bool) -> list[dict[str
     return out
 
 
+def nospec_ceilings(roof: dict[str, Any]) -> dict[int, float]:
+    """Per concurrency, the roofline's aggregate ceiling without speculation (for check-claims)."""
+    ceilings: dict[int, float] = {}
+    for row in roof.get("cells") or []:
+        nospec = _get(row, "roofline", "ceilings", "no_spec", "aggregate", "value")
+        if nospec is not None:
+            ceilings[int(row["concurrency"])] = float(nospec)
+    return ceilings
+
+
 def _claims(exp: Any, raw_trials: list[dict[str, Any]], roof: dict[str, Any], simulated: bool) -> dict[str, Any]:
     if exp is None or not getattr(exp, "claim", None):
         return {"present": False, "results": []}
     from truthput.analyze.claims import check_claims
     from truthput.spec.claims import parse_claims
 
-    ceilings: dict[int, float] = {}
-    for row in roof.get("cells") or []:
-        nospec = _get(row, "roofline", "ceilings", "no_spec", "aggregate", "value")
-        if nospec is not None:
-            ceilings[int(row["concurrency"])] = float(nospec)
+    ceilings = nospec_ceilings(roof)
     try:
         claims = parse_claims(exp.claim)
         results = check_claims(claims, raw_trials, {"ceiling_tps": ceilings} if ceilings else None,

@@ -21,7 +21,7 @@ from typing import Any
 
 TRIAL_LINE = re.compile(
     r"^(?P<variant>\S+) start (?P<start>\d+) c=(?P<conc>\d+) trial (?P<trial>\d+): "
-    r"(?:(?P<tokps>[0-9.]+) tok/s server counter(?P<sim> \(simulated\))?|no counter figure)")
+    r"(?:(?P<tokps>[0-9.]+) tok/s(?P<rest>.*)|no counter figure)")
 START_LINE = re.compile(r"^(?:\[bold\])?(?P<variant>[^\s\[]+)(?:\[/bold\])? start (?P<start>\d+): launching")
 
 
@@ -145,7 +145,7 @@ class LiveProgress:
         if m:
             tokps = float(m["tokps"]) if m["tokps"] else None
             self.state.record_trial(m["variant"], int(m["start"]), int(m["conc"]), int(m["trial"]), tokps,
-                                    bool(m["sim"]))
+                                    "simulated" in (m["rest"] or ""))
             return
         s = START_LINE.match(msg) or START_LINE.match(plain)
         if s:

@@ -55,6 +55,17 @@ class CalibrationPoint:
     context_tokens: float
     measured_tokps: float | None = None
     kv_dtype_bytes: float = 2.0
+    # Closed-loop trial (steady state): the workload's mean prompt and output lengths. With these
+    # the model prices a request's whole cycle (prefill step, decode steps, the step a finished
+    # stream sits out), not decode steps alone.
+    input_tokens: float | None = None
+    output_tokens: float | None = None
+    # A measured window: the step shapes (decode seqs, their context tokens, prefill tokens) of
+    # every engine step that ended inside it, and the window time after the last of them.
+    steps: tuple[tuple[int, float, float], ...] | None = None
+    window_s: float | None = None
+    tail_s: float = 0.0
+    label: str = ""
 
     def tokens_per_step(self) -> float:
         if self.spec_k <= 0:
@@ -65,12 +76,124 @@ class CalibrationPoint:
         return self.acceptance_length
 
 
+def _step_time(gpu: GPU, model: ModelProfile, point: CalibrationPoint, eff: Efficiency,
+               decodes: float, context: float, prefill: float) -> float:
+    """One engine step priced by the simulator's own physics (decode_step), nothing added."""
+    return decode_step(gpu, model, point.tp, decodes, context, spec_k=point.spec_k if decodes else 0,
+                       spec_method=point.spec_method if decodes else None,
+                       kv_dtype_bytes=point.kv_dtype_bytes, prefill_tokens=prefill, eff=eff).total
+
+
+def closed_loop_cycle(point: CalibrationPoint) -> tuple[float, float, float, float]:
+    """Steady state of a closed loop with C desynchronised streams, per engine step on average:
+    (decoding seqs, prefills, emitted tokens, share of steps that carry a prefill).
+
+    A stream's request cycle: one step whose prefill emits the first token, (O-1)/E decode steps,
+    and, when other streams keep the engine busy (C > 1), one step it sits out (its next request
+    arrives while that step runs, and joins the one after). Requests that finish apart are prefilled
+    apart, so each prefill rides in its own step while there are fewer prefills than steps.
+    """
+    c, o = point.concurrency, point.output_tokens
+    decode_steps = max(o - 1.0, 0.0) / point.tokens_per_step()
+    cycle = decode_steps + 1.0 + (1.0 if c > 1 else 0.0)
+    prefills = c / cycle
+    return c * decode_steps / cycle, prefills, c * o / cycle, min(1.0, prefills)
+
+
 def model_tokps(gpu: GPU, model: ModelProfile, point: CalibrationPoint, eff: Efficiency) -> float:
-    """Steady-state aggregate tok/s the physics model gives for a point with these constants."""
+    """The output tok/s the physics model gives for what the point measured, with these constants.
+
+    Three cases, one physics (decode_step, the simulator's pricer):
+    - observed steps (a window from the store): the window's tokens over the priced steps that
+      ended in it plus the measured tail after the last one;
+    - input/output lengths: a closed loop's steady state (closed_loop_cycle), prefill included;
+    - neither: steady decode of `concurrency` streams (a hand-given point).
+    """
+    if point.steps is not None and point.window_s and point.measured_tokps:
+        tokens = point.measured_tokps * point.window_s
+        busy = sum(_step_time(gpu, model, point, eff, d, ctx, pf) for d, ctx, pf in point.steps)
+        return tokens / (busy + point.tail_s) if busy + point.tail_s > 0 else 0.0
+    if point.output_tokens is not None:
+        decodes, prefills, emitted, share = closed_loop_cycle(point)
+        inp = point.input_tokens or 0.0
+        ctx = inp + point.output_tokens / 2.0
+        t_plain = _step_time(gpu, model, point, eff, decodes, decodes * ctx, 0.0)
+        t_prefill = _step_time(gpu, model, point, eff, decodes, decodes * ctx, inp * prefills / share)
+        return emitted / ((1.0 - share) * t_plain + share * t_prefill)
     step = decode_step(gpu, model, point.tp, point.concurrency, point.concurrency * point.context_tokens,
                        spec_k=point.spec_k, spec_method=point.spec_method,
                        kv_dtype_bytes=point.kv_dtype_bytes, eff=eff)
     return point.concurrency * point.tokens_per_step() / step.total
+
+
+def observed_steps(chunks: Sequence[tuple[float, int, float, float, float]], window: tuple[float, float],
+                   ) -> tuple[list[tuple[int, float, float]], float, float]:
+    """Engine steps rebuilt from streamed chunks: (the steps that ended in the window as
+    (decode seqs, their context tokens, prefill tokens), tokens they emitted, window time after the
+    last of them).
+
+    chunks: (client arrival time, request index, prompt tokens, tokens emitted before, tokens in
+    this chunk). Why not just group chunks by arrival time: a client starved of CPU reads two
+    steps' chunks at once, so times alone merge and split steps. What holds regardless: a running
+    request gets exactly one chunk per engine step (its first from the step that finished its
+    prefill), so a request's chunks sit on consecutive steps. Requests are laid on one step
+    timeline in order of their first chunk, each at the offset where its chunk times best match
+    (median distance) the timeline built so far; chunks past its end extend it. Assumes no
+    preemption in the window (a preempted request pauses and would be misplaced).
+    """
+    import bisect
+    import statistics
+
+    by_request: dict[int, list[tuple[float, float, float, float]]] = {}
+    for t, rid, prompt, before, tokens in sorted(chunks):
+        by_request.setdefault(rid, []).append((t, prompt, before, tokens))
+    requests = sorted(by_request.values(), key=lambda r: r[0][0])
+    timeline: list[float] = []
+    placed: list[tuple[int, list[tuple[float, float, float, float]]]] = []
+    for req in requests:
+        times = [c[0] for c in req]
+        gaps = [b - a for a, b in zip(timeline[-64:], timeline[-63:])]
+        typical = statistics.median(gaps) if gaps else 0.0
+        if not timeline:
+            s0 = 0
+        else:
+            lo = max(0, bisect.bisect_left(timeline, times[0] - 3 * typical) - 1)
+            hi = min(len(timeline), bisect.bisect_right(timeline, times[0] + 3 * typical) + 1)
+            best: tuple[float, int] | None = None
+            for cand in range(lo, hi):
+                dist = [abs(t - timeline[cand + j]) for j, t in enumerate(times) if cand + j < len(timeline)]
+                score = statistics.median(dist)
+                if best is None or score < best[0]:
+                    best = (score, cand)
+            if best is None or times[0] - timeline[-1] > 0.5 * typical:
+                s0 = len(timeline) if best is None or best[0] > 0.5 * typical else best[1]
+            else:
+                s0 = best[1]
+        timeline.extend(times[len(timeline) - s0:] if s0 + len(times) > len(timeline) else [])
+        placed.append((s0, req))
+    decodes = [0] * len(timeline)
+    context = [0.0] * len(timeline)
+    prefill = [0.0] * len(timeline)
+    tokens_at = [0.0] * len(timeline)
+    for s0, req in placed:
+        for j, (_, prompt, before, tokens) in enumerate(req):
+            i = s0 + j
+            if before > 0:
+                decodes[i] += 1
+                context[i] += prompt + before
+            else:
+                prefill[i] += prompt
+            tokens_at[i] += tokens
+    start, end = window
+    steps: list[tuple[int, float, float]] = []
+    tokens = 0.0
+    last = start
+    for i, t in enumerate(timeline):
+        if start < t <= end:
+            steps.append((decodes[i], context[i], prefill[i]))
+            tokens += tokens_at[i]
+            last = t
+    return steps, tokens, max(end - last, 0.0)
 
 
 def _resolved(eff: Efficiency, gpu: GPU) -> Efficiency:
@@ -122,7 +245,7 @@ class CalibrationResult:
             "gpu": self.gpu.name, "model": self.model.name, "model_source": self.model.source,
             "fitted": list(self.fitted), "dropped": self.dropped, "std": self.std,
             "covariance": self.covariance, "noise_log": self.noise_log, "noise_basis": self.noise_basis,
-            "points": [asdict(p) for p in self.points], "residuals_log": self.residuals_log,
+            "points": [_point_summary(p) for p in self.points], "residuals_log": self.residuals_log,
             "notes": self.notes, "source": "model (calibrated to measured tok/s)",
         }
 
@@ -137,6 +260,14 @@ class CalibrationResult:
         except OSError as exc:
             raise SpecError(f"{target}: cannot write calibration profile ({exc.strerror})") from exc
         return target
+
+
+def _point_summary(point: CalibrationPoint) -> dict:
+    """A point as JSON, its observed steps folded into a count (they are in the store)."""
+    data = asdict(point)
+    steps = data.pop("steps")
+    data["observed_steps"] = len(steps) if steps is not None else None
+    return data
 
 
 def load_profile(path: str | Path) -> tuple[Efficiency, dict]:
@@ -390,11 +521,14 @@ def seed_case_report() -> str:
 # --- `python -m truthput.sim calibrate` ----------------------------------------------------------
 
 _POINT_KEYS = {"tp": int, "concurrency": int, "spec_k": int, "spec_method": str, "acceptance": float,
-               "context": float, "tokps": float, "kv": float}
+               "context": float, "tokps": float, "kv": float, "input": float, "output": float}
 
 
 def parse_point(text: str) -> CalibrationPoint:
-    """'tp=2,concurrency=8,spec_k=1,spec_method=mtp,acceptance=1.95,context=2048,tokps=339.9,kv=1'."""
+    """'tp=2,concurrency=8,spec_k=1,spec_method=mtp,acceptance=1.95,context=2048,tokps=339.9,kv=1'.
+
+    input= and output= (a closed loop's prompt and output lengths) price the whole request cycle,
+    prefill included, instead of steady decode at context=."""
     values: dict[str, object] = {}
     for part in text.split(","):
         key, sep, raw = part.partition("=")
@@ -412,7 +546,8 @@ def parse_point(text: str) -> CalibrationPoint:
         tp=values["tp"], concurrency=values["concurrency"], spec_k=values.get("spec_k", 0),
         spec_method=values.get("spec_method"), acceptance_length=values.get("acceptance"),
         context_tokens=values.get("context", 1024.0), measured_tokps=values["tokps"],
-        kv_dtype_bytes=values.get("kv", 2.0),
+        kv_dtype_bytes=values.get("kv", 2.0), input_tokens=values.get("input"),
+        output_tokens=values.get("output"),
     )
 
 

@@ -143,6 +143,14 @@ class MeasureSection(_Strict):
             raise SpecError(f"[measure].target: expected a percentage like '±2%', got {self.target!r}") from exc
 
 
+class SloSection(_Strict):
+    """Latency targets: goodput counts the requests that meet all of them."""
+
+    ttft_ms: float | None = Field(None, gt=0)
+    itl_ms: float | None = Field(None, gt=0)  # p99 inter-token latency per request
+    e2e_ms: float | None = Field(None, gt=0)
+
+
 class Experiment(_Strict):
     experiment: ExperimentSection
     server: ServerSection
@@ -152,6 +160,7 @@ class Experiment(_Strict):
     variant: list[VariantSection] = Field(default_factory=list)
     workload: WorkloadSection = Field(default_factory=WorkloadSection)
     measure: MeasureSection = Field(default_factory=MeasureSection)
+    slo: SloSection | None = None
     claim: list[dict[str, Any]] = Field(default_factory=list)
 
     @model_validator(mode="after")
