@@ -55,6 +55,12 @@ WantedBy=multi-user.target
 """
 
 
+VARIANT_BASE = """
+[[variant]]
+name = "base"
+"""
+
+
 @pytest.fixture
 def fake_systemd(tmp_path, monkeypatch):
     """Point the engine at the recorded stand-ins; stop anything the fake still supervises afterwards."""
@@ -100,7 +106,7 @@ text = '''
 {variants}
 [workload]
 concurrency = [2]
-duration_s = 1.0
+duration_s = 0.5
 warmup_s = 0
 input_tokens = 32
 output_tokens = 16
@@ -222,10 +228,10 @@ def test_restart_behind_truthputs_back_is_reported(fake_systemd, tmp_path):
 
 
 def test_crash_under_load_is_classified(fake_systemd):
-    units, _state = fake_systemd
+    units, state = fake_systemd
     port = free_port()
     argv = [*SIM, *SIM_FLAGS, "--host", "127.0.0.1", "--port", str(port)]
-    engine = _engine(units, argv, {}, port)
+    engine = _engine(units, argv, {}, port, user=True)
 
     async def go():
         out = await engine.start()
@@ -243,6 +249,19 @@ def test_crash_under_load_is_classified(fake_systemd):
     assert crashed is not None
     assert crashed.failure_kind == "oom"  # SIGKILL outside teardown: likely the OOM killer
     assert "Result=signal" in crashed.reason and "ExecMainStatus=9" in crashed.reason
+    lines = (state / "calls.jsonl").read_text().splitlines()
+    assert lines and all(json.loads(line)["argv"][0] == "--user" for line in lines)  # systemctl --user ...
+
+
+def test_unit_directory_defaults(monkeypatch, tmp_path):
+    from truthput.engines.systemd import default_unit_dir
+
+    monkeypatch.delenv("TRUTHPUT_SYSTEMD_UNIT_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_unit_dir(user=False) == Path("/etc/systemd/system")
+    assert default_unit_dir(user=True) == tmp_path / ".config" / "systemd" / "user"
+    monkeypatch.setenv("TRUTHPUT_SYSTEMD_UNIT_DIR", "/srv/units")
+    assert default_unit_dir(user=True) == Path("/srv/units")
 
 
 def test_exec_failure_is_systemd_status_203(fake_systemd, monkeypatch):
@@ -330,3 +349,80 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path):
         assert done.returncode == 0 and not problems, done.stderr
         assert parse_unit(rendered, str(path)).exec_start_argv() == argv
         assert parse_unit(rendered, str(path)).get("Service", "Restart") == "no"
+
+
+def test_cancel_during_a_trial_stops_the_unit_and_removes_it(fake_systemd, tmp_path):
+    """Ctrl-C (task cancellation) mid-trial: the runner's teardown stops the unit, the port closes,
+    the unit file is gone and daemon-reload ran after its removal."""
+    units, state = fake_systemd
+    text = experiment(VARIANT_BASE, [*SIM, *SIM_FLAGS]).replace("duration_s = 0.5", "duration_s = 20.0")
+    exp = parse_experiment(text, "sd.toml")
+
+    async def go():
+        task = asyncio.create_task(run_experiment(exp, text, "sd.toml", Store(tmp_path / "r.db"), progress=lambda m: None))
+        for _ in range(300):
+            await asyncio.sleep(0.1)
+            if any(f.read_text().count('"MainPID": 0') == 0 for f in (state / "units").glob("*.json")) \
+                    if (state / "units").exists() else False:
+                break
+        await asyncio.sleep(1.5)  # inside the 20 s trial
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            pass
+
+    asyncio.run(go())
+    (unit_state,) = [json.loads(f.read_text()) for f in (state / "units").glob("*.json")]
+    assert unit_state["ActiveState"] == "inactive" and unit_state["supervisor"] == 0
+    assert not list(units.glob("*.service"))
+    (name,) = [p.name for p in (state / "started").iterdir()]
+    seq = calls(state)
+    i_stop = seq.index(["stop", name])
+    assert ["daemon-reload"] in seq[i_stop:]
+    (start_row,) = Store(tmp_path / "r.db").starts(Store(tmp_path / "r.db").runs()[0]["id"])
+    assert not port_is_listening(start_row["port"])
+
+
+def test_atexit_net_stops_without_an_event_loop(fake_systemd):
+    units, state = fake_systemd
+    port = free_port()
+    engine = _engine(units, [*SIM, *SIM_FLAGS, "--host", "127.0.0.1", "--port", str(port)], {}, port)
+
+    async def go():
+        out = await engine.start()
+        assert out.ok and port_is_listening(port)
+        engine.stop_sync()  # blocking: what the atexit hook runs for every unit still installed
+        await engine._stop_journal()  # only so that this test's event loop closes its pipes
+
+    asyncio.run(go())
+    assert not engine.unit_path.exists() and not port_is_listening(port)
+    assert engine.status_sync().active_state == "inactive"
+
+
+def test_restart_under_load_is_a_crash_because_counters_reset(fake_systemd):
+    """With a drop-in Restart=always, a server killed mid-trial comes back by itself: the unit is
+    active again, but NRestarts and MainPID changed, so the trial's counter deltas are void."""
+    units, _state = fake_systemd
+    (units / "service.d").mkdir()
+    (units / "service.d" / "50-restart.conf").write_text("[Service]\nRestart=always\nRestartSec=50ms\n")
+    port = free_port()
+    engine = _engine(units, [*SIM, *SIM_FLAGS, "--host", "127.0.0.1", "--port", str(port)], {}, port)
+
+    async def go():
+        out = await engine.start()
+        assert out.ok and out.info["restarts"] == 0
+        os.kill(out.pid, signal.SIGKILL)
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            st = await engine.status()
+            if st.n_restarts == 1 and st.active_state == "active":
+                break
+        crashed = engine.crashed()
+        await engine.stop()
+        return out.pid, crashed
+
+    old_pid, crashed = asyncio.run(go())
+    assert crashed is not None and crashed.failure_kind == "crash_under_load"
+    assert "restarted under load (NRestarts 0 -> 1" in crashed.reason and f"MainPID {old_pid} ->" in crashed.reason
+    assert crashed.info["restarts"] == 1

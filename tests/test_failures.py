@@ -59,6 +59,17 @@ def test_real_port_in_use():
     assert "Address already in use" in f.root_cause_line
 
 
+def test_real_engine_core_killed_under_load_is_crash_even_with_exit_0():
+    # vLLM's API server notices the dead engine core, ends the streams with an error event and
+    # exits with code 0 (tests/fixtures/vllm/recording.json).
+    log = real_log("fail_engine_killed_under_load.log")
+    f = classify(0, log, "load")
+    assert f.kind == "crash_under_load"
+    assert "engine core exited unexpectedly" in f.root_cause_line
+    assert f.reason.startswith("vLLM engine core died: ")
+    assert classify(0, log, "startup").kind == "exited"
+
+
 def test_real_healthy_log_gives_no_root_cause_from_info_or_warning_lines():
     # Every vLLM start logs a WARNING mentioning "OSError: [Errno 24]"; it is not a root cause.
     log = real_log("nospec_server.log")

@@ -7,6 +7,7 @@ exactly. The no-GPU path is tested for real.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -178,6 +179,16 @@ def test_gpu_memory_released_by_pids():
     assert gpu_memory_released([4242], timeout=0.05, poll_s=0.01, nvml=fake) is False
     fake.procs = [[], [999]]
     assert gpu_memory_released([4242, 4243], timeout=0.05, poll_s=0.01, nvml=fake) is True
+
+
+def test_gpu_memory_released_waits_for_children_of_the_server_session():
+    # The FAKE GPU lists this very test process; it belongs to our own session, so asking about
+    # our session leader's pid must report "not released", and about an unrelated pid "released".
+    me = os.getpid()
+    sid = os.getsid(0)
+    fake = FakeNVML(procs=[[me], []])
+    assert gpu_memory_released([sid], timeout=0.05, poll_s=0.01, nvml=fake) is False
+    assert gpu_memory_released([2**22 + 17], timeout=0.05, poll_s=0.01, nvml=fake) is True
 
 
 def test_gpu_memory_released_by_baseline():

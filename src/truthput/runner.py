@@ -122,6 +122,7 @@ class RunContext:
     guard_texts: dict[str, list[str]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     stopping: dict | None = None
+    simulated: bool = False
 
 
 def _log_sink(ctx: RunContext):
@@ -224,7 +225,7 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
         scrapes.append(await scrape_metrics(session, engine.base_url, "pre"))
         loop = ClosedLoop(client, workload, concurrency, duration_s=exp.workload.duration_s,
                           max_requests=exp.workload.requests)
-        sampler = GpuSampler().start() if ctx.plan.engine not in SIMULATED_ENGINES else None
+        sampler = GpuSampler().start() if not ctx.simulated else None
         try:
             result = await loop.run(on_window_start=window_start, on_window_end=window_end)
         finally:
@@ -236,7 +237,7 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
     results = measure_trial(result.records, scrapes, logs, window if None not in window else None, concurrency,
                             engine=_engine_for_argv(ctx.plan.engine), speculative=vp.speculative,
                             tokenizer=tokenizer, names=names)
-    results["simulated"] = ctx.plan.engine in SIMULATED_ENGINES
+    results["simulated"] = ctx.simulated
     if telemetry is None:
         results["telemetry"] = {"available": False, "reason": "no GPU telemetry: simulated server (no GPU)"}
     else:
@@ -303,13 +304,26 @@ def _guard_body(exp: Experiment, i: int) -> dict:
     return body
 
 
+async def _serves_simulator(base_url: str) -> bool:
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+            async with session.get(base_url + "/version") as resp:
+                return resp.status == 200 and "truthput" in (await resp.text()).lower()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return False
+
+
 async def _engine_version(kind: str, launched: list[str]) -> str | None:
     """The engine's own version string (recorded per start, principle 1)."""
     if kind == "sim":
         import truthput
 
         return f"truthput-sim {truthput.__version__} (simulator, not vLLM)"
-    if kind in ("vllm", "sglang", "llamacpp") and launched:
+    if kind in ("vllm", "sglang", "llamacpp", "systemd") and launched:
+        if kind == "systemd":
+            kind = "vllm"
         from truthput.engines.versions import engine_version
 
         return await asyncio.get_running_loop().run_in_executor(None, engine_version, launched, kind)
@@ -326,7 +340,8 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
     if not todo and not need_guard:
         return
     seed = exp.experiment.seed * 7919 + start_index * 131 + vp.position
-    engine, launched = make_engine(exp, ctx.plan.engine, vp.argv, vp.env, seed, log_sink=_log_sink(ctx))
+    engine, launched = make_engine(exp, ctx.plan.engine, vp.argv, vp.env, seed, log_sink=_log_sink(ctx),
+                                   run_id=ctx.run_id, variant=vp.name, start_index=start_index)
     ctx.log_buffer = []
     ctx.log_seq = 0
     ctx.start_id = store.begin_start(ctx.run_id, vp.name, start_index, launched, getattr(engine, "port", None))
@@ -343,6 +358,11 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
             ctx.progress(f"[red]{vp.name}: failed: {outcome.failure_kind}: {outcome.reason}[/red]")
             store.event(ctx.run_id, "start_failed", f"{vp.name} start {start_index}: {outcome.failure_kind}: {outcome.reason}")
             return
+        if not ctx.simulated and await _serves_simulator(engine.base_url):
+            # a simulator behind `command`/`external`/`systemd` is still a simulator (principle 1)
+            ctx.simulated = True
+            store.mark_simulated(ctx.run_id)
+            ctx.progress("[yellow]the server reports itself as the truthput SIMULATOR: figures are simulated[/yellow]")
         store.update_start(ctx.start_id, status="ready", ready_s=outcome.ready_s, pid=outcome.pid,
                            engine_version=await _engine_version(ctx.plan.engine, launched),
                            info_json=outcome.info or {})
@@ -458,7 +478,8 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
     for vp in plan.variants:
         store.put_variant(run_id, vp.name, vp.position, vp.is_baseline, vp.argv.to_argv(),
                           {"diff": vp.diff, "lines": vp.diff_text, "speculative": vp.speculative}, vp.env)
-    ctx = RunContext(exp=exp, store=store, run_id=run_id, plan=plan, progress=progress)
+    ctx = RunContext(exp=exp, store=store, run_id=run_id, plan=plan, progress=progress,
+                     simulated=plan.engine in SIMULATED_ENGINES or bool(store.run(run_id)["simulated"]))
     if resume:
         prev = store.run(run_id)["summary_json"]
         if prev:

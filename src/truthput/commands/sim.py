@@ -9,7 +9,7 @@ parses exactly the argv a real vLLM would; `--help` after `serve` shows the full
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import typer
 
@@ -34,7 +34,32 @@ def _trial_chunks(store, trial_id: int, default_prompt: float) -> list[tuple[flo
     return out
 
 
-def calibration_points(store, run_ids: list[str]):
+def _mean_length(value, what: str) -> float | None:
+    """The workload's mean length (an int or a distribution table), for steady-state predictions."""
+    from truthput.load.workload import _as_dist
+
+    try:
+        return _as_dist(value, what).expected
+    except Exception:  # a length the workload module cannot read: predictions then need input=/output=
+        return None
+
+
+class StorePoints(NamedTuple):
+    """What calibration reads from the store: the points, the runs' (gpu, model) pairs, each
+    variant's mean (input, output) lengths, simulated runs' per-start noise, and the trials left
+    out with the reason (never silently)."""
+
+    points: list
+    hardware: set
+    lengths: dict
+    sim_noise: dict
+    skipped: list
+
+
+STALL_MARK = "could not keep up"  # the simulator's WARNING when the host starved it of CPU
+
+
+def calibration_points(store, run_ids: list[str]) -> StorePoints:
     """One point per ok trial: its server-counter tok/s over the steady-state window, and the
     engine steps that produced it.
 
@@ -43,7 +68,8 @@ def calibration_points(store, run_ids: list[str]):
     decodes, the prefills of requests that started in it, the steps a finished stream sat out.
     tp, KV dtype and speculation come from the variant's stored argv; the acceptance length from
     the spec-decode counters of the trial (used for predictions, not for pricing observed steps).
-    Returns (points, {(gpu, model)}, {variant: workload (input, output) lengths}).
+    A simulated trial during which the simulator logged that the host CPU could not keep up is
+    left out: its window measures the host, not the physics.
     """
     import json
 
@@ -56,6 +82,8 @@ def calibration_points(store, run_ids: list[str]):
     points = []
     hw = set()
     lengths: dict[str, tuple[float | None, float | None]] = {}
+    sim_noise: dict[str, float] = {}
+    skipped: list[tuple[str, str]] = []
     for rid in run_ids:
         rid = store.resolve_run(rid)
         run = store.run(rid)
@@ -63,17 +91,28 @@ def calibration_points(store, run_ids: list[str]):
         if exp.hardware is None or exp.model is None:
             raise SpecError(f"run {rid}: its experiment has no [hardware]/[model]; calibration needs both")
         hw.add((exp.hardware.gpu, exp.model.ref))
+        if run["simulated"]:
+            sim_noise[rid] = float(exp.sim.noise) if exp.sim is not None else 0.0
         wl = exp.workload
-        inp = float(wl.input_tokens) if isinstance(wl.input_tokens, int) else None
-        outp = float(wl.output_tokens) if isinstance(wl.output_tokens, int) else None
+        inp, outp = _mean_length(wl.input_tokens, "input_tokens"), _mean_length(wl.output_tokens, "output_tokens")
         argv = {v["name"]: ServerArgv.parse(json.loads(v["argv_json"])) for v in store.variants(rid)}
         rows = {row["id"]: row for row in store.trials(rid)}
+        stalls: dict[int, list[float]] = {}
+        if run["simulated"]:
+            for st in store.starts(rid):
+                stalls[st["id"]] = [float(line["t_mono"]) for line in store.logs(st["id"]) if STALL_MARK in line["line"]]
         for t in store.trial_results(rid):
             tokps = counter_tokps(t["results"])
             window_s = fig(t["results"], "throughput", "counter_window", "seconds")
             if t["status"] != "ok" or tokps is None or not window_s:
                 continue
             row = rows[t["id"]]
+            label = f"{rid}/{t['variant']}/c{t['concurrency']}/s{row['start_index']}t{row['trial_index']}"
+            lag = 2.0 * float(exp.sim.log_stats_interval_s)  # the warning comes with the next stats line
+            if any(row["t0_mono"] <= x <= (row["t_end"] or row["t0_mono"]) + lag
+                   for x in stalls.get(row["start_id"], [])):
+                skipped.append((label, "the simulator logged that the host CPU could not keep up"))
+                continue
             a = argv[t["variant"]]
             tp = int(a.get("--tensor-parallel-size") or 1)
             kv = 1.0 if str(a.get("--kv-cache-dtype") or "auto").startswith("fp8") else 2.0
@@ -82,7 +121,18 @@ def calibration_points(store, run_ids: list[str]):
             chunks = _trial_chunks(store, row["id"], inp or 0.0)
             start = fig(t["results"], "window", "start")
             end = fig(t["results"], "window", "end")
-            steps, tokens, tail = observed_steps(chunks, (start, end)) if start and end else ([], 0.0, 0.0)
+            sent = {int(r["idx"]): float(r["t_start"]) for r in store.requests(row["id"])}
+            rows_ = fig(t["results"], "scrape_intervals", "rows") or []
+            deltas = {(r.get("from"), r.get("to")): r.get("counter") for r in rows_}
+            before, inside = deltas.get(("pre", "window_start")), deltas.get(("window_start", "window_end"))
+            cut = (before, before + inside) if before is not None and inside is not None else None
+            steps, tokens, edges, idle = (observed_steps(chunks, (start, end), sent, cut) if start and end
+                                          else ([], 0.0, 0.0, 0.0))
+            head, following = None, None
+            if isinstance(edges, tuple):
+                head, tail, following = edges
+            else:
+                tail = edges
             acc = fig(t["results"], "spec_decode", "window", "mean_acceptance_length")
             if k and not isinstance(acc, (int, float)):
                 decoded = [c[4] for c in chunks if c[3] > 0]
@@ -94,9 +144,11 @@ def calibration_points(store, run_ids: list[str]):
                 context_tokens=(inp or 512.0) + (outp or 256.0) / 2, measured_tokps=tokps, kv_dtype_bytes=kv,
                 input_tokens=inp, output_tokens=outp,
                 steps=tuple(steps) if steps else None, window_s=window_s if steps else None,
-                tail_s=tail if steps else 0.0,
-                label=f"{rid}/{t['variant']}/c{t['concurrency']}/s{row['start_index']}t{row['trial_index']}"))
-    return points, hw, lengths
+                tail_s=tail if steps else 0.0, idle_s=idle if steps else 0.0,
+                head_s=head if steps else None, following_step=following if steps else None,
+                label=label,
+                group=f"{rid}/start{row['start_id']}"))
+    return StorePoints(points, hw, lengths, sim_noise, skipped)
 
 
 def register(app: typer.Typer) -> None:
@@ -114,15 +166,35 @@ def register(app: typer.Typer) -> None:
     def calibrate(
         run_ids: Optional[list[str]] = typer.Argument(None, help="Runs whose counter figures to fit (ids or 'latest')."),
         store: Path = typer.Option(Path("truthput.db"), "--store", help="Results store (SQLite)."),
-        point: Optional[list[str]] = typer.Option(None, "--point", help="A measured point by hand: tp=2,concurrency=8,spec_k=1,spec_method=mtp,acceptance=1.95,context=2048,tokps=339.9,kv=1"),
-        gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU (catalog name); default: the runs' [hardware]."),
-        model: Optional[str] = typer.Option(None, "--model", help="Model profile or directory; default: the runs' [model]."),
+        point: Optional[list[str]] = typer.Option(None, "--point", help="A measured point by hand: tp=2,concurrency=8,spec_k=1,spec_method=mtp,acceptance=1.95,context=2048,tokps=339.9,kv=1 (add input=,output= for a closed loop's prompt/output lengths)."),
+        gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU (catalog name); default: the runs' \\[hardware]."),
+        model: Optional[str] = typer.Option(None, "--model", help="Model profile or directory; default: the runs' \\[model]."),
         free: str = typer.Option("step_overhead_s,bw_frac,flops_frac,tp_latency_s", "--free", help="Constants to fit."),
-        predict: Optional[list[str]] = typer.Option(None, "--predict", help="Configs to predict with a band (same form as --point, tokps optional)."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Write the profile JSON here (for [sim] profile / --sim-profile)."),
+        predict: Optional[list[str]] = typer.Option(None, "--predict", help="A config to predict with its 95% band, same keys as --point without tokps, e.g. tp=2,concurrency=16,spec_k=1,spec_method=mtp,acceptance=1.9 (input/output default to the runs' workload). Repeatable."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Write the profile JSON here (for \\[sim] profile / --sim-profile); its metadata keeps the fit's covariance and every --predict with its band."),
+        start_spread: Optional[float] = typer.Option(None, "--start-spread", help="Relative spread of throughput from one server start to the next (default: the simulator's noise for simulated runs, else 0.02): trials of one start share it, so the fit weighs start-to-start differences less."),
+        keep_outliers: bool = typer.Option(False, "--keep-outliers", help="Fit every trial, even windows far off the others (host stalls); by default they are left out and listed."),
         seed_case: bool = typer.Option(False, "--seed-case", help="Print the seed case: calibrate on 66.9 tok/s at 1 stream, predict 8 streams."),
     ) -> None:
-        """Fit the simulator's free constants (step overhead, achieved bandwidth/FLOP fractions, TP latency)."""
+        """Fit the simulator's free constants to measured runs; predict other configs with a band.
+
+        \b
+        What it fits: per-step overhead, achieved bandwidth and FLOP fractions, TP all-reduce
+        latency: the constants of the physics model (truthput.hardware.physics) no datasheet gives.
+        What it fits them to: each ok trial's server-counter tok/s over its timed window, against
+        the model's price of the engine steps that window held (decodes, the prefills of requests
+        that started in it, steps a finished stream sat out), rebuilt from the streamed chunks.
+        Constants the runs cannot pin down are kept at their priors or reported with a wide band.
+        \b
+        How to use it:
+          1. truthput run exp.toml --store runs.db       (real engine; vary tp / spec / concurrency)
+          2. truthput sim calibrate latest --store runs.db --out fitted.json \\
+               --predict tp=2,concurrency=16,spec_k=1,spec_method=mtp,acceptance=1.9
+             prints each constant +- its band, and each prediction as tok/s with a 95% band [model]
+          3. in an experiment: \\[server] engine = "sim" and \\[sim] profile = "fitted.json": the
+             simulator now serves at the fitted speeds, so a config you have not run can be tried;
+             its figures are SIMULATED, and the band from step 2 says how far to trust them.
+        """
         from rich.console import Console
 
         from truthput.errors import SpecError
@@ -134,13 +206,17 @@ def register(app: typer.Typer) -> None:
             return
         points = [parse_point(p) for p in (point or [])]
         simulated_runs = []
+        lengths: dict = {}
+        sim_noise: dict = {}
         if run_ids:
             from truthput.store.db import Store
 
             db = Store(store)
-            pts, hw, _lengths = calibration_points(db, list(run_ids))
+            pts, hw, lengths, sim_noise, skipped = calibration_points(db, list(run_ids))
+            for label, why in skipped:
+                con.print(f"  left out {label}: {why}", highlight=False)
             points += pts
-            simulated_runs = [r for r in run_ids if db.run(r)["simulated"]]
+            simulated_runs = [r for r in run_ids if db.run(db.resolve_run(r))["simulated"]]
             if len(hw) > 1 and not (gpu and model):
                 raise SpecError(f"runs differ in hardware/model {sorted(hw)}: give --gpu and --model")
             if hw and not gpu:
@@ -151,25 +227,42 @@ def register(app: typer.Typer) -> None:
             raise SpecError("calibrate: give RUN_ID(s) with counter figures, or --point")
         if not gpu or not model:
             raise SpecError("calibrate: give --gpu and --model (or runs whose experiments have [hardware]/[model])")
-        result = fit(points, gpu, model, free=tuple(f for f in free.split(",") if f))
+        if start_spread is None:
+            start_spread = max(sim_noise.values()) if sim_noise and len(sim_noise) == len(run_ids or []) else 0.02
+        result = fit(points, gpu, model, free=tuple(f for f in free.split(",") if f),
+                     reject_outliers=bool(run_ids) and not keep_outliers, start_sigma=start_spread)
         if simulated_runs:
             con.print(f"[yellow]note[/yellow]: {', '.join(simulated_runs)} are SIMULATED runs: the fit recovers the "
                       "simulator's own constants (a self-test), not your hardware's.")
-        con.print(f"{len(points)} points (server-counter tok/s) on {result.gpu.name} / {result.model.name}")
+        con.print(f"{len(result.points)} points (server-counter tok/s) on {result.gpu.name} / {result.model.name}")
         eff = result.efficiency
+        pinned = result.identified(0.05)
         for name in result.fitted:
-            con.print(f"  {name} = {getattr(eff, name):.6g} ± {result.std[name]:.2g}  [model, fitted]")
+            status = "" if pinned[name] else "  [yellow]weakly identified by these runs[/yellow]"
+            con.print(f"  {name} = {getattr(eff, name):.6g} ± {result.band_95(name):.1%} (95%)  "
+                      f"[model, fitted]{status}")
         for name, why in result.dropped.items():
             con.print(f"  {name} = {getattr(eff, name)!r}  [prior; not fitted: {why}]")
         for note in result.notes:
-            con.print(f"  note: {note}")
+            con.print(f"  note: {note}", highlight=False)
         con.print(f"  residual noise: {result.noise_log:.3f} in log tok/s ({result.noise_basis})")
+        configs = []
+        uniform = set(lengths.values())
         for text in predict or []:
-            cfg = parse_point(text if "tokps=" in text else text + ",tokps=0")
+            cfg = parse_point(text if "tokps=" in text else text + ",tokps=1")
+            if cfg.output_tokens is None and len(uniform) == 1:
+                inp, outp = next(iter(uniform))
+                if outp is not None:
+                    from dataclasses import replace
+
+                    cfg = replace(cfg, input_tokens=inp, output_tokens=outp)
+            configs.append(cfg)
             value, lo, hi = result.predict(cfg)
-            con.print(f"  predicted tp={cfg.tp} c={cfg.concurrency} k={cfg.spec_k}: {value:.1f} tok/s "
-                      f"(95% band {lo:.1f}..{hi:.1f}) [model]")
+            loop = (f", closed loop {cfg.input_tokens:g} in / {cfg.output_tokens:g} out"
+                    if cfg.output_tokens is not None else ", steady decode")
+            con.print(f"  predicted tp={cfg.tp} c={cfg.concurrency} k={cfg.spec_k}{loop}: {value:.1f} tok/s "
+                      f"(95% band {lo:.1f}..{hi:.1f}) [model]", highlight=False)
         if out:
-            con.print(f"profile written to {result.save_profile(out)}")
+            con.print(f"profile written to {result.save_profile(out, configs)}")
 
     app.add_typer(sim_app, name="sim")

@@ -115,6 +115,11 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("port_in_use", r"Address already in use", 95, "port already in use"),
     _p("port_in_use", r"\[Errno 98\]|errno 98", 95, "port already in use"),
     _p("port_in_use", r"couldn't bind HTTP server socket", 90, "port already in use"),  # llama.cpp
+    # vLLM's engine-core process died (killed, segfault): the API server notices and shuts down,
+    # exiting with code 0 (tests/fixtures/vllm/fail_engine_killed_under_load.log). Least specific:
+    # an OOM or other cause in the same log wins.
+    _p("crash_under_load", r"engine core exited unexpectedly", 35, "vLLM engine core died"),
+    _p("crash_under_load", r"EngineDeadError", 30, "vLLM engine core died"),
 )
 
 # Lines that say "something failed" without saying what: never chosen as the root cause when a
@@ -209,7 +214,10 @@ def classify(exit_code: int | None, log_lines: Sequence[str], phase: str) -> Fai
         match = pat.regex.search(lines[idx])
         assert match is not None
         reason = f"{pat.label}: {_message_after(lines[idx], match)}"
-        return Failure(pat.kind, reason, lines[idx].strip(), _excerpt(lines, idx))
+        kind: FailureKind = pat.kind
+        if kind == "crash_under_load" and phase not in _LOAD_PHASES:
+            kind = "exited"  # the engine died, but not under load
+        return Failure(kind, reason, lines[idx].strip(), _excerpt(lines, idx))
 
     err_idx = _last_error_line(lines)
     err_line = lines[err_idx].strip() if err_idx is not None else None

@@ -162,7 +162,8 @@ def render_variant_unit(unit_text: str | None, unit_path: str | None, argv: Sequ
         try:
             unit_text = Path(unit_path).read_text(encoding="utf-8")
         except OSError as exc:
-            raise EngineError(f"[server.systemd_unit].path = {unit_path}: cannot read the unit: {exc.strerror}") from None
+            raise EngineError(f"[server.systemd_unit].path = {unit_path}: cannot read the unit: "
+                              f"{exc.strerror}") from None
     if not unit_text:
         description = label.replace("%", "%%")
         unit_text = f"[Unit]\nDescription=truthput server {description}\n\n[Service]\nType=simple\n"
@@ -414,8 +415,9 @@ class SystemdEngine:
         if not tool:
             return None
         try:
-            proc = await asyncio.create_subprocess_exec(*tool, "verify", str(self.unit_path), stdin=asyncio.subprocess.DEVNULL,
-                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            proc = await asyncio.create_subprocess_exec(*tool, "verify", str(self.unit_path),
+                                                        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE)
             out, err = await asyncio.wait_for(proc.communicate(), timeout=30.0)
         except (OSError, asyncio.TimeoutError):
             return None
@@ -520,8 +522,8 @@ class SystemdEngine:
             return None
         status = self.status_sync()
         ready = self._ready_status
-        restarted = ready is not None and (status.n_restarts > ready.n_restarts
-                                           or (ready.main_pid and status.main_pid and status.main_pid != ready.main_pid))
+        new_pid = ready is not None and bool(ready.main_pid and status.main_pid and status.main_pid != ready.main_pid)
+        restarted = ready is not None and (status.n_restarts > ready.n_restarts or new_pid)
         if status.active_state == "active" and not restarted:
             return None
         self.exit_code = status.exit_code
@@ -529,8 +531,9 @@ class SystemdEngine:
         if out.failure_kind in (None, "exited", "request_errors"):
             out.failure_kind = "crash_under_load"
         if restarted and ready is not None:
-            out.reason = (f"unit {self.name} restarted under load (NRestarts {ready.n_restarts} -> {status.n_restarts}, "
-                          f"MainPID {ready.main_pid} -> {status.main_pid}): the server's counters were reset; {out.reason}")
+            out.reason = (f"unit {self.name} restarted under load (NRestarts {ready.n_restarts} -> "
+                          f"{status.n_restarts}, MainPID {ready.main_pid} -> {status.main_pid}): the server's "
+                          f"counters were reset; {out.reason}")
         return out
 
     async def stop(self) -> None:
@@ -543,7 +546,8 @@ class SystemdEngine:
                     self.teardown_notes.append(f"systemctl stop {self.name}: exit {rc}: {err.strip()[:200]}")
                     await self._ctl("kill", "--signal=SIGKILL", self.name, timeout_s=15.0)
                     await self._ctl("stop", self.name, timeout_s=30.0)
-                freed = await asyncio.get_running_loop().run_in_executor(None, wait_port_free, self.port, self.host, 30.0)
+                loop = asyncio.get_running_loop()
+                freed = await loop.run_in_executor(None, wait_port_free, self.port, self.host, 30.0)
                 if not freed:
                     self.teardown_notes.append(f"port {self.port} still open 30 s after stopping {self.name}")
                 status = await self.status()

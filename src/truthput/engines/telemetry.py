@@ -309,6 +309,27 @@ def _gpu_pids(mod: ModuleType) -> set[int]:
     return pids
 
 
+def _session_and_group(pid: int) -> tuple[int, int] | None:
+    """(session id, process group id) of a live process, from /proc; None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return int(fields[3]), int(fields[2])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _belongs_to(pid: int, roots: set[int]) -> bool:
+    """Whether a GPU process is one of `roots` or in their session / process group: vLLM's GPU
+    memory is held by its engine-core and worker children, not by the API server pid truthput
+    started (with setsid, so the children share its session)."""
+    if pid in roots:
+        return True
+    ids = _session_and_group(pid)
+    return ids is not None and (ids[0] in roots or ids[1] in roots)
+
+
 def gpu_memory_released(
     pids_or_baseline: Sequence[int] | Mapping[int, float],
     timeout: float = 30.0,
@@ -319,8 +340,8 @@ def gpu_memory_released(
 ) -> bool | None:
     """Wait up to `timeout` s for a stopped server's GPU memory to be freed, for teardown.
 
-    `pids_or_baseline` is either the server's process ids (released = none of them holds GPU
-    memory any more) or a baseline {gpu index: used bytes} taken before the server started
+    `pids_or_baseline` is either the server's process ids (released = none of them, nor any
+    process in their session or process group, holds GPU memory any more) or a baseline {gpu index: used bytes} taken before the server started
     (released = every GPU is back within `tolerance_bytes` of it). True when released, False on
     timeout, None when it cannot be told (no NVML: nothing to wait for).
     """
@@ -335,7 +356,8 @@ def gpu_memory_released(
                         for i in range(mod.nvmlDeviceGetCount())}
                 done = all(used.get(i, 0.0) <= base + tolerance_bytes for i, base in pids_or_baseline.items())
             else:
-                done = not (set(int(p) for p in pids_or_baseline) & _gpu_pids(mod))
+                roots = {int(p) for p in pids_or_baseline}
+                done = not any(_belongs_to(p, roots) for p in _gpu_pids(mod))
             if done:
                 return True
             if time.monotonic() >= deadline:

@@ -181,10 +181,28 @@ def _run_version(python: str, engine: str, timeout: float) -> str | None:
     return lines[-1] if lines else None
 
 
+@functools.lru_cache(maxsize=32)
+def _binary_version(exe: str, timeout: float) -> str | None:
+    """`llama-server --version` prints e.g. "version: 1 (515e855)" (to stderr)."""
+    import re
+
+    try:
+        proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"^version:\s*(.+)$", proc.stdout + "\n" + proc.stderr, re.MULTILINE)
+    return m.group(1).strip() if m else None
+
+
 def engine_version(python_exe_or_argv: str | Sequence[str], engine: str = "vllm",
                    timeout: float = ENGINE_VERSION_TIMEOUT_S) -> str | None:
-    """The engine's version as its own Python reports it (`import vllm; print(vllm.__version__)`),
-    cached per interpreter; None when it cannot be told (not Python, import fails, timeout)."""
+    """The engine's version as the engine itself reports it, cached per executable: for Python
+    engines its interpreter runs `import vllm; print(vllm.__version__)` (sglang likewise); for
+    llama.cpp the server binary runs `--version`. None when it cannot be told (import fails,
+    timeout, unknown engine)."""
+    if engine == "llamacpp":
+        argv = shlex.split(python_exe_or_argv) if isinstance(python_exe_or_argv, str) else list(python_exe_or_argv)
+        return _binary_version(argv[0], timeout) if argv else None
     python = _engine_python(python_exe_or_argv)
     if python is None:
         return None

@@ -307,7 +307,9 @@ def _commit(store: Any, run_id: str, start_id: int | None, opts: LoadOptions, ou
     status, error = "ok", None
     if records and n_err == len(records):
         status, error = "failed", f"request_errors: all {n_err} requests failed"
-    level_key = int(out.level) if not opts.rate else k
+    # The store keys trials by concurrency: a closed loop's level; an open loop's cap on requests
+    # in flight (0: uncapped); trial_index k keeps every level of a run distinct.
+    level_key = int(out.level) if not opts.rate else (opts.max_in_flight or 0)
     return store.commit_trial(run_id, "load", start_id, key_type("load", 0, level_key, k), status, t0_wall, t0_mono,
                               (out.load.t_window_start, out.load.t_window_end), t_end, out.results, records,
                               out.scrapes, error=error)

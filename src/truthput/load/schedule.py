@@ -1,4 +1,8 @@
-"""Closed-loop load: exactly N requests in flight, and a timed window while all N are generating.
+"""Load modes: closed loop (`ClosedLoop`), open loop (`OpenLoop`, Poisson or constant arrivals with
+a max in flight) and the saturation sweep rule (`Sweep`). Goodput lives in `truthput.load.goodput`,
+worker processes in `truthput.load.workers`.
+
+Closed-loop load: exactly N requests in flight, and a timed window while all N are generating.
 
 Why: steady-state throughput is only meaningful while the server holds the full batch, so the
 window opens when every one of the N streams has received its first token (after prefill ramp-up)

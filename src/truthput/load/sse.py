@@ -40,6 +40,21 @@ class SSEParser:
                 and data.find(b"\n", 6) == len(data) - 2 and data.endswith(b"\n\n") and b"\r" not in data:
             self.events_seen += 1
             return [data[6:-2]]
+        # Next most usual: several whole events in one read (the client came back to this socket
+        # after a few chunks), nothing pending. One C-level split, no buffer copies.
+        if not self._buf and not self._pending_cr and data.endswith(b"\n\n") and b"\r" not in data:
+            parts = data.split(_SEP)
+            parts.pop()  # after the final separator
+            self.events_seen += len(parts)
+            out = []
+            for part in parts:
+                if part.startswith(b"data: ") and b"\n" not in part:
+                    out.append(part[6:])
+                else:
+                    payload = _event_data(part, 0, len(part))
+                    if payload is not None:
+                        out.append(payload)
+            return out
         if self._pending_cr:
             data = b"\r" + data
             self._pending_cr = False
@@ -88,7 +103,7 @@ class SSEParser:
         return len(self._buf)
 
 
-def _event_data(buf: bytearray, start: int, end: int) -> bytes | None:
+def _event_data(buf: bytearray | bytes, start: int, end: int) -> bytes | None:
     """The joined `data` lines of the event in buf[start:end], or None if it has no data line."""
     # Fast path: the usual one-line event `data: {...}`.
     if buf.startswith(_DATA, start) and buf.find(b"\n", start, end) == -1:

@@ -65,7 +65,13 @@ class CalibrationPoint:
     steps: tuple[tuple[int, float, float], ...] | None = None
     window_s: float | None = None
     tail_s: float = 0.0
+    idle_s: float = 0.0
+    # with a counter cut: how far the start scrape fell into the first step, the end scrape after
+    # the last, and the shape of the step the end scrape fell in (client clock; clipped by the model)
+    head_s: float | None = None
+    following_step: tuple[int, float, float] | None = None
     label: str = ""
+    group: str = ""  # the server start it was measured on: points of one start share its offset
 
     def tokens_per_step(self) -> float:
         if self.spec_k <= 0:
@@ -82,6 +88,27 @@ def _step_time(gpu: GPU, model: ModelProfile, point: CalibrationPoint, eff: Effi
     return decode_step(gpu, model, point.tp, decodes, context, spec_k=point.spec_k if decodes else 0,
                        spec_method=point.spec_method if decodes else None,
                        kv_dtype_bytes=point.kv_dtype_bytes, prefill_tokens=prefill, eff=eff).total
+
+
+_GROUPS: dict[int, dict] = {}
+
+
+def _grouped(point: CalibrationPoint) -> dict[tuple[int, float], tuple[int, float]]:
+    """Observed steps folded by (decode seqs, prefill tokens) into (count, mean context): the step
+    time is linear in context on either side of the memory/compute kink, so this prices the sum
+    exactly unless a group straddles the kink, and a fit evaluates a few shapes, not every step."""
+    key = id(point.steps)
+    cached = _GROUPS.get(key)
+    if cached is not None and cached["steps"] is point.steps:
+        return cached["groups"]
+    sums: dict[tuple[int, float], list[float]] = {}
+    for d, ctx, pf in point.steps or ():
+        acc = sums.setdefault((d, pf), [0, 0.0])
+        acc[0] += 1
+        acc[1] += ctx
+    groups = {k: (int(n), c / n) for k, (n, c) in sums.items()}
+    _GROUPS[key] = {"steps": point.steps, "groups": groups}
+    return groups
 
 
 def closed_loop_cycle(point: CalibrationPoint) -> tuple[float, float, float, float]:
@@ -111,8 +138,17 @@ def model_tokps(gpu: GPU, model: ModelProfile, point: CalibrationPoint, eff: Eff
     """
     if point.steps is not None and point.window_s and point.measured_tokps:
         tokens = point.measured_tokps * point.window_s
-        busy = sum(_step_time(gpu, model, point, eff, d, ctx, pf) for d, ctx, pf in point.steps)
-        return tokens / (busy + point.tail_s) if busy + point.tail_s > 0 else 0.0
+        busy = sum(n * _step_time(gpu, model, point, eff, d, ctx, pf) for (d, pf), (n, ctx) in _grouped(point).items())
+        total = busy + point.idle_s
+        if point.head_s is None:
+            total += point.tail_s
+        else:
+            first = _step_time(gpu, model, point, eff, *point.steps[0]) if point.steps else 0.0
+            total -= min(max(point.head_s, 0.0), first)
+            after = (_step_time(gpu, model, point, eff, *point.following_step) if point.following_step
+                     else point.tail_s)
+            total += min(max(point.tail_s, 0.0), after)
+        return tokens / total if total > 0 else 0.0
     if point.output_tokens is not None:
         decodes, prefills, emitted, share = closed_loop_cycle(point)
         inp = point.input_tokens or 0.0
@@ -127,10 +163,22 @@ def model_tokps(gpu: GPU, model: ModelProfile, point: CalibrationPoint, eff: Eff
 
 
 def observed_steps(chunks: Sequence[tuple[float, int, float, float, float]], window: tuple[float, float],
-                   ) -> tuple[list[tuple[int, float, float]], float, float]:
-    """Engine steps rebuilt from streamed chunks: (the steps that ended in the window as
-    (decode seqs, their context tokens, prefill tokens), tokens they emitted, window time after the
-    last of them).
+                   sent: dict[int, float] | None = None, counter_cut: tuple[float, float] | None = None,
+                   ) -> tuple[list[tuple[int, float, float]], float, float, float]:
+    """Engine steps rebuilt from streamed chunks: (the steps of the window as (decode seqs, their
+    context tokens, prefill tokens), tokens they emitted, window time not covered by them (may be
+    negative), idle time among them).
+
+    Which steps are the window's: with counter_cut = (emitted-token counter at the window's start
+    and end scrapes, minus its value before the trial's first request), exactly the steps whose
+    tokens the counter delta holds: cut by cumulative tokens in step order, the server's own
+    cut. The window then spans those steps' time, minus the part of the first one before the
+    start scrape, plus the time after the last one: both read on the client clock, whose delay
+    cancels between the two. Without counter_cut, the steps whose chunks arrived in the window.
+
+    Idle time: moments in the window when no request was in the engine (sent, by `sent`, the
+    request's send time, and not yet finished): the engine waits for the client's next request,
+    as at concurrency 1 between requests. That is measured (client clock), not modelled.
 
     chunks: (client arrival time, request index, prompt tokens, tokens emitted before, tokens in
     this chunk). Why not just group chunks by arrival time: a client starved of CPU reads two
@@ -145,8 +193,10 @@ def observed_steps(chunks: Sequence[tuple[float, int, float, float, float]], win
     import statistics
 
     by_request: dict[int, list[tuple[float, float, float, float]]] = {}
-    for t, rid, prompt, before, tokens in sorted(chunks):
+    for t, rid, prompt, before, tokens in chunks:
         by_request.setdefault(rid, []).append((t, prompt, before, tokens))
+    for req in by_request.values():
+        req.sort(key=lambda c: (c[2], c[0]))  # token order: a lagging client's times may not be monotonic
     requests = sorted(by_request.values(), key=lambda r: r[0][0])
     timeline: list[float] = []
     placed: list[tuple[int, list[tuple[float, float, float, float]]]] = []
@@ -180,20 +230,56 @@ def observed_steps(chunks: Sequence[tuple[float, int, float, float, float]], win
             i = s0 + j
             if before > 0:
                 decodes[i] += 1
-                context[i] += prompt + before
+                context[i] += prompt + before - 1  # KV already cached: the last sampled token is this step's input
             else:
                 prefill[i] += prompt
             tokens_at[i] += tokens
     start, end = window
-    steps: list[tuple[int, float, float]] = []
-    tokens = 0.0
-    last = start
-    for i, t in enumerate(timeline):
-        if start < t <= end:
-            steps.append((decodes[i], context[i], prefill[i]))
-            tokens += tokens_at[i]
-            last = t
-    return steps, tokens, max(end - last, 0.0)
+    if counter_cut is not None and timeline:
+        cumulative, total = [], 0.0
+        for x in tokens_at:
+            total += x
+            cumulative.append(total)
+
+        def cut(count: float) -> int:
+            """Index of the last step whose tokens the counter had seen (-1: none)."""
+            return max((i for i, c in enumerate(cumulative) if c <= count + 0.5), default=-1)
+
+        first, last_i = cut(counter_cut[0]), cut(counter_cut[1])
+        chosen = range(first + 1, last_i + 1)
+        steps = [(decodes[i], context[i], prefill[i]) for i in chosen]
+        tokens = sum(tokens_at[i] for i in chosen)
+        # the start scrape was served during the first chosen step, the end scrape during the step
+        # after the last: how far into them, the client clock says (clipped to the step by the model)
+        head = start - timeline[first] if first >= 0 else 0.0
+        tail = end - timeline[last_i] if last_i >= 0 else end - start
+        following = (decodes[last_i + 1], context[last_i + 1], prefill[last_i + 1]) if last_i + 1 < len(timeline) else None
+        last = timeline[last_i] if last_i >= 0 else start
+        return steps, tokens, (head, tail, following), _idle(by_request, sent, start, last)
+    else:
+        steps = []
+        tokens = 0.0
+        last = start
+        for i, t in enumerate(timeline):
+            if start < t <= end:
+                steps.append((decodes[i], context[i], prefill[i]))
+                tokens += tokens_at[i]
+                last = t
+        uncovered = max(end - last, 0.0)
+    return steps, tokens, uncovered, _idle(by_request, sent, start, last)
+
+
+def _idle(by_request: dict, sent: dict[int, float] | None, start: float, last: float) -> float:
+    """Time in (start, last] when no request was in the engine (sent and not yet finished)."""
+    idle = 0.0
+    if sent:
+        spans = sorted((max(sent.get(rid, req[0][0]), start), req[-1][0]) for rid, req in by_request.items())
+        cursor = start
+        for a, b in spans:
+            if a > cursor and cursor < last:
+                idle += min(a, last) - cursor
+            cursor = max(cursor, b)
+    return max(idle, 0.0)
 
 
 def _resolved(eff: Efficiency, gpu: GPU) -> Efficiency:
@@ -217,6 +303,7 @@ class CalibrationResult:
     noise_log: float
     noise_basis: str
     notes: list[str] = field(default_factory=list)
+    rejected: list[tuple[CalibrationPoint, float]] = field(default_factory=list)  # (point, its log residual)
 
     def _grad_log(self, point: CalibrationPoint) -> list[float]:
         base = math.log(model_tokps(self.gpu, self.model, point, self.efficiency))
@@ -240,23 +327,47 @@ class CalibrationResult:
         sd = math.sqrt(max(var, 0.0))
         return value, value * math.exp(-Z95 * sd), value * math.exp(Z95 * sd)
 
-    def metadata(self) -> dict:
+    def band_95(self, name: str) -> float:
+        """Half-width of a constant's ~95% band, relative to its value (inf at 0)."""
+        value = getattr(self.efficiency, name)
+        return Z95 * self.std.get(name, 0.0) / abs(value) if value else float("inf")
+
+    def identified(self, rel: float = 0.05) -> dict[str, bool]:
+        """Per fitted constant: do the data pin it to within +-rel (95%)? A constant that is fitted
+        but not pinned is reported as weakly identified, with its band, never as a recovered value."""
+        return {name: self.band_95(name) <= rel for name in self.fitted}
+
+    def prediction(self, config: CalibrationPoint) -> dict:
+        """One prediction as stored in the profile's metadata: the figure, its band, and its source."""
+        value, lo, hi = self.predict(config)
+        return {"config": _point_summary(config), "tokps": value, "low_95": lo, "high_95": hi,
+                "unit": "tok/s", "source": "model",
+                "note": "physics model with the fitted constants; band from the fit's covariance"}
+
+    def metadata(self, predictions: Sequence[CalibrationPoint] = ()) -> dict:
         return {
             "gpu": self.gpu.name, "model": self.model.name, "model_source": self.model.source,
             "fitted": list(self.fitted), "dropped": self.dropped, "std": self.std,
-            "covariance": self.covariance, "noise_log": self.noise_log, "noise_basis": self.noise_basis,
+            "band_95_rel": {name: self.band_95(name) for name in self.fitted},
+            "identified_5pct": self.identified(0.05),
+            "covariance": self.covariance, "covariance_order": list(self.fitted),
+            "noise_log": self.noise_log, "noise_basis": self.noise_basis,
             "points": [_point_summary(p) for p in self.points], "residuals_log": self.residuals_log,
+            "rejected": [{"point": _point_summary(p), "residual_log": r} for p, r in self.rejected],
+            "predictions": [self.prediction(c) for c in predictions],
             "notes": self.notes, "source": "model (calibrated to measured tok/s)",
         }
 
-    def to_dict(self) -> dict:
-        return {"format": PROFILE_FORMAT, "efficiency": self.efficiency.to_dict(), "metadata": self.metadata()}
+    def to_dict(self, predictions: Sequence[CalibrationPoint] = ()) -> dict:
+        return {"format": PROFILE_FORMAT, "efficiency": self.efficiency.to_dict(),
+                "metadata": self.metadata(predictions)}
 
-    def save_profile(self, path: str | Path) -> Path:
-        """Write the profile JSON the simulator reads with --sim-profile."""
+    def save_profile(self, path: str | Path, predictions: Sequence[CalibrationPoint] = ()) -> Path:
+        """Write the profile JSON the simulator reads with --sim-profile (metadata: the fit, its
+        covariance, and each prediction with its band)."""
         target = Path(path)
         try:
-            target.write_text(json.dumps(self.to_dict(), indent=2))
+            target.write_text(json.dumps(self.to_dict(predictions), indent=2))
         except OSError as exc:
             raise SpecError(f"{target}: cannot write calibration profile ({exc.strerror})") from exc
         return target
@@ -323,8 +434,82 @@ def fit(
     model: ModelProfile | str,
     free: Sequence[str] = DEFAULT_FREE,
     prior: Efficiency = Efficiency(),
+    reject_outliers: bool = False,
+    start_sigma: float = 0.0,
 ) -> CalibrationResult:
-    """Least squares on log tok/s for the identifiable subset of `free`; others stay at `prior`."""
+    """Least squares on log tok/s for the identifiable subset of `free`; others stay at `prior`.
+
+    reject_outliers: first fit robustly (soft-L1), then leave out points whose residual is far
+    outside the others' scatter (over 4 robust sigmas and 3%) and fit the rest by plain least
+    squares. Why: a window in which the host stalled (client or server starved of CPU, the engine
+    idle for want of requests) measures the host, not the engine's physics. Left-out points are
+    listed in `rejected` and the notes, never silently dropped.
+
+    start_sigma: the relative run-to-run spread of one server start (a few % on real boxes; the
+    simulator's --noise). Points with the same `group` (start) share that start's offset, so
+    differences between starts are worth less than differences within one: generalized least
+    squares with that block covariance (the within-start scatter estimated from the residuals).
+    Without it, a fit reads start-to-start noise as physics and its bands are too narrow.
+    """
+    if reject_outliers:
+        first = _fit_rejecting_outliers(points, gpu, model, free, prior)
+    else:
+        first = _fit(points, gpu, model, free, prior)
+    kept = first.points
+    groups = [p.group for p in kept]
+    if not start_sigma or not any(groups) or len(set(groups)) == len(groups):
+        return first
+    import numpy as np
+
+    by_group: dict[str, list[float]] = {}
+    for p, r in zip(kept, first.residuals_log):
+        by_group.setdefault(p.group, []).append(r)
+    within = sum((r - sum(rs) / len(rs)) ** 2 for rs in by_group.values() for r in rs)
+    dof = len(kept) - len(by_group)
+    sigma_e = max(math.sqrt(within / dof) if dof > 0 else ASSUMED_REL_NOISE, 1e-3)
+    cov = np.array([[sigma_e**2 * (i == j) + start_sigma**2 * (a.group == b.group)
+                     for j, b in enumerate(kept)] for i, a in enumerate(kept)])
+    whiten = np.linalg.inv(np.linalg.cholesky(cov))
+    result = _fit(kept, gpu, model, free, prior, whiten=whiten)
+    result.rejected = first.rejected
+    result.notes = [n for n in first.notes if n.startswith("left out")] + result.notes
+    result.noise_basis = (f"within-start scatter {sigma_e:.2%} (from the residuals) and {start_sigma:.1%} "
+                          f"per server start (given), {len(by_group)} starts; generalized least squares")
+    result.noise_log = sigma_e
+    return result
+
+
+def _fit_rejecting_outliers(points, gpu, model, free, prior) -> CalibrationResult:
+    import statistics
+
+    points = list(points)
+    robust = _fit(points, gpu, model, free, prior, loss="soft_l1")
+    k = len(robust.fitted)
+    if len(points) - k < 3:
+        return _fit(points, gpu, model, free, prior)
+    res = robust.residuals_log
+    sigma = 1.4826 * statistics.median(abs(r) for r in res)
+    limit = max(4.0 * sigma, 0.03)
+    keep = [p for p, r in zip(points, res) if abs(r) <= limit]
+    out = [(p, r) for p, r in zip(points, res) if abs(r) > limit]
+    result = _fit(keep, gpu, model, free, prior)
+    result.rejected = out
+    for p, r in out:
+        result.notes.append(f"left out {p.label or f'tp={p.tp} c={p.concurrency} k={p.spec_k}'}: measured "
+                            f"{math.expm1(-r):+.0%} off the robust fit (limit {limit:.1%}): a host stall or a "
+                            "config the model does not describe")
+    return result
+
+
+def _fit(
+    points: Sequence[CalibrationPoint],
+    gpu: GPU | str,
+    model: ModelProfile | str,
+    free: Sequence[str] = DEFAULT_FREE,
+    prior: Efficiency = Efficiency(),
+    loss: str = "linear",
+    whiten=None,
+) -> CalibrationResult:
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -346,9 +531,13 @@ def fit(
     def with_values(names: Sequence[str], x: Sequence[float]) -> Efficiency:
         return replace(prior, **dict(zip(names, (float(v) for v in x))))
 
-    def residuals(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    def raw_residuals(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
         eff = with_values(names, x)
         return np.log([model_tokps(gpu, model, p, eff) for p in points]) - measured
+
+    def residuals(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
+        r = raw_residuals(x, names)
+        return whiten @ r if whiten is not None else r
 
     def identified_fit(names: list[str]) -> tuple[list[str], Efficiency, np.ndarray, np.ndarray, dict[str, str]]:
         """Fit `names`; drop flat or collinear constants and refit until the rest are identified."""
@@ -367,6 +556,7 @@ def fit(
                 start = np.array([v * (time_factor if n.endswith("_s") else frac_factor) for n, v in zip(names, x0)])
                 start = np.clip(start, lo + 1e-12, hi)
                 trial = least_squares(residuals, start, bounds=(lo, hi), x_scale=scale, args=(names,),
+                                      loss=loss, f_scale=0.02,
                                       method="trf", jac="3-point", xtol=1e-12, ftol=1e-12, gtol=1e-12)
                 if sol is None or trial.cost < sol.cost - 1e-12:
                     sol = trial
@@ -406,7 +596,13 @@ def fit(
 
     n, k = len(points), len(candidates)
     notes = []
-    if n - k > 0:
+    raw = raw_residuals(np.array([getattr(eff, name) for name in candidates]), candidates)
+    if whiten is not None:
+        # residuals are in units of the assumed covariance: scale it up if they say it is too small
+        scale = float(math.sqrt(float(np.sum(res**2)) / (n - k))) if n > k else 1.0
+        noise = max(scale, 1.0)
+        basis = "generalized least squares"
+    elif n - k > 0:
         noise = float(math.sqrt(float(np.sum(res**2)) / (n - k)))
         basis = f"residual scatter of the fit ({n - k} degrees of freedom)"
     else:
@@ -427,7 +623,7 @@ def fit(
             notes.append(f"{name} sits at its bound {getattr(eff, name):g}: the model needs something it lacks")
     return CalibrationResult(
         gpu=gpu, model=model, efficiency=eff, fitted=tuple(candidates), dropped=dropped, std=std,
-        covariance=cov.tolist(), points=points, residuals_log=[float(r) for r in res],
+        covariance=cov.tolist(), points=points, residuals_log=[float(r) for r in raw],
         noise_log=noise, noise_basis=basis, notes=notes,
     )
 

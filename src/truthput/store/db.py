@@ -104,6 +104,10 @@ class Store:
                 self.conn.execute("UPDATE runs SET status=?, finished_at=?, summary_json=? WHERE id=?",
                                   (status, finished, _dumps(summary), run_id))
 
+    def mark_simulated(self, run_id: str) -> None:
+        with self._lock, self.conn:
+            self.conn.execute("UPDATE runs SET simulated=1 WHERE id=?", (run_id,))
+
     def event(self, run_id: str, kind: str, message: str) -> None:
         with self._lock, self.conn:
             self.conn.execute("INSERT INTO events(run_id, t_wall, kind, message) VALUES (?,?,?,?)",
