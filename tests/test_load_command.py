@@ -179,13 +179,19 @@ def test_load_options_need_a_stop_condition() -> None:
 
 
 def test_driver_with_worker_processes_counts_exactly(stub, tmp_path: Path) -> None:
-    o = opts(stub.url, concurrency=[6], requests=30, workers=2)
+    # uvloop in the parent as `truthput load` runs it, and results larger than a pipe's buffer
+    # (uvloop makes watched fds non-blocking: a big pickled result once failed with EAGAIN)
+    import uvloop
+
+    o = opts(stub.url, concurrency=[8], requests=160, workers=2,
+             workload=WorkloadSpec(input_tokens=16, output_tokens=150))
     pool = WorkerPool(o.client_config(), 2).start()
     try:
-        run = asyncio.run(run_load(o, Store(tmp_path / "w.db"), pool))
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            run = runner.run(run_load(o, Store(tmp_path / "w.db"), pool))
     finally:
         pool.close()
     (row,) = summary_rows(run)
-    assert row["requests"] == 30 and row["client_tokens"] == 30 * 40 and row["tokens_equal"]
+    assert row["requests"] == 160 and row["client_tokens"] == 160 * 150 and row["tokens_equal"]
     assert {r.worker for r in run.outcomes[0].load.records} == {0, 1}
     assert run.outcomes[0].results["integrity"]["holds"] is True

@@ -173,3 +173,17 @@ def test_goodput_counts_requests_meeting_both_targets() -> None:
     assert goodput(records, SLO(), None)["good_requests"] == 4
     with pytest.raises(SpecError):
         SLO(ttft_ms=0)
+
+
+def test_open_loop_duration_window_and_exact_tokens() -> None:
+    # 2 ms per token x 10 tokens: the first request finishes ~20 ms after the start, the window
+    # opens then and lasts 0.3 s; arrivals stop at its end and every request sent still finishes.
+    res, loop, server, calls = run_open(StubConfig(token_delay_s=0.002), rate=100.0, arrival="constant",
+                                        duration_s=0.3)
+    assert calls == ["start", "end"]
+    assert res.t_window_end - res.t_window_start == pytest.approx(0.3, abs=0.05)
+    assert all(r.status == "ok" for r in res.records)
+    assert sum(r.completion_tokens for r in res.records) == server.stats.tokens_sent == 10 * len(res.records)
+    assert 25 <= len(res.records) <= 40  # ~100 req/s over ~0.32 s
+    first_end = min(r.t_end for r in res.records)
+    assert res.t_window_start >= first_end

@@ -232,3 +232,12 @@ def test_engine_version_of_real_vllm_is_cached():
     t0 = time.monotonic()
     assert engine_version(str(VLLM_PY)) == "0.32.0"
     assert time.monotonic() - t0 < min(0.05, first)
+
+
+def test_engine_version_of_a_binary_engine(tmp_path):
+    # A FAKE llama-server that prints its version the way the real one does (to stderr).
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\necho 'version: 4242 (deadbee)' >&2\necho 'built with cc for x86_64' >&2\n")
+    exe.chmod(0o755)
+    assert engine_version([str(exe), "-m", "x.gguf", "--port", "1"], engine="llamacpp") == "4242 (deadbee)"
+    assert engine_version(["/bin/true"], engine="llamacpp") is None

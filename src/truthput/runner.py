@@ -20,6 +20,7 @@ from typing import Any, Callable
 from truthput.engines.factory import make_engine, sim_requirements
 from truthput.errors import SpecError
 from truthput.measure.figures import headline_tokps
+from truthput.measure.scrape import scrape_metrics, settled_post_scrape
 from truthput.spec.argv import ServerArgv, argv_diff, speculative_settings, variant_argv
 from truthput.spec.experiment import Experiment
 from truthput.store.db import Store, TrialKey
@@ -135,44 +136,6 @@ def _flush_logs(ctx: RunContext) -> None:
     if ctx.start_id is not None and ctx.log_buffer:
         lines, ctx.log_buffer = ctx.log_buffer, []
         ctx.log_seq = ctx.store.add_logs(ctx.start_id, ctx.log_seq, lines)
-
-
-async def scrape_metrics(session, base_url: str, phase: str):
-    import aiohttp
-
-    from truthput.measure.prom import Scrape
-
-    t_send = time.monotonic()
-    try:
-        async with session.get(base_url + "/metrics") as resp:
-            text = await resp.text()
-            t_mid = (t_send + time.monotonic()) / 2
-            if resp.status != 200:
-                return Scrape(phase, t_mid, None, f"GET {base_url}/metrics answered HTTP {resp.status}")
-            return Scrape(phase, t_mid, text, None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        return Scrape(phase, (t_send + time.monotonic()) / 2, None,
-                      f"GET {base_url}/metrics failed: {exc.__class__.__name__} {exc}".strip())
-
-
-async def settled_post_scrape(session, base_url: str, emitted_names: tuple[str, ...]):
-    """After the drain, scrape until the emitted-token counter stops moving (a /metrics may lag)."""
-    from truthput.measure.prom import parse_scrape
-
-    last = None
-    scrape = None
-    for _ in range(12):
-        scrape = await scrape_metrics(session, base_url, "post")
-        if scrape.text is None:
-            return scrape
-        parsed = parse_scrape(scrape)
-        name = parsed.first_present(emitted_names)
-        value = parsed.total(name) if name else None
-        if value is not None and value == last:
-            return scrape
-        last = value
-        await asyncio.sleep(0.25)
-    return scrape
 
 
 def _workload(exp: Experiment, seed: int, tokenizer=None):

@@ -240,11 +240,11 @@ def register(app: typer.Typer) -> None:
         for name in result.fitted:
             status = "" if pinned[name] else "  [yellow]weakly identified by these runs[/yellow]"
             con.print(f"  {name} = {getattr(eff, name):.6g} ± {result.band_95(name):.1%} (95%)  "
-                      f"[model, fitted]{status}")
+                      f"\\[model, fitted]{status}")
         for name, why in result.dropped.items():
-            con.print(f"  {name} = {getattr(eff, name)!r}  [prior; not fitted: {why}]")
+            con.print(f"  {name} = {getattr(eff, name)!r}  \\[prior; not fitted: {why}]")
         for note in result.notes:
-            con.print(f"  note: {note}", highlight=False)
+            con.print(f"  note: {note}", highlight=False, markup=False)
         con.print(f"  residual noise: {result.noise_log:.3f} in log tok/s ({result.noise_basis})")
         configs = []
         uniform = set(lengths.values())
@@ -261,7 +261,7 @@ def register(app: typer.Typer) -> None:
             loop = (f", closed loop {cfg.input_tokens:g} in / {cfg.output_tokens:g} out"
                     if cfg.output_tokens is not None else ", steady decode")
             con.print(f"  predicted tp={cfg.tp} c={cfg.concurrency} k={cfg.spec_k}{loop}: {value:.1f} tok/s "
-                      f"(95% band {lo:.1f}..{hi:.1f}) [model]", highlight=False)
+                      f"(95% band {lo:.1f}..{hi:.1f}) \\[model]", highlight=False)
         if out:
             con.print(f"profile written to {result.save_profile(out, configs)}")
 

@@ -255,7 +255,7 @@ def _levels(opts: LoadOptions) -> list[float]:
 async def _one_trial(opts: LoadOptions, session: Any, base: str, client: StreamClient, pool: WorkerPool | None,
                      level: float, k: int, names: Any, tokenizer: Any) -> TrialOutcome:
     from truthput.measure.trial import measure_trial
-    from truthput.runner import scrape_metrics, settled_post_scrape
+    from truthput.measure.scrape import scrape_metrics, settled_post_scrape
 
     seed = opts.seed * 1_000_003 + k
     workload = Workload(opts.workload, seed=seed, tokenizer=tokenizer)

@@ -104,6 +104,18 @@ class StridedWorkload:
         return self.base.body(self.k + self.n * j)
 
 
+def _watch(loop: asyncio.AbstractEventLoop, conn: Any, callback: Callable[[], None]) -> None:
+    """Call `callback` when `conn` is readable, keeping the pipe BLOCKING.
+
+    Why: uvloop's add_reader makes the fd non-blocking, and a pickled message larger than the pipe
+    buffer (a trial's records) then fails mid-way with EAGAIN in `recv`/`send`. The readiness
+    notification does not need O_NONBLOCK; each message is sent whole, so a blocking recv started
+    on a readable pipe only waits for the rest of a message already on its way.
+    """
+    loop.add_reader(conn.fileno(), callback)
+    os.set_blocking(conn.fileno(), True)
+
+
 # ---- worker side -------------------------------------------------------------------------------
 
 
@@ -150,7 +162,7 @@ async def _worker_serve(conn: Any, cfg: ClientConfig, k: int) -> None:
             inbox.put_nowait(("quit",))
             loop.remove_reader(conn.fileno())
 
-    loop.add_reader(conn.fileno(), on_readable)
+    _watch(loop, conn, on_readable)
     async with StreamClient(cfg) as client:
         while True:
             msg = await inbox.get()
@@ -254,13 +266,16 @@ class WorkerPool:
                 try:
                     while conn.poll():
                         inbox.put_nowait(conn.recv())
-                except (EOFError, OSError):
+                except (EOFError, OSError) as exc:
                     loop.remove_reader(conn.fileno())
-                    inbox.put_nowait(("died", k, f"load worker {k} (pid {self._procs[k].pid}) exited mid-trial"))
+                    proc = self._procs[k]
+                    proc.join(timeout=1.0)
+                    inbox.put_nowait(("died", k, f"load worker {k} (pid {proc.pid}) exited mid-trial "
+                                                 f"(exit code {proc.exitcode}; pipe: {type(exc).__name__} {exc})"))
             return on_readable
 
         for k, c in enumerate(conns):
-            loop.add_reader(c.fileno(), reader(k))
+            _watch(loop, c, reader(k))
         settled: set[int] = set()
         results: dict[int, LoadResult] = {}
         window_end_seen = False

@@ -6,8 +6,18 @@ measured tok/s (from server counters) at a few configurations, fit() finds the c
 squares on log tok/s, with uncertainties, and predict() turns them into tok/s with a band.
 
 Only constants the data can identify are fitted: fewer points than constants, no TP > 1 point for
-the TP latency, or a flat direction in the Jacobian drop a constant (kept at its prior) and say so.
-The profile JSON written by save_profile() is what the simulator reads with --sim-profile.
+the TP latency, or a flat direction in the Jacobian drop a constant (kept at its prior) and say so;
+a constant that is fitted but not pinned to 5% (95% band) is reported as weakly identified.
+The profile JSON written by save_profile() is what the simulator reads with --sim-profile; its
+metadata keeps the covariance and each prediction with its band.
+
+What a point's model figure is (model_tokps), one physics (decode_step, the simulator's pricer):
+a measured closed-loop window is priced step by step from the steps it held (observed_steps
+rebuilds them from the streamed chunks and the counter cut: decodes, prefills of requests that
+started in the window, streams sitting out); a steady-state closed loop (input/output lengths,
+for predictions) prices a request's cycle with its prefill; a bare point prices steady decode.
+Points of one server start share that start's offset (fit(start_sigma=...)): generalized least
+squares, so start-to-start noise is not read as physics.
 
 Imports hardware/ only (sim/ layering rule). scipy is imported inside functions.
 """
@@ -107,6 +117,8 @@ def _grouped(point: CalibrationPoint) -> dict[tuple[int, float], tuple[int, floa
         acc[0] += 1
         acc[1] += ctx
     groups = {k: (int(n), c / n) for k, (n, c) in sums.items()}
+    if len(_GROUPS) > 4096:
+        _GROUPS.clear()
     _GROUPS[key] = {"steps": point.steps, "groups": groups}
     return groups
 

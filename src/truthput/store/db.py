@@ -7,6 +7,8 @@ figures) in one transaction before the next trial starts, so a killed run resume
 from __future__ import annotations
 
 import json
+
+import orjson
 import secrets
 import sqlite3
 import threading
@@ -23,7 +25,11 @@ SCHEMA_VERSION = 1
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), default=str)
+    """Compact JSON; orjson because a trial can hold hundreds of thousands of chunk timestamps.
+
+    NaN/inf become null (strict JSON, so any reader can load the store's documents).
+    """
+    return orjson.dumps(obj, default=str, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
 @dataclass(frozen=True)

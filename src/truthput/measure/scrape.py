@@ -1,0 +1,44 @@
+"""Scraping a server's /metrics during a trial: raw text kept, timed at the request/response midpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+async def scrape_metrics(session, base_url: str, phase: str):
+    import aiohttp
+
+    from truthput.measure.prom import Scrape
+
+    t_send = time.monotonic()
+    try:
+        async with session.get(base_url + "/metrics") as resp:
+            text = await resp.text()
+            t_mid = (t_send + time.monotonic()) / 2
+            if resp.status != 200:
+                return Scrape(phase, t_mid, None, f"GET {base_url}/metrics answered HTTP {resp.status}")
+            return Scrape(phase, t_mid, text, None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        return Scrape(phase, (t_send + time.monotonic()) / 2, None,
+                      f"GET {base_url}/metrics failed: {exc.__class__.__name__} {exc}".strip())
+
+
+async def settled_post_scrape(session, base_url: str, emitted_names: tuple[str, ...]):
+    """After the drain, scrape until the emitted-token counter stops moving (a /metrics may lag)."""
+    from truthput.measure.prom import parse_scrape
+
+    last = None
+    scrape = None
+    for _ in range(12):
+        scrape = await scrape_metrics(session, base_url, "post")
+        if scrape.text is None:
+            return scrape
+        parsed = parse_scrape(scrape)
+        name = parsed.first_present(emitted_names)
+        value = parsed.total(name) if name else None
+        if value is not None and value == last:
+            return scrape
+        last = value
+        await asyncio.sleep(0.25)
+    return scrape
