@@ -107,7 +107,7 @@ def test_steady_closed_loop_prices_the_prefill_of_each_request() -> None:
 # --- end to end: the simulator's own runs, with known constants, calibrated back -----------------
 
 E2E_TRUE = Efficiency(bw_frac=0.75, flops_frac=0.45, step_overhead_s=0.006, tp_latency_s=40e-6)
-E2E_COMMAND = ["vllm", "serve", "/models/llama", "--max-model-len", "8192", "--max-num-batched-tokens", "32768",
+E2E_COMMAND = ["vllm", "serve", "/models/llama", "--max-model-len", "8192", "--max-num-batched-tokens", "65536",
                "--max-num-seqs", "64", "--gpu-memory-utilization", "0.9"]
 E2E_VARIANTS = """
 [[variant]]
@@ -124,14 +124,15 @@ set = { "--tensor-parallel-size" = 2, "--speculative-config" = '{"method": "eagl
 """
 
 
-def e2e_experiment(profile: Path, *, noise: float, concurrency=(2, 8), duration: float = 1.5,
+def e2e_experiment(profile: Path, *, noise: float, concurrency=(2, 16), duration: float = 1.5,
                    variants: str = E2E_VARIANTS, input_tokens: int = 3000) -> str:
     """Why this design identifies the constants: TP 1 vs 2 separates the all-reduce latency from the
-    fixed step overhead; long prompts make the KV read grow ~4x from 2 to 8 streams within one
-    server start (bandwidth apart from overhead, free of start-to-start noise); prefills of requests
-    starting in the window price the FLOP fraction; speculation adds draft passes. Output lengths
-    vary so streams fall out of step, as real ones do, and the engine never idles waiting for a
-    client (a CPU-starved client would otherwise show up as engine time)."""
+    fixed step overhead; long prompts make the KV read grow 8x from 2 to 16 streams within one
+    server start (to ~40% of the weights: bandwidth apart from overhead, free of start-to-start
+    noise); prefills of requests starting in the window price the FLOP fraction (the batch budget
+    holds 16 prompts, so no prefill is chunked); speculation adds draft passes. Output lengths vary
+    so streams fall out of step, as real ones do, and the engine never idles waiting for a client
+    (a CPU-starved client would otherwise show up as engine time)."""
     return f"""
 [experiment]
 name = "calibration-e2e"
@@ -203,7 +204,8 @@ def test_simulated_runs_calibrate_back_to_their_constants(tmp_path: Path) -> Non
     assert set(result.fitted) == {"bw_frac", "flops_frac", "step_overhead_s", "tp_latency_s"}
     report = {name: (getattr(result.efficiency, name), getattr(E2E_TRUE, name), result.band_95(name))
               for name in result.fitted}
-    print("\nconstants recovered (fitted, true, 95% band):", report)
+    print("\nconstants recovered (fitted, true, 95% band):", report, "| skipped:", skipped,
+          "| rejected:", [(p.label, round(r, 4)) for p, r in result.rejected])
     identified = result.identified(0.05)
     for name, (got, want, band) in report.items():
         if identified[name]:  # the fit says the data pin it to 5%: it must be within 5% of the truth

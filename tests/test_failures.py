@@ -70,6 +70,16 @@ def test_real_engine_core_killed_under_load_is_crash_even_with_exit_0():
     assert classify(0, log, "startup").kind == "exited"
 
 
+LLAMACPP = Path(__file__).parent / "fixtures" / "llamacpp"
+
+
+def test_real_llamacpp_port_in_use_and_bad_argument():
+    f = classify(1, (LLAMACPP / "fail_port_in_use.log").read_text().splitlines(), "startup")
+    assert f.kind == "port_in_use" and "couldn't bind HTTP server socket" in f.root_cause_line
+    f = classify(1, (LLAMACPP / "fail_bad_argument.log").read_text().splitlines(), "startup")
+    assert (f.kind, f.root_cause_line) == ("invalid_config", "error: invalid argument: --no-such-flag")
+
+
 def test_real_healthy_log_gives_no_root_cause_from_info_or_warning_lines():
     # Every vLLM start logs a WARNING mentioning "OSError: [Errno 24]"; it is not a root cause.
     log = real_log("nospec_server.log")
