@@ -275,3 +275,52 @@ def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path
     assert len(after) == 3 * 2 * 2  # every planned trial, once
     assert all(after[k] == v for k, v in before.items()), "finished trials were redone"
     assert all(t["results"]["integrity"]["holds"] for t in store.trial_results(run_id))
+
+
+def test_the_winner_is_written_back_as_a_unit_that_imports_to_its_argv(tmp_path):
+    """Import the seed's unit, A/B it on the simulator, and get the winning variant as a unit again."""
+    from truthput.commands.run import write_winner_units
+    from truthput.spec.unit import import_unit, parse_unit
+
+    unit_path = ROOT / "tests" / "fixtures" / "units" / "gwen-original-config.service"
+    text = import_unit(str(unit_path))
+    text = text.replace('engine = "vllm"', 'engine = "sim"')
+    # the imported file leaves [hardware]/[model] and the variants to the user: fill them in
+    text = text.split("[[variant]]")[0] + """
+[hardware]
+gpu = "RTX 3090"
+count = 2
+[model]
+profile = "qwen3.6-27b-5.5bit"
+[sim]
+noise = 0.01
+startup_s = 0.1
+[[variant]]
+name = "baseline"
+remove = ["--speculative-config"]
+[[variant]]
+name = "mtp3"
+[workload]
+concurrency = [1]
+duration_s = 1.5
+warmup_s = 0
+input_tokens = 32
+output_tokens = 24
+[measure]
+starts = 2
+repeats = 1
+output_guard = true
+guard_prompts = 1
+guard_max_tokens = 8
+"""
+    exp = parse_experiment(text, "imported.toml")
+    db = tmp_path / "r.db"
+    run_id = asyncio.run(run_experiment(exp, text, "imported.toml", Store(db), progress=lambda m: None))
+    store = Store(db)
+    paths = write_winner_units(store, db, run_id, tmp_path / "out")
+    assert [p.name for p in paths] == [f"{run_id}-mtp3.service"], json.loads(store.run(run_id)["summary_json"])["verdict_lines"]
+    unit = parse_unit(paths[0].read_text())
+    original = parse_unit(unit_path.read_text())
+    # same argv as the user's own unit (mtp3 changed nothing), same sections, normal restart policy kept
+    assert unit.exec_start_argv() == original.exec_start_argv()
+    assert unit.get("Service", "Restart") == original.get("Service", "Restart")

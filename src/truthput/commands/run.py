@@ -11,6 +11,32 @@ ENGINE_HELP = "Run on this engine instead of the file's [server].engine (e.g. 's
 STORE_HELP = "Results store (SQLite)."
 
 
+def write_winner_units(db, store_path: Path, run_id: str, folder: Path) -> list[Path]:
+    """The variant the verdict names the winner, as a systemd unit (when the baseline came from one)."""
+    import json
+
+    from truthput.commands.units import export_variant_unit
+
+    run = db.run(run_id)
+    summary = json.loads(run["summary_json"] or "{}")
+    per = (summary.get("verdict") or {}).get("per_concurrency") or []
+    winners: dict[str, list[int]] = {}
+    for cv in per:
+        if cv.get("winner"):
+            winners.setdefault(cv["winner"], []).append(cv.get("concurrency"))
+    if not winners or "systemd_unit" not in (run["experiment_toml"] or ""):
+        return []
+    out = []
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, levels in winners.items():
+        text, _warnings = export_variant_unit(store_path, run_id, name,
+                                              description=None)
+        path = folder / f"{run_id}-{name}.service"
+        path.write_text(text)
+        out.append(path)
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def run(
@@ -69,6 +95,8 @@ def register(app: typer.Typer) -> None:
                     typer.echo(f"report: {p}")
             except ImportError:
                 pass
+            for p in write_winner_units(db, store, run_id, reports):
+                typer.echo(f"winning unit: {p}")
 
     @app.command()
     def plan(

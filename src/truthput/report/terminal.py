@@ -135,6 +135,32 @@ def print_run(store: Store, run_id: str, console=None) -> None:
                 con.print(f"  {line}")
         for name, why in (summary.get("failed") or {}).items():
             con.print(f"[red]failed[/red] {name}: {why}")
+        stopping = summary.get("stopping")
+        if stopping:
+            used = stopping.get("starts_used")
+            fixed = stopping.get("fixed_design_starts")
+            line = f"stopping rule ({stopping.get('method')} alpha spending): {used} server starts per variant"
+            if fixed:
+                line += f"; a fixed design would have needed {fixed} for the same precision"
+            con.print(line)
+    for w in trial_warnings(store, run_id):
+        con.print(f"[yellow]warning[/yellow]: {w}")
+
+
+def trial_warnings(store: Store, run_id: str) -> list[str]:
+    """Trials whose figures may be distorted: the batch never settled, or the client was the bottleneck."""
+    out = []
+    for t in store.trial_results(run_id):
+        client = t["results"].get("client") or {}
+        where = f"{t['variant']} c={t['concurrency']} start {t['start_index'] + 1} trial {t['trial_index'] + 1}"
+        if client.get("never_settled"):
+            out.append(f"{where}: the {t['concurrency']} streams never all generated at once (no steady state)")
+        check = client.get("selfcheck") or {}
+        if check.get("client_bound"):
+            out.append(f"{where}: client-bound ({check.get('reason')}): the load generator may have distorted it")
+        if t["status"] != "ok" and t.get("error"):
+            out.append(f"{where}: {t['error']}")
+    return out
 
 
 def print_audit_matrix(store: Store, run_id: str, console=None) -> None:
