@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 from truthput.engines.base import LogSink, StartOutcome
 from truthput.engines.ports import port_is_free, wait_port_free
+from truthput.engines.readiness import probe_ready
 
 _LIVE_GROUPS: set[int] = set()
 
@@ -137,17 +138,7 @@ class ProcessEngine:
                     pass
 
     async def _probe(self, session) -> bool:
-        import aiohttp
-
-        for path in self.ready_paths:
-            url = path if path.startswith("http") else self.base_url + path
-            try:
-                async with session.get(url) as resp:
-                    if resp.status != 200:
-                        return False
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                return False
-        return True
+        return await probe_ready(session, self.base_url, self.ready_paths)
 
     def _failure(self, exit_code: int | None, phase: str) -> StartOutcome:
         lines = list(self._lines)

@@ -38,6 +38,7 @@ from typing import Mapping, Sequence
 
 from truthput.engines.base import LogSink, StartOutcome
 from truthput.engines.ports import port_is_free, wait_port_free
+from truthput.engines.readiness import probe_ready
 from truthput.errors import EngineError
 
 SYSTEM_UNIT_DIR = "/etc/systemd/system"
@@ -457,17 +458,7 @@ class SystemdEngine:
                 await asyncio.sleep(self.poll_s)
 
     async def _probe(self, session) -> bool:
-        import aiohttp
-
-        for path in self.ready_paths:
-            url = path if path.startswith("http") else self.base_url + path
-            try:
-                async with session.get(url) as resp:
-                    if resp.status != 200:
-                        return False
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                return False
-        return True
+        return await probe_ready(session, self.base_url, self.ready_paths)
 
     async def _failure(self, phase: str, status: UnitStatus | None = None,
                        extra_lines: Sequence[str] = ()) -> StartOutcome:
