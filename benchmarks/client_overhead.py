@@ -307,23 +307,34 @@ def main() -> None:
         for vname in a.variants.split(","):
             tpc, delay = variants[vname]
             with LeanStubProcess(tokens_per_chunk=tpc, token_delay_ms=delay) as stub:
+                vrows: list[Row] = []
                 for tool in tools:
                     if not TOOLS[tool][1]():
                         rows.append(Row(tool, vname, note=f"not installed: {TOOLS[tool][2]}"))
                         print(f"[{vname}] {tool}: skipped, not installed ({TOOLS[tool][2]})", flush=True)
                         continue
-                    row = Row(tool, vname)
-                    k = a.runs if tool in ("truthput", "minimal") else a.peer_runs
-                    # start-up CPU: median of 1-request runs (3 for the fast tools: it is noisy)
-                    starts = [one(tool, stub, 1, 1, work) for _ in range(3 if k > 1 else 1)]
-                    ok_starts = [x.cpu_s for x in starts if x.ok]
-                    row.startup_cpu_s = statistics.median(ok_starts) if ok_starts else None
-                    for i in range(k):
-                        r = one(tool, stub, REQUESTS, CONCURRENCY, work)
-                        row.runs.append(r)
-                        print(f"[{vname}] {tool} run {i + 1}/{k}: cpu {r.cpu_s:.2f} s wall {r.wall_s:.2f} s "
-                              f"tokens tool {r.tool_tokens} server {r.server_tokens} {r.note}", flush=True)
-                    rows.append(row)
+                    vrows.append(Row(tool, vname))
+                # Runs of the tools alternate (round-robin), so a change in the machine's load during
+                # the variant (other jobs on these shared cores) falls on every tool alike.
+                runs = {r.tool: (a.runs if r.tool in ("truthput", "minimal") else a.peer_runs) for r in vrows}
+                starts: dict[str, list[Run]] = {r.tool: [] for r in vrows}
+                for i in range(3):  # start-up CPU: median of 1-request runs (3 for the fast tools: it is noisy)
+                    for r in vrows:
+                        if i < (3 if runs[r.tool] > 1 else 1):
+                            starts[r.tool].append(one(r.tool, stub, 1, 1, work))
+                for r in vrows:
+                    ok_starts = [x.cpu_s for x in starts[r.tool] if x.ok]
+                    r.startup_cpu_s = statistics.median(ok_starts) if ok_starts else None
+                for i in range(max(runs.values(), default=0)):
+                    for r in vrows:
+                        if i >= runs[r.tool]:
+                            continue
+                        x = one(r.tool, stub, REQUESTS, CONCURRENCY, work)
+                        r.runs.append(x)
+                        print(f"[{vname}] {r.tool} run {i + 1}/{runs[r.tool]}: cpu {x.cpu_s:.2f} s wall {x.wall_s:.2f} s "
+                              f"tokens tool {x.tool_tokens} server {x.server_tokens} load avg {os.getloadavg()[0]:.2f} "
+                              f"{x.note}", flush=True)
+                rows.extend(vrows)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table(rows)

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
         import json
         from pathlib import Path
 
-        from rich.console import Console
+        from truthput.report.terminal import make_console
 
         from truthput.analyze.audit import audit_rows, integrity_rows, render_audit
         from truthput.errors import StoreError
@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps({"run": rid, "simulated": simulated, "methods": rows, "integrity": checks}, indent=2))
             return
         title = f"audit of run {rid}" + (" -- SIMULATED: no figure here is a measurement" if simulated else "")
-        console = Console()
+        console = make_console()
         console.print(render_audit(rows, title, simulated))
         for c in checks:
             head = f"{c['variant']} @ {c['concurrency']}: counter == usage identity held in {c['identity_held']}/{c['trials']} trial(s)"

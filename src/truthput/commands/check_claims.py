@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
         import json
         from pathlib import Path
 
-        from rich.console import Console
+        from truthput.report.terminal import make_console
         from rich.table import Table
 
         from truthput.analyze.claims import check_claims
@@ -58,4 +58,4 @@ def register(app: typer.Typer) -> None:
         for r in results:
             c = colour.get(r.verdict, "white")
             table.add_row(r.text, f"[{c}]{r.verdict}[/{c}]", r.reason)
-        Console().print(table)
+        make_console().print(table)

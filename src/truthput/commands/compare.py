@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         """Per shared variant x concurrency: A and B tok/s (server counter) and B/A with a corrected interval."""
         import json
 
-        from rich.console import Console
+        from truthput.report.terminal import make_console
         from rich.table import Table
 
         from truthput.errors import StoreError
@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(result, indent=2))
             return
-        con = Console()
+        con = make_console()
         a, b = result["a"], result["b"]
         for tag, h in (("A", a), ("B", b)):
             sim = " [bold yellow]SIMULATED[/bold yellow]" if h["simulated"] else ""

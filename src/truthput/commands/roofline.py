@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         """Per-step lower bounds (weights, KV, compute, all-reduce) and throughput ceilings. Model figures, not measurements."""
         import json
 
-        from rich.console import Console
+        from truthput.report.terminal import make_console
         from rich.table import Table
 
         from truthput.analyze.roofline import place, roofline as build
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
                                    for r, p in results], indent=2))
             return
 
-        console = Console()
+        console = make_console()
         console.print(f"[bold]Roofline[/bold] {profile.name} on {tp}x {card.name} (TP={tp}), KV {kv_dtype}, "
                       f"{context} context tokens per stream, spec tokens {spec_tokens}. "
                       f"All figures: source [italic]model[/italic] (peak datasheet numbers), not measurements.")

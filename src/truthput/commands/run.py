@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
         engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
     ) -> None:
         """Print the trial plan, each variant's argv diff and a time estimate; runs nothing."""
-        from rich.console import Console
+        from truthput.report.terminal import make_console
         from rich.table import Table
 
         from truthput.runner import build_plan
@@ -112,7 +112,7 @@ def register(app: typer.Typer) -> None:
 
         exp, _ = load_experiment(experiment)
         p = build_plan(exp, engine)
-        con = Console()
+        con = make_console()
         con.print(f"[bold]{exp.experiment.name}[/bold]: engine {p.engine}"
                   + (" (embedded simulator: every figure will be SIMULATED)" if p.engine == "sim" else ""))
         con.print(f"base command: {' '.join(exp.server.command) or '(none)'}")

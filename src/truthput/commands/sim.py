@@ -195,12 +195,12 @@ def register(app: typer.Typer) -> None:
              simulator now serves at the fitted speeds, so a config you have not run can be tried;
              its figures are SIMULATED, and the band from step 2 says how far to trust them.
         """
-        from rich.console import Console
+        from truthput.report.terminal import make_console
 
         from truthput.errors import SpecError
         from truthput.sim.calibrate import fit, parse_point, seed_case_report
 
-        con = Console()
+        con = make_console()
         if seed_case:
             con.print(seed_case_report(), highlight=False, markup=False)
             return

@@ -90,9 +90,9 @@ class LiveProgress:
     """Callable like runner.Progress; a rich bar when stderr is a terminal, plain lines otherwise."""
 
     def __init__(self, console: Any = None, live: bool | None = None) -> None:
-        from rich.console import Console
+        from truthput.report.terminal import make_console
 
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or make_console(stderr=True, highlight=False)
         self.live = self.console.is_terminal if live is None else live
         self.state = ProgressState()
         self._bar: Any = None

@@ -75,12 +75,13 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if x is None or x != x else fmt.format(x)
 
 
-def make_console():
+def make_console(stderr: bool = False, **kwargs):
+    """A rich Console; when output is not a terminal (CI logs, pipes) lines are not wrapped at 80."""
     from rich.console import Console
 
-    con = Console()
+    con = Console(stderr=stderr, **kwargs)
     if not con.is_terminal:
-        con = Console(width=160)
+        con = Console(stderr=stderr, width=160, **kwargs)
     return con
 
 
