@@ -16,7 +16,7 @@ from truthput.store.db import Store
 
 def cell_rows(store: Store, run_id: str) -> list[dict]:
     """Per variant x concurrency: the figures the table and the reports show."""
-    from truthput.analyze.stats import cell_estimate, ratio_estimate
+    from truthput.analyze.stats import cell_estimate, noise_warnings, ratio_estimate
 
     run_id = store.resolve_run(run_id)
     variants = [v["name"] for v in store.variants(run_id)]
@@ -54,7 +54,8 @@ def cell_rows(store: Store, run_id: str) -> list[dict]:
             groups = [starts[s] for s in sorted(starts)]
             est = cell_estimate(groups)
             row.update(status="ok", tokps=est.mean, lo=est.lo, hi=est.hi, n_starts=est.n_starts,
-                       n_trials=est.n_trials, cv=est.cv_within, warning=est.warning)
+                       n_trials=est.n_trials, cv=est.cv_within, warning=est.warning,
+                       noise=[w for w in ([est.warning] if est.warning else []) + noise_warnings(groups)])
             e = extra.get(key, {})
             row["sources"] = sorted(e.get("sources", ()))
             row["per_stream"] = median(e["per_stream"]) if e.get("per_stream") else None
@@ -125,6 +126,9 @@ def print_run(store: Store, run_id: str, console=None) -> None:
         t.add_row(name, str(row["concurrency"]), tokps, _f(row.get("per_stream")),
                   _f(ttft * 1000 if ttft is not None else None), delta, f"{row['n_starts']} x {per_start:g}")
     con.print(t)
+    noisy = [(r["variant"], r["concurrency"], w) for r in cell_rows(store, run_id) for w in dict.fromkeys(r.get("noise") or [])]
+    for v, c, w in noisy[:8]:
+        con.print(f"[yellow]noise[/yellow] {v} c={c}: {w}")
     con.print("* baseline. Output tok/s = delta of the server's emitted-token counter over the steady-state window "
               "(all N streams in flight) / the window's wall time.")
     if run["summary_json"]:
