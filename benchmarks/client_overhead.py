@@ -4,11 +4,14 @@ A script, not a test: it prints figures. Every tool runs against the same lean l
 server (benchmarks/leanstub.py, a fake engine in its own process) with the reference load of
 issue 9: concurrency 32, 640 streamed requests x 256 tokens (ignore_eos), short prompts.
 
-For each tool and server variant it reports (median of the runs):
+For each tool and server variant it reports (median of the runs; the tools' runs alternate, so a
+change in the load of the shared machine falls on every tool alike; the 1-minute load average is
+printed with each run):
 - whole-run CPU: user+sys of the tool's process and all its child processes (os.wait4 rusage of
   the tool, which includes every child it waited for, plus the /proc-sampled CPU of any child
   still alive when sampled, whichever is larger) / tokens, start-up included;
-- start-up CPU: the same for a 1-request run (imports, tokenizer loading, process start-up);
+- start-up CPU: the same for a 1-request run (imports, tokenizer loading, process start-up), the
+  median of one such run next to each full run;
 - start-up-excluded: (whole-run CPU - start-up CPU) / tokens;
 - tokens/s (server counter delta / wall time of the run), and the tool's own token total vs the
   server's counter delta for the run (they must be equal).
@@ -318,22 +321,21 @@ def main() -> None:
                 # the variant (other jobs on these shared cores) falls on every tool alike.
                 runs = {r.tool: (a.runs if r.tool in ("truthput", "minimal") else a.peer_runs) for r in vrows}
                 starts: dict[str, list[Run]] = {r.tool: [] for r in vrows}
-                for i in range(3):  # start-up CPU: median of 1-request runs (3 for the fast tools: it is noisy)
-                    for r in vrows:
-                        if i < (3 if runs[r.tool] > 1 else 1):
-                            starts[r.tool].append(one(r.tool, stub, 1, 1, work))
-                for r in vrows:
-                    ok_starts = [x.cpu_s for x in starts[r.tool] if x.ok]
-                    r.startup_cpu_s = statistics.median(ok_starts) if ok_starts else None
                 for i in range(max(runs.values(), default=0)):
                     for r in vrows:
                         if i >= runs[r.tool]:
                             continue
+                        # start-up CPU: a 1-request run next to each full run (median of as many
+                        # as there are full runs: a single one is noisy on a shared machine)
+                        starts[r.tool].append(one(r.tool, stub, 1, 1, work))
                         x = one(r.tool, stub, REQUESTS, CONCURRENCY, work)
                         r.runs.append(x)
                         print(f"[{vname}] {r.tool} run {i + 1}/{runs[r.tool]}: cpu {x.cpu_s:.2f} s wall {x.wall_s:.2f} s "
-                              f"tokens tool {x.tool_tokens} server {x.server_tokens} load avg {os.getloadavg()[0]:.2f} "
-                              f"{x.note}", flush=True)
+                              f"start-up cpu {starts[r.tool][-1].cpu_s:.2f} s tokens tool {x.tool_tokens} server "
+                              f"{x.server_tokens} load avg {os.getloadavg()[0]:.2f} {x.note}", flush=True)
+                for r in vrows:
+                    ok_starts = [x.cpu_s for x in starts[r.tool] if x.ok]
+                    r.startup_cpu_s = statistics.median(ok_starts) if ok_starts else None
                 rows.extend(vrows)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -23,7 +23,7 @@ from truthput.errors import SpecError
 from truthput.load.client import ClientConfig, StreamClient, install_fast_loop
 from truthput.load.records import RequestRecord
 from truthput.load.schedule import ClosedLoop, LoadResult
-from truthput.load.sse import SSEParser
+from truthput.load.sse import SSEParser, single_event_payload
 from truthput.load.workload import Workload, WorkloadSpec
 
 
@@ -229,6 +229,67 @@ def test_sse_parser_any_split(payloads: list[bytes], crlf: bool, space: bool, co
     got.extend(parser.flush())
     expected = [p[1:] if (not space and p.startswith(b" ")) else p for p in payloads]
     assert got == expected
+
+
+def _hot_path_feed(parser: SSEParser, piece: bytes) -> list[bytes]:
+    """What StreamClient._post does per network read: the inline one-event check, else the parser."""
+    one = single_event_payload(piece) if parser.idle else None
+    return [one] if one is not None else parser.feed_not_single(piece)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    payloads=st.lists(_payload, min_size=1, max_size=12),
+    ending=st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\n\n"]),
+    comments=st.booleans(),
+    group=st.lists(st.integers(min_value=1, max_value=4), max_size=12),
+    cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=6),
+)
+def test_sse_client_hot_path_equals_the_parser(payloads: list[bytes], ending: bytes, comments: bool, group: list[int],
+                                               cuts: list[int]) -> None:
+    # Reads cut at event boundaries (1-4 whole events per read: the fast paths) and, when `cuts`
+    # is given, anywhere: the client's hot path must give exactly what feed() gives.
+    events = [(b": ping" + ending if comments and i % 3 == 0 else b"") + b"data: " + p + ending
+              for i, p in enumerate(payloads)]
+    pieces, i = [], 0
+    for k in group or [1]:
+        if i >= len(events):
+            break
+        pieces.append(b"".join(events[i:i + k]))
+        i += k
+    if i < len(events):
+        pieces.append(b"".join(events[i:]))
+    if cuts:
+        wire = b"".join(pieces)
+        points = sorted({c % (len(wire) + 1) for c in cuts})
+        pieces = [wire[a:b] for a, b in zip([0, *points], [*points, len(wire)])]
+    hot, ref = SSEParser(), SSEParser()
+    got: list[bytes] = []
+    want: list[bytes] = []
+    for piece in pieces:
+        got.extend(_hot_path_feed(hot, piece))
+        want.extend(ref.feed(piece))
+    got.extend(hot.flush())
+    want.extend(ref.flush())
+    assert got == want == payloads
+
+
+def test_sse_single_event_check_edges() -> None:
+    assert single_event_payload(b'data: {"a":1}\n\n') == b'{"a":1}'
+    assert single_event_payload(b"data: [DONE]\n\n") == b"[DONE]"
+    assert single_event_payload(b"data: a\n\ndata: b\n\n") is None  # two events
+    assert single_event_payload(b"data: a\r\n\n") is None  # CRLF line, LF blank line: the parser strips the CR
+    assert single_event_payload(b"data: a\r\n\r\n") is None
+    assert single_event_payload(b"data:a\n\n") is None  # no space: the general path
+    assert single_event_payload(b"event: x\ndata: a\n\n") is None
+    assert single_event_payload(b"data: a\n") is None and single_event_payload(b"\n\n") is None
+    parser = SSEParser()
+    assert parser.feed(b"data: a\n\ndata: b\n\ndata: [DONE]\n\n") == [b"a", b"b", b"[DONE]"]
+    assert parser.feed_not_single(b"data: a\n\n: ping\n\ndata: b\n\n") == [b"a", b"b"]  # count check rejects
+    assert parser.feed(b"data: x") == [] and not parser.idle
+    assert parser.feed(b"y\n\n") == [b"xy"] and parser.idle
+    assert parser.feed(b"data: z\r") == [] and not parser.idle  # a CR held back
+    assert parser.feed(b"\n\r\n") == [b"z"] and parser.idle
 
 
 def test_sse_multiline_data_and_many_events_per_read() -> None:

@@ -21,7 +21,7 @@ import orjson
 
 from truthput.errors import EngineError, SpecError
 from truthput.load.records import RequestRecord
-from truthput.load.sse import SSEParser
+from truthput.load.sse import SSEParser, single_event_payload
 
 _READ_BUFSIZE = 4 * 1024 * 1024  # long prompts / long chunks must not trip aiohttp's line limits
 _DONE = b"[DONE]"
@@ -240,7 +240,7 @@ class StreamClient:
                 return True
 
             parser = SSEParser()
-            feed = parser.feed
+            feed = parser.feed_not_single
             loads = orjson.loads
             now = time.monotonic
             times_append = rec.chunk_times.append
@@ -251,6 +251,8 @@ class StreamClient:
             got_done = False
             read = resp.content.readany
             spin = self.cfg.test_chunk_spin_s
+            one_event = single_event_payload
+            done_marker = _DONE
             while not got_done:
                 data = await read()
                 if not data:
@@ -258,8 +260,11 @@ class StreamClient:
                 t = now()
                 if spin:
                     _spin(spin)
-                for payload in feed(data):
-                    if payload == _DONE:
+                # One read = one whole event is the usual case of a client that keeps up: take it
+                # without feed()'s call and list (the parser holds nothing, so it stays idle).
+                payload = one_event(data) if parser.idle else None
+                for payload in (payload,) if payload is not None else feed(data):
+                    if payload == done_marker:
                         got_done = True
                         break
                     try:

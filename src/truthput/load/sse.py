@@ -24,28 +24,41 @@ class SSEParser:
     dropped once per `feed` call (one memmove of the unconsumed remainder, usually a few bytes).
     """
 
-    __slots__ = ("_buf", "_scan_from", "_pending_cr", "events_seen")
+    __slots__ = ("_buf", "_scan_from", "_pending_cr", "idle")
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self._scan_from = 0
         self._pending_cr = False
-        self.events_seen = 0
+        # True when nothing is held back (no partial event, no pending CR): a caller may then take
+        # a read that is exactly one whole one-line event without calling feed() (see
+        # `single_event_payload`); False while bytes of an unfinished event are buffered.
+        self.idle = True
 
     def feed(self, data: bytes) -> list[bytes]:
         """Append `data`; return the payloads of the events it completed (possibly none)."""
         # Fast path, the usual read of a client that keeps up: exactly one whole one-line event
-        # `data: {...}\n\n` and nothing pending. One C-level scan for "\n" and one for "\r".
-        if not self._buf and not self._pending_cr and data.startswith(b"data: ") \
-                and data.find(b"\n", 6) == len(data) - 2 and data.endswith(b"\n\n") and b"\r" not in data:
-            self.events_seen += 1
-            return [data[6:-2]]
-        # Next most usual: several whole events in one read (the client came back to this socket
-        # after a few chunks), nothing pending. One C-level split, no buffer copies.
-        if not self._buf and not self._pending_cr and data.endswith(b"\n\n") and b"\r" not in data:
+        # `data: {...}\n\n` and nothing pending.
+        if self.idle:
+            one = single_event_payload(data)
+            if one is not None:
+                return [one]
+        return self.feed_not_single(data)
+
+    def feed_not_single(self, data: bytes) -> list[bytes]:
+        """`feed` for a read the caller already found not to be one single event (that check is
+        skipped: the client's hot path makes it inline)."""
+        if self.idle and data[-2:] == b"\n\n" and data[:6] == b"data: " and b"\r" not in data:
+            # Next most usual: several whole one-line events in one read (the client came back to
+            # this socket after a few chunks). One C-level split; the newline count proves that
+            # every event is one `data:` line (2 newlines per event, none inside a payload).
+            payloads = data[6:-2].split(b"\n\ndata: ")
+            if data.count(b"\n") == 2 * len(payloads):
+                return payloads
+        if self.idle and data.endswith(b"\n\n") and b"\r" not in data:
+            # Whole events with comment lines, other fields or multi-line data: one split, no copies.
             parts = data.split(_SEP)
             parts.pop()  # after the final separator
-            self.events_seen += len(parts)
             out = []
             for part in parts:
                 if part.startswith(b"data: ") and b"\n" not in part:
@@ -72,7 +85,6 @@ class SSEParser:
         pos = find(_SEP, self._scan_from)
         while pos != -1:
             payload = _event_data(buf, start, pos)
-            self.events_seen += 1
             if payload is not None:
                 out.append(payload)
             start = pos + 2
@@ -81,6 +93,7 @@ class SSEParser:
             del buf[:start]
         # A separator may straddle this read and the next: rescan only the last byte.
         self._scan_from = max(len(buf) - 1, 0)
+        self.idle = not buf and not self._pending_cr
         return out
 
     def flush(self) -> list[bytes]:
@@ -91,16 +104,32 @@ class SSEParser:
         while buf.endswith(b"\n"):
             del buf[-1:]
         if not buf:
+            self.idle = True
             return []
         payload = _event_data(buf, 0, len(buf))
         buf.clear()
         self._scan_from = 0
+        self.idle = True
         return [payload] if payload is not None else []
 
     @property
     def pending_bytes(self) -> int:
         """Bytes received but not yet part of a complete event (non-zero at EOF = truncated)."""
         return len(self._buf)
+
+
+def single_event_payload(data: bytes) -> bytes | None:
+    """The payload when `data` is exactly one whole one-line event `data: ...\\n\\n`, else None.
+
+    The hot path of a client that keeps up (one network read = one event). Four C-level checks,
+    cheapest first. A CR is only looked for just before the final blank line (the `\\r\\n\\n` of
+    a CRLF stream): anywhere else a CRLF puts an LF before the end, which the `find` catches, and a
+    lone CR (not supported, see the module docstring) is kept in the payload as `feed` keeps it.
+    Only valid for a parser that is `idle` (nothing buffered).
+    """
+    if data[-2:] == b"\n\n" and data[:6] == b"data: " and data.find(b"\n", 6) == len(data) - 2 and data[-3] != 13:
+        return data[6:-2]
+    return None
 
 
 def _event_data(buf: bytearray | bytes, start: int, end: int) -> bytes | None:

@@ -186,7 +186,7 @@ class Store:
                 [
                     (trial_id, r.idx, r.t_start, r.t_first, r.t_end, r.status, r.http_status, r.error, r.prompt_tokens,
                      r.completion_tokens, r.finish_reason, len(r.chunk_times),
-                     _dumps([[t, n, s] for t, n, s in zip(r.chunk_times, r.chunk_tokens, r.chunk_texts)]))
+                     _dumps(list(zip(r.chunk_times, r.chunk_tokens, r.chunk_texts))))
                     for r in records
                 ],
             )
