@@ -48,7 +48,7 @@ class Plan:
     concurrency: list[int]
     repeats: int
     estimate_s: float
-    notes: list[str] = field(default_factory=list)
+    max_estimate_s: float
 
     def variant(self, name: str) -> VariantPlan:
         return next(v for v in self.variants if v.name == name)
@@ -60,7 +60,7 @@ def _engine_for_argv(engine: str) -> str:
 
 def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     """Resolve every variant's argv (parsed, never string-replaced) and the order of server starts."""
-    from truthput.analyze.design import interleaved_order
+    from truthput.analyze.design import estimate_plan_time, interleaved_order
 
     kind = engine or exp.server.engine
     if kind == "sim":
@@ -68,30 +68,26 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     base = ServerArgv.parse(exp.server.command, engine=_engine_for_argv(kind))
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
+        argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
         try:
-            argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
             spec = speculative_settings(argv)
         except SpecError as exc:
             raise SpecError(f"[[variant]] {v.name!r}: {exc}") from None
         diff = argv_diff(base, argv)
         variants.append(VariantPlan(
             name=v.name, position=pos, is_baseline=(v.name == exp.experiment.baseline), argv=argv,
-            env={**exp.server.env, **v.env}, diff=_diff_json(diff), diff_text=str(diff).splitlines() or ["(no change)"],
+            env={**exp.server.env, **v.env}, diff=diff.to_dict(), diff_text=str(diff).splitlines() or ["(no change)"],
             speculative=spec))
     order = interleaved_order([v.name for v in variants], exp.measure.starts, exp.experiment.seed,
                               randomized=exp.measure.randomize_order)
     wl = exp.workload
-    per_trial = (wl.duration_s or 30.0) + 3.0
-    startup = {"sim": 1.5 + exp.sim.startup_s, "external": 0.0}.get(kind, 60.0)
-    est = len(order) * (startup + len(wl.concurrency) * (wl.warmup_s + exp.measure.repeats * per_trial))
+    # a trial is its window plus ramp-up, drain and scrapes (~3 s); a start is load + readiness
+    restart_s = {"sim": 1.5 + exp.sim.startup_s, "external": 0.0}.get(kind, 60.0)
+    cost = estimate_plan_time(len(variants), len(wl.concurrency), exp.measure.starts, exp.measure.repeats,
+                              restart_s=restart_s, trial_s=(wl.duration_s or 30.0) + 3.0, warmup_s=wl.warmup_s,
+                              max_starts=exp.measure.max_starts if exp.measure.target else None)
     return Plan(engine=kind, variants=variants, order=order, concurrency=list(wl.concurrency),
-                repeats=exp.measure.repeats, estimate_s=est)
-
-
-def _diff_json(diff: Any) -> dict:
-    if dataclasses.is_dataclass(diff):
-        return dataclasses.asdict(diff)
-    return {"text": str(diff)}
+                repeats=exp.measure.repeats, estimate_s=cost.total_s, max_estimate_s=cost.max_total_s)
 
 
 # ---- progress --------------------------------------------------------------------------------

@@ -133,4 +133,4 @@ def register(app: typer.Typer) -> None:
         trials = len(p.order) * len(p.concurrency) * p.repeats
         con.print(f"{len(p.order)} server starts, {trials} timed trials; estimated time {p.estimate_s / 60:.1f} min"
                   + (f"; the stopping rule ({exp.measure.target}) may add starts up to {exp.measure.max_starts} per variant"
-                     if exp.measure.target else ""))
+                     f" (at most {p.max_estimate_s / 60:.1f} min)" if exp.measure.target else ""))
