@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import shutil
@@ -11,16 +10,12 @@ from pathlib import Path
 
 import pytest
 
-FIXTURE = Path(__file__).parent / "fixtures" / "report" / "quickstart.sql.gz"
+from report_fixture import restore_quickstart_db
 
 
 @pytest.fixture(scope="module")
 def db_a(tmp_path_factory):
-    db = tmp_path_factory.mktemp("cmp") / "a.db"
-    conn = sqlite3.connect(db)
-    conn.executescript(gzip.decompress(FIXTURE.read_bytes()).decode())
-    conn.close()
-    return db
+    return restore_quickstart_db(tmp_path_factory.mktemp("cmp") / "a.db")
 
 
 def _scaled_copy(src: Path, dst: Path, factor: float, drop_variant: str | None = None) -> Path:

@@ -3,7 +3,6 @@ the documented formula makes of it), with its provenance; the roofline matches h
 
 from __future__ import annotations
 
-import gzip
 import json
 import sqlite3
 from pathlib import Path
@@ -11,18 +10,14 @@ from statistics import mean
 
 import pytest
 
-FIXTURE = Path(__file__).parent / "fixtures" / "report" / "quickstart.sql.gz"
+from report_fixture import restore_quickstart_db
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     from truthput.store.db import Store
 
-    db = tmp_path_factory.mktemp("report") / "q.db"
-    conn = sqlite3.connect(db)
-    conn.executescript(gzip.decompress(FIXTURE.read_bytes()).decode())
-    conn.close()
-    return Store(db)
+    return Store(restore_quickstart_db(tmp_path_factory.mktemp("report") / "q.db"))
 
 
 @pytest.fixture(scope="module")

@@ -3,25 +3,19 @@ figures with their provenance columns; write_reports and `truthput report` write
 
 from __future__ import annotations
 
-import gzip
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
 
-FIXTURE = Path(__file__).parent / "fixtures" / "report" / "quickstart.sql.gz"
+from report_fixture import restore_quickstart_db
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     from truthput.store.db import Store
 
-    db = tmp_path_factory.mktemp("export") / "q.db"
-    conn = sqlite3.connect(db)
-    conn.executescript(gzip.decompress(FIXTURE.read_bytes()).decode())
-    conn.close()
-    return Store(db)
+    return Store(restore_quickstart_db(tmp_path_factory.mktemp("export") / "q.db"))
 
 
 @pytest.fixture(scope="module")

@@ -3,26 +3,21 @@ variant name, argv or prompt holding <script> shows as text, never as markup).""
 
 from __future__ import annotations
 
-import gzip
 import re
 import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
 
-FIXTURE = Path(__file__).parent / "fixtures" / "report" / "quickstart.sql.gz"
+from report_fixture import restore_quickstart_db
+
 XSS = '<script>alert("pwned")</script>'
 IMG = '<img src=x onerror=alert(1)>'
 
 
 @pytest.fixture(scope="module")
 def db_path(tmp_path_factory):
-    db = tmp_path_factory.mktemp("html") / "q.db"
-    conn = sqlite3.connect(db)
-    conn.executescript(gzip.decompress(FIXTURE.read_bytes()).decode())
-    conn.close()
-    return db
+    return restore_quickstart_db(tmp_path_factory.mktemp("html") / "q.db")
 
 
 @pytest.fixture(scope="module")

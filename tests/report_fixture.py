@@ -1,0 +1,19 @@
+"""The recorded quickstart store (tests/fixtures/report/quickstart.sql.gz) restored into a temp file.
+
+A real simulator run with the raw scrape text removed; `make_fixture.py` beside it regenerates it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import sqlite3
+from pathlib import Path
+
+FIXTURE = Path(__file__).parent / "fixtures" / "report" / "quickstart.sql.gz"
+
+
+def restore_quickstart_db(path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    conn.executescript(gzip.decompress(FIXTURE.read_bytes()).decode())
+    conn.close()
+    return path
