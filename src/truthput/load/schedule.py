@@ -45,6 +45,16 @@ class LoadResult:
     max_in_flight: int = 0  # client-side count, for the "exactly N" claim
 
 
+def _check_extent(what: str, duration_s: float | None, max_requests: int | None) -> None:
+    """A load needs an end: a duration, a request count, or both (clear errors for bad values)."""
+    if duration_s is None and max_requests is None:
+        raise SpecError(f"{what}: give duration_s or max_requests (or both)")
+    if duration_s is not None and duration_s <= 0:
+        raise SpecError(f"{what} duration_s {duration_s}: must be > 0")
+    if max_requests is not None and max_requests < 1:
+        raise SpecError(f"{what} max_requests {max_requests}: must be >= 1")
+
+
 class ClosedLoop:
     """Keeps exactly `concurrency` requests in flight; see module docstring for the window rules.
 
@@ -65,12 +75,7 @@ class ClosedLoop:
     ) -> None:
         if concurrency < 1:
             raise SpecError(f"closed loop concurrency {concurrency}: must be >= 1")
-        if duration_s is None and max_requests is None:
-            raise SpecError("closed loop: give duration_s or max_requests (or both)")
-        if duration_s is not None and duration_s <= 0:
-            raise SpecError(f"closed loop duration_s {duration_s}: must be > 0")
-        if max_requests is not None and max_requests < 1:
-            raise SpecError(f"closed loop max_requests {max_requests}: must be >= 1")
+        _check_extent("closed loop", duration_s, max_requests)
         self.client = client
         self.workload = workload
         self.concurrency = concurrency
@@ -332,12 +337,7 @@ class OpenLoop:
             raise SpecError(f"open loop arrival {arrival!r}: expected 'poisson' or 'constant'")
         if max_in_flight is not None and max_in_flight < 1:
             raise SpecError(f"open loop max_in_flight {max_in_flight}: must be >= 1")
-        if duration_s is None and max_requests is None:
-            raise SpecError("open loop: give duration_s or max_requests (or both)")
-        if duration_s is not None and duration_s <= 0:
-            raise SpecError(f"open loop duration_s {duration_s}: must be > 0")
-        if max_requests is not None and max_requests < 1:
-            raise SpecError(f"open loop max_requests {max_requests}: must be >= 1")
+        _check_extent("open loop", duration_s, max_requests)
         self.client = client
         self.workload = workload
         self.rate = rate

@@ -122,18 +122,23 @@ def tradeoff(doc: dict[str, Any]) -> str | None:
     return _svg(fig, "tradeoff")
 
 
+def _line_per_variant(ax, doc: dict[str, Any], rows: list[dict[str, Any]], value) -> None:
+    """One line per variant over concurrency (log2 axis), in the variant's colour."""
+    for name in _variants(doc):
+        rs = sorted((r for r in rows if r["variant"] == name), key=lambda r: r["concurrency"])
+        if rs:
+            ax.plot([r["concurrency"] for r in rs], [value(r) for r in rs], marker="o",
+                    label=name, color=_colour(doc, name))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (streams)")
+
+
 def per_stream(doc: dict[str, Any]) -> str | None:
     cells = [c for c in _ok_cells(doc) if (c.get("per_stream") or {}).get("value") is not None]
     if not cells:
         return None
     fig, (ax,) = _figure()
-    for name in _variants(doc):
-        rows = sorted((c for c in cells if c["variant"] == name), key=lambda c: c["concurrency"])
-        if rows:
-            ax.plot([c["concurrency"] for c in rows], [c["per_stream"]["value"] for c in rows], marker="o",
-                    label=name, color=_colour(doc, name))
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (streams)")
+    _line_per_variant(ax, doc, cells, lambda c: c["per_stream"]["value"])
     ax.set_ylabel("tok/s per stream")
     ax.set_title(f"Per-stream decode speed vs concurrency (median) [usage, client clock{_tag(doc)}]")
     ax.legend(fontsize=8)
@@ -147,13 +152,7 @@ def goodput(doc: dict[str, Any]) -> str | None:
         return None
     slo = rows[0]["slo"]
     fig, (ax,) = _figure()
-    for name in _variants(doc):
-        rs = sorted((r for r in rows if r["variant"] == name), key=lambda r: r["concurrency"])
-        if rs:
-            ax.plot([r["concurrency"] for r in rs], [r["good_tokens_per_s"]["value"] for r in rs], marker="o",
-                    label=name, color=_colour(doc, name))
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (streams)")
+    _line_per_variant(ax, doc, rows, lambda r: r["good_tokens_per_s"]["value"])
     ax.set_ylabel("good tok/s")
     targets = ", ".join(f"{k} ≤ {v:g}" for k, v in slo.items() if v is not None)
     ax.set_title(f"Goodput under SLO ({targets}) [usage, client clock{_tag(doc)}]")
