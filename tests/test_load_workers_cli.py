@@ -19,6 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from leanstub import LeanStubProcess  # noqa: E402
+from truthput.store.db import decode_chunks  # noqa: E402
 
 REQUESTS, TOKENS, STREAMS, WORKERS = 60, 48, 6, 3
 
@@ -59,10 +60,9 @@ def test_cli_workers_token_total_equals_server_counter(stub, tmp_path: Path) -> 
     assert all(r[1] == "ok" and r[2] == TOKENS for r in reqs)
     assert sum(r[2] for r in reqs) == counter
     for _idx, _status, _ct, n_chunks, chunks_json in reqs:
-        chunks = json.loads(chunks_json)
-        assert len(chunks) == n_chunks == TOKENS // 2  # 2 tokens per chunk
-        assert [c[1] for c in chunks] == list(range(2, TOKENS + 1, 2))  # running usage count per chunk
-        assert "".join(c[2] for c in chunks).count(" t") == TOKENS  # the stub's " t<k>" tokens, all kept
-        times = [c[0] for c in chunks]
+        times, running, texts = decode_chunks(chunks_json)
+        assert len(times) == len(running) == len(texts) == n_chunks == TOKENS // 2  # 2 tokens per chunk
+        assert running == list(range(2, TOKENS + 1, 2))  # running usage count per chunk
+        assert "".join(texts).count(" t") == TOKENS  # the stub's " t<k>" tokens, all kept
         assert times == sorted(times)
     assert f"{counter} / {counter}" in res.stdout and "equal" in res.stdout

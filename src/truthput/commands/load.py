@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         import asyncio
 
         from truthput.errors import SpecError
-        from truthput.load.client import install_fast_loop
+        from truthput.load.client import prepare_load_process
         from truthput.load.drive import LoadOptions, load_tokenizer, run_load
         from truthput.load.goodput import SLO
         from truthput.load.workload import WorkloadSpec
@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
             from truthput.load.workers import WorkerPool
 
             pool = WorkerPool(opts.client_config(), workers).start()  # forked before the event loop
-        install_fast_loop()
+        prepare_load_process()
         from truthput.report.terminal import make_console
 
         err = make_console(stderr=True, highlight=False)

@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         import asyncio
 
         from truthput.errors import SpecError
-        from truthput.load.client import install_fast_loop
+        from truthput.load.client import prepare_load_process
         from truthput.report.data import roofline_for_run, roofline_lines
         from truthput.report.progress import make_progress
         from truthput.report.terminal import print_audit_matrix, print_run
@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
             run_id = None
         if engine is not None and engine not in ("sim", "vllm", "sglang", "llamacpp", "command", "external", "systemd"):
             raise SpecError(f"--engine {engine!r}: expected one of sim, vllm, sglang, llamacpp, command, external, systemd")
-        install_fast_loop()
+        prepare_load_process()
         progress = make_progress()
         try:
             run_id = asyncio.run(run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress))

@@ -20,14 +20,14 @@ def _trial_chunks(store, trial_id: int, default_prompt: float) -> list[tuple[flo
     """(arrival time, request, prompt tokens, tokens before, tokens in chunk) of every chunk that
     carried tokens. Token counts come from the running usage the server streams
     (continuous_usage_stats); without it each text chunk counts as one token."""
-    import json
+    from truthput.store.db import decode_chunks
 
     out = []
     for row in store.requests(trial_id):
         prompt = float(row["prompt_tokens"] or default_prompt)
         before = 0.0
-        for t, running, text in json.loads(row["chunks_json"]):
-            now = float(running) if running is not None else (before + 1.0 if text else before)
+        for t, running, text in zip(*decode_chunks(row["chunks_json"])):
+            now = float(running) if running is not None and running >= 0 else (before + 1.0 if text else before)
             if now > before:
                 out.append((float(t), int(row["idx"]), prompt, before, now - before))
                 before = now

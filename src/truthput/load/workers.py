@@ -120,9 +120,9 @@ def _watch(loop: asyncio.AbstractEventLoop, conn: Any, callback: Callable[[], No
 
 
 def _worker_main(conn: Any, cfg: ClientConfig, k: int) -> None:
-    from truthput.load.client import install_fast_loop
+    from truthput.load.client import prepare_load_process
 
-    install_fast_loop()
+    prepare_load_process()
     try:
         asyncio.run(_worker_serve(conn, cfg, k))
     except KeyboardInterrupt:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
@@ -45,6 +46,7 @@ _WHITESPACE = np.array(
     [9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 133, 160, 5760, *range(8192, 8203), 8232, 8233, 8239, 8287, 12288],
     dtype=np.uint32,
 )
+_ASCII_SPACE = np.isin(np.arange(256, dtype=np.uint32), _WHITESPACE) & (np.arange(256) < 128)
 
 
 @dataclass(slots=True)
@@ -66,23 +68,29 @@ class ChunkTable:
 
 
 def build_chunk_table(records: Sequence[RequestRecord]) -> ChunkTable:
-    n_chunks = np.fromiter((len(r.chunk_times) for r in records), dtype=np.int64, count=len(records))
+    # itertools.chain keeps the flattening in C: ~2x faster than a generator expression, and this
+    # runs after every trial over every chunk (164k for the reference load).
+    n_chunks = np.fromiter(map(len, (r.chunk_times for r in records)), dtype=np.int64, count=len(records))
     total = int(n_chunks.sum())
-    t = np.fromiter((x for r in records for x in r.chunk_times), dtype=np.float64, count=total)
-    texts: list[str] = [x for r in records for x in r.chunk_texts]
-    if len(texts) != total:
+    t = np.fromiter(chain.from_iterable(r.chunk_times for r in records), dtype=np.float64, count=total)
+    if all(len(r.chunk_texts) == len(r.chunk_times) for r in records):
+        texts: list[str] = list(chain.from_iterable(r.chunk_texts for r in records))
+    else:
         texts = []
         for r in records:
             pad = len(r.chunk_times) - len(r.chunk_texts)
             texts.extend(list(r.chunk_texts[: len(r.chunk_times)]) + [""] * max(pad, 0))
-    running = np.full(total, -1, dtype=np.int64)
-    pos = 0
-    for r in records:
-        n = len(r.chunk_times)
-        if r.chunk_tokens:
-            k = min(n, len(r.chunk_tokens))
-            running[pos : pos + k] = r.chunk_tokens[:k]
-        pos += n
+    if all(len(r.chunk_tokens) == len(r.chunk_times) for r in records):
+        running = np.fromiter(chain.from_iterable(r.chunk_tokens for r in records), dtype=np.int64, count=total)
+    else:
+        running = np.full(total, -1, dtype=np.int64)
+        pos = 0
+        for r in records:
+            n = len(r.chunk_times)
+            if r.chunk_tokens:
+                k = min(n, len(r.chunk_tokens))
+                running[pos : pos + k] = r.chunk_tokens[:k]
+            pos += n
     rec = np.repeat(np.arange(len(records), dtype=np.int64), n_chunks)
     first = np.zeros(len(records), dtype=np.int64)
     if len(records):
@@ -90,7 +98,9 @@ def build_chunk_table(records: Sequence[RequestRecord]) -> ChunkTable:
     n_chars = np.fromiter(map(len, texts), dtype=np.int64, count=total)
     has_unknown = np.zeros(len(records), dtype=bool)
     if total:
-        np.logical_or.at(has_unknown, rec, running < 0)
+        unknown = running < 0
+        if unknown.any():
+            np.logical_or.at(has_unknown, rec, unknown)
     continuous = (~has_unknown) & (n_chunks > 0)
     return ChunkTable(rec, t, running, n_chars, first, n_chunks, continuous, texts)
 
@@ -116,15 +126,21 @@ def words_per_chunk(table: ChunkTable) -> np.ndarray:
     big = "".join(table.texts)
     if not big:
         return np.zeros(table.size, dtype=np.int64)
-    codes = np.frombuffer(big.encode("utf-32-le"), dtype=np.uint32)
-    space = np.isin(codes, _WHITESPACE)
-    char_chunk = np.repeat(np.arange(table.size, dtype=np.int64), table.n_chars)
-    char_rec = table.rec[char_chunk]
+    if big.isascii():  # the usual case: one byte per character, a 256-entry lookup
+        space = np.take(_ASCII_SPACE, np.frombuffer(big.encode("ascii"), dtype=np.uint8))
+    else:
+        codes = np.frombuffer(big.encode("utf-32-le"), dtype=np.uint32)
+        space = np.isin(codes, _WHITESPACE)
+    chunk_end = np.cumsum(table.n_chars)  # exclusive end character of each chunk in `big`
+    chunk_start = chunk_end - table.n_chars
     prev_space = np.empty_like(space)
     prev_space[0] = True
-    prev_space[1:] = space[:-1] | (char_rec[1:] != char_rec[:-1])  # a new request starts a new word
-    starts = ~space & prev_space
-    return np.bincount(char_chunk[starts], minlength=table.size).astype(np.int64)
+    prev_space[1:] = space[:-1]
+    req_start = chunk_start[table.first_chunk[table.n_chunks > 0]]
+    prev_space[req_start[req_start < space.shape[0]]] = True  # a new request starts a new word
+    starts_before = np.zeros(space.shape[0] + 1, dtype=np.int64)  # word starts before each character
+    np.cumsum(~space & prev_space, out=starts_before[1:])
+    return starts_before[chunk_end] - starts_before[chunk_start]
 
 
 def text_chunks(table: ChunkTable) -> np.ndarray:

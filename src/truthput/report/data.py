@@ -206,11 +206,12 @@ def _add_cell_latency(cells: list[dict[str, Any]], by_cell: dict, simulated: boo
 def _record(row: Any):
     from truthput.load.records import RequestRecord
 
-    chunks = _loads(row["chunks_json"], [])
+    from truthput.store.db import decode_chunks
+
+    times, running, texts = decode_chunks(row["chunks_json"])
     return RequestRecord(
         idx=row["idx"], t_start=row["t_start"], t_end=row["t_end"] or row["t_start"], t_first=row["t_first"],
-        chunk_times=[c[0] for c in chunks], chunk_tokens=[c[1] for c in chunks],
-        chunk_texts=[c[2] if len(c) > 2 else "" for c in chunks], prompt_tokens=row["prompt_tokens"],
+        chunk_times=times, chunk_tokens=running, chunk_texts=texts, prompt_tokens=row["prompt_tokens"],
         completion_tokens=row["completion_tokens"], finish_reason=row["finish_reason"], status=row["status"],
         http_status=row["http_status"], error=row["error"])
 

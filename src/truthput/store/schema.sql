@@ -83,7 +83,7 @@ CREATE TABLE IF NOT EXISTS requests (
   completion_tokens INTEGER,
   finish_reason TEXT,
   n_chunks INTEGER NOT NULL,
-  chunks_json TEXT NOT NULL,         -- [[t, running_tokens, text], ...]
+  chunks_json TEXT NOT NULL,         -- {"t": [...], "running": [...], "text": [...]} (older: [[t, running, text], ...]); read with store.db.decode_chunks
   PRIMARY KEY (trial_id, idx)
 );
 

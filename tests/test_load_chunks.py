@@ -1,0 +1,47 @@
+"""The typed chunk decoder reads what the generic decode would, and never rejects a quirky server."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from truthput.load.chunks import MalformedChunk, chunk_from_json, decode_chunk
+
+VLLM_COMPLETION = (b'{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+                   b'"text":" the","logprobs":null,"finish_reason":null,"stop_reason":null}],'
+                   b'"usage":{"prompt_tokens":16,"total_tokens":19,"completion_tokens":3}}')
+VLLM_CHAT = (b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+             b'"delta":{"content":" river","reasoning_content":null},"logprobs":null,"finish_reason":"length"}]}')
+
+
+def test_vllm_shaped_chunks() -> None:
+    c = decode_chunk(VLLM_COMPLETION)
+    assert c.choices[0].text == " the" and c.usage.completion_tokens == 3 and c.usage.prompt_tokens == 16
+    assert c.error is None
+    c = decode_chunk(VLLM_CHAT)
+    assert c.choices[0].delta.content == " river" and c.choices[0].finish_reason == "length" and c.usage is None
+
+
+@pytest.mark.parametrize("payload", [
+    VLLM_COMPLETION, VLLM_CHAT,
+    b'{"choices":[{"text":7,"finish_reason":null}],"usage":{"completion_tokens":"3"}}',  # wrong types
+    b'{"choices":null,"usage":{"completion_tokens":4,"prompt_tokens":true}}',
+    b'{"choices":[{"delta":"odd"}, 3],"usage":[]}',
+    b'{"error":{"message":"out of memory","code":500}}',
+    b'{"error":"bare string"}',
+])
+def test_typed_decode_equals_the_generic_reading(payload: bytes) -> None:
+    assert decode_chunk(payload) == chunk_from_json(orjson.loads(payload))
+
+
+def test_wrong_types_are_dropped_not_fatal() -> None:
+    c = decode_chunk(b'{"choices":[{"text":7}],"usage":{"completion_tokens":"3","prompt_tokens":5}}')
+    assert c.choices[0].text is None and c.usage.completion_tokens is None and c.usage.prompt_tokens == 5
+
+
+def test_non_objects_and_malformed_json() -> None:
+    assert decode_chunk(b'[1, 2]') is None and decode_chunk(b'"text"') is None
+    with pytest.raises(MalformedChunk):
+        decode_chunk(b'{"choices": [')
+    with pytest.raises(MalformedChunk):
+        decode_chunk(b'not json')
