@@ -69,6 +69,11 @@ class Row:
     runs: list[Run] = field(default_factory=list)
     startup_cpu_s: float | None = None
     note: str = ""
+    startups: list[Run] = field(default_factory=list)  # the 1-request run next to each full run
+
+    def excluded_cpu_s(self) -> list[float | None]:
+        """Per full run: its CPU less the start-up CPU of the 1-request run made just before it."""
+        return [x.cpu_s - s.cpu_s if x.ok and s.ok else None for x, s in zip(self.runs, self.startups)]
 
 
 def _proc_tree_cpu(root_pid: int) -> dict[int, float]:
@@ -334,6 +339,7 @@ def main() -> None:
                               f"start-up cpu {starts[r.tool][-1].cpu_s:.2f} s tokens tool {x.tool_tokens} server "
                               f"{x.server_tokens} load avg {os.getloadavg()[0]:.2f} {x.note}", flush=True)
                 for r in vrows:
+                    r.startups = starts[r.tool]
                     ok_starts = [x.cpu_s for x in starts[r.tool] if x.ok]
                     r.startup_cpu_s = statistics.median(ok_starts) if ok_starts else None
                 rows.extend(vrows)
@@ -342,7 +348,8 @@ def main() -> None:
     print_table(rows)
     if a.json:
         Path(a.json).write_text(json.dumps([{"tool": r.tool, "variant": r.variant, "startup_cpu_s": r.startup_cpu_s,
-                                             "note": r.note, "runs": [vars(x) for x in r.runs]} for r in rows], indent=1))
+                                             "note": r.note, "runs": [vars(x) for x in r.runs],
+                                             "startups": [vars(x) for x in r.startups]} for r in rows], indent=1))
 
 
 def print_table(rows: list[Row]) -> None:
@@ -365,6 +372,27 @@ def print_table(rows: list[Row]) -> None:
         su = f"{r.startup_cpu_s:.2f}" if r.startup_cpu_s is not None else "-"
         ex = f"{excl:.1f}" if excl is not None else "-"
         print(f"| {r.variant} | {r.tool} | {len(ok)} | {whole:.1f} | {su} | {ex} | {tps:.0f} | {toks} |")
+    print_paired(rows)
+
+
+def print_paired(rows: list[Row]) -> None:
+    """truthput / minimal client, start-up excluded, run i against run i (made one after the other,
+    so a change in the shared machine's load falls on both): the median of those ratios is the
+    figure issue 9 sets a bound on (<= 1.1), steadier than a ratio of two medians."""
+    by = {(r.variant, r.tool): r for r in rows}
+    lines = []
+    for (variant, tool), tp in by.items():
+        mn = by.get((variant, "minimal"))
+        if tool != "truthput" or mn is None:
+            continue
+        ratios = [a / b for a, b in zip(tp.excluded_cpu_s(), mn.excluded_cpu_s()) if a is not None and b and b > 0]
+        if ratios:
+            lines.append(f"- {variant}: median {statistics.median(ratios):.2f} "
+                         f"(runs: {', '.join(f'{x:.2f}' for x in ratios)})")
+    if lines:
+        print()
+        print("truthput / minimal client, start-up excluded, paired run by run:")
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":
