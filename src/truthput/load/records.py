@@ -6,7 +6,21 @@ for /metrics scrapes), so request timing and counter windows can be compared dir
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import MutableSequence
 from dataclasses import dataclass, field
+
+
+def float_column() -> MutableSequence[float]:
+    """Chunk arrival times: an `array('d')`, not a list of float objects. Why: a trial holds one per
+    chunk (164k for the reference load); packed doubles are 8 bytes each instead of a 24-byte
+    object plus a pointer, and measurement reads them as one buffer instead of object by object."""
+    return array("d")
+
+
+def int_column() -> MutableSequence[int]:
+    """Running token counts, packed like `float_column` (-1 where the server sent none)."""
+    return array("q")
 
 
 @dataclass(slots=True)
@@ -24,8 +38,8 @@ class RequestRecord:
     t_start: float
     t_end: float = 0.0
     t_first: float | None = None
-    chunk_times: list[float] = field(default_factory=list)
-    chunk_tokens: list[int] = field(default_factory=list)
+    chunk_times: MutableSequence[float] = field(default_factory=float_column)
+    chunk_tokens: MutableSequence[int] = field(default_factory=int_column)
     chunk_texts: list[str] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

@@ -15,6 +15,7 @@ server sent `continuous_usage_stats`, the running completion-token count. From t
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Sequence
@@ -67,12 +68,20 @@ class ChunkTable:
         return int(self.t.shape[0])
 
 
+def _column(seqs: list[Any], typecode: str, dtype: Any, total: int) -> np.ndarray:
+    """One array of all requests' values: their buffers joined when they are packed arrays (the
+    client's records), else read value by value (records built from lists, e.g. in tests)."""
+    if seqs and all(type(s) is array and s.typecode == typecode for s in seqs):
+        return np.concatenate([np.frombuffer(s, dtype=dtype) for s in seqs])
+    return np.fromiter(chain.from_iterable(seqs), dtype=dtype, count=total)
+
+
 def build_chunk_table(records: Sequence[RequestRecord]) -> ChunkTable:
     # itertools.chain keeps the flattening in C: ~2x faster than a generator expression, and this
     # runs after every trial over every chunk (164k for the reference load).
     n_chunks = np.fromiter(map(len, (r.chunk_times for r in records)), dtype=np.int64, count=len(records))
     total = int(n_chunks.sum())
-    t = np.fromiter(chain.from_iterable(r.chunk_times for r in records), dtype=np.float64, count=total)
+    t = _column([r.chunk_times for r in records], "d", np.float64, total)
     if all(len(r.chunk_texts) == len(r.chunk_times) for r in records):
         texts: list[str] = list(chain.from_iterable(r.chunk_texts for r in records))
     else:
@@ -81,7 +90,7 @@ def build_chunk_table(records: Sequence[RequestRecord]) -> ChunkTable:
             pad = len(r.chunk_times) - len(r.chunk_texts)
             texts.extend(list(r.chunk_texts[: len(r.chunk_times)]) + [""] * max(pad, 0))
     if all(len(r.chunk_tokens) == len(r.chunk_times) for r in records):
-        running = np.fromiter(chain.from_iterable(r.chunk_tokens for r in records), dtype=np.int64, count=total)
+        running = _column([r.chunk_tokens for r in records], "q", np.int64, total)
     else:
         running = np.full(total, -1, dtype=np.int64)
         pos = 0

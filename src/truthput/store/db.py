@@ -7,6 +7,7 @@ figures) in one transaction before the next trial starts, so a killed run resume
 from __future__ import annotations
 
 import json
+from array import array
 
 import orjson
 import secrets
@@ -38,7 +39,18 @@ def encode_chunks(times: Sequence[float], running: Sequence[int], texts: Sequenc
     Columns, not `[[t, running, text], ...]` rows: half the serialisation cost (no tuple per
     chunk), and this runs over every chunk of every trial before the next trial may start.
     """
-    return orjson.dumps({"t": times, "running": running, "text": texts}).decode()
+    return orjson.dumps({"t": _packed(times, "d"), "running": _packed(running, "q"), "text": texts},
+                        option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def _packed(values: Sequence[Any], typecode: str) -> Any:
+    """A packed `array` as a zero-copy numpy view (orjson writes it without a Python object per
+    value); anything else as it is."""
+    if type(values) is array and values.typecode == typecode and len(values):
+        import numpy as np
+
+        return np.frombuffer(values, dtype=np.float64 if typecode == "d" else np.int64)
+    return values if isinstance(values, list) else list(values)
 
 
 def decode_chunks(text: str | bytes | None) -> tuple[list[float], list[int], list[str]]:
