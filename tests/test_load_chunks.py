@@ -45,3 +45,19 @@ def test_non_objects_and_malformed_json() -> None:
         decode_chunk(b'{"choices": [')
     with pytest.raises(MalformedChunk):
         decode_chunk(b'not json')
+
+
+@pytest.mark.parametrize("delta, text", [
+    (b'{"content":"answer"}', "answer"),
+    (b'{"content":null,"reasoning":"thinking"}', "thinking"),  # vLLM >= 0.10
+    (b'{"content":"","reasoning_content":"thinking"}', "thinking"),  # older vLLM, SGLang, llama.cpp
+    (b'{"tool_calls":[{"index":0,"function":{"arguments":"{\\"city\\": "}}]}', '{"city": '),
+    (b'{"role":"assistant","content":""}', ""),
+    (b'{}', None),
+])
+def test_every_kind_of_generated_text_is_kept(delta: bytes, text: str | None) -> None:
+    """The counter counts reasoning and tool-call tokens too: text-based methods must see them."""
+    payload = b'{"choices":[{"index":0,"delta":' + delta + b',"finish_reason":null}]}'
+    c = decode_chunk(payload)
+    assert c.choices[0].delta.text() == text
+    assert c == chunk_from_json(orjson.loads(payload))

@@ -322,7 +322,7 @@ class StreamClient:
                     choice = choices[0]
                     if chat:
                         delta = choice.delta
-                        text = delta.content if delta is not None else None
+                        text = delta.text() if delta is not None else None
                     else:
                         text = choice.text
                     fr = choice.finish_reason

@@ -30,7 +30,8 @@ class RequestRecord:
     `chunk_times[i]` is when the i-th SSE data chunk that carried generated text (or a usage
     count increase) arrived; `chunk_tokens[i]` is the server's running `completion_tokens` after
     that chunk when the server sent `continuous_usage_stats`, else -1. `chunk_texts[i]` is the
-    text delta of that chunk ("" for usage-only chunks). Nothing here is derived: the counting
+    text delta of that chunk ("" for usage-only chunks): answer, reasoning or tool-call
+    arguments, whichever the chunk carried (the server counts them all as generated tokens). Nothing here is derived: the counting
     methods in `truthput.measure` decide what a token is.
     """
 
