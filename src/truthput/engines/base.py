@@ -6,6 +6,8 @@ with the failure class, and the runner records it and moves on (issue 5).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,3 +40,16 @@ class Engine(Protocol):
     def recent_log(self, n: int = 40) -> list[str]: ...
 
     def is_running(self) -> bool: ...
+
+
+async def log_lines(stream: asyncio.StreamReader) -> AsyncIterator[str]:
+    """A server's output line by line, decoded leniently. A line longer than the reader's limit
+    (a traceback with a huge repr) comes out in 64 KiB pieces instead of ending the pump."""
+    while True:
+        try:
+            raw = await stream.readline()
+        except (asyncio.LimitOverrunError, ValueError):
+            raw = await stream.read(65536)
+        if not raw:
+            return
+        yield raw.decode("utf-8", errors="replace").rstrip("\r\n")

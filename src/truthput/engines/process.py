@@ -16,7 +16,7 @@ import time
 from collections import deque
 from typing import Mapping, Sequence
 
-from truthput.engines.base import LogSink, StartOutcome
+from truthput.engines.base import LogSink, StartOutcome, log_lines
 from truthput.engines.ports import port_is_free, wait_port_free
 from truthput.engines.readiness import probe_ready
 
@@ -69,14 +69,7 @@ class ProcessEngine:
 
     # ---- logs -------------------------------------------------------------------------------
     async def _pump(self, stream: asyncio.StreamReader, name: str) -> None:
-        while True:
-            try:
-                raw = await stream.readline()
-            except (asyncio.LimitOverrunError, ValueError):
-                raw = await stream.read(65536)
-            if not raw:
-                return
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        async for line in log_lines(stream):
             self._lines.append(line)
             if self._sink is not None:
                 self._sink(time.monotonic(), name, line)

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from truthput.engines.base import LogSink, StartOutcome
+from truthput.engines.base import LogSink, StartOutcome, log_lines
 from truthput.engines.ports import port_is_free, wait_port_free
 from truthput.engines.readiness import probe_ready
 from truthput.errors import EngineError
@@ -283,14 +283,8 @@ class SystemdEngine:
     async def _pump(self, stream: asyncio.StreamReader | None) -> None:
         if stream is None:
             return
-        while True:
-            try:
-                raw = await stream.readline()
-            except (asyncio.LimitOverrunError, ValueError):
-                raw = await stream.read(65536)
-            if not raw:
-                return
-            self._emit("journal", raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+        async for line in log_lines(stream):
+            self._emit("journal", line)
 
     async def _settle_journal(self, quiet_s: float = 0.3, max_s: float = 2.0) -> None:
         """Let the follower deliver what the journal already has (it trails the unit slightly)."""

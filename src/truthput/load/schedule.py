@@ -17,6 +17,7 @@ length `duration_s` is measured from `t_window_start`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -213,10 +214,8 @@ class ClosedLoop:
         self._need_more.set()
         await workers_done
         refill.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await refill
-        except asyncio.CancelledError:
-            pass
         if self.inline_builds:
             notes.append(
                 f"{self.inline_builds} request bodies were not prefetched in time (the workload is slow to build): "
@@ -299,10 +298,8 @@ class _BodyQueue:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
 
 class OpenLoop:

@@ -15,6 +15,7 @@ Thresholds (stated so the report can quote them):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 import time
 from dataclasses import dataclass
@@ -81,10 +82,8 @@ class LagProbe:
         self._cpu1 = _cpu_seconds()
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         return self.result()
 

@@ -18,6 +18,7 @@ emitted == drafts + accepted + steps-without-draft holds exactly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 from dataclasses import dataclass
@@ -158,10 +159,8 @@ class SimEngine:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
 
     def submit(self, req: SimRequest) -> None:
