@@ -279,13 +279,14 @@ def test_stored_chunks_without_running_counts_count_one_token_per_text_chunk(tmp
     counts each text chunk as one token (it used to drop them all)."""
     from truthput.commands.sim import _trial_chunks
     from truthput.load.records import RequestRecord
+    from truthput.measure.model import TrialResults
     from truthput.store.db import Store, TrialKey
 
     store = Store(tmp_path / "s.db")
     run = store.create_run("r", "sim", True, None, "", 1, {})
     rec = RequestRecord(idx=0, t_start=0.0, t_end=1.0, t_first=0.1, prompt_tokens=5, completion_tokens=3,
                         chunk_times=[0.1, 0.2, 0.3, 0.4], chunk_tokens=[-1, -1, -1, -1], chunk_texts=["a", "", "b", "c"])
-    tid = store.commit_trial(run, "v", None, TrialKey("v", 0, 1, 0), "ok", 0.0, 0.0, (0.0, 1.0), 1.0, {}, [rec], [])
+    tid = store.commit_trial(run, "v", None, TrialKey("v", 0, 1, 0), "ok", 0.0, 0.0, (0.0, 1.0), 1.0, TrialResults(), [rec], [])
     chunks = _trial_chunks(store, tid, default_prompt=9.0)
     assert [(t, before, n) for t, _idx, _p, before, n in chunks] == [(0.1, 0.0, 1.0), (0.3, 1.0, 1.0), (0.4, 2.0, 1.0)]
     assert all(p == 5.0 for _t, _i, p, _b, _n in chunks)

@@ -53,8 +53,8 @@ def run():
 
 
 def _fig(run, variant, conc, method):
-    item = next(i for i in run if i["variant"] == variant and i["concurrency"] == conc)
-    return next(r["tokps"] for r in item["results"]["methods"] if r["method"] == method)
+    item = next(i for i in run if i.variant == variant and i.concurrency == conc)
+    return next(r.tokps for r in item.results.methods if r.method == method)
 
 
 def test_claims_against_a_run(run):

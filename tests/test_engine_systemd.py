@@ -141,17 +141,17 @@ env = { FAKE_SERVER_FAIL = "oom" }
     assert store.run(run_id)["status"] == "done"
 
     # counter figures from a real server, and the whole-trial identity
-    trials = {t["variant"]: t for t in store.trial_results(run_id)}
+    trials = {t.variant: t for t in store.trial_results(run_id)}
     assert set(trials) == {"base", "seqs4"}
     for t in trials.values():
-        assert t["status"] == "ok"
-        reqs = store.requests(t["id"])
+        assert t.status == "ok"
+        reqs = store.requests(t.id)
         assert reqs and all(q["completion_tokens"] == 16 for q in reqs)
-        integ = t["results"]["integrity"]
+        integ = t.results.to_json_dict()["integrity"]
         assert integ["holds"] is True
         assert integ["counter_delta"]["value"] == 16 * len(reqs)
         assert integ["counter_delta"]["source"] == "server_counter"
-        assert t["results"]["throughput"]["counter_window"]["source"] == "server_counter"
+        assert t.results.to_json_dict()["throughput"]["counter_window"]["source"] == "server_counter"
 
     starts = {s["variant"]: s for s in store.starts(run_id)}
     # the OOM unit is a recorded failure with the right class, not a crashed run

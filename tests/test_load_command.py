@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from leanstub import LeanStubProcess  # noqa: E402
 
 from truthput.errors import SpecError  # noqa: E402
-from truthput.load.drive import LoadOptions, run_load  # noqa: E402
+from truthput.pipeline.load import LoadOptions, run_load  # noqa: E402
 from truthput.load.goodput import SLO  # noqa: E402
-from truthput.load.summary import summary_rows  # noqa: E402
+from truthput.report.loadtable import summary_rows  # noqa: E402
 from truthput.load.workers import TrialLoad, WorkerPool, share, split_evenly  # noqa: E402
 from truthput.load.workload import Workload, WorkloadSpec  # noqa: E402
 from truthput.store.db import Store  # noqa: E402
@@ -52,11 +52,11 @@ def test_load_counts_every_token_and_stores_the_trials(stub, tmp_path: Path, mon
         assert r["counter_tps"] and r["counter_tps"] > 0
         assert r["good_fraction"] == 1.0  # generous targets: every request is good
     trials = db.trial_results(run.run_id)
-    assert [(t["concurrency"], t["status"]) for t in trials] == [(2, "ok"), (5, "ok")]
-    assert trials[0]["results"]["integrity"]["holds"] is True
-    assert trials[0]["results"]["load"]["mode"] == "closed"
-    assert len(db.requests(trials[0]["id"])) == 24
-    assert {s["phase"] for s in db.scrapes(trials[1]["id"])} == {"pre", "window_start", "window_end", "post"}
+    assert [(t.concurrency, t.status) for t in trials] == [(2, "ok"), (5, "ok")]
+    assert trials[0].results.to_json_dict()["integrity"]["holds"] is True
+    assert trials[0].results.to_json_dict()["load"]["mode"] == "closed"
+    assert len(db.requests(trials[0].id)) == 24
+    assert {s["phase"] for s in db.scrapes(trials[1].id)} == {"pre", "window_start", "window_end", "post"}
     runrow = db.run(run.run_id)
     assert runrow["status"] == "done" and runrow["engine"] == "external" and not runrow["simulated"]
     assert "TRUTHPUT_SECRET_KEY" in runrow["experiment_toml"]
@@ -194,4 +194,4 @@ def test_driver_with_worker_processes_counts_exactly(stub, tmp_path: Path) -> No
     (row,) = summary_rows(run)
     assert row["requests"] == 160 and row["client_tokens"] == 160 * 150 and row["tokens_equal"]
     assert {r.worker for r in run.outcomes[0].load.records} == {0, 1}
-    assert run.outcomes[0].results["integrity"]["holds"] is True
+    assert run.outcomes[0].results.integrity.model_dump()["holds"] is True

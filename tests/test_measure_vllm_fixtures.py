@@ -72,7 +72,7 @@ def test_real_ngram_spec_decode_identities():
     pp0, pp1 = by_label(pre, n.spec_accepted_per_pos, "position"), by_label(post, n.spec_accepted_per_pos, "position")
     d = SpecDeltas(delta(n.emitted_tokens), delta(n.spec_drafts), delta(n.spec_draft_tokens), delta(n.spec_accepted),
                    {int(k): pp1[k] - pp0[k] for k in pp1})
-    stats = spec_decode_stats(d, 3, "ngram", recording()["ngram"]["load"]["requests"], "pre->post")
+    stats = spec_decode_stats(d, 3, "ngram", recording()["ngram"]["load"]["requests"], "pre->post").model_dump()
     assert all(c["ok"] for c in stats["checks"].values()), stats["checks"]
     # n-gram steps without a match emit without a draft: strictly more undrafted steps than first tokens
     assert stats["undrafted_steps"]["value"] > 12

@@ -30,8 +30,8 @@ def doc(store):
 def _per_start(store, variant, conc):
     out = {}
     for t in store.trial_results(store.resolve_run("latest")):
-        if t["variant"] == variant and t["concurrency"] == conc and t["status"] == "ok":
-            out.setdefault(t["start_index"], []).append(t["results"]["throughput"]["counter_window"]["value"])
+        if t.variant == variant and t.concurrency == conc and t.status == "ok":
+            out.setdefault(t.start_index, []).append(t.results.to_json_dict()["throughput"]["counter_window"]["value"])
     return [out[k] for k in sorted(out)]
 
 
@@ -56,7 +56,7 @@ def test_cells_equal_mean_of_per_start_counter_means(doc, store):
 
 
 def test_verdict_and_guard_from_summary(doc):
-    assert doc["verdict"]["from"] == "runs.summary_json"
+    assert doc["verdict"]["from"].startswith("recomputed")
     assert any("nospec is slower than original by -54%" in line for line in doc["verdict"]["lines"])
     assert doc["verdict"]["guard"]["spec1"]["verdict"] == "identical"
 
@@ -80,9 +80,9 @@ def test_verdict_recomputed_when_summary_absent(store, tmp_path):
 
 def test_spec_decode_per_position_is_mean_over_trials(doc, store):
     s = next(x for x in doc["spec_decode"] if x["variant"] == "original" and x["concurrency"] == 8)
-    trials = [t for t in store.trial_results(store.resolve_run("latest")) if t["variant"] == "original" and t["concurrency"] == 8]
+    trials = [t for t in store.trial_results(store.resolve_run("latest")) if t.variant == "original" and t.concurrency == 8]
     for p in s["per_position"]:
-        vals = [t["results"]["spec_decode"]["window"]["per_position_acceptance"][p["position"]]["value"] for t in trials]
+        vals = [t.results.to_json_dict()["spec_decode"]["window"]["per_position_acceptance"][p["position"]]["value"] for t in trials]
         assert p["value"] == pytest.approx(mean(vals))
     assert s["k"] == 3 and len(s["per_position"]) == 3
     assert not any(x["variant"] == "nospec" for x in doc["spec_decode"])
@@ -90,7 +90,7 @@ def test_spec_decode_per_position_is_mean_over_trials(doc, store):
 
 def test_latency_from_requests_table(doc, store):
     cell = next(x for x in doc["latency"] if x["variant"] == "nospec" and x["concurrency"] == 1)
-    ids = [t["id"] for t in store.trial_results(store.resolve_run("latest")) if t["variant"] == "nospec" and t["concurrency"] == 1]
+    ids = [t.id for t in store.trial_results(store.resolve_run("latest")) if t.variant == "nospec" and t.concurrency == 1]
     ttft = sorted(round((r["t_first"] - r["t_start"]) * 1000, 4) for i in ids for r in store.requests(i)
                   if r["status"] == "ok" and r["t_first"] is not None)
     assert cell["ttft_ms"] == ttft
@@ -161,7 +161,7 @@ def test_failures_and_telemetry_rows(store, tmp_path):
     sid = s.begin_start(run_id, "nospec", 5, ["vllm", "serve"], 8000)
     s.update_start(sid, status="failed", failure_class="oom", failure_reason="CUDA out of memory",
                    failure_line="torch.OutOfMemoryError: CUDA out of memory", log_excerpt="line a\nline b")
-    tid = s.trial_results(run_id)[0]["id"]
+    tid = s.trial_results(run_id)[0].id
     s.conn.executemany("INSERT INTO telemetry VALUES (?,?,?,?,?,?,?)",
                        [(tid, 1.0, 0, 50.0, 20e9, 300.0, 1800.0), (tid, 2.0, 0, 100.0, 22e9, 340.0, 1700.0)])
     s.conn.commit()
@@ -235,7 +235,7 @@ def test_stored_goodput_is_reported_and_plotted(store, tmp_path):
     d = build_report_data(s, "latest")
     ids = {}
     for t in s.trial_results(s.resolve_run("latest")):
-        ids.setdefault((t["variant"], t["concurrency"]), []).append(t["id"])
+        ids.setdefault((t.variant, t.concurrency), []).append(t.id)
     for g in d["goodput"]:
         assert g["good_tokens_per_s"]["value"] == pytest.approx(mean(ids[(g["variant"], g["concurrency"])]))
         assert g["slo"]["ttft_ms"] == 500.0 and g["good_tokens_per_s"]["source"] == "simulator"

@@ -27,22 +27,24 @@ def doc(store):
 
 def test_json_round_trip_equals_store(store, doc, tmp_path):
     from truthput.report.export import load_report, write_json
-    from truthput.report.terminal import cell_rows
+    from truthput.report.runsummary import run_summary
 
     path = write_json(doc, tmp_path / "r.json")
     back = load_report(path)
     assert back == json.loads(json.dumps(doc))
     rid = store.resolve_run("latest")
     # cells: same numbers as the terminal table computes from the store
-    rows = {(r["variant"], r["concurrency"]): r for r in cell_rows(store, rid)}
+    summary = run_summary(store, rid)
+    rows = {c.key: c for c in summary.cells}
     for c in back["cells"]:
         r = rows[(c["variant"], c["concurrency"])]
-        assert c["tokps"]["value"] == r["tokps"]
-        assert (c["tokps"]["lo"], c["tokps"]["hi"]) == (r["lo"], r["hi"])
-        if "delta_pct" in r:
-            assert c["delta_pct"]["value"] == r["delta_pct"]
+        assert c["tokps"]["value"] == r.estimate.mean
+        assert (c["tokps"]["lo"], c["tokps"]["hi"]) == (r.estimate.lo, r.estimate.hi)
+        comp = summary.comparison(r.variant, r.concurrency)
+        if comp is not None:
+            assert c["delta_pct"]["value"] == comp.estimate.pct
     # raw trials: every trial's counter figure, exactly as stored
-    stored = {t["id"]: t["results"]["throughput"]["counter_window"]["value"] for t in store.trial_results(rid)}
+    stored = {t.id: t.results.throughput.counter_window.value for t in store.trial_results(rid)}
     assert {t["trial_id"]: t["counter_tokps"]["value"] for t in back["trials"]} == stored
     assert len(back["trials"]) == 12
 

@@ -101,12 +101,12 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
     assert store.run(run_id)["status"] == "done"
     assert store.run(run_id)["simulated"] == 1
     trials = store.trial_results(run_id)
-    assert {(t["variant"], t["concurrency"]) for t in trials} == {
+    assert {(t.variant, t.concurrency) for t in trials} == {
         (v, c) for v in ("base", "spec1", "nospec") for c in (1, 4)}
     for t in trials:
-        r = t["results"]
-        assert t["status"] == "ok"
-        reqs = store.requests(t["id"])
+        r = t.results.to_json_dict()
+        assert t.status == "ok"
+        reqs = store.requests(t.id)
         assert reqs and all(q["status"] == "ok" for q in reqs)
         # known truth: ignore_eos -> exactly output_tokens per request
         assert all(q["completion_tokens"] == 24 for q in reqs)
@@ -118,11 +118,16 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
         assert tp["source"] == "server_counter" and tp["value"] > 0
         assert r["simulated"] is True
         # four scrapes, raw Prometheus text kept
-        phases = [s["phase"] for s in store.scrapes(t["id"])]
-        assert phases == ["pre", "window_start", "window_end", "post"]
-        assert "vllm:generation_tokens_total" in store.scrapes(t["id"])[0]["text"]
+        phases = [s["phase"] for s in store.scrapes(t.id)]
+        assert [p for p in phases if p != "periodic"] == ["pre", "window_start", "window_end", "post"]
+        # in-window samples: the server's own running-requests gauge saw the intended concurrency
+        assert phases.count("periodic") >= 1
+        samples = r["server_samples"]
+        assert samples["n"] >= 3 and samples["running_min"]["value"] >= 1
+        assert 0.5 * t.concurrency <= samples["running_mean"]["value"] <= t.concurrency
+        assert "vllm:generation_tokens_total" in store.scrapes(t.id)[0]["text"]
     # speculation counters only where speculation is on
-    by_variant = {t["variant"]: t["results"] for t in trials if t["concurrency"] == 4}
+    by_variant = {t.variant: t.results.to_json_dict() for t in trials if t.concurrency == 4}
     assert by_variant["base"]["spec_decode"]["k"] == 3
     assert by_variant["spec1"]["spec_decode"]["k"] == 1
     assert not by_variant["nospec"].get("spec_decode")
@@ -164,7 +169,7 @@ set = { "--max-model-len" = 4000000, "--gpu-memory-utilization" = 0.2 }
     assert bad["status"] == "failed"
     assert bad["failure_class"] in ("kv_too_small", "oom", "invalid_config")
     assert bad["failure_line"]
-    assert {t["variant"] for t in store.trial_results(run_id)} == {"base", "spec1", "nospec"}
+    assert {t.variant for t in store.trial_results(run_id)} == {"base", "spec1", "nospec"}
     assert store.run(run_id)["status"] == "done"
     assert "too-long" in json.loads(store.run(run_id)["summary_json"])["failed"]
 
@@ -203,14 +208,14 @@ def test_server_without_metrics_falls_back_to_usage_and_says_so(tmp_path):
     run_id = _run(text, db)
     store = Store(db)
     (trial,) = store.trial_results(run_id)
-    r = trial["results"]
+    r = trial.results.to_json_dict()
     assert r["throughput"]["counter_window"]["value"] is None
     assert "metrics" in json.dumps(r["throughput"]["counter_window"]).lower() or r["scrapes"][0]["error"]
     assert r["throughput"]["usage_window"]["value"] > 0
-    from truthput.report.terminal import cell_rows
+    from truthput.report.runsummary import run_summary
 
-    (row,) = cell_rows(store, run_id)
-    assert row["sources"] == ["usage"]
+    (cell,) = run_summary(store, run_id).cells
+    assert cell.sources == ["usage"]
 
 
 def _pids_alive(pids):
@@ -262,7 +267,7 @@ def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path
     starts = store.starts(run_id)
     assert not _pids_alive([s["pid"] for s in starts if s["pid"]]), "a server outlived Ctrl-C"
     assert not any(_port_listening(s["port"]) for s in starts if s["port"])
-    before = {(t["variant"], t["start_index"], t["concurrency"], t["trial_index"]): t["id"]
+    before = {(t.variant, t.start_index, t.concurrency, t.trial_index): t.id
               for t in store.trial_results(run_id)}
     store.close()
     done = subprocess.run([*TRUTHPUT, "run", "--resume", run_id, "--store", str(db), "--reports", str(tmp_path / "rep")],
@@ -270,11 +275,11 @@ def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
     store = Store(db)
     assert store.run(run_id)["status"] == "done"
-    after = {(t["variant"], t["start_index"], t["concurrency"], t["trial_index"]): t["id"]
+    after = {(t.variant, t.start_index, t.concurrency, t.trial_index): t.id
              for t in store.trial_results(run_id)}
     assert len(after) == 3 * 2 * 2  # every planned trial, once
     assert all(after[k] == v for k, v in before.items()), "finished trials were redone"
-    assert all(t["results"]["integrity"]["holds"] for t in store.trial_results(run_id))
+    assert all(t.results.to_json_dict()["integrity"]["holds"] for t in store.trial_results(run_id))
 
 
 def test_the_winner_is_written_back_as_a_unit_that_imports_to_its_argv(tmp_path):

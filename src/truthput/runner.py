@@ -11,7 +11,6 @@ this run started, keeps what was committed, and marks the run interrupted (resum
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -19,8 +18,16 @@ from typing import Any, Callable
 
 from truthput.engines.factory import make_engine, sim_requirements
 from truthput.errors import SpecError
-from truthput.measure.figures import headline_tokps
-from truthput.measure.scrape import scrape_metrics, settled_post_scrape
+from truthput.events import (
+    Event,
+    Note,
+    RunStarted,
+    StartFailed,
+    StartLaunching,
+    StartReady,
+    TrialDone,
+    emitter,
+)
 from truthput.spec.argv import ServerArgv, argv_diff, speculative_settings, variant_argv
 from truthput.spec.experiment import Experiment
 from truthput.store.db import Store, TrialKey
@@ -92,7 +99,7 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
 
 # ---- progress --------------------------------------------------------------------------------
 class Progress:
-    """Plain progress lines (rich markup where a terminal shows it)."""
+    """Plain timestamped progress lines (text from servers and experiment files is never markup)."""
 
     def __init__(self, console=None) -> None:
         from rich.console import Console
@@ -100,9 +107,20 @@ class Progress:
         self.console = console or Console(stderr=True, highlight=False)
         self.t0 = time.monotonic()
 
+    def handle(self, event: Event) -> None:
+        from truthput.events import style_of
+
+        self._print(event.text(), style_of(event))
+
     def __call__(self, msg: str) -> None:
-        el = time.monotonic() - self.t0
-        self.console.print(f"[dim]{el:7.1f}s[/dim] {msg}")
+        self._print(msg, None)
+
+    def _print(self, text: str, style: str | None) -> None:
+        from rich.text import Text
+
+        line = Text(f"{time.monotonic() - self.t0:7.1f}s ", style="dim")
+        line.append(text, style=style or "")
+        self.console.print(line)
 
 
 # ---- the run ---------------------------------------------------------------------------------
@@ -112,7 +130,7 @@ class RunContext:
     store: Store
     run_id: str
     plan: Plan
-    progress: Callable[[str], None]
+    emit: Callable[[Event], None]
     log_buffer: list[tuple[float, str, str]] = field(default_factory=list)
     log_seq: int = 0
     start_id: int | None = None
@@ -160,71 +178,30 @@ def load_tokenizer(exp: Experiment):
 
 
 async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_index: int, concurrency: int,
-                     trial_index: int, tokenizer) -> dict:
-    import aiohttp
-
-    from truthput.engines.telemetry import GpuSampler, energy_per_token
+                     trial_index: int, tokenizer):
     from truthput.load.schedule import ClosedLoop
     from truthput.measure.names import metric_names
-    from truthput.measure.trial import measure_trial
+    from truthput.pipeline.trial import TrialSetup, commit, run_trial
 
     exp = ctx.exp
-    names = metric_names(_engine_for_argv(ctx.plan.engine), exp.server.metric_names or None)
     seed = exp.experiment.seed * 1_000_003 + start_index * 10_007 + concurrency * 101 + trial_index
     workload = _workload(exp, seed, tokenizer)
-    scrapes = []
-    t0_wall, t0_mono = time.time(), time.monotonic()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session:
-        async def window_start() -> None:
-            scrapes.append(await scrape_metrics(session, engine.base_url, "window_start"))
+    loop = ClosedLoop(client, workload, concurrency, duration_s=exp.workload.duration_s,
+                      max_requests=exp.workload.requests)
 
-        async def window_end() -> None:
-            scrapes.append(await scrape_metrics(session, engine.base_url, "window_end"))
+    def logs(t_from: float, t_to: float) -> list[tuple[float, str]]:
+        return [(t, line) for (t, _s, line) in ctx.log_buffer if t_from <= t <= t_to]
 
-        scrapes.append(await scrape_metrics(session, engine.base_url, "pre"))
-        loop = ClosedLoop(client, workload, concurrency, duration_s=exp.workload.duration_s,
-                          max_requests=exp.workload.requests)
-        sampler = GpuSampler().start() if not ctx.simulated else None
-        try:
-            result = await loop.run(on_window_start=window_start, on_window_end=window_end)
-        finally:
-            telemetry = sampler.stop() if sampler is not None else None
-        scrapes.append(await settled_post_scrape(session, engine.base_url, names.candidates("emitted_tokens")))
-    t_end = time.monotonic()
-    window = (result.t_window_start, result.t_window_end)
-    logs = [(t, line) for (t, _s, line) in ctx.log_buffer if t0_mono - 1.0 <= t <= t_end + 1.0]
-    results = measure_trial(result.records, scrapes, logs, window if None not in window else None, concurrency,
-                            engine=_engine_for_argv(ctx.plan.engine), speculative=vp.speculative,
-                            tokenizer=tokenizer, names=names)
-    results["simulated"] = ctx.simulated
-    if telemetry is None:
-        results["telemetry"] = {"available": False, "reason": "no GPU telemetry: simulated server (no GPU)"}
-    else:
-        results["telemetry"] = telemetry.to_dict()
-        tokens = results.get("integrity", {}).get("counter_delta", {}).get("value")
-        if telemetry.available and tokens:
-            results["telemetry"]["energy_per_token_j"] = {
-                "value": energy_per_token(telemetry, tokens), "unit": "J/token", "source": "nvml + server_counter"}
-    results["client"] = {"selfcheck": dataclasses.asdict(result.selfcheck) if result.selfcheck else None,
-                         "notes": list(result.notes),
-                         "never_settled": result.never_settled,
-                         "continuous_usage": getattr(client, "continuous_usage_supported", None)}
-    n_err = sum(1 for r in result.records if r.status != "ok")
-    status = "ok"
-    error = None
-    if result.records and n_err / len(result.records) > exp.measure.request_error_threshold:
-        status, error = "failed", f"request_errors: {n_err} of {len(result.records)} requests failed"
-    crash = engine.crashed() if hasattr(engine, "crashed") else None
-    if crash is not None:
-        status, error = "failed", f"{crash.failure_kind}: {crash.reason}"
+    setup = TrialSetup(
+        base_url=engine.base_url, names=metric_names(_engine_for_argv(ctx.plan.engine), exp.server.metric_names or None),
+        engine=_engine_for_argv(ctx.plan.engine), speculative=vp.speculative, tokenizer=tokenizer,
+        simulated=ctx.simulated, sample_gpu=not ctx.simulated, error_threshold=exp.measure.request_error_threshold,
+        log_lines=logs, crashed=engine.crashed if hasattr(engine, "crashed") else None)
+    trial = await run_trial(setup, lambda ws, we: loop.run(on_window_start=ws, on_window_end=we), concurrency)
     _flush_logs(ctx)
-    ctx.store.commit_trial(ctx.run_id, vp.name, ctx.start_id,
-                           TrialKey(vp.name, start_index, concurrency, trial_index), status, t0_wall, t0_mono,
-                           window, t_end, results, result.records, scrapes,
-                           telemetry=[(x.t_mono, x.gpu, x.util_pct, x.mem_used_bytes, x.power_w, x.sm_clock_mhz)
-                                      for x in (sampler.samples if sampler is not None else [])],
-                           error=error)
-    return {"status": status, "error": error, "results": results, "crashed": crash is not None}
+    commit(ctx.store, ctx.run_id, vp.name, ctx.start_id, TrialKey(vp.name, start_index, concurrency, trial_index),
+           trial)
+    return trial
 
 
 async def _warmup(ctx: RunContext, client, concurrency: int, tokenizer) -> None:
@@ -263,17 +240,6 @@ def _guard_body(exp: Experiment, i: int) -> dict:
     return body
 
 
-async def _serves_simulator(base_url: str) -> bool:
-    import aiohttp
-
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
-            async with session.get(base_url + "/version") as resp:
-                return resp.status == 200 and "truthput" in (await resp.text()).lower()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-        return False
-
-
 async def _engine_version(kind: str, launched: list[str]) -> str | None:
     """The engine's own version string (recorded per start, principle 1)."""
     if kind == "sim":
@@ -290,6 +256,7 @@ async def _engine_version(kind: str, launched: list[str]) -> str | None:
 
 
 async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: set[TrialKey], tokenizer) -> None:
+    from truthput.analyze.cells import headline, source_label
     from truthput.load.client import ClientConfig, StreamClient
 
     exp, store = ctx.exp, ctx.store
@@ -304,7 +271,7 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
     ctx.log_buffer = []
     ctx.log_seq = 0
     ctx.start_id = store.begin_start(ctx.run_id, vp.name, start_index, launched, getattr(engine, "port", None))
-    ctx.progress(f"[bold]{vp.name}[/bold] start {start_index + 1}: launching {ctx.plan.engine} server")
+    ctx.emit(StartLaunching(vp.name, start_index, ctx.plan.engine))
     try:
         outcome = await engine.start()
         _flush_logs(ctx)
@@ -314,18 +281,20 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
                                log_excerpt=outcome.excerpt or "\n".join(engine.recent_log(30)), pid=outcome.pid,
                                stopped_at=time.time())
             ctx.failed[vp.name] = f"{outcome.failure_kind}: {outcome.reason}"
-            ctx.progress(f"[red]{vp.name}: failed: {outcome.failure_kind}: {outcome.reason}[/red]")
+            ctx.emit(StartFailed(vp.name, start_index, outcome.failure_kind, outcome.reason))
             store.event(ctx.run_id, "start_failed", f"{vp.name} start {start_index}: {outcome.failure_kind}: {outcome.reason}")
             return
-        if not ctx.simulated and await _serves_simulator(engine.base_url):
+        from truthput.pipeline.trial import serves_simulator
+
+        if not ctx.simulated and await serves_simulator(engine.base_url):
             # a simulator behind `command`/`external`/`systemd` is still a simulator (principle 1)
             ctx.simulated = True
             store.mark_simulated(ctx.run_id)
-            ctx.progress("[yellow]the server reports itself as the truthput SIMULATOR: figures are simulated[/yellow]")
+            ctx.emit(Note("the server reports itself as the truthput SIMULATOR: figures are simulated", "warning"))
         store.update_start(ctx.start_id, status="ready", ready_s=outcome.ready_s, pid=outcome.pid,
                            engine_version=await _engine_version(ctx.plan.engine, launched),
                            info_json=outcome.info or {})
-        ctx.progress(f"{vp.name} start {start_index + 1}: ready in {outcome.ready_s:.1f} s")
+        ctx.emit(StartReady(vp.name, start_index, outcome.ready_s))
         wl = exp.workload
         cfg = ClientConfig(base_url=engine.base_url, endpoint=wl.endpoint, model=wl.model, api_key_env=wl.api_key_env)
         async with StreamClient(cfg) as client:
@@ -336,16 +305,14 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
                     continue
                 await _warmup(ctx, client, c, tokenizer)
                 for t in trials:
-                    out = await _run_trial(ctx, engine, client, vp, start_index, c, t, tokenizer)
-                    val, source = headline_tokps(out["results"])
-                    sim = ", simulated" if out["results"].get("simulated") else ""
-                    source_text = {"server_counter": "server counter", "usage": "usage field: no counter"}.get(source, source)
-                    shown = f"{val:.1f} tok/s \\[{source_text}{sim}]" if val is not None else "no throughput figure"
-                    ctx.progress(f"{vp.name} start {start_index + 1} c={c} trial {t + 1}: {shown} {out['status']}")
-                    if out["crashed"]:
-                        ctx.failed[vp.name] = out["error"]
+                    trial = await _run_trial(ctx, engine, client, vp, start_index, c, t, tokenizer)
+                    h = headline(trial.results)
+                    ctx.emit(TrialDone(vp.name, start_index, c, t, h.number(), source_label(h.source),
+                                       trial.results.simulated, trial.status))
+                    if trial.crashed:
+                        ctx.failed[vp.name] = trial.error or "crashed"
                         store.update_start(ctx.start_id, status="failed", failure_class="crash_under_load",
-                                           failure_reason=out["error"], log_excerpt="\n".join(engine.recent_log(30)))
+                                           failure_reason=trial.error, log_excerpt="\n".join(engine.recent_log(30)))
                         return
             if need_guard:
                 await _guard_outputs(ctx, client, vp)
@@ -356,72 +323,28 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
 
             released = await asyncio.get_running_loop().run_in_executor(None, gpu_memory_released, [engine.pid], 60.0)
             if released is False:
-                ctx.progress(f"[yellow]{vp.name}: GPU memory of pid {engine.pid} not released after 60 s[/yellow]")
+                ctx.emit(Note(f"{vp.name}: GPU memory of pid {engine.pid} not released after 60 s", "warning"))
         _flush_logs(ctx)
         if ctx.start_id is not None:
             row_status = "failed" if vp.name in ctx.failed else "stopped"
             store.update_start(ctx.start_id, stopped_at=time.time(), status=row_status)
 
 
-def _cells(store: Store, run_id: str) -> dict[tuple[str, int], list[list[float]]]:
-    cells: dict[tuple[str, int], dict[int, list[float]]] = {}
-    for row in store.trial_results(run_id):
-        if row["status"] != "ok":
-            continue
-        val, _source = headline_tokps(row["results"])
-        if val is None:
-            continue
-        cells.setdefault((row["variant"], row["concurrency"]), {}).setdefault(row["start_index"], []).append(val)
-    return {k: [v[s] for s in sorted(v)] for k, v in cells.items()}
+def summarize(store: Store, run_id: str, guard_texts: dict[str, list[str]] | None = None) -> dict:
+    """The run's summary as stored in `runs.summary_json` (`truthput.analyze.summary` decides it)."""
+    from truthput.report.runsummary import run_summary
 
-
-def summarize(store: Store, run_id: str, exp: Experiment, guard_texts: dict[str, list[str]] | None = None) -> dict:
-    """Verdict + guard from what the store holds (so `truthput report` recomputes the same thing)."""
-    from truthput.analyze.guard import compare_outputs
-    from truthput.analyze.verdict import make_verdict
-
-    run = store.run(run_id)
-    failed = {}
-    for s in store.starts(run_id):
-        if s["status"] == "failed" and s["failure_class"]:
-            failed[s["variant"]] = f"{s['failure_class']}: {s['failure_reason']}"
-    guard = None
-    guard_json = {}
-    if guard_texts and exp.experiment.baseline in guard_texts:
-        base = guard_texts[exp.experiment.baseline]
-        guard = {name: compare_outputs(base, texts) for name, texts in guard_texts.items()
-                 if name != exp.experiment.baseline}
-        guard_json = {k: dataclasses.asdict(v) for k, v in guard.items()}
-    elif run["summary_json"]:
-        prev = json.loads(run["summary_json"]).get("guard_texts") or {}
-        if prev:
-            return summarize(store, run_id, exp, prev)
-    cells = _cells(store, run_id)
-    rule, look, stopping = None, None, None
-    m = exp.measure
-    if m.target_rel is not None:
-        from truthput.analyze.stopping import StoppingRule, fixed_design_starts
-
-        rule = StoppingRule(target_rel_halfwidth=m.target_rel, max_starts=m.max_starts, min_starts=m.starts,
-                            alpha=1 - m.confidence)
-        look = max((len(v) for v in cells.values()), default=None)
-        stopping = {"method": rule.method, "starts_used": look}
-        try:
-            stopping["fixed_design_starts"] = fixed_design_starts(cells, exp.experiment.baseline, m.target_rel,
-                                                                  confidence=m.confidence)
-        except Exception as exc:  # not enough data to size a fixed design
-            stopping["fixed_design_note"] = str(exc)
-    verdict = make_verdict(cells, exp.experiment.baseline, failed=failed, guard=guard,
-                           confidence=m.confidence, simulated=bool(run["simulated"]), stopping_rule=rule, look=look)
-    return {"verdict": verdict.to_dict(), "verdict_lines": verdict.lines(), "failed": failed, "guard": guard_json,
-            "guard_texts": guard_texts or {}, "stopping": stopping}
+    return run_summary(store, run_id, guard_texts).to_dict()
 
 
 async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, store: Store, engine: str | None = None,
-                         resume: str | None = None, progress: Callable[[str], None] | None = None) -> str:
+                         resume: str | None = None, progress: Any = None) -> str:
+    """Run (or resume) the experiment; `progress` receives the run's events (`truthput.events`):
+    through its `handle(event)` when it has one, else as plain text lines."""
     from truthput.engines.versions import machine_metadata
 
     progress = progress or Progress()
+    emit = emitter(progress)
     if resume:
         run_id = store.resolve_run(resume)
         row = store.run(run_id)
@@ -437,18 +360,18 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
     for vp in plan.variants:
         store.put_variant(run_id, vp.name, vp.position, vp.is_baseline, vp.argv.to_argv(),
                           {"diff": vp.diff, "lines": vp.diff_text, "speculative": vp.speculative}, vp.env)
-    ctx = RunContext(exp=exp, store=store, run_id=run_id, plan=plan, progress=progress,
+    ctx = RunContext(exp=exp, store=store, run_id=run_id, plan=plan, emit=emit,
                      simulated=plan.engine in SIMULATED_ENGINES or bool(store.run(run_id)["simulated"]))
     if resume:
         prev = store.run(run_id)["summary_json"]
         if prev:
             ctx.guard_texts = json.loads(prev).get("guard_texts") or {}
-    progress(f"run [bold]{run_id}[/bold]: {len(plan.variants)} variants x {len(plan.concurrency)} concurrency levels, "
-             f"engine {plan.engine}{' (SIMULATED)' if plan.engine in SIMULATED_ENGINES else ''}")
+    done = store.done_trials(run_id)
+    emit(RunStarted(run_id, len(plan.variants), len(plan.concurrency), plan.engine,
+                    plan.engine in SIMULATED_ENGINES, resumed=bool(resume), kept_trials=len(done)))
     tokenizer = load_tokenizer(exp)
     status = "failed"
     try:
-        done = store.done_trials(run_id)
         order = list(plan.order)
         await _run_order(ctx, order, done, tokenizer)
         await _maybe_more_starts(ctx, tokenizer)
@@ -462,7 +385,7 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
     finally:
         summary = None
         try:
-            summary = summarize(store, run_id, exp, ctx.guard_texts)
+            summary = summarize(store, run_id, ctx.guard_texts)
         except Exception as exc:  # a summary failure must not lose the run's status
             store.event(run_id, "summary_error", repr(exc))
             summary = {"guard_texts": ctx.guard_texts}
@@ -473,7 +396,7 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
 async def _run_order(ctx: RunContext, order: list[tuple[str, int]], done: set[TrialKey], tokenizer) -> None:
     for name, start_index in order:
         if name in ctx.failed:
-            ctx.progress(f"{name} start {start_index + 1}: skipped (variant failed: {ctx.failed[name]})")
+            ctx.emit(Note(f"{name} start {start_index + 1}: skipped (variant failed: {ctx.failed[name]})"))
             continue
         await _run_start(ctx, ctx.plan.variant(name), start_index, done, tokenizer)
 
@@ -490,7 +413,9 @@ async def _maybe_more_starts(ctx: RunContext, tokenizer) -> None:
     t_start = time.monotonic()
     n = m.starts
     while True:
-        cells = _cells(ctx.store, ctx.run_id)
+        from truthput.analyze.cells import build_cells, cell_groups
+
+        cells = cell_groups(build_cells(ctx.store.trial_results(ctx.run_id)))
         decisions = []
         for c in ctx.plan.concurrency:
             per_variant = {v: cells.get((v, c), []) for v in (vp.name for vp in ctx.plan.variants)
@@ -501,9 +426,9 @@ async def _maybe_more_starts(ctx: RunContext, tokenizer) -> None:
             reasons = "; ".join(f"c={c}: {d.reason}" for c, d in zip(ctx.plan.concurrency, decisions))
             ctx.store.event(ctx.run_id, "stopping_rule", f"stopped after {n} starts per variant: {reasons}")
             ctx.stopping = {"starts": n, "reasons": reasons, "method": decisions[0].method if decisions else None}
-            ctx.progress(f"stopping rule: {n} starts per variant: {reasons}")
+            ctx.emit(Note(f"stopping rule: {n} starts per variant: {reasons}"))
             return
-        ctx.progress(f"stopping rule: adding start round {n + 1}")
+        ctx.emit(Note(f"stopping rule: adding start round {n + 1}"))
         order = [(vp.name, n) for vp in ctx.plan.variants if vp.name not in ctx.failed]
         await _run_order(ctx, order, ctx.store.done_trials(ctx.run_id), tokenizer)
         n += 1

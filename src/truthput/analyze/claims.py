@@ -17,6 +17,7 @@ from statistics import mean, pstdev
 from typing import Any
 
 from truthput.analyze.audit import group_trials
+from truthput.analyze.cells import TrialLike, headline
 from truthput.spec.claims import Claim
 
 NOISE_FLOOR_PCT = 3.0  # below this a difference vs the counter is noise even with one trial
@@ -25,7 +26,7 @@ WORDS_PER_TOKEN = 0.75  # English prose, typical BPE tokenizers
 METHOD_ROWS = {
     "counter": ("counter (window)",),
     "usage": ("usage placed in time (window)", "usage whole trial"),
-    "words": ("whitespace words (window)", "word probe per request (seed)"),
+    "words": ("whitespace words (window)", "word probe per request"),
     "log_line": ("log line mean (window)", "log line peak (window)", "log line peak (trial)"),
 }
 
@@ -66,20 +67,23 @@ class _Cell:
     simulated: bool
 
 
-def _cells(measurements: list[dict[str, Any]] | None, simulated: bool) -> list[_Cell]:
+def _cells(measurements: list[TrialLike] | None, simulated: bool) -> list[_Cell]:
     cells = []
     for (variant, conc), trials in group_trials(measurements or []).items():
-        counters = [t["throughput"]["counter_window"]["value"] for t in trials
-                    if t.get("throughput", {}).get("counter_window", {}).get("value") is not None]
-        spec = trials[0].get("speculative") or {}
+        counters = [v for v in (headline(t).number() for t in trials) if v is not None]
+        spec = trials[0].speculative or {}
         k = int(spec.get("num_speculative_tokens") or 0)
         methods: dict[str, list[float]] = {}
         for t in trials:
-            for r in t.get("methods", []):
-                if r.get("tokps") is not None:
-                    methods.setdefault(r["method"], []).append(r["tokps"])
-        mal = [t["spec_decode"]["window"]["mean_acceptance_length"]["value"] for t in trials
-               if t.get("spec_decode", {}).get("window", {}).get("mean_acceptance_length", {}).get("value")]
+            for r in t.methods:
+                if r.tokps is not None:
+                    methods.setdefault(r.method, []).append(r.tokps)
+        mal = []
+        for t in trials:
+            w = t.spec_decode.window if t.spec_decode is not None else None
+            v = w.mean_acceptance_length.number() if w is not None and w.mean_acceptance_length is not None else None
+            if v:
+                mal.append(v)
         c = mean(counters) if counters else None
         cv = (pstdev(counters) / c * 100) if (c and len(counters) > 1) else 0.0
         cells.append(_Cell(variant, conc, k, c, cv, {m: mean(v) for m, v in methods.items()},
@@ -294,10 +298,10 @@ def _check_throughput(claim: Claim, cells: list[_Cell], bounds: dict[str, Any]) 
                        + cause_text, claimed, measured, bound, likely)
 
 
-def check_claims(claims: list[Claim], measurements: list[dict[str, Any]] | None = None,
+def check_claims(claims: list[Claim], measurements: list[TrialLike] | None = None,
                  physical_bounds: dict[str, Any] | None = None, simulated: bool = False) -> list[ClaimResult]:
-    """One ClaimResult per claim. `measurements`: trial rows (Store.trial_results) or measure_trial
-    dicts with 'variant'; `physical_bounds`: {"ceiling_tps": float | {concurrency: tok/s}} (roofline,
+    """One ClaimResult per claim. `measurements`: stored trials (Store.trial_results);
+    `physical_bounds`: {"ceiling_tps": float | {concurrency: tok/s}} (roofline,
     no speculation)."""
     cells = _cells(measurements, simulated)
     bounds = physical_bounds or {}

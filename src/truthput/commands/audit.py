@@ -37,15 +37,16 @@ def register(app: typer.Typer) -> None:
         if not rows:
             raise StoreError(f"{store}: run {rid} has no finished trial with measurements")
         if as_json:
-            typer.echo(json.dumps({"run": rid, "simulated": simulated, "methods": rows, "integrity": checks}, indent=2))
+            typer.echo(json.dumps({"run": rid, "simulated": simulated, "methods": [r.to_dict() for r in rows],
+                                   "integrity": [c.to_dict() for c in checks]}, indent=2))
             return
         title = f"audit of run {rid}" + (" -- SIMULATED: no figure here is a measurement" if simulated else "")
         console = make_console()
         console.print(render_audit(rows, title, simulated))
         for c in checks:
-            head = f"{c['variant']} @ {c['concurrency']}: counter == usage identity held in {c['identity_held']}/{c['trials']} trial(s)"
-            if c["identity_unchecked"]:
-                head += f", {c['identity_unchecked']} unchecked (no counter)"
+            head = f"{c.variant} @ {c.concurrency}: counter == usage identity held in {c.identity_held}/{c.trials} trial(s)"
+            if c.identity_unchecked:
+                head += f", {c.identity_unchecked} unchecked (no counter)"
             console.print(head, markup=False)
-            for line in c["identity_failed"] + c["spec_checks_failed"] + c["warnings"]:
+            for line in c.identity_failed + c.spec_checks_failed + c.warnings:
                 console.print(f"  ! {line}", markup=False)

@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
 
         from truthput.errors import SpecError
         from truthput.load.client import prepare_load_process
-        from truthput.load.drive import LoadOptions, load_tokenizer, run_load
+        from truthput.pipeline.load import LoadOptions, load_tokenizer, run_load
         from truthput.load.goodput import SLO
         from truthput.load.workload import WorkloadSpec
 
@@ -152,6 +152,6 @@ def register(app: typer.Typer) -> None:
         finally:
             if pool is not None:
                 pool.close()
-        from truthput.load.summary import print_summary
+        from truthput.report.loadtable import print_summary
 
         print_summary(result, opts, store=None if no_store else str(store))

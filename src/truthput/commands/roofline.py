@@ -6,8 +6,7 @@ from typing import Optional
 
 import typer
 
-KV_DTYPE_BYTES = {"auto": 2.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0, "half": 2.0,
-                  "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "int8": 1.0, "fp32": 4.0, "float32": 4.0}
+from truthput.hardware.dtypes import KV_DTYPE_BYTES
 
 
 def parse_kv_dtype(text: str) -> float:

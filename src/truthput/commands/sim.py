@@ -9,7 +9,7 @@ parses exactly the argv a real vLLM would; `--help` after `serve` shows the full
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import typer
 
@@ -59,6 +59,25 @@ class StorePoints(NamedTuple):
 STALL_MARK = "could not keep up"  # the simulator's WARNING when the host starved it of CPU
 
 
+def _counter_before_and_inside(res: Any) -> tuple[float | None, float | None]:
+    """Counter increase from `pre` to `window_start`, and inside the window (summed over the
+    in-window samples between window_start and window_end)."""
+    rows = res.scrape_intervals.rows
+    before = next((r.counter for r in rows if r.start_phase == "pre" and r.end_phase == "window_start"), None)
+    inside: float | None = None
+    opened = False
+    for r in rows:
+        if r.start_phase == "window_start":
+            opened, inside = True, 0.0
+        if opened:
+            if r.counter is None or inside is None:
+                return before, None
+            inside += r.counter
+            if r.end_phase == "window_end":
+                return before, inside
+    return before, None
+
+
 def calibration_points(store, run_ids: list[str]) -> StorePoints:
     """One point per ok trial: its server-counter tok/s over the steady-state window, and the
     engine steps that produced it.
@@ -74,7 +93,7 @@ def calibration_points(store, run_ids: list[str]) -> StorePoints:
     import json
 
     from truthput.errors import SpecError
-    from truthput.measure.figures import counter_tokps, fig
+    from truthput.hardware.dtypes import kv_dtype_bytes
     from truthput.sim.calibrate import CalibrationPoint, observed_steps
     from truthput.spec.argv import ServerArgv, speculative_settings
     from truthput.spec.experiment import parse_experiment
@@ -102,29 +121,27 @@ def calibration_points(store, run_ids: list[str]) -> StorePoints:
             for st in store.starts(rid):
                 stalls[st["id"]] = [float(line["t_mono"]) for line in store.logs(st["id"]) if STALL_MARK in line["line"]]
         for t in store.trial_results(rid):
-            tokps = counter_tokps(t["results"])
-            window_s = fig(t["results"], "throughput", "counter_window", "seconds")
-            if t["status"] != "ok" or tokps is None or not window_s:
+            res = t.results
+            tokps = res.throughput.counter_window.number()
+            window_s = res.throughput.counter_window.extra("seconds")
+            if not t.ok or tokps is None or not window_s:
                 continue
-            row = rows[t["id"]]
-            label = f"{rid}/{t['variant']}/c{t['concurrency']}/s{row['start_index']}t{row['trial_index']}"
+            row = rows[t.id]
+            label = f"{rid}/{t.variant}/c{t.concurrency}/s{t.start_index}t{t.trial_index}"
             lag = 2.0 * float(exp.sim.log_stats_interval_s)  # the warning comes with the next stats line
             if any(row["t0_mono"] <= x <= (row["t_end"] or row["t0_mono"]) + lag
                    for x in stalls.get(row["start_id"], [])):
                 skipped.append((label, "the simulator logged that the host CPU could not keep up"))
                 continue
-            a = argv[t["variant"]]
+            a = argv[t.variant]
             tp = int(a.get("--tensor-parallel-size") or 1)
-            kv = 1.0 if str(a.get("--kv-cache-dtype") or "auto").startswith("fp8") else 2.0
+            kv = kv_dtype_bytes(str(a.get("--kv-cache-dtype") or "auto"))
             spec = speculative_settings(a) or {}
             k = int(spec.get("num_speculative_tokens") or 0)
             chunks = _trial_chunks(store, row["id"], inp or 0.0)
-            start = fig(t["results"], "window", "start")
-            end = fig(t["results"], "window", "end")
+            start, end = res.window.start, res.window.end
             sent = {int(r["idx"]): float(r["t_start"]) for r in store.requests(row["id"])}
-            rows_ = fig(t["results"], "scrape_intervals", "rows") or []
-            deltas = {(r.get("from"), r.get("to")): r.get("counter") for r in rows_}
-            before, inside = deltas.get(("pre", "window_start")), deltas.get(("window_start", "window_end"))
+            before, inside = _counter_before_and_inside(res)
             cut = (before, before + inside) if before is not None and inside is not None else None
             steps, tokens, edges, idle = (observed_steps(chunks, (start, end), sent, cut) if start and end
                                           else ([], 0.0, 0.0, 0.0))
@@ -133,13 +150,15 @@ def calibration_points(store, run_ids: list[str]) -> StorePoints:
                 head, tail, following = edges
             else:
                 tail = edges
-            acc = fig(t["results"], "spec_decode", "window", "mean_acceptance_length")
-            if k and not isinstance(acc, (int, float)):
+            spec_window = res.spec_decode.window if res.spec_decode is not None else None
+            acc = (spec_window.mean_acceptance_length.number()
+                   if spec_window is not None and spec_window.mean_acceptance_length is not None else None)
+            if k and acc is None:
                 decoded = [c[4] for c in chunks if c[3] > 0]
                 acc = sum(decoded) / len(decoded) if decoded else None
-            lengths[t["variant"]] = (inp, outp)
+            lengths[t.variant] = (inp, outp)
             points.append(CalibrationPoint(
-                tp=tp, concurrency=t["concurrency"], spec_k=k, spec_method=spec.get("method"),
+                tp=tp, concurrency=t.concurrency, spec_k=k, spec_method=spec.get("method"),
                 acceptance_length=float(acc) if k and acc else None,
                 context_tokens=(inp or 512.0) + (outp or 256.0) / 2, measured_tokps=tokps, kv_dtype_bytes=kv,
                 input_tokens=inp, output_tokens=outp,

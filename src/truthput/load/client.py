@@ -79,7 +79,7 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def _api_root(base_url: str) -> str:
+def api_root(base_url: str) -> str:
     root = base_url.rstrip("/")
     if root.endswith("/v1"):
         root = root[:-3]
@@ -98,7 +98,7 @@ class StreamClient:
         if cfg.endpoint not in ("completions", "chat"):
             raise SpecError(f"client endpoint {cfg.endpoint!r}: expected 'completions' or 'chat'")
         self.cfg = cfg
-        root = _api_root(cfg.base_url)
+        root = api_root(cfg.base_url)
         self.models_url = f"{root}/v1/models"
         self.url = f"{root}/v1/completions" if cfg.endpoint == "completions" else f"{root}/v1/chat/completions"
         self.model: str | None = cfg.model

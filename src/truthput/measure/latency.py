@@ -15,6 +15,7 @@ import numpy as np
 
 from truthput.load.records import RequestRecord
 from truthput.measure.methods import ChunkTable, figure
+from truthput.measure.model import Distribution, Latency
 from truthput.measure.prom import Histogram
 
 ITL_RULE = (
@@ -24,16 +25,14 @@ ITL_RULE = (
 QUANTILES = (50, 90, 99)
 
 
-def distribution(values: np.ndarray, unit: str, source: str, note: str | None = None, **extra: Any) -> dict[str, Any]:
+def distribution(values: np.ndarray, unit: str, source: str, note: str | None = None, **extra: Any) -> Distribution:
     """mean and p50/p90/p99 of `values` as figures."""
     if values.size == 0:
-        return {"n": 0, "mean": figure(None, unit, source, note or "no samples"), **extra}
+        return Distribution(n=0, mean=figure(None, unit, source, note or "no samples"), **extra)
     qs = np.percentile(values, QUANTILES)
-    out: dict[str, Any] = {"n": int(values.size), "mean": figure(float(values.mean()), unit, source, note)}
-    for q, v in zip(QUANTILES, qs):
-        out[f"p{q}"] = figure(float(v), unit, source)
-    out.update(extra)
-    return out
+    quantiles = {f"p{q}": figure(float(v), unit, source) for q, v in zip(QUANTILES, qs)}
+    return Distribution(n=int(values.size), mean=figure(float(values.mean()), unit, source, note), **quantiles,
+                        **extra)
 
 
 def itl_values(table: ChunkTable, tokens_per_chunk: np.ndarray) -> np.ndarray:
@@ -54,7 +53,7 @@ def itl_values(table: ChunkTable, tokens_per_chunk: np.ndarray) -> np.ndarray:
 
 def client_latency(
     records: Sequence[RequestRecord], table: ChunkTable, usage_per_chunk: np.ndarray, tok_per_chunk: np.ndarray | None
-) -> dict[str, Any]:
+) -> Latency:
     ok = [r for r in records if r.status == "ok"]
     ttft = np.array([r.t_first - r.t_start for r in ok if r.t_first is not None])
     e2e = np.array([r.t_end - r.t_start for r in ok])
@@ -65,12 +64,12 @@ def client_latency(
             if r.t_first is not None and r.completion_tokens and r.completion_tokens > 1 and r.chunk_times
         ]
     )
-    out: dict[str, Any] = {
-        "ttft": distribution(ttft, "s", "client_clock", "first chunk with text - request sent"),
-        "e2e": distribution(e2e, "s", "client_clock"),
-        "tpot": distribution(tpot, "s", "client_clock", "(last chunk - first token) / (completion_tokens - 1)",
-                             tokens_source="usage"),
-    }
+    out = Latency(
+        ttft=distribution(ttft, "s", "client_clock", "first chunk with text - request sent"),
+        e2e=distribution(e2e, "s", "client_clock"),
+        tpot=distribution(tpot, "s", "client_clock", "(last chunk - first token) / (completion_tokens - 1)",
+                          tokens_source="usage"),
+    )
     ok_mask = np.zeros(table.n_chunks.shape[0], dtype=bool)
     ok_mask[[i for i, r in enumerate(records) if r.status == "ok"]] = True
     per_chunk = np.where(usage_per_chunk >= 0, usage_per_chunk, -1)
@@ -87,9 +86,9 @@ def client_latency(
     note = ITL_RULE
     if unknown_reqs:
         note += f"; {unknown_reqs} request(s) without per-chunk token counts (no continuous usage, no tokenizer) left out"
-    out["itl"] = distribution(itl, "s", "client_clock", note, tokens_source=source, rule=ITL_RULE)
-    if itl.size == 0 and unknown_reqs:
-        out["itl"]["mean"]["note"] = (
+    out.itl = distribution(itl, "s", "client_clock", note, tokens_source=source, rule=ITL_RULE)
+    if itl.size == 0 and unknown_reqs and out.itl.mean is not None:
+        out.itl.mean.note = (
             "missing data: no per-chunk token counts (enable continuous_usage_stats or give a tokenizer); "
             "chunk gaps are not token intervals"
         )
@@ -101,23 +100,21 @@ def client_latency(
         gaps = np.diff(table.t[idx])[same]
     else:
         gaps = np.zeros(0)
-    out["chunk_gap"] = distribution(gaps, "s", "chunks", "time between text chunks: NOT an inter-token latency")
+    out.chunk_gap = distribution(gaps, "s", "chunks", "time between text chunks: NOT an inter-token latency")
     return out
 
 
-def server_histograms(window_hists: dict[str, Histogram | None], notes: dict[str, str] | None = None) -> dict[str, Any]:
+def server_histograms(window_hists: dict[str, Histogram | None],
+                      notes: dict[str, str] | None = None) -> dict[str, Distribution]:
     """Mean and bucket-interpolated quantiles of each histogram's observations in the window."""
-    out: dict[str, Any] = {}
+    out: dict[str, Distribution] = {}
     for key, h in window_hists.items():
         if h is None:
             why = (notes or {}).get(key, "histogram not exposed (or a window scrape is missing)")
-            out[key] = {"mean": figure(None, "s", "server_counter", why)}
+            out[key] = Distribution(mean=figure(None, "s", "server_counter", why))
             continue
-        entry: dict[str, Any] = {
-            "n": h.count,
-            "mean": figure(h.mean, "s", "server_counter", None if h.count else "no observations in window"),
-        }
-        for q in QUANTILES:
-            entry[f"p{q}"] = figure(h.quantile(q / 100), "s", "server_counter", "interpolated inside histogram buckets")
-        out[key] = entry
+        quantiles = {f"p{q}": figure(h.quantile(q / 100), "s", "server_counter", "interpolated inside histogram buckets")
+                     for q in QUANTILES}
+        out[key] = Distribution(n=h.count, mean=figure(h.mean, "s", "server_counter",
+                                                       None if h.count else "no observations in window"), **quantiles)
     return out

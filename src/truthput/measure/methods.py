@@ -9,7 +9,7 @@ server sent `continuous_usage_stats`, the running completion-token count. From t
 - chunks: one per chunk with text (what GuideLLM-style fallbacks call a token);
 - words: whitespace-separated words, each assigned to the chunk where it starts (the seed's probe).
 
-`figure()` builds the one shape every stored figure has: {"value", "unit", "source"[, "note"]}.
+`figure()` builds the one shape every figure has (`truthput.measure.model.Figure`).
 """
 
 from __future__ import annotations
@@ -24,22 +24,12 @@ import numpy as np
 
 from truthput.load.records import RequestRecord
 
-SOURCES = ("server_counter", "usage", "tokenizer", "chunks", "words", "log_line", "client_clock", "simulator", "model")
+from truthput.measure.model import SOURCES, Figure  # noqa: F401  (SOURCES re-exported)
 
 
-def figure(value: float | int | None, unit: str, source: str, note: str | None = None, **extra: Any) -> dict[str, Any]:
-    """A figure; NaN/inf become None (JSON-able) and `note` says why when there is no value."""
-    if source not in SOURCES:
-        raise ValueError(f"unknown figure source {source!r}")
-    if isinstance(value, np.integer):
-        value = int(value)
-    elif isinstance(value, (float, np.floating)):
-        value = float(value) if math.isfinite(value) else None
-    out: dict[str, Any] = {"value": value, "unit": unit, "source": source}
-    if note:
-        out["note"] = note
-    out.update(extra)
-    return out
+def figure(value: float | int | None, unit: str, source: str, note: str | None = None, **extra: Any) -> Figure:
+    """A figure; NaN/inf become None and `note` says why when there is no value."""
+    return Figure(value=value, unit=unit, source=source, note=note or None, **extra)
 
 
 # Code points Python's str.split() treats as whitespace.

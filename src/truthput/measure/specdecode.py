@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from truthput.measure.methods import figure
+from truthput.measure.model import Check, SpecInterval
 
 # Methods that propose a draft at every decode step (so undrafted == first tokens, draft_tokens == k*drafts).
 ALWAYS_DRAFTING = ("mtp", "eagle", "eagle3", "draft_model", "medusa", "deepseek_mtp", "qwen3_5_mtp", "qwen3_next_mtp")
@@ -35,11 +36,12 @@ class SpecDeltas:
     accepted_per_pos: dict[int, float] = field(default_factory=dict)
 
 
-def check(ok: bool | None, message: str, **numbers: Any) -> dict[str, Any]:
-    return {"ok": ok, "numbers": numbers, "message": message}
+def check(ok: bool | None, message: str, **numbers: Any) -> Check:
+    return Check(ok=ok, numbers=numbers, message=message)
 
 
-def spec_decode_stats(d: SpecDeltas, k: int | None, method: str | None, first_tokens: int | None, label: str) -> dict[str, Any]:
+def spec_decode_stats(d: SpecDeltas, k: int | None, method: str | None, first_tokens: int | None,
+                      label: str) -> SpecInterval:
     """Statistics and checks for one interval (`label` says which: window or whole trial)."""
     out: dict[str, Any] = {"interval": label}
     src = "server_counter"
@@ -59,7 +61,7 @@ def spec_decode_stats(d: SpecDeltas, k: int | None, method: str | None, first_to
     steps = d.drafts + undrafted
     out["share_steps_without_draft"] = figure(undrafted / steps if steps > 0 else None, "ratio", src,
                                            note="undrafted / (drafts + undrafted), per sequence-step")
-    checks: dict[str, Any] = {}
+    checks: dict[str, Check] = {}
     if k:
         limit = k * d.drafts
         exact = always_drafts(method)
@@ -102,7 +104,7 @@ def spec_decode_stats(d: SpecDeltas, k: int | None, method: str | None, first_to
             emitted=d.emitted, drafts=d.drafts, accepted=d.accepted, undrafted=undrafted, first_tokens=first_tokens,
         )
     out["checks"] = checks
-    return out
+    return SpecInterval.model_validate(out)
 
 
 def drafted_plus_accepted_explanation(k: int | None, emitted: float, drafted: float, accepted: float) -> str:

@@ -10,6 +10,7 @@ own errors (unit, window, definition), not a window mismatch we introduced.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,6 +30,27 @@ from truthput.measure.methods import (
     usage_tokens_per_chunk,
     words_per_chunk,
 )
+from truthput.measure.model import (
+    Check,
+    ClientCheck,
+    ErrorCount,
+    Figure,
+    Integrity,
+    IntervalRow,
+    Latency,
+    LogLines,
+    MethodRow,
+    PerStream,
+    Requests,
+    ScrapeIntervals,
+    ScrapeRef,
+    ServerSamples,
+    SpecDecode,
+    Throughput,
+    TrialResults,
+    WholeTrial,
+    Window,
+)
 from truthput.measure.names import EngineMetricNames, metric_names
 from truthput.measure.prom import ParsedScrape, Scrape, by_label, histogram, parse_scrape
 from truthput.measure.specdecode import SpecDeltas, drafted_plus_accepted_explanation, spec_decode_stats
@@ -45,7 +67,7 @@ def _pct(value: float | None, ref: float | None) -> float | None:
 class _Scrapes:
     """Parsed scrapes in time order with phase lookup and counter series."""
 
-    def __init__(self, scrapes: Sequence[Scrape]):
+    def __init__(self, scrapes: Sequence[Scrape]) -> None:
         self.all: list[ParsedScrape] = sorted((parse_scrape(s) for s in scrapes), key=lambda p: p.t_mono)
 
     def phase(self, name: str, last: bool = False) -> ParsedScrape | None:
@@ -72,13 +94,15 @@ class _Scrapes:
         if start is None or end is None:
             return CounterDelta(value=None, note="scrape for this interval missing")
         created = name[: -len("_total")] + "_created" if name.endswith("_total") else None
-        samples = []
+        samples: list[tuple[float, float | None, float | None]] = []
         for p in self.all:
             if p.t_mono < start.t_mono or p.t_mono > end.t_mono:
                 continue
             if not p.ok:
                 samples.append((p.t_mono, None, None))
                 continue
+            if p.phase == "periodic" and not p.has(name):
+                continue  # in-window samples keep only the families they sample
             v = p.total(name, label_filter)
             c = None
             if created and p.has(created):
@@ -91,14 +115,14 @@ class _Scrapes:
         return d
 
 
-def _counter_fig(d: CounterDelta, unit: str, name: str | None, per_second: bool) -> dict[str, Any]:
+def _counter_fig(d: CounterDelta, unit: str, name: str | None, per_second: bool, window: str) -> Figure:
     value = d.rate() if per_second else d.value
     extra: dict[str, Any] = {"metric": name, "resets": d.resets}
     if d.went_backwards_without_reset:
         extra["went_backwards_without_reset"] = True
     if d.seconds is not None:
         extra["seconds"] = d.seconds
-    return figure(value, unit, "server_counter", d.note or None, **extra)
+    return figure(value, unit, "server_counter", d.note or None, window=window, **extra)
 
 
 def _tokens_in_flight_partial(r: RequestRecord) -> int | None:
@@ -109,7 +133,20 @@ def _tokens_in_flight_partial(r: RequestRecord) -> int | None:
     return r.completion_tokens
 
 
-def _integrity(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | None) -> dict[str, Any]:
+def _requests(records: Sequence[RequestRecord], continuous: int) -> Requests:
+    errors = Counter((r.error or (f"HTTP {r.http_status}" if r.http_status else "error"))[:120]
+                     for r in records if r.status != "ok")
+    return Requests(
+        total=len(records),
+        ok=sum(1 for r in records if r.status == "ok"),
+        failed=sum(1 for r in records if r.status != "ok"),
+        failed_mid_stream=sum(1 for r in records if r.status != "ok" and r.chunk_times),
+        continuous_usage=continuous,
+        errors=[ErrorCount(error=e, count=c) for e, c in errors.most_common(10)],
+    )
+
+
+def _integrity(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | None) -> Integrity:
     pre, post = sc.phase("pre"), sc.phase("post", last=True)
     d = sc.delta(emitted, pre, post)
     ok = [r for r in records if r.status == "ok"]
@@ -128,23 +165,22 @@ def _integrity(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | No
         else:
             partial_known += p
     expected = usage_ok + partial_known
-    out: dict[str, Any] = {
-        "counter_delta": _counter_fig(d, "tokens", emitted, per_second=False),
-        "usage_sum_ok": figure(usage_ok, "tokens", "usage", f"{len(ok)} finished requests"),
-        "failed_requests": len(failed),
-        "failed_partial_tokens": figure(partial_known, "tokens", "usage",
-                                     "running usage count at the last chunk of failed requests"),
-        "failed_without_count": partial_unknown,
-        "failed_chunks_without_count": partial_chunks,
-        "ok_without_usage": ok_without_usage,
-    }
+    out = Integrity(
+        counter_delta=_counter_fig(d, "tokens", emitted, per_second=False, window="pre->post"),
+        usage_sum_ok=figure(usage_ok, "tokens", "usage", f"{len(ok)} finished requests", window="trial"),
+        failed_requests=len(failed),
+        failed_partial_tokens=figure(partial_known, "tokens", "usage",
+                                     "running usage count at the last chunk of failed requests", window="trial"),
+        failed_without_count=partial_unknown,
+        failed_chunks_without_count=partial_chunks,
+        ok_without_usage=ok_without_usage,
+    )
     if d.value is None:
-        out.update(holds=None, difference=None,
-                   message=f"integrity not checked: {d.note or 'no counter'}")
+        out.message = f"integrity not checked: {d.note or 'no counter'}"
         return out
     diff = int(round(d.value - expected))
-    out["difference"] = diff
-    out["holds"] = diff == 0
+    out.difference = diff
+    out.holds = diff == 0
     if diff == 0:
         msg = f"holds: counter delta {d.value:g} == usage {usage_ok} + failed requests' partial {partial_known}"
     else:
@@ -169,11 +205,11 @@ def _integrity(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | No
             why.append("server emitted tokens the client did not account (other clients? cancelled requests?)")
         if why:
             msg += " (" + "; ".join(why) + ")"
-    out["message"] = msg
+    out.message = msg
     return out
 
 
-def _scrape_intervals(sc: _Scrapes, emitted: str | None, table: ChunkTable, usage_pc: np.ndarray) -> dict[str, Any]:
+def _scrape_intervals(sc: _Scrapes, emitted: str | None, table: ChunkTable, usage_pc: np.ndarray) -> ScrapeIntervals:
     """Counter increase vs usage tokens that arrived, per interval between consecutive scrapes.
 
     The two count the same tokens, so per interval they agree up to the tokens in flight on the
@@ -181,35 +217,37 @@ def _scrape_intervals(sc: _Scrapes, emitted: str | None, table: ChunkTable, usag
     counter that trails usage in one interval and catches up in the next: flagged as stale.
     """
     ok = [p for p in sc.all if p.ok and emitted and p.has(emitted)]
-    rows = []
+    rows: list[IntervalRow] = []
     if len(ok) < 2 or not bool(table.continuous.any()) or not bool(table.continuous[table.rec].all()):
-        return {"rows": rows, "stale_suspected": None,
-                "note": "needs two scrapes with the counter and continuous usage on every request"}
+        return ScrapeIntervals(rows=rows, stale_suspected=None,
+                               note="needs two scrapes with the counter and continuous usage on every request")
     for a, b in zip(ok, ok[1:]):
         d = sc.delta(emitted, a, b)
         m = (table.t > a.t_mono) & (table.t <= b.t_mono)
         arrived = int(usage_pc[m].sum())
-        rows.append({"from": a.phase, "to": b.phase, "t_from": a.t_mono, "t_to": b.t_mono,
-                     "counter": d.value, "usage_arrived": arrived, "resets": d.resets,
-                     "difference": None if d.value is None else d.value - arrived})
+        rows.append(IntervalRow.model_validate(
+            {"from": a.phase, "to": b.phase, "t_from": a.t_mono, "t_to": b.t_mono, "counter": d.value,
+             "usage_arrived": arrived, "resets": d.resets,
+             "difference": None if d.value is None else d.value - arrived}))
     # tokens on the wire at a scrape are a few per stream; a lag shows as a large trailing counter
-    clean = [r for r in rows if r["counter"] is not None and not r["resets"]]
-    trailing = [r for r in clean if r["usage_arrived"] > 0 and r["difference"] < -max(16, 0.05 * r["usage_arrived"])]
+    clean = [r for r in rows if r.counter is not None and not r.resets]
+    trailing = [r for r in clean if r.usage_arrived > 0 and r.difference is not None
+                and r.difference < -max(16, 0.05 * r.usage_arrived)]
     stale = bool(trailing)
     note = ""
     if stale:
-        worst = min(trailing, key=lambda r: r["difference"])
-        note = (f"/metrics looks stale: between the {worst['from']} and {worst['to']} scrapes the counter rose "
-                f"{worst['counter']:g} while {worst['usage_arrived']} tokens arrived at the client; "
+        worst = min(trailing, key=lambda r: r.difference or 0.0)
+        note = (f"/metrics looks stale: between the {worst.start_phase} and {worst.end_phase} scrapes the counter rose "
+                f"{worst.counter:g} while {worst.usage_arrived} tokens arrived at the client; "
                 "counter-based figures are suspect")
-    return {"rows": rows, "stale_suspected": stale, "note": note}
+    return ScrapeIntervals(rows=rows, stale_suspected=stale, note=note)
 
 
-def _log_block(log_lines, win: tuple[float, float] | None, trial_span: tuple[float, float] | None,
-               spec_k: int | None, emitted_window: float | None, drafted_window: float | None,
-               accepted_window: float | None) -> dict[str, Any]:
+def _log_block(log_lines: Sequence[tuple[float, str]] | None, win: tuple[float, float] | None,
+               trial_span: tuple[float, float] | None, spec_k: int | None, emitted_window: float | None,
+               drafted_window: float | None, accepted_window: float | None) -> LogLines:
     tput, spec = logparse.parse_log(log_lines or [])
-    out: dict[str, Any] = {"lines_seen": len(tput), "spec_lines_seen": len(spec)}
+    out = LogLines(lines_seen=len(tput), spec_lines_seen=len(spec))
     agg = [x for x in tput if x.engine == "aggregated"]
     use = agg if agg else tput
     engines = sorted({x.engine for x in use})
@@ -217,43 +255,45 @@ def _log_block(log_lines, win: tuple[float, float] | None, trial_span: tuple[flo
     if inwin:
         mean = sum(logparse.time_weighted_mean([x for x in inwin if x.engine == e], "generation_tps") or 0.0
                    for e in engines)
-        peak_lines = inwin
-        peak = max(x.generation_tps for x in peak_lines) if len(engines) <= 1 else None
-        out["generation_mean_window"] = figure(mean, "tok/s", "log_line",
-                                           f"time-weighted mean of {len(inwin)} line(s) whose interval lies in the window")
-        out["generation_peak_window"] = figure(peak, "tok/s", "log_line", "highest single line in the window")
-        out["kv_kind"] = next((x.kv_kind for x in inwin if x.kv_kind), None)
+        peak = max(x.generation_tps for x in inwin) if len(engines) <= 1 else None
+        out.generation_mean_window = figure(
+            mean, "tok/s", "log_line", f"time-weighted mean of {len(inwin)} line(s) whose interval lies in the window",
+            window="window")
+        out.generation_peak_window = figure(peak, "tok/s", "log_line", "highest single line in the window",
+                                            window="window")
+        out.kv_kind = next((x.kv_kind for x in inwin if x.kv_kind), None)
     else:
         note = "no log line in window" if use else "no throughput log line at all"
-        out["generation_mean_window"] = figure(None, "tok/s", "log_line", note)
-        out["generation_peak_window"] = figure(None, "tok/s", "log_line", note)
+        out.generation_mean_window = figure(None, "tok/s", "log_line", note, window="window")
+        out.generation_peak_window = figure(None, "tok/s", "log_line", note, window="window")
     if trial_span and use:
         span = [x for x in use if trial_span[0] - 1 <= x.t_mono <= trial_span[1] + logparse.DEFAULT_INTERVAL_S]
         if span:
-            out["generation_peak_trial"] = figure(max(x.generation_tps for x in span), "tok/s", "log_line",
-                                              "highest line during the trial (what people quote as 'peak')")
+            out.generation_peak_trial = figure(max(x.generation_tps for x in span), "tok/s", "log_line",
+                                               "highest line during the trial (what people quote as 'peak')",
+                                               window="trial")
     spec_in = logparse.lines_in_window(spec, win) if win else []
     if spec_in:
         acc = logparse.time_weighted_mean(spec_in, "accepted_tps")
         dr = logparse.time_weighted_mean(spec_in, "drafted_tps")
-        out["spec_accepted_tps"] = figure(acc, "tok/s", "log_line")
-        out["spec_drafted_tps"] = figure(dr, "tok/s", "log_line")
-        gen = out["generation_mean_window"]["value"]
+        out.spec_accepted_tps = figure(acc, "tok/s", "log_line", window="window")
+        out.spec_drafted_tps = figure(dr, "tok/s", "log_line", window="window")
+        gen = out.generation_mean_window.value
         if acc is not None and dr is not None and gen:
             rel = (acc + dr - gen) / gen * 100
-            out["drafted_plus_accepted_vs_generation"] = {
-                "ok": abs(rel) < 5.0,
-                "numbers": {"accepted_tps": acc, "drafted_tps": dr, "generation_tps": gen, "diff_pct": rel},
-                "message": f"accepted {acc:.1f} + drafted {dr:.1f} = {acc + dr:.1f} vs generation {gen:.1f} ({rel:+.1f}%)",
-            }
+            out.drafted_plus_accepted_vs_generation = Check(
+                ok=abs(rel) < 5.0,
+                numbers={"accepted_tps": acc, "drafted_tps": dr, "generation_tps": gen, "diff_pct": rel},
+                message=f"accepted {acc:.1f} + drafted {dr:.1f} = {acc + dr:.1f} vs generation {gen:.1f} ({rel:+.1f}%)",
+            )
     if emitted_window is not None and drafted_window is not None and accepted_window is not None:
-        out["drafted_plus_accepted_explanation"] = drafted_plus_accepted_explanation(
+        out.drafted_plus_accepted_explanation = drafted_plus_accepted_explanation(
             spec_k, emitted_window, drafted_window, accepted_window)
     return out
 
 
 def _row(method: str, value: float | None, ref: float | None, cause_if_off: str, source: str,
-         note: str = "", breakdown: dict[str, float] | None = None) -> dict[str, Any]:
+         note: str | None = "", breakdown: dict[str, float | None] | None = None) -> MethodRow:
     err = _pct(value, ref)
     if value is None or err is None:
         cause = "missing data"  # no figure, or no reference to hold it against
@@ -261,131 +301,89 @@ def _row(method: str, value: float | None, ref: float | None, cause_if_off: str,
         cause = "agrees"
     else:
         cause = cause_if_off
-    row: dict[str, Any] = {"method": method, "tokps": value, "error_pct_vs_counter": err, "cause": cause,
-                           "source": source, "note": note}
-    if breakdown:
-        row["breakdown_pct"] = breakdown
-    return row
+    return MethodRow(method=method, tokps=value, error_pct_vs_counter=err, cause=cause, source=source,
+                     note=note or "", breakdown_pct=breakdown or None)
 
 
-def measure_trial(
-    records: Sequence[RequestRecord],
-    scrapes: Sequence[Scrape],
-    log_lines: Sequence[tuple[float, str]] | None,
-    window: tuple[float, float] | None,
-    concurrency: int,
-    engine: str = "vllm",
-    speculative: dict | None = None,
-    tokenizer=None,
-    names: EngineMetricNames | None = None,
-) -> dict[str, Any]:
-    """All figures of one trial as a JSON-able dict (see the module docstring and issue 4)."""
-    names = names or metric_names(engine)
-    sc = _Scrapes(scrapes)
-    table = build_chunk_table(records)
-    usage_pc = usage_tokens_per_chunk(table)
-    words_pc = words_per_chunk(table)
-    chunks_pc = text_chunks(table)
-    tok_pc = tok_req = None
-    if tokenizer is not None:
-        tok_pc, tok_req = tokenizer_tokens_per_chunk(table, tokenizer)
+@dataclass
+class _Counts:
+    """Per-chunk counts by every method, and the trial's window (shared by the sections)."""
 
-    emitted = sc.first_name(names.candidates("emitted_tokens"))
-    ws_s, we_s = sc.phase("window_start"), sc.phase("window_end", last=True)
-    if ws_s is not None and we_s is not None and we_s.t_mono > ws_s.t_mono:
-        win: tuple[float, float] | None = (ws_s.t_mono, we_s.t_mono)
-        win_source = "window_start/window_end scrape times"
-    else:
-        win = window
-        win_source = "given window (no window scrapes)"
-    t_starts = [r.t_start for r in records]
-    t_ends = [r.t_end for r in records if r.t_end]
-    trial_span = (min(t_starts), max(t_ends)) if t_starts and t_ends else None
+    table: ChunkTable
+    usage_pc: np.ndarray
+    words_pc: np.ndarray
+    chunks_pc: np.ndarray
+    tok_pc: np.ndarray | None
+    tok_req: np.ndarray | None
+    win: tuple[float, float] | None
+    win_from_scrapes: bool
+    trial_span: tuple[float, float] | None
 
-    result: dict[str, Any] = {
-        "engine": engine,
-        "concurrency": concurrency,
-        "speculative": speculative,
-        "window": {"start": win[0] if win else None, "end": win[1] if win else None,
-                   "seconds": (win[1] - win[0]) if win else None, "from": win_source},
-        "scrapes": [{"phase": p.phase, "t_mono": p.t_mono, "error": p.error} for p in sc.all],
-        "emitted_metric": emitted,
-    }
+    @property
+    def seconds(self) -> float | None:
+        return (self.win[1] - self.win[0]) if self.win else None
 
-    # --- requests
-    errors = Counter((r.error or (f"HTTP {r.http_status}" if r.http_status else "error"))[:120]
-                     for r in records if r.status != "ok")
-    result["requests"] = {
-        "total": len(records),
-        "ok": sum(1 for r in records if r.status == "ok"),
-        "failed": sum(1 for r in records if r.status != "ok"),
-        "failed_mid_stream": sum(1 for r in records if r.status != "ok" and r.chunk_times),
-        "continuous_usage": int(table.continuous.sum()),
-        "errors": [{"error": e, "count": c} for e, c in errors.most_common(10)],
-    }
 
-    result["integrity"] = _integrity(records, sc, emitted)
-    result["scrape_intervals"] = _scrape_intervals(sc, emitted, table, usage_pc)
-    warnings: list[str] = []
-    if result["scrape_intervals"]["stale_suspected"]:
-        warnings.append(result["scrape_intervals"]["note"])
-
-    # --- throughput over the window
-    d_win = sc.delta(emitted, ws_s, we_s)
-    counter_tps = d_win.rate() if win_source.startswith("window_start") else None
-    tp: dict[str, Any] = {"counter_window": _counter_fig(d_win, "tok/s", emitted, per_second=True)}
-    if win is None:
-        tp["counter_window"] = figure(None, "tok/s", "server_counter", "no window")
-    seconds = (win[1] - win[0]) if win else None
-    mask = in_window(table, win) if win else np.zeros(table.size, dtype=bool)
+def _throughput(sc: _Scrapes, emitted: str | None, d_win: CounterDelta, n: _Counts,
+                has_tokenizer: bool) -> Throughput:
+    tp = Throughput(counter_window=_counter_fig(d_win, "tok/s", emitted, per_second=True, window="window"))
+    if n.win is None:
+        tp.counter_window = figure(None, "tok/s", "server_counter", "no window", window="window")
+    seconds = n.seconds
+    table, usage_pc = n.table, n.usage_pc
+    mask = in_window(table, n.win) if n.win else np.zeros(table.size, dtype=bool)
     reqs_in_window = np.unique(table.rec[mask]) if mask.any() else np.zeros(0, dtype=np.int64)
     cont_in = table.continuous[reqs_in_window] if reqs_in_window.size else np.zeros(0, dtype=bool)
     if seconds and reqs_in_window.size and cont_in.all():
-        usage_w = float(usage_pc[mask].sum()) / seconds
-        tp["usage_window"] = figure(usage_w, "tok/s", "usage", "running usage count differences of chunks arriving in the window")
+        tp.usage_window = figure(float(usage_pc[mask].sum()) / seconds, "tok/s", "usage",
+                                 "running usage count differences of chunks arriving in the window", window="window")
     elif seconds and cont_in.any():
         part = mask & table.continuous[table.rec]
-        usage_w = None
-        tp["usage_window"] = figure(None, "tok/s", "usage",
+        tp.usage_window = figure(None, "tok/s", "usage",
                                  f"missing data: {int((~cont_in).sum())} of {reqs_in_window.size} requests in the window "
                                  "lack continuous usage; partial figure in 'partial_value'",
-                                 partial_value=float(usage_pc[part].sum()) / seconds)
+                                 window="window", partial_value=float(usage_pc[part].sum()) / seconds)
     else:
-        usage_w = None
-        tp["usage_window"] = figure(None, "tok/s", "usage", "missing data: no continuous usage (usage only at the end) "
-                                 "so tokens cannot be placed in time")
-    tok_w = float(tok_pc[mask].sum()) / seconds if (tok_pc is not None and seconds) else None
-    tp["tokenizer_window"] = figure(tok_w, "tok/s", "tokenizer",
-                                 None if tokenizer is not None else "missing data: no tokenizer")
-    chunks_w = float(chunks_pc[mask].sum()) / seconds if seconds else None
-    words_w = float(words_pc[mask].sum()) / seconds if seconds else None
-    tp["chunks_window"] = figure(chunks_w, "chunks/s", "chunks", "one text chunk counted as one token")
-    tp["words_window"] = figure(words_w, "words/s", "words", "whitespace-separated words")
+        tp.usage_window = figure(None, "tok/s", "usage", "missing data: no continuous usage (usage only at the end) "
+                                 "so tokens cannot be placed in time", window="window")
+    tok_w = float(n.tok_pc[mask].sum()) / seconds if (n.tok_pc is not None and seconds) else None
+    tp.tokenizer_window = figure(tok_w, "tok/s", "tokenizer", None if has_tokenizer else "missing data: no tokenizer",
+                                 window="window")
+    chunks_w = float(n.chunks_pc[mask].sum()) / seconds if seconds else None
+    words_w = float(n.words_pc[mask].sum()) / seconds if seconds else None
+    tp.chunks_window = figure(chunks_w, "chunks/s", "chunks", "one text chunk counted as one token", window="window")
+    tp.words_window = figure(words_w, "words/s", "words", "whitespace-separated words", window="window")
+    return tp
 
-    # --- whole trial
+
+def _whole_trial(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | None, n: _Counts,
+                 concurrency: int) -> tuple[WholeTrial, np.ndarray]:
     ok = [r for r in records if r.status == "ok"]
     usage_total = sum(r.completion_tokens or 0 for r in ok)
-    wall = (trial_span[1] - trial_span[0]) if trial_span else None
-    tp["usage_trial"] = figure(usage_total / wall if wall else None, "tok/s", "usage",
-                            "sum of usage.completion_tokens / (last response end - first request start): includes ramp-up and drain")
+    wall = (n.trial_span[1] - n.trial_span[0]) if n.trial_span else None
+    whole = WholeTrial(usage_trial=figure(
+        usage_total / wall if wall else None, "tok/s", "usage",
+        "sum of usage.completion_tokens / (last response end - first request start): includes ramp-up and drain",
+        window="trial"))
     d_trial = sc.delta(emitted, sc.phase("pre"), sc.phase("post", last=True))
-    tp["counter_trial"] = _counter_fig(d_trial, "tok/s", emitted, per_second=True)
-    tp["counter_trial"]["note"] = ((tp["counter_trial"].get("note") or "") +
-                                   " pre->post scrapes: 'read counter, run load, read again, divide by wall time'").strip()
-    words_req = per_request_sum(table, words_pc)
+    counter_trial = _counter_fig(d_trial, "tok/s", emitted, per_second=True, window="pre->post")
+    counter_trial.note = ((counter_trial.note or "") +
+                          " pre->post scrapes: 'read counter, run load, read again, divide by wall time'").strip()
+    whole.counter_trial = counter_trial
+    words_req = per_request_sum(n.table, n.words_pc)
     ok_idx = np.array([i for i, r in enumerate(records) if r.status == "ok" and r.completion_tokens], dtype=np.int64)
     usage_ok_tokens = sum(records[i].completion_tokens or 0 for i in ok_idx)
     if usage_ok_tokens:
-        tp["words_per_token"] = figure(float(words_req[ok_idx].sum()) / usage_ok_tokens, "words/token", "words",
-                                    "whitespace words / usage.completion_tokens over finished requests: "
-                                    "divide a word rate by this to get tokens")
-        if tok_req is not None:
-            tok_sum = int(tok_req[ok_idx].sum())
-            tp["tokenizer_vs_usage"] = figure(_pct(tok_sum, usage_ok_tokens), "%", "tokenizer",
-                                           f"client tokenizer {tok_sum} vs usage {usage_ok_tokens} tokens over finished "
-                                           "requests (re-tokenizing text need not give the model's ids)")
-
-    # --- the seed's per-request word probe
+        whole.words_per_token = figure(float(words_req[ok_idx].sum()) / usage_ok_tokens, "words/token", "words",
+                                       "whitespace words / usage.completion_tokens over finished requests: "
+                                       "divide a word rate by this to get tokens", window="trial")
+        if n.tok_req is not None:
+            tok_sum = int(n.tok_req[ok_idx].sum())
+            whole.tokenizer_vs_usage = figure(_pct(tok_sum, usage_ok_tokens), "%", "tokenizer",
+                                              f"client tokenizer {tok_sum} vs usage {usage_ok_tokens} tokens over "
+                                              "finished requests (re-tokenizing text need not give the model's ids)",
+                                              window="trial")
+    # the per-request word probe people write by hand
     rates_first, rates_start = [], []
     for i, r in enumerate(records):
         if r.status != "ok" or r.t_first is None or not r.chunk_times:
@@ -397,33 +395,38 @@ def measure_trial(
             rates_start.append(words_req[i] / (r.t_end - r.t_start))
     probe_first = float(np.mean(rates_first)) * concurrency if rates_first else None
     probe_start = float(np.mean(rates_start)) * concurrency if rates_start else None
-    tp["word_probe_per_request"] = figure(
+    whole.word_probe_per_request = figure(
         probe_first, "words/s", "words",
-        "seed's probe: mean over requests of words / (last chunk - first token), x concurrency; "
+        "per-request probe: mean over requests of words / (last chunk - first token), x concurrency; "
         "each request's active time, not the wall-clock window",
+        window="per request",
         per_stream_mean=float(np.mean(rates_first)) if rates_first else None,
         from_request_start=probe_start,
     )
-    result["throughput"] = tp
+    return whole, words_req
 
-    # --- spec decode
+
+def _spec_decode(records: Sequence[RequestRecord], sc: _Scrapes, names: EngineMetricNames, emitted: str | None,
+                 speculative: dict[str, Any] | None, win: tuple[float, float] | None, d_win: CounterDelta,
+                 ws_s: ParsedScrape | None, we_s: ParsedScrape | None
+                 ) -> tuple[SpecDecode | None, float | None, float | None]:
+    """Spec-decode statistics, and the window's draft-token and accepted-token deltas."""
     k = int(speculative["num_speculative_tokens"]) if speculative and speculative.get("num_speculative_tokens") else None
     spec_method = speculative.get("method") if speculative else None
     drafts_name = sc.first_name(names.candidates("spec_drafts"))
-    spec_block: dict[str, Any] | None = None
-    d_dt_w = d_acc_w = None
     if drafts_name:
         dt_name = sc.first_name(names.candidates("spec_draft_tokens"))
         acc_name = sc.first_name(names.candidates("spec_accepted"))
         pp_name = sc.first_name(names.candidates("spec_accepted_per_pos"))
 
         def deltas(a: ParsedScrape | None, b: ParsedScrape | None) -> SpecDeltas | None:
-            parts = [sc.delta(n, a, b) for n in (emitted, drafts_name, dt_name, acc_name)]
-            if any(p.value is None for p in parts):
+            parts = [sc.delta(nm, a, b) for nm in (emitted, drafts_name, dt_name, acc_name)]
+            values = [p.value for p in parts]
+            if any(v is None for v in values):
                 return None
             per_pos: dict[int, float] = {}
             if pp_name and a is not None and b is not None:
-                positions = set()
+                positions: set[str] = set()
                 for p in sc.all:
                     if p.ok:
                         positions.update(by_label(p, pp_name, "position"))
@@ -431,66 +434,70 @@ def measure_trial(
                     dd = sc.delta(pp_name, a, b, {"position": pos})
                     if dd.value is not None:
                         per_pos[int(pos)] = dd.value
-            return SpecDeltas(parts[0].value, parts[1].value, parts[2].value, parts[3].value, per_pos)  # type: ignore[arg-type]
+            em, dr, dt, ac = (float(v) for v in values if v is not None)
+            return SpecDeltas(em, dr, dt, ac, per_pos)
 
         first_all = sum(1 for r in records if r.t_first is not None)
         trial_d = deltas(sc.phase("pre"), sc.phase("post", last=True))
         win_d = deltas(ws_s, we_s)
-        spec_block = {"k": k, "method": spec_method}
+        block = SpecDecode(k=k, method=spec_method)
+        d_dt_w = d_acc_w = None
         if trial_d:
-            spec_block["trial"] = spec_decode_stats(trial_d, k, spec_method, first_all, "pre->post (whole trial)")
+            block.trial = spec_decode_stats(trial_d, k, spec_method, first_all, "pre->post (whole trial)")
         if win_d:
             first_in_win = sum(1 for r in records if r.t_first is not None and win and win[0] < r.t_first <= win[1])
             w = spec_decode_stats(win_d, k, spec_method, None, "window_start->window_end")
             undr = win_d.emitted - win_d.drafts - win_d.accepted
-            w["checks"]["emitted_identity"] = {
-                "ok": undr >= first_in_win - 0.5,
-                "numbers": {"undrafted": undr, "first_tokens_in_window": first_in_win},
-                "message": f"undrafted steps {undr:g} >= first tokens arriving in the window {first_in_win}"
-                           " (boundary steps make the window check approximate; the whole-trial check is exact)",
-            }
-            spec_block["window"] = w
+            w.checks["emitted_identity"] = Check(
+                ok=undr >= first_in_win - 0.5,
+                numbers={"undrafted": undr, "first_tokens_in_window": first_in_win},
+                message=f"undrafted steps {undr:g} >= first tokens arriving in the window {first_in_win}"
+                        " (boundary steps make the window check approximate; the whole-trial check is exact)",
+            )
+            block.window = w
             d_dt_w, d_acc_w = win_d.draft_tokens, win_d.accepted
-    elif sc.first_name(names.candidates("spec_verify_calls")):
+        return block, d_dt_w, d_acc_w
+    vname = sc.first_name(names.candidates("spec_verify_calls"))
+    if vname:
         # SGLang: one verify call per decode step of the batch; its gauges only cover the last interval
-        vname = sc.first_name(names.candidates("spec_verify_calls"))
         dv = sc.delta(vname, ws_s, we_s)
         acc_len = (d_win.value / dv.value) if (d_win.value is not None and dv.value) else None
-        spec_block = {"k": k, "method": spec_method,
-                      "accept_length_window": figure(acc_len, "tokens/verify", "server_counter",
-                                                  "delta emitted tokens / delta verify calls over the window",
-                                                  verify_calls=dv.value)}
-    elif speculative:
-        spec_block = {"k": k, "method": spec_method, "note": "speculative decoding configured but no spec-decode counters exposed"}
-    if spec_block is not None:
-        result["spec_decode"] = spec_block
+        return SpecDecode(k=k, method=spec_method, accept_length_window=figure(
+            acc_len, "tokens/verify", "server_counter", "delta emitted tokens / delta verify calls over the window",
+            window="window", verify_calls=dv.value)), None, None
+    if speculative:
+        return SpecDecode(k=k, method=spec_method,
+                          note="speculative decoding configured but no spec-decode counters exposed"), None, None
+    return None, None, None
 
-    # --- log lines
-    emitted_w = d_win.value
-    result["log_line"] = _log_block(log_lines, win, trial_span, k, emitted_w, d_dt_w, d_acc_w)
 
-    # --- per stream
+def _per_stream(records: Sequence[RequestRecord], counter_tps: float | None) -> PerStream:
     ps = []
-    for r in ok:
-        if r.t_first is None or not r.chunk_times or not r.completion_tokens or r.completion_tokens < 2:
+    for r in records:
+        if r.status != "ok" or r.t_first is None or not r.chunk_times or not r.completion_tokens \
+                or r.completion_tokens < 2:
             continue
         dt = r.chunk_times[-1] - r.t_first
         if dt > 0:
             ps.append((r.completion_tokens - 1) / dt)
-    result["per_stream"] = {
-        "decode_tps_mean": figure(float(np.mean(ps)) if ps else None, "tok/s/stream", "usage",
-                               "per request: (completion_tokens - 1) / (last chunk - first token); NOT aggregate throughput"),
-        "decode_tps_median": figure(float(np.median(ps)) if ps else None, "tok/s/stream", "usage"),
-        "n": len(ps),
-        "aggregate_tps": figure(counter_tps, "tok/s", "server_counter", "aggregate: counter tokens / wall time of the window"),
-    }
+    return PerStream(
+        decode_tps_mean=figure(float(np.mean(ps)) if ps else None, "tok/s/stream", "usage",
+                               "per request: (completion_tokens - 1) / (last chunk - first token); "
+                               "NOT aggregate throughput", window="per request"),
+        decode_tps_median=figure(float(np.median(ps)) if ps else None, "tok/s/stream", "usage", window="per request"),
+        n=len(ps),
+        aggregate_tps=figure(counter_tps, "tok/s", "server_counter",
+                             "aggregate: counter tokens / wall time of the window", window="window"),
+    )
 
-    # --- latency
-    lat = client_latency(records, table, usage_pc, tok_pc)
+
+def _latency(records: Sequence[RequestRecord], sc: _Scrapes, names: EngineMetricNames, n: _Counts,
+             ws_s: ParsedScrape | None, we_s: ParsedScrape | None) -> Latency:
+    lat = client_latency(records, n.table, n.usage_pc, n.tok_pc)
     hists = {}
     hist_notes: dict[str, str] = {}
-    for key, field in (("ttft", "ttft_hist"), ("itl", "itl_hist"), ("tpot", "tpot_hist"), ("e2e", "e2e_hist")):
-        base = sc.first_name(tuple(n + "_bucket" for n in names.candidates(field)))
+    for key, name_field in (("ttft", "ttft_hist"), ("itl", "itl_hist"), ("tpot", "tpot_hist"), ("e2e", "e2e_hist")):
+        base = sc.first_name(tuple(nm + "_bucket" for nm in names.candidates(name_field)))
         if base is None or ws_s is None or we_s is None or not ws_s.ok or not we_s.ok:
             hists[key] = None
             continue
@@ -500,47 +507,79 @@ def measure_trial(
             hists[key] = None
             continue
         hists[key] = h1.minus(h0) if (h0 and h1) else None
-    lat["server_window"] = server_histograms(hists, hist_notes)
-    result["latency"] = lat
+    lat.server_window = server_histograms(hists, hist_notes)
+    return lat
 
-    # --- methods side by side
+
+def _server_samples(sc: _Scrapes, names: EngineMetricNames, win: tuple[float, float] | None) -> ServerSamples:
+    """Running and waiting requests as the server reported them at the scrapes inside the window."""
+    running = sc.first_name(names.candidates("running"))
+    waiting = sc.first_name(names.candidates("waiting"))
+    if win is None or running is None:
+        why = "no window" if win is None else "the engine exposes no running-requests gauge"
+        return ServerSamples(note=f"not sampled: {why}")
+    inside = [p for p in sc.all if p.ok and win[0] <= p.t_mono <= win[1] and p.has(running)]
+    run_vals = [v for v in (p.total(running) for p in inside) if v is not None]
+    if not run_vals:
+        return ServerSamples(note="no readable scrape inside the window")
+    wait_vals = [v for v in (p.total(waiting) for p in inside) if v is not None] if waiting else []
+    times = [p.t_mono for p in inside]
+    interval = float(np.mean(np.diff(times))) if len(times) > 1 else None
+    note = f"{len(run_vals)} scrape(s) of {running} inside the window (window_start, periodic, window_end)"
+    return ServerSamples(
+        n=len(run_vals), interval_s=interval,
+        running_mean=figure(float(np.mean(run_vals)), "requests", "server_counter", note, window="window"),
+        running_min=figure(float(min(run_vals)), "requests", "server_counter", window="window"),
+        running_max=figure(float(max(run_vals)), "requests", "server_counter", window="window"),
+        waiting_mean=figure(float(np.mean(wait_vals)), "requests", "server_counter", window="window")
+        if wait_vals else None,
+        note=note,
+    )
+
+
+def _methods(tp: Throughput, whole: WholeTrial, lb: LogLines, emitted: str | None, d_win: CounterDelta,
+             counter_tps: float | None, k: int | None, d_dt_w: float | None, d_acc_w: float | None) -> list[MethodRow]:
+    usage_w = tp.usage_window.number()
     ref = counter_tps
     ref_name = "counter (window)"
     if ref is None and usage_w is not None:
         ref, ref_name = usage_w, "usage (window; no counter)"
     rows = [
-        {"method": "counter (window)", "tokps": counter_tps, "error_pct_vs_counter": 0.0 if counter_tps else None,
-         "cause": "reference" if counter_tps is not None else "missing data", "source": "server_counter",
-         "note": f"{emitted} delta window_start->window_end / scrape interval" if counter_tps is not None
-         else (d_win.note or "no counter")},
-        _row("usage placed in time (window)", usage_w, ref, "window", "usage", tp["usage_window"].get("note", "")),
-        _row("tokenizer (window)", tok_w, ref, "unit", "tokenizer", tp["tokenizer_window"].get("note", "") or
+        MethodRow(method="counter (window)", tokps=counter_tps, error_pct_vs_counter=0.0 if counter_tps else None,
+                  cause="reference" if counter_tps is not None else "missing data", source="server_counter",
+                  note=f"{emitted} delta window_start->window_end / scrape interval" if counter_tps is not None
+                  else (d_win.note or "no counter")),
+        _row("usage placed in time (window)", usage_w, ref, "window", "usage", tp.usage_window.note),
+        _row("tokenizer (window)", tp.tokenizer_window.number(), ref, "unit", "tokenizer", tp.tokenizer_window.note or
              "client tokenizer re-tokenizes the text: merges can differ from the model's ids"),
-        _row("chunks as tokens (window)", chunks_w, ref, "unit", "chunks", "a chunk can carry several tokens (spec decode, "
-             "stream intervals) or none"),
-        _row("whitespace words (window)", words_w, ref, "unit", "words", "words are not tokens (~0.75 words/token in English)"),
+        _row("chunks as tokens (window)", tp.chunks_window.number(), ref, "unit", "chunks",
+             "a chunk can carry several tokens (spec decode, stream intervals) or none"),
+        _row("whitespace words (window)", tp.words_window.number(), ref, "unit", "words",
+             "words are not tokens (~0.75 words/token in English)"),
     ]
-    probe_break = None
+    probe_first = whole.word_probe_per_request.number()
+    words_w = tp.words_window.number()
+    probe_break: dict[str, float | None] | None = None
     if probe_first is not None and words_w and ref:
         probe_break = {"unit": _pct(words_w, ref), "window": _pct(probe_first, words_w)}
     probe_cause = "unit"
-    if probe_break and probe_break["window"] is not None and probe_break["unit"] is not None and \
-            abs(probe_break["window"]) > abs(probe_break["unit"]):
-        probe_cause = "window"
-    rows.append(_row("word probe per request (seed)", probe_first, ref, probe_cause, "words",
+    if probe_break:
+        unit_err, window_err = probe_break["unit"], probe_break["window"]
+        if window_err is not None and unit_err is not None and abs(window_err) > abs(unit_err):
+            probe_cause = "window"
+    rows.append(_row("word probe per request", probe_first, ref, probe_cause, "words",
                      "words per request / that request's active time, x concurrency: words undercount tokens (unit) "
                      "while per-request active time excludes TTFT and gaps (window)", probe_break))
-    rows.append(_row("usage whole trial", tp["usage_trial"]["value"], ref, "window", "usage",
+    rows.append(_row("usage whole trial", whole.usage_trial.number(), ref, "window", "usage",
                      "includes ramp-up and drain"))
-    rows.append(_row("counter pre->post", tp["counter_trial"]["value"], ref, "window", "server_counter",
+    rows.append(_row("counter pre->post", whole.counter_trial.number(), ref, "window", "server_counter",
                      "includes ramp-up, drain and idle time around the load"))
-    lb = result["log_line"]
-    rows.append(_row("log line mean (window)", lb["generation_mean_window"]["value"], ref, "window", "log_line",
-                     lb["generation_mean_window"].get("note", "") or "engine interval != timed window"))
-    rows.append(_row("log line peak (window)", lb["generation_peak_window"]["value"], ref, "window", "log_line",
+    rows.append(_row("log line mean (window)", lb.generation_mean_window.number(), ref, "window", "log_line",
+                     lb.generation_mean_window.note or "engine interval != timed window"))
+    rows.append(_row("log line peak (window)", lb.generation_peak_window.number(), ref, "window", "log_line",
                      "peak of intervals, not the mean"))
-    if "generation_peak_trial" in lb:
-        rows.append(_row("log line peak (trial)", lb["generation_peak_trial"]["value"], ref, "window", "log_line",
+    if lb.generation_peak_trial is not None:
+        rows.append(_row("log line peak (trial)", lb.generation_peak_trial.number(), ref, "window", "log_line",
                          "highest interval during the trial: peak vs mean"))
     if d_dt_w is not None and d_acc_w is not None and d_win.seconds:
         rows.append(_row("drafted + accepted (counters)", (d_dt_w + d_acc_w) / d_win.seconds, ref, "definition",
@@ -548,14 +587,77 @@ def measure_trial(
                          drafted_plus_accepted_explanation(k, d_win.value or 0.0, d_dt_w, d_acc_w)))
     if ref_name != "counter (window)":
         for r in rows:
-            r["reference"] = ref_name
+            r.reference = ref_name
+    return rows
+
+
+def measure_trial(
+    records: Sequence[RequestRecord],
+    scrapes: Sequence[Scrape],
+    log_lines: Sequence[tuple[float, str]] | None,
+    window: tuple[float, float] | None,
+    concurrency: int,
+    engine: str = "vllm",
+    speculative: dict[str, Any] | None = None,
+    tokenizer: Any = None,
+    names: EngineMetricNames | None = None,
+) -> TrialResults:
+    """All figures of one trial, built once, section by section (see the module docstring)."""
+    names = names or metric_names(engine)
+    sc = _Scrapes(scrapes)
+    table = build_chunk_table(records)
+    tok_pc = tok_req = None
+    if tokenizer is not None:
+        tok_pc, tok_req = tokenizer_tokens_per_chunk(table, tokenizer)
+
+    emitted = sc.first_name(names.candidates("emitted_tokens"))
+    ws_s, we_s = sc.phase("window_start"), sc.phase("window_end", last=True)
+    win: tuple[float, float] | None
+    if ws_s is not None and we_s is not None and we_s.t_mono > ws_s.t_mono:
+        win, win_source = (ws_s.t_mono, we_s.t_mono), "window_start/window_end scrape times"
+    else:
+        win, win_source = window, "given window (no window scrapes)"
+    t_starts = [r.t_start for r in records]
+    t_ends = [r.t_end for r in records if r.t_end]
+    counts = _Counts(table=table, usage_pc=usage_tokens_per_chunk(table), words_pc=words_per_chunk(table),
+                     chunks_pc=text_chunks(table), tok_pc=tok_pc, tok_req=tok_req, win=win,
+                     win_from_scrapes=win_source.startswith("window_start"),
+                     trial_span=(min(t_starts), max(t_ends)) if t_starts and t_ends else None)
+
+    result = TrialResults(
+        engine=engine, concurrency=concurrency, speculative=speculative, emitted_metric=emitted,
+        window=Window.model_validate({"start": win[0] if win else None, "end": win[1] if win else None,
+                                      "seconds": counts.seconds, "from": win_source}),
+        scrapes=[ScrapeRef(phase=p.phase, t_mono=p.t_mono, error=p.error) for p in sc.all],
+        requests=_requests(records, int(table.continuous.sum())),
+    )
+    result.integrity = _integrity(records, sc, emitted)
+    result.scrape_intervals = _scrape_intervals(sc, emitted, table, counts.usage_pc)
+    warnings: list[str] = []
+    if result.scrape_intervals.stale_suspected:
+        warnings.append(result.scrape_intervals.note)
+
+    d_win = sc.delta(emitted, ws_s, we_s)
+    counter_tps = d_win.rate() if counts.win_from_scrapes else None
+    result.throughput = _throughput(sc, emitted, d_win, counts, tokenizer is not None)
+    result.whole_trial, _words_req = _whole_trial(records, sc, emitted, counts, concurrency)
+    spec_block, d_dt_w, d_acc_w = _spec_decode(records, sc, names, emitted, speculative, win, d_win, ws_s, we_s)
+    result.spec_decode = spec_block
+    k = spec_block.k if spec_block is not None else None
+    result.log_line = _log_block(log_lines, win, counts.trial_span, k, d_win.value, d_dt_w, d_acc_w)
+    result.per_stream = _per_stream(records, counter_tps)
+    result.latency = _latency(records, sc, names, counts, ws_s, we_s)
+    result.server_samples = _server_samples(sc, names, win)
+
+    rows = _methods(result.throughput, result.whole_trial, result.log_line, emitted, d_win, counter_tps, k,
+                    d_dt_w, d_acc_w)
     if d_win.resets:
         warnings.append(f"counter restarted inside the window: {d_win.note}")
     if d_win.went_backwards_without_reset:
         warnings.append(f"counter went backwards inside the window: {d_win.note}")
     if warnings:
-        rows[0]["note"] = "SUSPECT: " + " | ".join(warnings) + " -- " + rows[0]["note"]
-        tp["counter_window"]["suspect"] = True
-    result["methods"] = rows
-    result["warnings"] = warnings
+        rows[0].note = "SUSPECT: " + " | ".join(warnings) + " -- " + rows[0].note
+        setattr(result.throughput.counter_window, "suspect", True)
+    result.methods = rows
+    result.warnings = warnings
     return result

@@ -21,12 +21,16 @@ from datetime import datetime, timezone
 from statistics import mean, median
 from typing import Any
 
-from truthput.store.db import Store
+from truthput.hardware.dtypes import kv_dtype_bytes
+from truthput.analyze.cells import Cell
+from truthput.measure.model import Goodput
+from truthput.analyze.summary import RunSummary
+from truthput.report.runsummary import run_summary
+from truthput.store.db import Store, StoredTrial
 
 SCHEMA = "truthput-report/1"
 GPU_UTIL_NOTE = ("GPU utilisation is the share of the sample period in which any kernel ran (time busy), "
                  "not the share of the GPU's capacity in use")
-KV_DTYPE_BYTES_FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 
 
 def clean(obj: Any) -> Any:
@@ -68,13 +72,6 @@ def _get(d: Any, *path: str) -> Any:
             return None
         cur = cur[key]
     return cur
-
-
-def _val(d: Any, *path: str) -> float | None:
-    cur = _get(d, *path)
-    if isinstance(cur, dict):
-        cur = cur.get("value")
-    return float(cur) if isinstance(cur, (int, float)) and not isinstance(cur, bool) else None
 
 
 def _loads(text: str | None, default: Any) -> Any:
@@ -155,51 +152,50 @@ def _experiment_block(store: Store, run_id: str, run: Any, exp: Any, exp_error: 
 
 
 # ---- cells ------------------------------------------------------------------------------------
-def _cells(store: Store, run_id: str, simulated: bool) -> list[dict[str, Any]]:
-    from truthput.report.terminal import cell_rows
+HEADLINE_NOTES = {
+    "server_counter": "emitted-token counter delta over the steady-state window / its wall time",
+    "usage": "no server counter: running usage counts (continuous_usage_stats) of the chunks that arrived in the "
+             "steady-state window / its wall time",
+}
 
+
+def _cells(summary: RunSummary, simulated: bool) -> list[dict[str, Any]]:
+    """The summary's cells as document rows; the interval of `delta_pct` is the verdict's."""
     out = []
-    for row in cell_rows(store, run_id):
-        c: dict[str, Any] = {"variant": row["variant"], "concurrency": row["concurrency"],
-                             "baseline": row["baseline"], "status": row.get("status")}
-        if row.get("status") == "ok":
-            c["tokps"] = figure(row["tokps"], "tok/s", "server_counter", simulated,
-                                lo=row.get("lo"), hi=row.get("hi"), interval="95% Student-t over server starts",
-                                note="emitted-token counter delta over the steady-state window / its wall time")
-            c["n_starts"] = row.get("n_starts")
-            c["n_trials"] = row.get("n_trials")
-            c["cv_within"] = row.get("cv")
-            c["warning"] = row.get("warning")
-            c["per_stream"] = figure(row.get("per_stream"), "tok/s/stream", "usage", simulated,
-                                     note="median over trials of per-request (tokens-1)/(last chunk - first token)")
-            c["ttft_p50"] = figure(row.get("ttft_p50"), "s", "client_clock", simulated)
-            c["itl_p50"] = figure(row.get("itl_p50"), "s", "client_clock", simulated)
-            if "delta_pct" in row:
-                c["delta_pct"] = figure(row.get("delta_pct"), "%", "server_counter", simulated,
-                                        lo=row.get("delta_lo"), hi=row.get("delta_hi"),
-                                        significant=row.get("significant"), note=row.get("delta_note"),
-                                        interval="ratio of geometric means, Welch t, Bonferroni-corrected")
+    for cell in summary.cells:
+        c: dict[str, Any] = {"variant": cell.variant, "concurrency": cell.concurrency, "baseline": cell.baseline,
+                             "status": cell.status, "warnings": list(cell.warnings)}
+        est = cell.estimate
+        if cell.ok and est is not None:
+            source = cell.source
+            note = " / ".join(HEADLINE_NOTES.get(x, x) for x in cell.sources)
+            c["tokps"] = figure(est.mean, "tok/s", source, simulated, lo=est.lo, hi=est.hi,
+                                interval=f"{summary.verdict.confidence:.0%} Student-t over server starts", note=note)
+            c["n_starts"] = est.n_starts
+            c["n_trials"] = est.n_trials
+            c["cv_within"] = est.cv_within
+            c["warning"] = est.warning
+            c["noise"] = list(cell.noise)
+            c["per_stream"] = figure(cell.per_stream, "tok/s/stream", "usage", simulated,
+                                     note="median over trials of per-request (tokens-1)/(last chunk - first token); "
+                                          "leaves out TTFT and the gaps between requests, so at c=1 it can exceed "
+                                          "the aggregate")
+            c["ttft_p50"] = figure(cell.ttft_p50, "s", "client_clock", simulated)
+            c["itl_p50"] = figure(cell.itl_p50, "s", "client_clock", simulated)
+            for name in ("ttft", "itl", "tpot", "e2e"):
+                for q in ("p50", "p90", "p99"):
+                    key = f"{name}_{q}"
+                    if key not in c:
+                        c[key] = figure(cell.quantile(name, q), "s", "client_clock", simulated,
+                                        note="median over the cell's trials of each trial's quantile")
+            comp = summary.comparison(cell.variant, cell.concurrency)
+            if comp is not None:
+                e = comp.estimate
+                c["delta_pct"] = figure(e.pct, "%", source, simulated, lo=e.pct_lo, hi=e.pct_hi,
+                                        significant=e.significant, outcome=comp.outcome, note=e.warning,
+                                        level=e.level, interval=f"the verdict's: {e.method}; {e.correction}")
         out.append(c)
     return out
-
-
-def _pooled_quantile(trials: list[dict[str, Any]], *path: str) -> float | None:
-    vals = [_val(t["results"], *path) for t in trials]
-    vals = [v for v in vals if v is not None]
-    return median(vals) if vals else None
-
-
-def _add_cell_latency(cells: list[dict[str, Any]], by_cell: dict, simulated: bool) -> None:
-    """p99 TTFT / ITL per cell (median over the cell's trials), for the trade-off plot."""
-    for c in cells:
-        trials = by_cell.get((c["variant"], c["concurrency"]), [])
-        for name in ("ttft", "itl", "tpot", "e2e"):
-            for q in ("p50", "p90", "p99"):
-                key = f"{name}_{q}"
-                if key in c and c[key].get("value") is not None:
-                    continue
-                c[key] = figure(_pooled_quantile(trials, "latency", name, q), "s", "client_clock", simulated,
-                                note="median over the cell's trials of each trial's quantile")
 
 
 # ---- requests, latency, goodput -----------------------------------------------------------------
@@ -216,18 +212,18 @@ def _record(row: Any):
         http_status=row["http_status"], error=row["error"])
 
 
-def _latency_and_goodput(store: Store, trials: list[dict[str, Any]], slo: dict | None,
+def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict | None,
                          simulated: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     from truthput.load.goodput import SLO, goodput, request_itl_ms, request_ttft_ms
 
     per_cell: dict[tuple[str, int], dict[str, Any]] = {}
     slo_obj = SLO(slo.get("ttft_ms"), slo.get("itl_ms")) if slo else None
-    good_rows: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    good_rows: dict[tuple[str, int], list[Goodput]] = defaultdict(list)
     for t in trials:
-        key = (t["variant"], t["concurrency"])
+        key = (t.variant, t.concurrency)
         cell = per_cell.setdefault(key, {"variant": key[0], "concurrency": key[1], "ttft_ms": [], "itl_ms": [],
                                          "n_requests": 0, "n_failed": 0, "from_results": []})
-        records = [_record(r) for r in store.requests(t["id"])]
+        records = [_record(r) for r in store.requests(t.id)]
         cell["n_requests"] += len(records)
         for r in records:
             if r.status != "ok":
@@ -239,17 +235,14 @@ def _latency_and_goodput(store: Store, trials: list[dict[str, Any]], slo: dict |
                 cell["ttft_ms"].append(round(ttft, 4))
             if itl is not None:
                 cell["itl_ms"].append(round(itl, 4))
-        lat = t["results"].get("latency") or {}
-        cell["from_results"].append({"trial_id": t["id"], "start_index": t["start_index"],
-                                     "trial_index": t["trial_index"],
-                                     **{k: lat.get(k) for k in ("ttft", "itl", "tpot", "e2e", "server_window")
-                                        if k in lat}})
-        if slo_obj is not None and t["status"] == "ok":
-            win = (t["window_start"], t["window_end"]) if t["window_start"] and t["window_end"] else None
-            good_rows[key].append(goodput(records, slo_obj, win))
-        elif slo_obj is None and t["status"] == "ok" and isinstance(t["results"].get("goodput"), dict):
-            stored = t["results"]["goodput"]  # goodput the measuring side computed under its own SLOs
-            if any(v is not None for v in (stored.get("slo") or {}).values()):
+        lat = t.results.latency.model_dump(mode="json", include={"ttft", "itl", "tpot", "e2e", "server_window"})
+        cell["from_results"].append({"trial_id": t.id, "start_index": t.start_index, "trial_index": t.trial_index,
+                                     **lat})
+        if slo_obj is not None and t.ok:
+            good_rows[key].append(Goodput.model_validate(goodput(records, slo_obj, t.window)))
+        elif slo_obj is None and t.ok and t.results.goodput is not None:
+            stored = t.results.goodput  # computed by the measuring side under its own SLOs
+            if any(v is not None for v in stored.slo.values()):
                 good_rows[key].append(stored)
     latency = []
     for cell in per_cell.values():
@@ -263,10 +256,10 @@ def _latency_and_goodput(store: Store, trials: list[dict[str, Any]], slo: dict |
     if good_rows:
         good = []
         for (variant, conc), rows in sorted(good_rows.items()):
-            slo = slo or rows[0].get("slo")
-            rps = [_val(r, "goodput_rps") for r in rows]
-            tps = [_val(r, "good_tokens_per_s") for r in rows]
-            frac = [_val(r, "good_fraction") for r in rows]
+            slo = slo or rows[0].slo
+            rps = [r.goodput_rps.number() if r.goodput_rps else None for r in rows]
+            tps = [r.good_tokens_per_s.number() if r.good_tokens_per_s else None for r in rows]
+            frac = [r.good_fraction.number() if r.good_fraction else None for r in rows]
             good.append({
                 "variant": variant, "concurrency": conc, "slo": slo,
                 "goodput_rps": figure(mean([v for v in rps if v is not None]) if any(v is not None for v in rps) else None,
@@ -281,27 +274,28 @@ def _latency_and_goodput(store: Store, trials: list[dict[str, Any]], slo: dict |
 
 
 # ---- spec decode ------------------------------------------------------------------------------
-def _spec_decode(by_cell: dict, simulated: bool) -> list[dict[str, Any]]:
+def _spec_decode(by_cell: dict[tuple[str, int], list[StoredTrial]], simulated: bool) -> list[dict[str, Any]]:
     out = []
     for (variant, conc), trials in sorted(by_cell.items()):
-        blocks = [t["results"].get("spec_decode") for t in trials if t["status"] == "ok"]
-        blocks = [b for b in blocks if b]
+        blocks = [t.results.spec_decode for t in trials if t.ok and t.results.spec_decode is not None]
         if not blocks:
             continue
         pos: dict[int, list[float]] = defaultdict(list)
         mal, rate = [], []
         for b in blocks:
-            w = b.get("window") or b.get("trial") or {}
-            for p in w.get("per_position_acceptance") or []:
-                if p.get("value") is not None:
-                    pos[int(p.get("position", 0))].append(float(p["value"]))
-            if _val(w, "mean_acceptance_length") is not None:
-                mal.append(_val(w, "mean_acceptance_length"))
-            if _val(w, "acceptance_rate") is not None:
-                rate.append(_val(w, "acceptance_rate"))
+            w = b.best_interval()
+            if w is None:
+                continue
+            for p in w.per_position_acceptance:
+                if p.value is not None:
+                    pos[int(p.extra("position", 0))].append(float(p.value))
+            if w.mean_acceptance_length is not None and w.mean_acceptance_length.value is not None:
+                mal.append(float(w.mean_acceptance_length.value))
+            if w.acceptance_rate is not None and w.acceptance_rate.value is not None:
+                rate.append(float(w.acceptance_rate.value))
         out.append({
-            "variant": variant, "concurrency": conc, "k": blocks[0].get("k"), "method": blocks[0].get("method"),
-            "note": blocks[0].get("note"),
+            "variant": variant, "concurrency": conc, "k": blocks[0].k, "method": blocks[0].method,
+            "note": blocks[0].note,
             "per_position": [figure(mean(v), "ratio", "server_counter", simulated, position=p, n_trials=len(v))
                              for p, v in sorted(pos.items())],
             "mean_acceptance_length": figure(mean(mal) if mal else None, "tokens/step", "server_counter", simulated,
@@ -366,7 +360,7 @@ def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
         tp_text = _flag(argv, "--tensor-parallel-size", "-tp")
         tp = int(tp_text) if tp_text and tp_text.isdigit() else 1
         kv_text = (_flag(argv, "--kv-cache-dtype") or "auto").lower()
-        kv_bytes = 1.0 if kv_text in KV_DTYPE_BYTES_FP8 else 2.0
+        kv_bytes = kv_dtype_bytes(kv_text)
         spec = v.get("speculative") if v else None
         k = int(spec.get("num_speculative_tokens") or 0) if isinstance(spec, dict) else 0
         acc = None
@@ -416,7 +410,7 @@ def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
 
 
 # ---- failures, telemetry, trials ----------------------------------------------------------------
-def _failures(store: Store, run_id: str, trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _failures(store: Store, run_id: str, trials: list[StoredTrial]) -> list[dict[str, Any]]:
     out = []
     for s in store.starts(run_id):
         if s["status"] != "failed" and not s["failure_class"]:
@@ -428,19 +422,19 @@ def _failures(store: Store, run_id: str, trials: list[dict[str, Any]]) -> list[d
                     "failure_class": s["failure_class"], "reason": s["failure_reason"], "line": s["failure_line"],
                     "log_excerpt": excerpt or "", "argv": _loads(s["argv_json"], []), "source": "log_line"})
     for t in trials:
-        if t["status"] != "ok":
-            out.append({"kind": "trial", "variant": t["variant"], "start_index": t["start_index"],
-                        "concurrency": t["concurrency"], "trial_index": t["trial_index"],
-                        "failure_class": (t["error"] or "failed").split(":", 1)[0], "reason": t["error"],
+        if not t.ok:
+            out.append({"kind": "trial", "variant": t.variant, "start_index": t.start_index,
+                        "concurrency": t.concurrency, "trial_index": t.trial_index,
+                        "failure_class": (t.error or "failed").split(":", 1)[0], "reason": t.error,
                         "line": None, "log_excerpt": "", "source": "client_clock"})
     return out
 
 
-def _telemetry(store: Store, trials: list[dict[str, Any]]) -> dict[str, Any]:
-    by_id = {t["id"]: t for t in trials}
+def _telemetry(store: Store, trials: list[StoredTrial]) -> dict[str, Any]:
+    by_id = {t.id: t for t in trials}
     rows = store.conn.execute(
         "SELECT telemetry.* FROM telemetry JOIN trials ON trials.id = telemetry.trial_id WHERE trials.run_id = ?",
-        (trials[0]["run_id"],) if trials else ("",)).fetchall()
+        (trials[0].run_id,) if trials else ("",)).fetchall()
     if not rows:
         return {"available": False, "note": "no GPU telemetry recorded for this run", "util_note": GPU_UTIL_NOTE,
                 "rows": [], "samples": 0}
@@ -448,7 +442,7 @@ def _telemetry(store: Store, trials: list[dict[str, Any]]) -> dict[str, Any]:
     for r in rows:
         t = by_id.get(r["trial_id"])
         if t is not None:
-            groups[(t["variant"], t["concurrency"], r["gpu"])].append(r)
+            groups[(t.variant, t.concurrency, r["gpu"])].append(r)
 
     def avg(xs: list[Any], key: str, fn=mean) -> float | None:
         vals = [x[key] for x in xs if x[key] is not None]
@@ -466,27 +460,33 @@ def _telemetry(store: Store, trials: list[dict[str, Any]]) -> dict[str, Any]:
     return {"available": True, "note": None, "util_note": GPU_UTIL_NOTE, "rows": out, "samples": len(rows)}
 
 
-def _trial_table(trials: list[dict[str, Any]], simulated: bool) -> list[dict[str, Any]]:
+def _trial_table(trials: list[StoredTrial], simulated: bool) -> list[dict[str, Any]]:
+    from truthput.analyze.cells import headline, trial_warnings
+
     out = []
     for t in trials:
-        r = t["results"]
+        r = t.results
+        spec_w = r.spec_decode.window if r.spec_decode is not None else None
+        h = headline(r)
         out.append({
-            "trial_id": t["id"], "variant": t["variant"], "start_index": t["start_index"],
-            "concurrency": t["concurrency"], "trial_index": t["trial_index"], "status": t["status"],
-            "error": t["error"],
-            "t0_utc": datetime.fromtimestamp(t["t0_wall"], timezone.utc).isoformat() if t["t0_wall"] else None,
-            "window_s": _val(r, "window", "seconds"),
-            "counter_tokps": figure(_val(r, "throughput", "counter_window"), "tok/s", "server_counter", simulated),
-            "usage_tokps": figure(_val(r, "throughput", "usage_window"), "tok/s", "usage", simulated),
-            "per_stream_median": figure(_val(r, "per_stream", "decode_tps_median"), "tok/s/stream", "usage", simulated),
-            "ttft_p50": figure(_val(r, "latency", "ttft", "p50"), "s", "client_clock", simulated),
-            "itl_p99": figure(_val(r, "latency", "itl", "p99"), "s", "client_clock", simulated),
-            "acceptance_length": figure(_val(r, "spec_decode", "window", "mean_acceptance_length"), "tokens/step",
-                                        "server_counter", simulated),
-            "requests_ok": _get(r, "requests", "ok"), "requests_total": _get(r, "requests", "total"),
-            "integrity_holds": _get(r, "integrity", "holds"),
-            "integrity": _get(r, "integrity", "message"),
-            "warnings": r.get("warnings") or [],
+            "trial_id": t.id, "variant": t.variant, "start_index": t.start_index,
+            "concurrency": t.concurrency, "trial_index": t.trial_index, "status": t.status,
+            "error": t.error,
+            "t0_utc": datetime.fromtimestamp(t.t0_wall, timezone.utc).isoformat() if t.t0_wall else None,
+            "window_s": r.window.seconds,
+            "headline_tokps": figure(h.number(), "tok/s", h.source, simulated, note=h.note),
+            "counter_tokps": figure(r.throughput.counter_window.number(), "tok/s", "server_counter", simulated),
+            "usage_tokps": figure(r.throughput.usage_window.number(), "tok/s", "usage", simulated),
+            "per_stream_median": figure(r.per_stream.decode_tps_median.number(), "tok/s/stream", "usage", simulated),
+            "ttft_p50": figure(r.latency.ttft.quantile("p50"), "s", "client_clock", simulated),
+            "itl_p99": figure(r.latency.itl.quantile("p99"), "s", "client_clock", simulated),
+            "acceptance_length": figure(spec_w.mean_acceptance_length.number()
+                                        if spec_w is not None and spec_w.mean_acceptance_length is not None else None,
+                                        "tokens/step", "server_counter", simulated),
+            "requests_ok": r.requests.ok, "requests_total": r.requests.total,
+            "integrity_holds": r.integrity.holds,
+            "integrity": r.integrity.message,
+            "warnings": list(r.warnings) + trial_warnings(t),
         })
     return out
 
@@ -501,7 +501,7 @@ def nospec_ceilings(roof: dict[str, Any]) -> dict[int, float]:
     return ceilings
 
 
-def _claims(exp: Any, raw_trials: list[dict[str, Any]], roof: dict[str, Any], simulated: bool) -> dict[str, Any]:
+def _claims(exp: Any, raw_trials: list[StoredTrial], roof: dict[str, Any], simulated: bool) -> dict[str, Any]:
     if exp is None or not getattr(exp, "claim", None):
         return {"present": False, "results": []}
     from truthput.analyze.claims import check_claims
@@ -529,23 +529,12 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
     exp, exp_error = _experiment(run)
     machine = _loads(run["machine_json"], {})
     trials = store.trial_results(run_id)
-    by_cell: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    by_cell: dict[tuple[str, int], list[StoredTrial]] = defaultdict(list)
     for t in trials:
-        by_cell[(t["variant"], t["concurrency"])].append(t)
+        by_cell[(t.variant, t.concurrency)].append(t)
     starts = store.starts(run_id)
     engine_versions = sorted({s["engine_version"] for s in starts if s["engine_version"]})
-
-    summary = _loads(run["summary_json"], None)
-    verdict_from = "runs.summary_json"
-    if not summary and exp is not None:
-        from truthput.runner import summarize
-
-        try:
-            summary = summarize(store, run_id, exp)
-            verdict_from = "recomputed from the store (runner.summarize)"
-        except Exception as exc:
-            summary, verdict_from = {}, f"no verdict: {exc}"
-    summary = summary or {}
+    summary = run_summary(store, run_id)
 
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -562,17 +551,18 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
         },
     }
     doc["experiment"] = _experiment_block(store, run_id, run, exp, exp_error)
-    doc["cells"] = _cells(store, run_id, simulated)
-    _add_cell_latency(doc["cells"], by_cell, simulated)
+    doc["cells"] = _cells(summary, simulated)
+    stored = summary.to_dict()
     doc["verdict"] = {
-        "from": verdict_from,
-        "lines": summary.get("verdict_lines") or [],
-        "detail": summary.get("verdict"),
-        "failed": summary.get("failed") or {},
-        "guard": summary.get("guard") or {},
-        "stopping": summary.get("stopping"),
+        "from": "recomputed from the store's trials (truthput.analyze.summary)",
+        "lines": stored["verdict_lines"],
+        "detail": stored["verdict"],
+        "failed": stored["failed"],
+        "guard": stored["guard"],
+        "stopping": stored["stopping"],
     }
-    doc["audit"] = audit_rows(trials, simulated=simulated)
+    doc["warnings"] = summary.warnings()
+    doc["audit"] = [r.to_dict() for r in audit_rows(trials, simulated=simulated)]
     doc["spec_decode"] = _spec_decode(by_cell, simulated)
     doc["latency"], doc["goodput"] = _latency_and_goodput(store, trials, doc["experiment"]["slo"], simulated)
     doc["roofline"] = _roofline(doc, simulated)
@@ -586,17 +576,11 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
 
 
 # ---- comparing two runs -----------------------------------------------------------------------
-def run_cells(store: Store, run_id: str) -> dict[tuple[str, int], list[list[float]]]:
-    """(variant, concurrency) -> per-start lists of counter tok/s over the run's successful trials."""
-    from truthput.measure.figures import counter_tokps
+def run_cells(store: Store, run_id: str) -> dict[tuple[str, int], Cell]:
+    """(variant, concurrency) -> the run's cell (headline figures per server start)."""
+    from truthput.analyze.cells import build_cells
 
-    cells: dict[tuple[str, int], dict[int, list[float]]] = {}
-    for row in store.trial_results(run_id):
-        val = counter_tokps(row["results"]) if row["status"] == "ok" else None
-        if val is None:
-            continue
-        cells.setdefault((row["variant"], row["concurrency"]), {}).setdefault(row["start_index"], []).append(val)
-    return {k: [v[s] for s in sorted(v)] for k, v in cells.items()}
+    return {c.key: c for c in build_cells(store.trial_results(run_id)) if c.per_start}
 
 
 def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confidence: float = 0.95) -> dict[str, Any]:
@@ -606,7 +590,9 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
 
     run_a, run_b = store_a.resolve_run(run_a), store_b.resolve_run(run_b)
     ra, rb = store_a.run(run_a), store_b.run(run_b)
-    ca, cb = run_cells(store_a, run_a), run_cells(store_b, run_b)
+    cells_a, cells_b = run_cells(store_a, run_a), run_cells(store_b, run_b)
+    ca = {k: c.per_start for k, c in cells_a.items()}
+    cb = {k: c.per_start for k, c in cells_b.items()}
     shared = sorted(set(ca) & set(cb), key=lambda k: (k[0], k[1]))
     argv_a = {v["name"]: _loads(v["argv_json"], []) for v in store_a.variants(run_a)}
     argv_b = {v["name"]: _loads(v["argv_json"], []) for v in store_b.variants(run_b)}
@@ -617,11 +603,13 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
         r = ratio_estimate(cb[key], ca[key], confidence, n_comparisons=max(1, len(shared)))
         rows.append({
             "variant": key[0], "concurrency": key[1],
-            "a": figure(ea.mean, "tok/s", "server_counter", sim_a, lo=ea.lo, hi=ea.hi, n_starts=ea.n_starts,
+            "a": figure(ea.mean, "tok/s", cells_a[key].source, sim_a, lo=ea.lo, hi=ea.hi, n_starts=ea.n_starts,
                         n_trials=ea.n_trials),
-            "b": figure(eb.mean, "tok/s", "server_counter", sim_b, lo=eb.lo, hi=eb.hi, n_starts=eb.n_starts,
+            "b": figure(eb.mean, "tok/s", cells_b[key].source, sim_b, lo=eb.lo, hi=eb.hi, n_starts=eb.n_starts,
                         n_trials=eb.n_trials),
-            "ratio": {"value": r.ratio, "lo": r.lo, "hi": r.hi, "unit": "B/A", "source": "server_counter",
+            "ratio": {"value": r.ratio, "lo": r.lo, "hi": r.hi, "unit": "B/A",
+                      "source": cells_a[key].source if cells_a[key].source == cells_b[key].source
+                      else f"{cells_b[key].source} / {cells_a[key].source}",
                       "pct": r.pct, "pct_lo": r.pct_lo, "pct_hi": r.pct_hi, "p_value": r.p_value,
                       "significant": r.significant, "method": r.method, "correction": r.correction,
                       "warning": r.warning},
@@ -656,11 +644,11 @@ def roofline_for_run(store: Store, run_id: str) -> dict[str, Any]:
     run = store.run(run_id)
     simulated = bool(run["simulated"])
     exp, exp_error = _experiment(run)
-    by_cell: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    by_cell: dict[tuple[str, int], list[StoredTrial]] = defaultdict(list)
     for t in store.trial_results(run_id):
-        by_cell[(t["variant"], t["concurrency"])].append(t)
+        by_cell[(t.variant, t.concurrency)].append(t)
     part = {"experiment": _experiment_block(store, run_id, run, exp, exp_error),
-            "cells": _cells(store, run_id, simulated), "spec_decode": _spec_decode(by_cell, simulated)}
+            "cells": _cells(run_summary(store, run_id), simulated), "spec_decode": _spec_decode(by_cell, simulated)}
     return clean(_roofline(part, simulated))
 
 

@@ -1,28 +1,19 @@
 """Live progress during a run: a rich progress bar on a terminal, plain timestamped lines otherwise.
 
-Why a drop-in for runner.Progress: the runner reports through `progress(msg: str)`, so this class
-takes the same call and *also* reads the runner's own trial lines ("<variant> start S c=N trial T:
-X tok/s server counter ...") to advance the bar and show the current tok/s, which keeps it working
-without changing the runner's messages. Structured hooks (set_plan, start, trial_done) are there for
-a runner that calls them directly; the two paths never double-count (a trial counted through a
-hook is not counted again by its line).
-
-Every tok/s shown is the server counter's window figure of the last trial, labelled as such (and
-"simulated" in a simulated run), never a client-side estimate.
+It takes the runner's typed events (`truthput.events`): the bar counts `TrialDone` events and shows
+the last trial's headline figure with its source ("server counter", or usage placed in time when
+there is no counter; "simulated" in a simulated run). Nothing is parsed back out of a message, and
+event text (variant names, server log lines) is printed as plain text, never as markup.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-TRIAL_LINE = re.compile(
-    r"^(?P<variant>\S+) start (?P<start>\d+) c=(?P<conc>\d+) trial (?P<trial>\d+): "
-    r"(?:(?P<tokps>[0-9.]+) tok/s(?P<rest>.*)|no counter figure)")
-START_LINE = re.compile(r"^(?:\[bold\])?(?P<variant>[^\s\[]+)(?:\[/bold\])? start (?P<start>\d+): launching")
+from truthput.events import Event, StartLaunching, TrialDone, style_of
 
 
 @dataclass
@@ -37,6 +28,7 @@ class ProgressState:
     concurrency: int | None = None
     trial: int | None = None
     last_tokps: float | None = None
+    last_source: str = "server counter"
     simulated: bool = False
     seen: set[tuple[str, int, int, int]] = field(default_factory=set)
     t0: float = field(default_factory=time.monotonic)
@@ -70,15 +62,15 @@ class ProgressState:
     def tokps_text(self) -> str:
         if self.last_tokps is None:
             return "–"
-        return f"{self.last_tokps:.1f} tok/s [server counter{', simulated' if self.simulated else ''}]"
+        return f"{self.last_tokps:.1f} tok/s [{self.last_source}{', simulated' if self.simulated else ''}]"
 
     def record_trial(self, variant: str, start: int, concurrency: int, trial: int, tokps: float | None,
-                     simulated: bool = False) -> bool:
+                     simulated: bool = False, source: str = "server counter") -> bool:
         """Count a finished trial once (starts and trials 1-based); False when already counted."""
         key = (variant, start, concurrency, trial)
         self.variant, self.start, self.concurrency, self.trial = key
         if tokps is not None:
-            self.last_tokps, self.simulated = tokps, simulated
+            self.last_tokps, self.simulated, self.last_source = tokps, simulated, source
         if key in self.seen:
             return False
         self.seen.add(key)
@@ -87,7 +79,7 @@ class ProgressState:
 
 
 class LiveProgress:
-    """Callable like runner.Progress; a rich bar when stderr is a terminal, plain lines otherwise."""
+    """Takes the runner's events (and plain lines); a rich bar when stderr is a terminal, plain lines otherwise."""
 
     def __init__(self, console: Any = None, live: bool | None = None) -> None:
         from truthput.report.terminal import make_console
@@ -120,37 +112,38 @@ class LiveProgress:
         self.state.record_trial(variant, start_index + 1, concurrency, trial_index + 1, tokps, simulated)
         self._refresh()
 
-    # ---- the runner.Progress call -----------------------------------------------------------
-    def __call__(self, msg: str) -> None:
-        self._parse(msg)
-        if self.live:
-            self._ensure_bar()
-            self._bar.console.print(msg)
-            self._refresh()
-        else:
-            st = self.state
-            head = f"[dim]{st.elapsed_s:7.1f}s"
-            if st.total_trials:
-                rem = st.remaining_s
-                head += f" {st.done_trials}/{st.total_trials} trials"
-                if rem is not None:
-                    head += f", ~{rem:.0f} s left"
-            self.console.print(head + "[/dim] " + msg)
+    # ---- events and plain lines --------------------------------------------------------------
+    def handle(self, event: Event) -> None:
+        """One runner event: update the state from its fields, then print its text."""
+        if isinstance(event, TrialDone):
+            self.state.record_trial(event.variant, event.start_index + 1, event.concurrency, event.trial_index + 1,
+                                    event.tokps, event.simulated, event.source)
+        elif isinstance(event, StartLaunching):
+            self.state.variant, self.state.start = event.variant, event.start_index + 1
+            self.state.concurrency = self.state.trial = None
+        self._print(event.text(), style_of(event))
 
-    def _parse(self, msg: str) -> None:
+    def __call__(self, msg: str) -> None:
+        """A plain line (printed as text, never as markup)."""
+        self._print(msg, None)
+
+    def _print(self, text: str, style: str | None) -> None:
         from rich.text import Text
 
-        plain = Text.from_markup(msg).plain if "[" in msg else msg
-        m = TRIAL_LINE.match(plain)
-        if m:
-            tokps = float(m["tokps"]) if m["tokps"] else None
-            self.state.record_trial(m["variant"], int(m["start"]), int(m["conc"]), int(m["trial"]), tokps,
-                                    "simulated" in (m["rest"] or ""))
+        line = Text(text, style=style or "")
+        if self.live:
+            self._ensure_bar()
+            self._bar.console.print(line)
+            self._refresh()
             return
-        s = START_LINE.match(msg) or START_LINE.match(plain)
-        if s:
-            self.state.variant, self.state.start = s["variant"], int(s["start"])
-            self.state.concurrency = self.state.trial = None
+        st = self.state
+        head = f"{st.elapsed_s:7.1f}s"
+        if st.total_trials:
+            rem = st.remaining_s
+            head += f" {st.done_trials}/{st.total_trials} trials"
+            if rem is not None:
+                head += f", ~{rem:.0f} s left"
+        self.console.print(Text(head + " ", style="dim") + line)
 
     # ---- rich rendering ---------------------------------------------------------------------
     def _ensure_bar(self) -> None:

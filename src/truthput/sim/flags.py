@@ -86,7 +86,9 @@ class SimServeConfig:
 
     @property
     def kv_dtype_bytes(self) -> float:
-        return 1.0 if self.kv_cache_dtype.startswith("fp8") else 2.0
+        from truthput.hardware.dtypes import kv_dtype_bytes
+
+        return kv_dtype_bytes(self.kv_cache_dtype)
 
 
 def _float_list(text: str) -> list[float]:

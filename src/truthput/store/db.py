@@ -21,8 +21,12 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from truthput.errors import StoreError
+from truthput.measure.model import TrialResults
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: trial results are the typed results model's documents (`truthput.measure.model`, results
+schema 2); version 1 stores hold results schema 1, converted when read. Nothing else changed in
+the tables, so a version 1 store opens as it is and is marked version 2 once truthput writes to it."""
 
 
 def _dumps(obj: Any) -> str:
@@ -65,6 +69,41 @@ def decode_chunks(text: str | bytes | None) -> tuple[list[float], list[int], lis
             [c[2] if len(c) > 2 else "" for c in doc])
 
 
+@dataclass
+class StoredTrial:
+    """One trial row as stored, its figures read back into the results model."""
+
+    id: int
+    run_id: str
+    variant: str
+    start_id: int | None
+    start_index: int
+    concurrency: int
+    trial_index: int
+    status: str
+    t0_wall: float
+    t0_mono: float
+    window_start: float | None
+    window_end: float | None
+    t_end: float | None
+    error: str | None
+    results: TrialResults
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def window(self) -> tuple[float, float] | None:
+        if self.window_start is None or self.window_end is None:
+            return None
+        return (self.window_start, self.window_end)
+
+    def where(self) -> str:
+        """How a person names this trial."""
+        return f"{self.variant} c={self.concurrency} start {self.start_index + 1} trial {self.trial_index + 1}"
+
+
 @dataclass(frozen=True)
 class TrialKey:
     variant: str
@@ -85,12 +124,34 @@ class Store:
         self.conn.row_factory = sqlite3.Row
         self._lock = threading.Lock()
         try:
+            self._check_version()
             schema = resources.files("truthput.store").joinpath("schema.sql").read_text()
             self.conn.executescript(schema)
             self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             self.conn.commit()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a truthput results store ({exc})") from None
+        self.schema_version = self._stored_version() or SCHEMA_VERSION
+
+    def _stored_version(self) -> int | None:
+        try:
+            row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.OperationalError:  # no meta table: a new store
+            return None
+        return int(row[0]) if row and str(row[0]).isdigit() else None
+
+    def _check_version(self) -> None:
+        """Refuse a store written by a newer truthput (its tables may mean something else)."""
+        version = self._stored_version()
+        if version is not None and version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: results store schema {version} is newer than this truthput reads "
+                             f"({SCHEMA_VERSION}): upgrade truthput")
+
+    def _mark_current(self) -> None:
+        """A store written to by this version holds this version's documents from now on."""
+        if self.schema_version < SCHEMA_VERSION:
+            self.conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+            self.schema_version = SCHEMA_VERSION
 
     def close(self) -> None:
         self.conn.close()
@@ -184,6 +245,11 @@ class Store:
         with self._lock, self.conn:
             self.conn.execute(f"UPDATE starts SET {cols} WHERE id=?", (*fields.values(), start_id))
 
+    def failed_variants(self, run_id: str) -> dict[str, str]:
+        """Variant -> '<failure class>: <reason>' of its failed server starts (the last one wins)."""
+        return {s["variant"]: f"{s['failure_class']}: {s['failure_reason']}" for s in self.starts(run_id)
+                if s["status"] == "failed" and s["failure_class"]}
+
     def starts(self, run_id: str) -> list[sqlite3.Row]:
         return self.conn.execute("SELECT * FROM starts WHERE run_id=? ORDER BY id", (run_id,)).fetchall()
 
@@ -201,16 +267,17 @@ class Store:
     # ---- trials -----------------------------------------------------------------------------
     def commit_trial(self, run_id: str, variant: str, start_id: int | None, key: TrialKey, status: str,
                      t0_wall: float, t0_mono: float, window: tuple[float | None, float | None], t_end: float,
-                     results: dict[str, Any], records: Sequence[Any], scrapes: Sequence[Any],
+                     results: TrialResults, records: Sequence[Any], scrapes: Sequence[Any],
                      telemetry: Sequence[tuple[float, int, float | None, float | None, float | None, float | None]] = (),
                      error: str | None = None) -> int:
         """Write one finished trial and everything it saw, atomically."""
         with self._lock, self.conn:
+            self._mark_current()
             cur = self.conn.execute(
                 "INSERT INTO trials(run_id, variant, start_id, start_index, concurrency, trial_index, status, t0_wall,"
                 " t0_mono, window_start, window_end, t_end, results_json, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (run_id, variant, start_id, key.start_index, key.concurrency, key.trial_index, status, t0_wall, t0_mono,
-                 window[0], window[1], t_end, _dumps(results), error),
+                 window[0], window[1], t_end, _dumps(results.to_json_dict()), error),
             )
             trial_id = int(cur.lastrowid)
             self.conn.executemany(
@@ -243,12 +310,17 @@ class Store:
             "SELECT * FROM trials WHERE run_id=? ORDER BY variant, concurrency, start_index, trial_index", (run_id,)
         ).fetchall()
 
-    def trial_results(self, run_id: str) -> list[dict[str, Any]]:
+    def trial_results(self, run_id: str) -> list[StoredTrial]:
+        """The run's trials with their figures in the results model (older documents converted)."""
         out = []
         for row in self.trials(run_id):
-            d = dict(row)
-            d["results"] = json.loads(row["results_json"]) if row["results_json"] else {}
-            out.append(d)
+            doc = orjson.loads(row["results_json"]) if row["results_json"] else {}
+            out.append(StoredTrial(
+                id=row["id"], run_id=row["run_id"], variant=row["variant"], start_id=row["start_id"],
+                start_index=row["start_index"], concurrency=row["concurrency"], trial_index=row["trial_index"],
+                status=row["status"], t0_wall=row["t0_wall"], t0_mono=row["t0_mono"],
+                window_start=row["window_start"], window_end=row["window_end"], t_end=row["t_end"],
+                error=row["error"], results=TrialResults.from_stored(doc)))
         return out
 
     def requests(self, trial_id: int) -> list[sqlite3.Row]:

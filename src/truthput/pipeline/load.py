@@ -1,10 +1,10 @@
 """`truthput load`: load against a running endpoint, measured and stored exactly like `truthput run`.
 
-Why a separate driver: `truthput run` owns server lifecycles; this drives a server someone else
-runs (like `vllm bench serve`) with the same trial anatomy: /metrics scraped `pre`,
-`window_start`, `window_end` and `post`, figures from `truthput.measure.trial.measure_trial`, the
-trial committed to the store before the next one starts (principle 2). Each load level (a
-concurrency, a rate, or a sweep step) is one trial.
+`truthput run` owns server lifecycles; this drives a server someone else runs (like `vllm bench
+serve`) through the same trial pipeline (`truthput.pipeline.trial`: scrapes, in-window samples,
+settle, measure, failure rule, commit before the next trial). Each load level (a concurrency, a
+rate, or a sweep step) is one trial. A simulator behind the URL is detected as `run` detects it,
+and every figure of such a run is labelled simulated.
 
 Lean on purpose (the whole run's CPU is part of what the client costs): nothing heavy is imported
 until the load is over, and the store write is one transaction per trial.
@@ -24,6 +24,8 @@ from truthput.load.goodput import SLO, goodput
 from truthput.load.schedule import ClosedLoop, LoadResult, OpenLoop, Sweep
 from truthput.load.workers import TrialLoad, WorkerPool
 from truthput.load.workload import Distribution, Workload, WorkloadSpec
+from truthput.measure.model import Goodput, LoadLevel, TrialResults
+from truthput.pipeline.trial import TrialRun
 
 
 @dataclass
@@ -118,35 +120,32 @@ def _toml_rows(rows: dict[str, Any]) -> str:
 
 @dataclass
 class TrialOutcome:
-    """One load level's figures (what the summary prints)."""
+    """One load level's trial (what the summary prints)."""
 
     level: float
     mode: str
-    results: dict[str, Any]
-    load: LoadResult
-    scrapes: list[Any] = field(default_factory=list)
-    times: tuple[float, float, float] = (0.0, 0.0, 0.0)  # t0 wall, t0 monotonic, t_end monotonic
+    trial: TrialRun
     trial_id: int | None = None
 
     @property
+    def results(self) -> TrialResults:
+        return self.trial.results
+
+    @property
+    def load(self) -> LoadResult:
+        return self.trial.load
+
+    @property
     def counter_tps(self) -> float | None:
-        return (self.results.get("throughput", {}).get("counter_window") or {}).get("value")
+        return self.results.throughput.counter_window.number()
 
     @property
     def client_tokens(self) -> int:
-        """Tokens of every finished request (usage), plus the running count of failed ones."""
-        total = 0
-        for r in self.load.records:
-            if r.status == "ok":
-                total += r.completion_tokens or 0
-            else:
-                known = [x for x in r.chunk_tokens if x >= 0]
-                total += max(known) if known else (r.completion_tokens or 0)
-        return total
+        return self.trial.client_tokens()
 
     @property
     def counter_tokens(self) -> float | None:
-        return (self.results.get("integrity", {}).get("counter_delta") or {}).get("value")
+        return self.results.integrity.counter_delta.number()
 
 
 @dataclass
@@ -155,6 +154,7 @@ class LoadRun:
     outcomes: list[TrialOutcome]
     sweep: Sweep | None = None
     notes: list[str] = field(default_factory=list)
+    simulated: bool = False
 
 
 def load_tokenizer(path: str | None) -> Any:
@@ -175,14 +175,18 @@ async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None
                    progress: Callable[[str], None] | None = None, tokenizer: Any = None) -> LoadRun:
     """Every load level as a trial: scrape, load, scrape, measure, store. `pool` when --workers > 1
     (forked before the event loop started)."""
-    import aiohttp
-
     from truthput.measure.names import metric_names
+    from truthput.pipeline.trial import serves_simulator
     from truthput.store.db import TrialKey
 
     say = progress or (lambda _m: None)
     names = metric_names(opts.engine)
     run_id = None
+    from truthput.load.client import api_root
+
+    simulated = await serves_simulator(api_root(opts.url))
+    if simulated:
+        say("the server reports itself as the truthput SIMULATOR: every figure is simulated")
     if store is not None:
         machine: dict[str, Any] = {}
         try:
@@ -191,7 +195,7 @@ async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None
             machine = machine_metadata()
         except Exception:  # noqa: BLE001 - machine metadata is optional
             machine = {}
-        run_id = store.create_run(opts.name, engine="external", simulated=False, experiment_path=None,
+        run_id = store.create_run(opts.name, engine="external", simulated=simulated, experiment_path=None,
                                   experiment_toml=opts.toml(), seed=opts.seed, machine=machine)
         store.put_variant(run_id, "load", 0, True, [opts.url], {"lines": ["(load only: a running endpoint)"]}, {})
     start_id = store.begin_start(run_id, "load", 0, [opts.url], None) if store is not None else None
@@ -202,8 +206,7 @@ async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None
     status = "failed"
     client_cfg = opts.client_config()
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session, \
-                StreamClient(client_cfg) as client:
+        async with StreamClient(client_cfg) as client:
             base = client.url.rsplit("/v1/", 1)[0]
             await client.resolve_model()  # fail fast with one line when the endpoint is wrong
             levels = _levels(opts)
@@ -221,7 +224,7 @@ async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None
                     level = levels[k]
                 else:
                     break
-                out = await _one_trial(opts, session, base, client, pool, level, k, names, tokenizer)
+                out = await _one_trial(opts, base, client, pool, level, k, names, tokenizer, simulated)
                 if sweep is not None:
                     sweep.record(level, out.counter_tps)
                 if store is not None:
@@ -245,78 +248,69 @@ async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None
                                     "saturated": sweep.saturated}
             store.update_start(start_id, status="stopped", stopped_at=time.time())
             store.set_run_status(run_id, status, summary)
-    return LoadRun(run_id=run_id, outcomes=outcomes, sweep=sweep)
+    return LoadRun(run_id=run_id, outcomes=outcomes, sweep=sweep, simulated=simulated)
 
 
 def _levels(opts: LoadOptions) -> list[float]:
     return [float(r) for r in opts.rate] if opts.rate else [float(c) for c in opts.concurrency]
 
 
-async def _one_trial(opts: LoadOptions, session: Any, base: str, client: StreamClient, pool: WorkerPool | None,
-                     level: float, k: int, names: Any, tokenizer: Any) -> TrialOutcome:
-    from truthput.measure.trial import measure_trial
-    from truthput.measure.scrape import scrape_metrics, settled_post_scrape
+ALL_FAILED = 1.0 - 1e-9
+"""`truthput load` fails a trial only when every request failed: a running endpoint under a load
+level it cannot take still has its answered requests measured (the table shows the failures)."""
+
+
+async def _one_trial(opts: LoadOptions, base: str, client: StreamClient, pool: WorkerPool | None,
+                     level: float, k: int, names: Any, tokenizer: Any, simulated: bool) -> TrialOutcome:
+    from truthput.pipeline.trial import TrialSetup, run_trial
 
     seed = opts.seed * 1_000_003 + k
     workload = Workload(opts.workload, seed=seed, tokenizer=tokenizer)
-    scrapes: list[Any] = []
 
-    async def window_start() -> None:
-        scrapes.append(await scrape_metrics(session, base, "window_start"))
+    async def drive(window_start: Any, window_end: Any) -> LoadResult:
+        if pool is not None:
+            load = TrialLoad(mode=opts.mode, concurrency=int(level), rate=level if opts.rate else None,
+                             arrival=opts.arrival, max_in_flight=opts.max_in_flight, duration_s=opts.duration_s,
+                             max_requests=opts.requests, seed=seed)
+            return await pool.run(workload, load, window_start, window_end)
+        if opts.rate:
+            return await OpenLoop(client, workload, level, opts.arrival, opts.max_in_flight,
+                                  duration_s=opts.duration_s, max_requests=opts.requests,
+                                  seed=seed).run(window_start, window_end)
+        return await ClosedLoop(client, workload, int(level), duration_s=opts.duration_s,
+                                max_requests=opts.requests).run(window_start, window_end)
 
-    async def window_end() -> None:
-        scrapes.append(await scrape_metrics(session, base, "window_end"))
+    def concurrency(result: LoadResult) -> int:
+        return int(level) if not opts.rate else (opts.max_in_flight or result.max_in_flight)
 
-    t0_wall, t0_mono = time.time(), time.monotonic()
-    scrapes.append(await scrape_metrics(session, base, "pre"))
-    if pool is not None:
-        load = TrialLoad(mode=opts.mode, concurrency=int(level), rate=level if opts.rate else None,
-                         arrival=opts.arrival, max_in_flight=opts.max_in_flight, duration_s=opts.duration_s,
-                         max_requests=opts.requests, seed=seed)
-        result = await pool.run(workload, load, window_start, window_end)
-    elif opts.rate:
-        result = await OpenLoop(client, workload, level, opts.arrival, opts.max_in_flight, duration_s=opts.duration_s,
-                                max_requests=opts.requests, seed=seed).run(window_start, window_end)
-    else:
-        result = await ClosedLoop(client, workload, int(level), duration_s=opts.duration_s,
-                                  max_requests=opts.requests).run(window_start, window_end)
-    scrapes.append(await settled_post_scrape(session, base, names.candidates("emitted_tokens")))
-    window = (result.t_window_start, result.t_window_end)
-    concurrency = int(level) if not opts.rate else (opts.max_in_flight or result.max_in_flight)
-    results = measure_trial(result.records, scrapes, None, window if None not in window else None, concurrency,
-                            engine=opts.engine, speculative=None, tokenizer=tokenizer, names=names)
-    results["simulated"] = False
-    results["load"] = {"mode": opts.mode, "level": level, "unit": "req/s" if opts.rate else "streams",
-                       "arrival": opts.arrival if opts.rate else None, "max_in_flight_seen": result.max_in_flight,
-                       "workers": opts.workers}
-    results["goodput"] = goodput(result.records, opts.slo, window if None not in window else None)
-    results["client"] = {"selfcheck": dataclasses.asdict(result.selfcheck) if result.selfcheck else None,
-                         "notes": list(result.notes), "never_settled": result.never_settled,
-                         "continuous_usage": client.continuous_usage_supported}
-    out = TrialOutcome(level=level, mode=opts.mode, results=results, load=result, scrapes=scrapes,
-                       times=(t0_wall, t0_mono, time.monotonic()))
-    results["client"]["token_total"] = out.client_tokens
-    return out
+    setup = TrialSetup(base_url=base, names=names, engine=opts.engine, tokenizer=tokenizer, simulated=simulated,
+                       error_threshold=ALL_FAILED)
+    trial = await run_trial(setup, drive, concurrency)
+    res = trial.results
+    window = trial.window
+    res.load = LoadLevel(mode=opts.mode, level=level, unit="req/s" if opts.rate else "streams",
+                         arrival=opts.arrival if opts.rate else None, max_in_flight_seen=trial.load.max_in_flight,
+                         workers=opts.workers)
+    res.goodput = Goodput.model_validate(goodput(trial.load.records, opts.slo,
+                                                 (window[0], window[1]) if None not in window else None))
+    res.client.continuous_usage = client.continuous_usage_supported
+    if trial.status != "ok" and trial.error and trial.error.startswith("request_errors"):
+        trial.error = f"request_errors: all {len(trial.load.records)} requests failed"
+    return TrialOutcome(level=level, mode=opts.mode, trial=trial)
 
 
 def _commit(store: Any, run_id: str, start_id: int | None, opts: LoadOptions, out: TrialOutcome, k: int,
             key_type: Any) -> int:
-    t0_wall, t0_mono, t_end = out.times
-    records = out.load.records
-    n_err = sum(1 for r in records if r.status != "ok")
-    status, error = "ok", None
-    if records and n_err == len(records):
-        status, error = "failed", f"request_errors: all {n_err} requests failed"
+    from truthput.pipeline.trial import commit
+
     # The store keys trials by concurrency: a closed loop's level; an open loop's cap on requests
     # in flight (0: uncapped); trial_index k keeps every level of a run distinct.
     level_key = int(out.level) if not opts.rate else (opts.max_in_flight or 0)
-    return store.commit_trial(run_id, "load", start_id, key_type("load", 0, level_key, k), status, t0_wall, t0_mono,
-                              (out.load.t_window_start, out.load.t_window_end), t_end, out.results, records,
-                              out.scrapes, error=error)
+    return commit(store, run_id, "load", start_id, key_type("load", 0, level_key, k), out.trial)
 
 
 def _progress_line(out: TrialOutcome) -> str:
+    from truthput.pipeline.trial import headline_line
+
     unit = "req/s" if out.mode == "open" else "streams"
-    tps = out.counter_tps
-    shown = f"{tps:.1f} tok/s server counter" if tps is not None else "no counter figure"
-    return f"{out.level:g} {unit}: {shown}; {len(out.load.records)} requests"
+    return f"{out.level:g} {unit}: {headline_line(out.results)}; {len(out.load.records)} requests"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from truthput.load.drive import LoadOptions, LoadRun
+from truthput.pipeline.load import LoadOptions, LoadRun
 
 
 def _f(v: Any, fmt: str = "{:.1f}") -> str:
@@ -18,21 +18,26 @@ def _f(v: Any, fmt: str = "{:.1f}") -> str:
 
 def summary_rows(run: LoadRun) -> list[dict[str, Any]]:
     """One dict per trial with the figures the table shows (also handy for tests and scripts)."""
+    from truthput.analyze.cells import headline
+
     rows = []
     for o in run.outcomes:
         res = o.results
-        gp = res.get("goodput", {})
-        sc = (res.get("client") or {}).get("selfcheck") or {}
+        gp = res.goodput
+        sc = res.client.selfcheck
         counter = o.counter_tokens
+        h = headline(res)
         rows.append({
             "level": o.level, "mode": o.mode, "counter_tps": o.counter_tps,
+            "headline_tps": h.number(), "headline_source": h.source, "simulated": res.simulated,
+            "status": o.trial.status, "error": o.trial.error,
             "requests": len(o.load.records), "failed": sum(1 for r in o.load.records if r.status != "ok"),
             "client_tokens": o.client_tokens, "counter_tokens": counter,
             "tokens_equal": counter is not None and int(round(counter)) == o.client_tokens,
-            "goodput_rps": (gp.get("goodput_rps") or {}).get("value"),
-            "good_fraction": (gp.get("good_fraction") or {}).get("value"),
-            "client_bound": bool(sc.get("client_bound")), "client_reason": sc.get("reason"),
-            "cpu_util": sc.get("cpu_util"), "lag_p99_ms": sc.get("loop_lag_p99_ms"),
+            "goodput_rps": gp.goodput_rps.number() if gp is not None and gp.goodput_rps is not None else None,
+            "good_fraction": gp.good_fraction.number() if gp is not None and gp.good_fraction is not None else None,
+            "client_bound": bool(sc and sc.client_bound), "client_reason": sc.reason if sc else None,
+            "cpu_util": sc.cpu_util if sc else None, "lag_p99_ms": sc.loop_lag_p99_ms if sc else None,
         })
     return rows
 
@@ -40,12 +45,19 @@ def summary_rows(run: LoadRun) -> list[dict[str, Any]]:
 def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from truthput.analyze.cells import source_label
 
     con = Console(highlight=False)
     unit = "req/s" if opts.rate else "streams"
-    t = Table(title=f"truthput load {opts.url}" + (f"  (run {run.run_id})" if run.run_id else ""))
+    tag = ", simulated" if run.simulated else ""
+    if run.simulated:
+        con.print("[bold yellow]SIMULATED[/bold yellow]: the server is the truthput simulator (a physics model); "
+                  "no figure below is a measurement of real hardware.")
+    t = Table(title=Text(f"truthput load {opts.url}" + (f"  (run {run.run_id})" if run.run_id else "")))
     t.add_column(unit, justify="right")
-    t.add_column("tok/s (server counter)", justify="right")
+    t.add_column(Text(f"tok/s\n[server counter{tag}]"), justify="right")
     t.add_column("requests (failed)", justify="right")
     t.add_column("tokens: client / counter", justify="right")
     if opts.slo.any:
@@ -56,7 +68,10 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
         tokens += " [green]equal[/green]" if row["tokens_equal"] else " [red]DIFFER[/red]"
         client = (f"[red]client-bound[/red]: {row['client_reason']}" if row["client_bound"]
                   else f"ok (CPU {_f(row['cpu_util'], '{:.2f}')} core, lag p99 {_f(row['lag_p99_ms'])} ms)")
-        cells = [f"{row['level']:g}", _f(row["counter_tps"]), f"{row['requests']} ({row['failed']})", tokens]
+        tps = Text(_f(row["headline_tps"]))
+        if row["headline_tps"] is not None and row["headline_source"] != "server_counter":
+            tps.append(f" [{source_label(row['headline_source'])}]", style="yellow")
+        cells = [f"{row['level']:g}", tps, f"{row['requests']} ({row['failed']})", tokens]
         if opts.slo.any:
             gf = row["good_fraction"]
             cells.append(f"{_f(row['goodput_rps'], '{:.2f}')} ({_f(None if gf is None else 100 * gf, '{:.0f}')} %)")
@@ -72,10 +87,12 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
             con.print(f"sweep: saturation point {sat.level:g} {unit} at {_f(sat.throughput)} tok/s ({state}; "
                       f"lowest level within {run.sweep.tolerance:.0%} of the best)")
     for o in run.outcomes:
-        for n in o.results.get("client", {}).get("notes", []):
-            con.print(f"[dim]{o.level:g} {unit}: {n}[/dim]")
-        integ = o.results.get("integrity", {})
-        if integ.get("holds") is False:
-            con.print(f"[red]{o.level:g} {unit}: integrity {integ.get('message')}[/red]")
+        for n in o.results.client.notes:
+            con.print(Text(f"{o.level:g} {unit}: {n}", style="dim"))
+        integ = o.results.integrity
+        if integ.holds is False:
+            con.print(Text(f"{o.level:g} {unit}: integrity {integ.message}", style="red"))
+        if o.trial.status != "ok":
+            con.print(Text(f"{o.level:g} {unit}: trial failed: {o.trial.error}", style="red"))
     if store:
         con.print(f"[dim]stored in {store}[/dim]")

@@ -1,0 +1,179 @@
+"""Trials -> cells: the one place that decides a trial's headline figure and a cell's figures.
+
+A cell is one variant at one concurrency level; its replicates are server starts (the unit of
+replication), each holding one or more trials. Every view (run and `load` tables, verdict,
+audit, claims, compare, HTML, markdown, CSV, JSON) renders cells built here, so they cannot
+disagree about which figure a cell is judged by or where it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Protocol
+
+from truthput.analyze.stats import CellEstimate, cell_estimate, noise_warnings
+from truthput.measure.model import Figure, TrialResults
+
+HEADLINE_SOURCES = {"server_counter": "server counter", "usage": "usage placed in time: no counter"}
+
+
+class TrialLike(Protocol):
+    """What analysis needs of a stored trial (`truthput.store.db.StoredTrial` is one)."""
+
+    @property
+    def variant(self) -> str: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def start_index(self) -> int: ...
+    @property
+    def trial_index(self) -> int: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def results(self) -> TrialResults: ...
+
+
+def headline(results: TrialResults) -> Figure:
+    """The figure a trial is judged by, with its provenance.
+
+    The server's emitted-token counter over the steady-state window when there is one; without
+    /metrics (or without that counter) the running usage count placed in the same window, its
+    source saying so; else a missing figure that says why.
+    """
+    counter = results.throughput.counter_window
+    if counter.value is not None:
+        return counter
+    usage = results.throughput.usage_window
+    if usage.value is not None:
+        return usage
+    return Figure(value=None, unit="tok/s", source="server_counter", window="window",
+                  note=f"no headline figure: counter: {counter.note or 'missing'}; usage: {usage.note or 'missing'}")
+
+
+def source_label(source: str) -> str:
+    """How a person reads a headline's source."""
+    return HEADLINE_SOURCES.get(source, source)
+
+
+def trial_warnings(trial: TrialLike) -> list[str]:
+    """Why a trial's figures may be distorted, in words (the batch never settled, the client was
+    the bottleneck, the trial failed)."""
+    out = []
+    client = trial.results.client
+    if client.never_settled:
+        out.append(f"the {trial.concurrency} streams never all generated at once (no steady state)")
+    check = client.selfcheck
+    if check is not None and check.client_bound:
+        out.append(f"client-bound ({check.reason}): the load generator may have distorted it")
+    if trial.status != "ok" and trial.error:
+        out.append(trial.error)
+    return out
+
+
+@dataclass
+class Cell:
+    """One variant at one concurrency: the headline figures of its trials, grouped by server start."""
+
+    variant: str
+    concurrency: int
+    baseline: bool
+    status: str
+    """"ok", "failed: <class>: <reason>" or "no data"."""
+    per_start: list[list[float]] = field(default_factory=list)
+    estimate: CellEstimate | None = None
+    sources: list[str] = field(default_factory=list)
+    per_stream: float | None = None
+    ttft_p50: float | None = None
+    itl_p50: float | None = None
+    noise: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """Trial warnings, each naming its trial."""
+    trials: list[TrialLike] = field(default_factory=list, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.estimate is not None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.variant, self.concurrency)
+
+    @property
+    def source(self) -> str:
+        """The headline's source: 'server_counter', 'usage', or both joined when trials differ."""
+        return "+".join(self.sources) if self.sources else "missing"
+
+    def quantile(self, metric: str, q: str) -> float | None:
+        """Median over the cell's ok trials of each trial's client-clock latency quantile."""
+        vals = []
+        for t in self.trials:
+            if t.status != "ok":
+                continue
+            d = t.results.latency.metric(metric)
+            v = d.quantile(q) if d is not None else None
+            if v is not None:
+                vals.append(v)
+        return median(vals) if vals else None
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return median(vals) if vals else None
+
+
+def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = None, baseline: str | None = None,
+                failed: dict[str, str] | None = None) -> list[Cell]:
+    """Every variant x concurrency cell, in variant order then concurrency order.
+
+    `variants` fixes the order (and includes variants without a trial); `failed` says why a
+    variant has no data.
+    """
+    failed = failed or {}
+    names = list(variants) if variants is not None else list(dict.fromkeys(t.variant for t in trials))
+    levels = sorted({t.concurrency for t in trials})
+    by_key: dict[tuple[str, int], list[TrialLike]] = {}
+    for t in trials:
+        by_key.setdefault((t.variant, t.concurrency), []).append(t)
+    cells = []
+    for v in names:
+        for c in levels:
+            ts = sorted(by_key.get((v, c), []), key=lambda t: (t.start_index, t.trial_index))
+            cell = Cell(variant=v, concurrency=c, baseline=v == baseline, status="no data", trials=list(ts))
+            starts: dict[int, list[float]] = {}
+            sources: list[str] = []
+            for t in ts:
+                cell.warnings.extend(f"{v} c={c} start {t.start_index + 1} trial {t.trial_index + 1}: {w}"
+                                     for w in trial_warnings(t))
+                if t.status != "ok":
+                    continue
+                h = headline(t.results)
+                if h.value is None:
+                    continue
+                starts.setdefault(t.start_index, []).append(float(h.value))
+                if h.source not in sources:
+                    sources.append(h.source)
+            if starts:
+                cell.per_start = [starts[s] for s in sorted(starts)]
+                cell.estimate = cell_estimate(cell.per_start)
+                cell.status = "ok"
+                cell.sources = sorted(sources)
+                cell.noise = list(dict.fromkeys(([cell.estimate.warning] if cell.estimate.warning else [])
+                                                + noise_warnings(cell.per_start)))
+                ok = [t for t in ts if t.status == "ok"]
+                cell.per_stream = _median(t.results.per_stream.decode_tps_median.number() for t in ok)
+                cell.ttft_p50 = _median(t.results.latency.ttft.quantile("p50") for t in ok)
+                cell.itl_p50 = _median(t.results.latency.itl.quantile("p50") for t in ok)
+            elif v in failed:
+                cell.status = f"failed: {failed[v]}"
+            cells.append(cell)
+    return cells
+
+
+def cell_groups(cells: Iterable[Cell]) -> dict[tuple[str, int], list[list[float]]]:
+    """(variant, concurrency) -> per-start headline tok/s, for the statistics."""
+    return {c.key: c.per_start for c in cells if c.per_start}

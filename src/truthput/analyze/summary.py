@@ -1,0 +1,77 @@
+"""A run's summary: its cells, the verdict (every comparison's one interval), failures, the guard.
+
+Computed from the trials alone, by every view that shows a verdict or a comparison (the run's
+terminal table, `truthput report`, the report document), so the table's interval and the
+verdict's are the same numbers: the comparison is computed once, here, at the level the design
+calls for (Bonferroni over the variants, plus the look adjustment of a sequential stopping rule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from truthput.analyze.cells import Cell, TrialLike, build_cells, cell_groups
+from truthput.analyze.guard import GuardResult, compare_outputs
+from truthput.analyze.verdict import ComparisonVerdict, Verdict, make_verdict
+from truthput.spec.experiment import MeasureSection
+
+
+@dataclass
+class RunSummary:
+    cells: list[Cell]
+    verdict: Verdict
+    failed: dict[str, str]
+    guard: dict[str, GuardResult] = field(default_factory=dict)
+    guard_texts: dict[str, list[str]] = field(default_factory=dict)
+    stopping: dict[str, Any] | None = None
+
+    def comparison(self, variant: str, concurrency: int) -> ComparisonVerdict | None:
+        """The verdict's comparison of `variant` with the baseline at `concurrency`."""
+        for cv in self.verdict.per_concurrency:
+            if cv.concurrency == concurrency:
+                return next((c for c in cv.comparisons if c.variant == variant), None)
+        return None
+
+    def warnings(self) -> list[str]:
+        """Every trial warning of the run (each names its trial)."""
+        return [w for c in self.cells for w in c.warnings]
+
+    def to_dict(self) -> dict[str, Any]:
+        """What `runs.summary_json` keeps (the guard's texts, so a report can recompute the guard)."""
+        return {"verdict": self.verdict.to_dict(), "verdict_lines": self.verdict.lines(), "failed": self.failed,
+                "guard": {k: dataclasses.asdict(v) for k, v in self.guard.items()},
+                "guard_texts": self.guard_texts, "stopping": self.stopping}
+
+
+def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapping[str, str], baseline: str,
+              measure: MeasureSection, simulated: bool,
+              guard_texts: Mapping[str, list[str]] | None = None) -> RunSummary:
+    """Cells, verdict and guard of a run from its trials (`failed`: variant -> why it failed)."""
+    failed = dict(failed)
+    cells = build_cells(trials, variants, baseline, failed)
+    texts = dict(guard_texts or {})
+    guard: dict[str, GuardResult] = {}
+    if baseline in texts:
+        guard = {name: compare_outputs(texts[baseline], t) for name, t in texts.items() if name != baseline}
+    groups = cell_groups(cells)
+    m = measure
+    rule, look, stopping = None, None, None
+    if m.target_rel is not None:
+        from truthput.analyze.stopping import StoppingRule, fixed_design_starts
+
+        rule = StoppingRule(target_rel_halfwidth=m.target_rel, max_starts=m.max_starts, min_starts=m.starts,
+                            alpha=1 - m.confidence)
+        look = max((len(v) for v in groups.values()), default=None)
+        stopping = {"method": rule.method, "starts_used": look}
+        try:
+            stopping["fixed_design_starts"] = fixed_design_starts(groups, baseline, m.target_rel,
+                                                                  confidence=m.confidence)
+        except Exception as exc:  # not enough data to size a fixed design
+            stopping["fixed_design_note"] = str(exc)
+    verdict = make_verdict(groups, baseline, failed=failed, guard=guard, confidence=m.confidence,
+                           simulated=simulated, stopping_rule=rule, look=look)
+    return RunSummary(cells=cells, verdict=verdict, failed=failed, guard=guard, guard_texts=texts,
+                      stopping=stopping)

@@ -1,0 +1,116 @@
+"""What a run reports while it runs, as typed events.
+
+Why events and not strings: the live progress bar counts trials and shows the last headline
+figure from the event's fields, so no display parses a human message back; and text that came
+from outside (a variant name, a server log line taken as a failure reason) is plain text here,
+never rich markup, so it can neither break nor restyle the display.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Union
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    run_id: str
+    variants: int
+    levels: int
+    engine: str
+    simulated: bool
+    resumed: bool = False
+    kept_trials: int = 0
+
+    def text(self) -> str:
+        sim = " (SIMULATED)" if self.simulated else ""
+        head = f"run {self.run_id}: {self.variants} variants x {self.levels} concurrency levels, engine {self.engine}{sim}"
+        if self.resumed:
+            head += f"; resumed, {self.kept_trials} finished trial{'s' if self.kept_trials != 1 else ''} kept"
+        return head
+
+
+@dataclass(frozen=True)
+class StartLaunching:
+    variant: str
+    start_index: int
+    engine: str
+
+    def text(self) -> str:
+        return f"{self.variant} start {self.start_index + 1}: launching {self.engine} server"
+
+
+@dataclass(frozen=True)
+class StartReady:
+    variant: str
+    start_index: int
+    ready_s: float
+
+    def text(self) -> str:
+        return f"{self.variant} start {self.start_index + 1}: ready in {self.ready_s:.1f} s"
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    variant: str
+    start_index: int
+    failure_class: str
+    reason: str
+
+    def text(self) -> str:
+        return f"{self.variant}: failed: {self.failure_class}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class TrialDone:
+    variant: str
+    start_index: int
+    concurrency: int
+    trial_index: int
+    tokps: float | None
+    source: str
+    """How the headline was read ('server counter', 'usage placed in time: no counter')."""
+    simulated: bool
+    status: str
+
+    def text(self) -> str:
+        sim = ", simulated" if self.simulated else ""
+        shown = f"{self.tokps:.1f} tok/s [{self.source}{sim}]" if self.tokps is not None else "no throughput figure"
+        return (f"{self.variant} start {self.start_index + 1} c={self.concurrency} trial {self.trial_index + 1}: "
+                f"{shown} {self.status}")
+
+
+@dataclass(frozen=True)
+class Note:
+    message: str
+    level: str = "info"
+    """info | warning | error"""
+
+    def text(self) -> str:
+        return self.message
+
+
+Event = Union[RunStarted, StartLaunching, StartReady, StartFailed, TrialDone, Note]
+
+STYLES = {StartFailed: "red", "warning": "yellow", "error": "red"}
+
+
+def style_of(event: Event) -> str | None:
+    if isinstance(event, Note):
+        return STYLES.get(event.level)  # type: ignore[call-overload]
+    return STYLES.get(type(event))  # type: ignore[call-overload]
+
+
+class EventSink(Protocol):
+    def handle(self, event: Event) -> None: ...
+
+
+def emitter(progress: Callable[[str], None] | EventSink | None) -> Callable[[Event], None]:
+    """A function that sends events to `progress`: its `handle` when it has one, else its
+    plain-text call (a bare callable, as tests pass)."""
+    if progress is None:
+        return lambda _e: None
+    handle = getattr(progress, "handle", None)
+    if callable(handle):
+        return handle  # type: ignore[no-any-return]
+    return lambda e: progress(e.text())  # type: ignore[operator]

@@ -1,0 +1,3 @@
+"""The trial pipeline, shared by `truthput run` (which also owns server lifecycles) and
+`truthput load` (a server someone else runs): scrapes, window, in-window samples, settle,
+measure, the failure rule, commit."""

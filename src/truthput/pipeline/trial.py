@@ -1,0 +1,234 @@
+"""One trial, the same way for `truthput run` and `truthput load`.
+
+Anatomy: scrape /metrics (`pre`); drive the load, scraping when all streams are in flight
+(`window_start`), every `sample_interval_s` inside the window (`periodic`: the server's own
+running/waiting gauges and counter progress) and when the window closes (`window_end`); after
+the drain scrape until the emitted-token counter settles (`post`); measure every figure
+(`truthput.measure.trial.measure_trial`); apply the failure rule; commit the whole trial before
+the next one starts (principle 3: nothing is lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol
+
+from truthput.load.schedule import LoadResult
+from truthput.measure.model import ClientCheck, Figure, SelfCheckFigures, TrialResults
+from truthput.measure.names import EngineMetricNames
+from truthput.measure.prom import Scrape
+
+SAMPLE_INTERVAL_S = 0.5
+"""In-window /metrics sampling period: a few samples in a short window, and a modest client cost
+(one GET and a filtered copy of the text per sample; the parse happens after the load)."""
+
+WindowCallback = Callable[[], Awaitable[None]]
+Drive = Callable[[WindowCallback, WindowCallback], Awaitable[LoadResult]]
+
+
+class Crashed(Protocol):
+    failure_kind: str
+    reason: str
+
+
+@dataclass
+class TrialSetup:
+    """What a trial needs besides the load itself."""
+
+    base_url: str
+    names: EngineMetricNames
+    engine: str
+    """Metric-name family the figures are read with (vllm, sglang, llamacpp)."""
+    speculative: dict[str, Any] | None = None
+    tokenizer: Any = None
+    simulated: bool = False
+    sample_gpu: bool = False
+    error_threshold: float = 0.5
+    """A trial with more than this share of failed requests is a failed trial."""
+    sample_interval_s: float = SAMPLE_INTERVAL_S
+    log_lines: Callable[[float, float], list[tuple[float, str]]] | None = None
+    crashed: Callable[[], Crashed | None] | None = None
+
+
+@dataclass
+class TrialRun:
+    """A finished trial: its figures, the raw data behind them, and its status."""
+
+    results: TrialResults
+    load: LoadResult
+    scrapes: list[Scrape]
+    t0_wall: float
+    t0_mono: float
+    t_end: float
+    status: str = "ok"
+    error: str | None = None
+    crashed: bool = False
+    telemetry_rows: list[tuple[float, int, float | None, float | None, float | None, float | None]] = \
+        field(default_factory=list)
+
+    @property
+    def window(self) -> tuple[float | None, float | None]:
+        return (self.load.t_window_start, self.load.t_window_end)
+
+    def client_tokens(self) -> int:
+        """Tokens of every finished request (usage), plus the running count of failed ones."""
+        total = 0
+        for r in self.load.records:
+            if r.status == "ok":
+                total += r.completion_tokens or 0
+            else:
+                known = [x for x in r.chunk_tokens if x >= 0]
+                total += max(known) if known else (r.completion_tokens or 0)
+        return total
+
+
+def _sampled_families(names: EngineMetricNames) -> tuple[str, ...]:
+    """Metric names whose lines an in-window sample keeps (the rest of the text is not needed)."""
+    out: list[str] = []
+    for f in ("emitted_tokens", "running", "waiting", "kv_usage", "preemptions", "spec_drafts",
+              "spec_draft_tokens", "spec_accepted", "spec_accepted_per_pos", "spec_verify_calls"):
+        for n in names.candidates(f):
+            base = n[: -len("_total")] if n.endswith("_total") else n
+            out.extend([n, base + "_created"] if n.endswith("_total") else [n])
+    return tuple(out)
+
+
+def _keep_lines(text: str | None, prefixes: tuple[str, ...]) -> str | None:
+    if text is None:
+        return None
+    keep = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[2].startswith(prefixes):
+                keep.append(line)
+        elif line.startswith(prefixes):
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable[[LoadResult], int]) -> TrialRun:
+    """Scrape, load, sample, settle, measure; returns the trial (not yet committed)."""
+    import aiohttp
+
+    from truthput.measure.scrape import scrape_metrics, settled_post_scrape
+    from truthput.measure.trial import measure_trial
+
+    scrapes: list[Scrape] = []
+    families = _sampled_families(setup.names)
+    t0_wall, t0_mono = time.time(), time.monotonic()
+    sampler_task: asyncio.Task[None] | None = None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session:
+        async def sample() -> None:
+            while True:
+                await asyncio.sleep(setup.sample_interval_s)
+                s = await scrape_metrics(session, setup.base_url, "periodic")
+                scrapes.append(Scrape(s.phase, s.t_mono, _keep_lines(s.text, families), s.error))
+
+        async def window_start() -> None:
+            nonlocal sampler_task
+            scrapes.append(await scrape_metrics(session, setup.base_url, "window_start"))
+            if setup.sample_interval_s > 0:
+                sampler_task = asyncio.ensure_future(sample())
+
+        async def window_end() -> None:
+            if sampler_task is not None:
+                sampler_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler_task
+            scrapes.append(await scrape_metrics(session, setup.base_url, "window_end"))
+
+        scrapes.append(await scrape_metrics(session, setup.base_url, "pre"))
+        gpu = None
+        if setup.sample_gpu:
+            from truthput.engines.telemetry import GpuSampler
+
+            gpu = GpuSampler().start()
+        try:
+            result = await drive(window_start, window_end)
+        finally:
+            if sampler_task is not None and not sampler_task.done():
+                sampler_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler_task
+            telemetry = gpu.stop() if gpu is not None else None
+        scrapes.append(await settled_post_scrape(session, setup.base_url, setup.names.candidates("emitted_tokens")))
+    t_end = time.monotonic()
+    scrapes.sort(key=lambda s: s.t_mono)
+    window = (result.t_window_start, result.t_window_end)
+    logs = setup.log_lines(t0_mono - 1.0, t_end + 1.0) if setup.log_lines else None
+    level = concurrency(result) if callable(concurrency) else concurrency
+    results = measure_trial(result.records, scrapes, logs,
+                            (window[0], window[1]) if window[0] is not None and window[1] is not None else None,
+                            level, engine=setup.engine, speculative=setup.speculative, tokenizer=setup.tokenizer,
+                            names=setup.names)
+    results.simulated = setup.simulated
+    results.client = ClientCheck(
+        selfcheck=SelfCheckFigures.model_validate(dataclasses.asdict(result.selfcheck)) if result.selfcheck else None,
+        notes=list(result.notes), never_settled=bool(result.never_settled))
+    run = TrialRun(results=results, load=result, scrapes=scrapes, t0_wall=t0_wall, t0_mono=t0_mono, t_end=t_end)
+    results.client.token_total = run.client_tokens()
+    _telemetry(run, telemetry, setup, gpu)
+    _failure_rule(run, setup)
+    return run
+
+
+def _telemetry(run: TrialRun, telemetry: Any, setup: TrialSetup, gpu: Any) -> None:
+    if telemetry is None:
+        why = "simulated server (no GPU)" if setup.simulated else "not sampled for this trial"
+        run.results.telemetry = {"available": False, "reason": f"no GPU telemetry: {why}"}
+        return
+    from truthput.engines.telemetry import energy_per_token
+
+    run.results.telemetry = telemetry.to_dict()
+    tokens = run.results.integrity.counter_delta.value
+    if telemetry.available and tokens:
+        run.results.telemetry["energy_per_token_j"] = {
+            "value": energy_per_token(telemetry, tokens), "unit": "J/token", "source": "nvml + server_counter"}
+    run.telemetry_rows = [(x.t_mono, x.gpu, x.util_pct, x.mem_used_bytes, x.power_w, x.sm_clock_mhz)
+                          for x in gpu.samples]
+
+
+def _failure_rule(run: TrialRun, setup: TrialSetup) -> None:
+    """A trial fails when too many of its requests failed, or when the server crashed under it."""
+    records = run.load.records
+    n_err = sum(1 for r in records if r.status != "ok")
+    if records and n_err / len(records) > setup.error_threshold:
+        run.status, run.error = "failed", f"request_errors: {n_err} of {len(records)} requests failed"
+    crash = setup.crashed() if setup.crashed is not None else None
+    if crash is not None:
+        run.status, run.error, run.crashed = "failed", f"{crash.failure_kind}: {crash.reason}", True
+
+
+def commit(store: Any, run_id: str, variant: str, start_id: int | None, key: Any, run: TrialRun) -> int:
+    """Write the trial and everything it saw in one transaction."""
+    return int(store.commit_trial(run_id, variant, start_id, key, run.status, run.t0_wall, run.t0_mono, run.window,
+                                  run.t_end, run.results, run.load.records, run.scrapes,
+                                  telemetry=run.telemetry_rows, error=run.error))
+
+
+async def serves_simulator(base_url: str) -> bool:
+    """Whether the server behind `base_url` says it is the truthput simulator (GET /version)."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+            async with session.get(base_url + "/version") as resp:
+                return resp.status == 200 and "truthput" in (await resp.text()).lower()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return False
+
+
+def headline_line(results: TrialResults) -> str:
+    """A trial's headline as one progress line fragment: the figure and where it came from."""
+    from truthput.analyze.cells import headline, source_label
+
+    h: Figure = headline(results)
+    if h.value is None:
+        return "no throughput figure"
+    sim = ", simulated" if results.simulated else ""
+    return f"{h.value:.1f} tok/s [{source_label(h.source)}{sim}]"
