@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import json
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from typer.testing import CliRunner
 from truthput.analyze.claims import check_claims
 from truthput.cli import app
 from truthput.errors import SpecError
+from truthput.measure.model import TrialResults
 from truthput.measure.trial import measure_trial
 from truthput.spec.claims import Claim, load_claims_file, parse_claims
 
@@ -38,13 +41,26 @@ def test_seed_claims_physics_only():
     assert counter.verdict == "plausible" and counter.bound["ceiling_tps"] == pytest.approx(805 * 2)
 
 
-def _measure(variant: str, spec_k: int | None, conc: int) -> dict:
+@dataclass
+class Measured:
+    """A trial as analysis sees it (the fields of a stored trial it reads)."""
+
+    variant: str
+    concurrency: int
+    results: TrialResults
+    status: str = "ok"
+    start_index: int = 0
+    trial_index: int = 0
+    error: str | None = None
+
+
+def _measure(variant: str, spec_k: int | None, conc: int) -> Measured:
     cfg = TruthConfig(concurrency=conc, requests=conc * 8, max_tokens=40, prefill_s=0.2, step_s=0.01,
                       tokens_per_chunk=(1,), spec_k=spec_k, accept_pattern=(1, 1, 0, 1), log_interval_s=0.25)
     sim = simulate(cfg)
     spec = {"method": "mtp", "num_speculative_tokens": spec_k} if spec_k else None
     res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, conc, speculative=spec)
-    return {"variant": variant, "concurrency": conc, "status": "ok", "results": res}
+    return Measured(variant, conc, res)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +76,7 @@ def _fig(run, variant, conc, method):
 def test_claims_against_a_run(run):
     counter1 = _fig(run, "spec1", 1, "counter (window)")
     base1 = _fig(run, "nospec", 1, "counter (window)")
-    probe1 = _fig(run, "spec1", 1, "word probe per request (seed)")
+    probe1 = _fig(run, "spec1", 1, "word probe per request")
     gain = (counter1 / base1 - 1) * 100
     claims = parse_claims([
         {"text": "counter ok", "figure": {"value": round(counter1 * 1.01, 1)}, "method": "counter",
@@ -88,8 +104,8 @@ def test_claims_against_a_run(run):
     wp = res["word probe"]
     assert wp.verdict == "contradicted" and wp.likely_cause == "unit"
     assert wp.measured["counter_tps"] == pytest.approx(counter1)
-    assert "word probe per request (seed)" in wp.reason  # it reproduces the seed's method
-    assert res["unknown method"].likely_cause == "word probe per request (seed)"
+    assert "word probe per request" in wp.reason  # it reproduces the seed's method
+    assert res["unknown method"].likely_cause == "word probe per request"
     assert 0 < gain < 100  # k = 1, 3 of 4 drafts accepted; the long prefill dilutes the gain
     assert res["true gain"].verdict == "plausible"
     assert res["true gain"].measured["gain_pct"] == pytest.approx(gain)
@@ -125,8 +141,8 @@ def test_check_claims_command_without_and_with_run(tmp_path, run):
     db = Store(tmp_path / "c.db")
     rid = db.create_run("claims", "sim", True, None, "", 0, {})
     for i, item in enumerate(run):
-        db.commit_trial(rid, item["variant"], None, TrialKey(item["variant"], 0, item["concurrency"], 0), "ok",
-                        0.0, 0.0, (0.0, 1.0), 1.0, item["results"], [], [])
+        db.commit_trial(rid, item.variant, None, TrialKey(item.variant, 0, item.concurrency, 0), "ok",
+                        0.0, 0.0, (0.0, 1.0), 1.0, item.results, [], [])
     db.close()
     out = runner.invoke(app, ["check-claims", str(SEED), "latest", "--store", str(tmp_path / "c.db")],
                         env={"COLUMNS": "220"})

@@ -16,7 +16,7 @@ from statistics import mean
 from typing import Any
 
 from truthput.analyze.cells import TrialLike
-from truthput.measure.model import MethodRow, TrialResults
+from truthput.measure.model import Check, MethodRow, TrialResults
 
 CAUSE_ORDER = ("reference", "agrees", "unit", "window", "definition", "missing data")
 
@@ -100,7 +100,7 @@ def integrity_rows(trials: Sequence[TrialLike]) -> list[IntegrityRow]:
     groups = group_trials(trials)
     for key in _ordered(groups):
         results = groups[key]
-        checks = []
+        checks: list[Check] = []
         for res in results:
             spec = res.spec_decode
             for interval in (spec.trial, spec.window) if spec is not None else ():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from statistics import mean, pstdev
+from collections.abc import Sequence
 from typing import Any
 
 from truthput.analyze.audit import group_trials
@@ -67,7 +68,7 @@ class _Cell:
     simulated: bool
 
 
-def _cells(measurements: list[TrialLike] | None, simulated: bool) -> list[_Cell]:
+def _cells(measurements: Sequence[TrialLike] | None, simulated: bool) -> list[_Cell]:
     cells = []
     for (variant, conc), trials in group_trials(measurements or []).items():
         counters = [v for v in (headline(t).number() for t in trials) if v is not None]
@@ -111,7 +112,9 @@ def _ceiling(bounds: dict[str, Any], concurrency: int | None) -> float | None:
     return float(v) if v is not None else None
 
 
-def _pct(a: float, b: float) -> float:
+def _pct(a: float | None, b: float | None) -> float:
+    """(a - b) / b in percent; callers have checked that both figures exist."""
+    assert a is not None and b is not None
     return (a - b) / b * 100.0
 
 
@@ -127,8 +130,10 @@ def _check_speedup(claim: Claim, cells: list[_Cell]) -> ClaimResult:
     base_k = cond.baseline_spec_tokens or 0
     if k is not None and base_k == 0:
         max_gain = k * 100.0
-        bound = {"max_gain_pct": max_gain, "rule": f"k = {k}: a step emits at most k+1 = {k + 1} tokens and costs at "
-                 "least a plain step, so the gain over no speculation is at most (k+1)x", "source": "model"}
+        bound: dict[str, Any] | None = {
+            "max_gain_pct": max_gain, "source": "model",
+            "rule": f"k = {k}: a step emits at most k+1 = {k + 1} tokens and costs at least a plain step, so the "
+                    "gain over no speculation is at most (k+1)x"}
         if gain_pct > max_gain + 1e-9:
             return ClaimResult(claim.text, "impossible",
                                f"+{gain_pct:g}% exceeds the physical bound of +{max_gain:g}% for {k} speculative "
@@ -187,7 +192,7 @@ def _check_ceiling(claim: Claim, cells: list[_Cell], bounds: dict[str, Any]) -> 
     if matches and matches[0].counter:
         m = matches[0]
         measured = {"tps": m.counter, "variant": m.variant, "source": "server_counter" + _tag(m)}
-        if m.counter > value * (1 + NOISE_FLOOR_PCT / 100):
+        if (m.counter or 0.0) > value * (1 + NOISE_FLOOR_PCT / 100):
             return ClaimResult(claim.text, "contradicted",
                                f"the run measured {m.counter:.1f} tok/s, above the claimed wall of {value:g}{_tag(m)}",
                                claimed, measured, bound)
@@ -230,7 +235,7 @@ def _check_log_overcount(claim: Claim, cells: list[_Cell]) -> ClaimResult:
         da = m.methods.get("drafted + accepted (counters)")
         measured = {"log_line_mean_tps": log, "counter_tps": m.counter, "error_pct": _pct(log, m.counter),
                     "drafted_plus_accepted_tps": da, "source": "log_line vs server_counter" + _tag(m)}
-        if da is not None:
+        if da is not None and m.counter is not None:
             closer_to_counter = abs(log - m.counter) <= abs(log - da)
             measured["error_pct_vs_drafted_plus_accepted"] = _pct(log, da)
     if k == 1:
@@ -298,7 +303,7 @@ def _check_throughput(claim: Claim, cells: list[_Cell], bounds: dict[str, Any]) 
                        + cause_text, claimed, measured, bound, likely)
 
 
-def check_claims(claims: list[Claim], measurements: list[TrialLike] | None = None,
+def check_claims(claims: list[Claim], measurements: Sequence[TrialLike] | None = None,
                  physical_bounds: dict[str, Any] | None = None, simulated: bool = False) -> list[ClaimResult]:
     """One ClaimResult per claim. `measurements`: stored trials (Store.trial_results);
     `physical_bounds`: {"ceiling_tps": float | {concurrency: tok/s}} (roofline,

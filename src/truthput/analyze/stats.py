@@ -253,7 +253,7 @@ def ratio_estimate(
         level=level,
         df=df,
         se_log=se,
-        **counts,
+        **counts,  # type: ignore[arg-type]  # the four n_* counts
     )
 
 

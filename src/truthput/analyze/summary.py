@@ -67,7 +67,7 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
         look = max((len(v) for v in groups.values()), default=None)
         stopping = {"method": rule.method, "starts_used": look}
         try:
-            stopping["fixed_design_starts"] = fixed_design_starts(groups, baseline, m.target_rel,
+            stopping["fixed_design_starts"] = fixed_design_starts(dict(groups.items()), baseline, m.target_rel,
                                                                   confidence=m.confidence)
         except Exception as exc:  # not enough data to size a fixed design
             stopping["fixed_design_note"] = str(exc)

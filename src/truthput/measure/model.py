@@ -371,6 +371,15 @@ def _from_schema_1(doc: dict[str, Any]) -> dict[str, Any]:
     whole = {k: tp.pop(k) for k in _WHOLE_TRIAL_KEYS if k in tp}
     doc["throughput"] = tp
     doc["whole_trial"] = whole
+    methods = []
+    for row in doc.get("methods") or []:
+        if isinstance(row, dict) and row.get("method") == "word probe per request (seed)":
+            row = {**row, "method": "word probe per request"}
+        methods.append(row)
+    doc["methods"] = methods
+    probe = whole.get("word_probe_per_request")
+    if isinstance(probe, dict) and str(probe.get("note") or "").startswith("seed's probe:"):
+        whole["word_probe_per_request"] = {**probe, "note": "per-request probe:" + probe["note"][len("seed's probe:"):]}
     client = doc.get("client")
     if isinstance(client, dict) and client.get("never_settled") is None:
         doc["client"] = {**client, "never_settled": False}

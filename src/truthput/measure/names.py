@@ -111,4 +111,4 @@ def metric_names(engine: str, user_names: dict[str, str] | None = None) -> Engin
     unknown = sorted(set(user_names) - set(NAME_FIELDS))
     if unknown:
         raise SpecError(f"unknown metric name field(s) {unknown} (known: {', '.join(NAME_FIELDS)})")
-    return replace(base, **user_names)
+    return replace(base, **user_names)  # type: ignore[arg-type]  # every key is a str-valued name field

@@ -52,7 +52,7 @@ from truthput.measure.model import (
     Window,
 )
 from truthput.measure.names import EngineMetricNames, metric_names
-from truthput.measure.prom import ParsedScrape, Scrape, by_label, histogram, parse_scrape
+from truthput.measure.prom import Histogram, ParsedScrape, Scrape, by_label, histogram, parse_scrape
 from truthput.measure.specdecode import SpecDeltas, drafted_plus_accepted_explanation, spec_decode_stats
 
 AGREE_PCT = 0.5  # within this, a method "agrees" with the reference
@@ -359,12 +359,17 @@ def _throughput(sc: _Scrapes, emitted: str | None, d_win: CounterDelta, n: _Coun
 def _whole_trial(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | None, n: _Counts,
                  concurrency: int) -> tuple[WholeTrial, np.ndarray]:
     ok = [r for r in records if r.status == "ok"]
-    usage_total = sum(r.completion_tokens or 0 for r in ok)
+    with_usage = [r for r in ok if r.completion_tokens is not None]
+    usage_total = sum(r.completion_tokens or 0 for r in with_usage)
     wall = (n.trial_span[1] - n.trial_span[0]) if n.trial_span else None
-    whole = WholeTrial(usage_trial=figure(
-        usage_total / wall if wall else None, "tok/s", "usage",
-        "sum of usage.completion_tokens / (last response end - first request start): includes ramp-up and drain",
-        window="trial"))
+    if with_usage:
+        whole = WholeTrial(usage_trial=figure(
+            usage_total / wall if wall else None, "tok/s", "usage",
+            "sum of usage.completion_tokens / (last response end - first request start): includes ramp-up and drain",
+            window="trial"))
+    else:
+        whole = WholeTrial(usage_trial=figure(None, "tok/s", "usage", "missing data: no finished request reported usage",
+                                              window="trial"))
     d_trial = sc.delta(emitted, sc.phase("pre"), sc.phase("post", last=True))
     counter_trial = _counter_fig(d_trial, "tok/s", emitted, per_second=True, window="pre->post")
     counter_trial.note = ((counter_trial.note or "") +
@@ -494,7 +499,7 @@ def _per_stream(records: Sequence[RequestRecord], counter_tps: float | None) -> 
 def _latency(records: Sequence[RequestRecord], sc: _Scrapes, names: EngineMetricNames, n: _Counts,
              ws_s: ParsedScrape | None, we_s: ParsedScrape | None) -> Latency:
     lat = client_latency(records, n.table, n.usage_pc, n.tok_pc)
-    hists = {}
+    hists: dict[str, Histogram | None] = {}
     hist_notes: dict[str, str] = {}
     for key, name_field in (("ttft", "ttft_hist"), ("itl", "itl_hist"), ("tpot", "tpot_hist"), ("e2e", "e2e_hist")):
         base = sc.first_name(tuple(nm + "_bucket" for nm in names.candidates(name_field)))

@@ -114,6 +114,7 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         "telemetry": (doc.get("telemetry") or {}).get("rows") or [],
         "trials": doc.get("trials") or [],
         "claims": (doc.get("claims") or {}).get("results") or [],
+        "warnings": [{"warning": w} for w in doc.get("warnings") or []],
     }
 
 

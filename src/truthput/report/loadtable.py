@@ -71,7 +71,7 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
         tps = Text(_f(row["headline_tps"]))
         if row["headline_tps"] is not None and row["headline_source"] != "server_counter":
             tps.append(f" [{source_label(row['headline_source'])}]", style="yellow")
-        cells = [f"{row['level']:g}", tps, f"{row['requests']} ({row['failed']})", tokens]
+        cells: list[str | Text] = [f"{row['level']:g}", tps, f"{row['requests']} ({row['failed']})", tokens]
         if opts.slo.any:
             gf = row["good_fraction"]
             cells.append(f"{_f(row['goodput_rps'], '{:.2f}')} ({_f(None if gf is None else 100 * gf, '{:.0f}')} %)")

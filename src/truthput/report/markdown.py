@@ -53,13 +53,15 @@ def render_markdown(doc: dict[str, Any]) -> str:
                      ", ".join(f"{md_text(k)}: {md_text(g.get('verdict'))}" for k, g in guard.items()))
     for name, why in (doc["verdict"].get("failed") or {}).items():
         lines.append(f"- **failed** {md_text(name)}: {md_text(why)}")
+    for w in doc.get("warnings") or []:
+        lines.append(f"- **warning** {md_text(w)}")
 
     lines += ["", "### Variants (argv diff vs the base command)", ""]
     lines += _table(["variant", "diff"], [[md_text(v["name"]) + (" (baseline)" if v["baseline"] else ""),
                                            "<br>".join(md_text(x) for x in v["diff_lines"]) or "(no change)"]
                                           for v in doc["experiment"]["variants"]])
 
-    lines += ["", f"### Throughput (output tok/s: server counter{tag})", ""]
+    lines += ["", f"### Throughput (output tok/s: server counter{tag}; usage placed in time where marked)", ""]
     rows = []
     for c in doc["cells"]:
         name = md_text(c["variant"]) + (" *" if c["baseline"] else "")

@@ -233,7 +233,7 @@ class Store:
                 "INSERT INTO starts(run_id, variant, start_index, status, argv_json, port, started_at) VALUES (?,?,?,?,?,?,?)",
                 (run_id, variant, start_index, "starting", _dumps(list(argv)), port, time.time()),
             )
-            return int(cur.lastrowid)
+            return int(cur.lastrowid or 0)
 
     def update_start(self, start_id: int, **fields: Any) -> None:
         if not fields:
@@ -279,7 +279,7 @@ class Store:
                 (run_id, variant, start_id, key.start_index, key.concurrency, key.trial_index, status, t0_wall, t0_mono,
                  window[0], window[1], t_end, _dumps(results.to_json_dict()), error),
             )
-            trial_id = int(cur.lastrowid)
+            trial_id = int(cur.lastrowid or 0)
             self.conn.executemany(
                 "INSERT INTO requests(trial_id, idx, t_start, t_first, t_end, status, http_status, error, prompt_tokens,"
                 " completion_tokens, finish_reason, n_chunks, chunks_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -307,7 +307,8 @@ class Store:
 
     def trials(self, run_id: str) -> list[sqlite3.Row]:
         return self.conn.execute(
-            "SELECT * FROM trials WHERE run_id=? ORDER BY variant, concurrency, start_index, trial_index", (run_id,)
+            "SELECT * FROM trials WHERE run_id=? ORDER BY (SELECT position FROM variants v WHERE v.run_id = trials.run_id"
+            " AND v.name = trials.variant), variant, concurrency, start_index, trial_index", (run_id,)
         ).fetchall()
 
     def trial_results(self, run_id: str) -> list[StoredTrial]:
