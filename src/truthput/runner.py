@@ -14,6 +14,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from collections.abc import Hashable, Sequence
 from typing import Any, Callable
 
 from truthput.engines.factory import make_engine, sim_requirements
@@ -418,8 +419,8 @@ async def _maybe_more_starts(ctx: RunContext, tokenizer) -> None:
         cells = cell_groups(build_cells(ctx.store.trial_results(ctx.run_id)))
         decisions = []
         for c in ctx.plan.concurrency:
-            per_variant = {v: cells.get((v, c), []) for v in (vp.name for vp in ctx.plan.variants)
-                           if v not in ctx.failed}
+            per_variant: dict[Hashable, Sequence[Sequence[float]]] = {
+                v: cells.get((v, c), []) for v in (vp.name for vp in ctx.plan.variants) if v not in ctx.failed}
             decisions.append(rule.decide(per_variant, ctx.exp.experiment.baseline,
                                          elapsed_s=time.monotonic() - t_start, budget_s=m.time_budget_s, look=n))
         if all(d.stop for d in decisions) or n >= m.max_starts:

@@ -81,6 +81,8 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(1, "--workers", help="Load processes (when one core is not enough)"),
         tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer.json (or its folder): exact prompt lengths"),
         engine: str = typer.Option("vllm", "--engine", help="Metric names to read: vllm, sglang, llamacpp"),
+        sample_interval: float = typer.Option(0.5, "--sample-interval",
+                                              help="Seconds between /metrics samples inside the window (0: none)"),
         store: Path = typer.Option(Path("truthput.db"), "--store", help="Results store (SQLite)"),
         no_store: bool = typer.Option(False, "--no-store", help="Do not store the run"),
         name: str = typer.Option("load", "--name", help="Run name in the store"),
@@ -113,7 +115,7 @@ def register(app: typer.Typer) -> None:
             rate=_numbers(rate, "rate", float) if rate else [], arrival=arrival, max_in_flight=max_in_flight,
             sweep=sweep, sweep_max=sweep_max, requests=requests, duration_s=duration, workload=spec, seed=seed,
             model=model, api_key_env=api_key_env, slo=SLO(slo_ttft_ms, slo_itl_ms), workers=workers,
-            tokenizer_path=tokenizer, engine=engine, name=name,
+            tokenizer_path=tokenizer, engine=engine, name=name, sample_interval_s=sample_interval,
         )
         tok = load_tokenizer(tokenizer)
         # Build one body now: a bad workload is a one-line error before any process starts.

@@ -52,6 +52,7 @@ class LoadOptions:
     engine: str = "vllm"
     name: str = "load"
     test_chunk_spin_s: float = 0.0
+    sample_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
         if self.requests is None and self.duration_s is None:
@@ -62,6 +63,8 @@ class LoadOptions:
             raise SpecError(f"--concurrency {self.concurrency}: every level must be >= 1")
         if any(not r > 0 for r in self.rate):
             raise SpecError(f"--rate {self.rate}: every rate must be > 0 requests/s")
+        if not 0 <= self.sample_interval_s < float("inf"):
+            raise SpecError(f"--sample-interval {self.sample_interval_s}: must be a number of seconds >= 0")
 
     @property
     def mode(self) -> str:
@@ -227,7 +230,7 @@ async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None
                 out = await _one_trial(opts, base, client, pool, level, k, names, tokenizer, simulated)
                 if sweep is not None:
                     sweep.record(level, out.counter_tps)
-                if store is not None:
+                if store is not None and run_id is not None:
                     out.trial_id = _commit(store, run_id, start_id, opts, out, k, TrialKey)
                 outcomes.append(out)
                 say(_progress_line(out))
@@ -238,7 +241,7 @@ async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None
         raise
     finally:
         if store is not None:
-            summary = {"trials": [{"level": o.level, "mode": o.mode, "counter_tps": o.counter_tps,
+            summary: dict[str, Any] = {"trials": [{"level": o.level, "mode": o.mode, "counter_tps": o.counter_tps,
                                    "client_tokens": o.client_tokens, "counter_tokens": o.counter_tokens}
                                   for o in outcomes]}
             if sweep is not None:
@@ -284,15 +287,16 @@ async def _one_trial(opts: LoadOptions, base: str, client: StreamClient, pool: W
         return int(level) if not opts.rate else (opts.max_in_flight or result.max_in_flight)
 
     setup = TrialSetup(base_url=base, names=names, engine=opts.engine, tokenizer=tokenizer, simulated=simulated,
-                       error_threshold=ALL_FAILED)
+                       error_threshold=ALL_FAILED, sample_interval_s=opts.sample_interval_s)
     trial = await run_trial(setup, drive, concurrency)
     res = trial.results
     window = trial.window
     res.load = LoadLevel(mode=opts.mode, level=level, unit="req/s" if opts.rate else "streams",
                          arrival=opts.arrival if opts.rate else None, max_in_flight_seen=trial.load.max_in_flight,
                          workers=opts.workers)
+    start, end = window
     res.goodput = Goodput.model_validate(goodput(trial.load.records, opts.slo,
-                                                 (window[0], window[1]) if None not in window else None))
+                                                 (start, end) if start is not None and end is not None else None))
     res.client.continuous_usage = client.continuous_usage_supported
     if trial.status != "ok" and trial.error and trial.error.startswith("request_errors"):
         trial.error = f"request_errors: all {len(trial.load.records)} requests failed"
