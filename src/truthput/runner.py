@@ -30,10 +30,11 @@ from truthput.events import (
     emitter,
 )
 from truthput.spec.argv import ServerArgv, argv_diff, speculative_settings, variant_argv
+from truthput.spec.engines import SIMULATED_KINDS, metric_family
 from truthput.spec.experiment import Experiment
 from truthput.store.db import Store, TrialKey
 
-SIMULATED_ENGINES = {"sim"}
+SIMULATED_ENGINES = SIMULATED_KINDS
 
 
 @dataclass
@@ -62,10 +63,6 @@ class Plan:
         return next(v for v in self.variants if v.name == name)
 
 
-def _engine_for_argv(engine: str) -> str:
-    return "vllm" if engine in ("sim", "vllm", "external", "systemd") else engine
-
-
 def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     """Resolve every variant's argv (parsed, never string-replaced) and the order of server starts."""
     from truthput.analyze.design import estimate_plan_time, interleaved_order
@@ -73,7 +70,7 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     kind = engine or exp.server.engine
     if kind == "sim":
         sim_requirements(exp)
-    base = ServerArgv.parse(exp.server.command, engine=_engine_for_argv(kind))
+    base = ServerArgv.parse(exp.server.command, engine=metric_family(kind))
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
         argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
@@ -194,8 +191,8 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
         return [(t, line) for (t, _s, line) in ctx.log_buffer if t_from <= t <= t_to]
 
     setup = TrialSetup(
-        base_url=engine.base_url, names=metric_names(_engine_for_argv(ctx.plan.engine), exp.server.metric_names or None),
-        engine=_engine_for_argv(ctx.plan.engine), speculative=vp.speculative, tokenizer=tokenizer,
+        base_url=engine.base_url, names=metric_names(metric_family(ctx.plan.engine), exp.server.metric_names or None),
+        engine=metric_family(ctx.plan.engine), speculative=vp.speculative, tokenizer=tokenizer,
         simulated=ctx.simulated, sample_gpu=not ctx.simulated, error_threshold=exp.measure.request_error_threshold,
         log_lines=logs, crashed=engine.crashed if hasattr(engine, "crashed") else None)
     trial = await run_trial(setup, lambda ws, we: loop.run(on_window_start=ws, on_window_end=we), concurrency)

@@ -70,8 +70,10 @@ def register(app: typer.Typer) -> None:
             exp, text = load_experiment(experiment)
             path = str(experiment)
             run_id = None
-        if engine is not None and engine not in ("sim", "vllm", "sglang", "llamacpp", "command", "external", "systemd"):
-            raise SpecError(f"--engine {engine!r}: expected one of sim, vllm, sglang, llamacpp, command, external, systemd")
+        from truthput.spec.engines import ENGINE_KINDS
+
+        if engine is not None and engine not in ENGINE_KINDS:
+            raise SpecError(f"--engine {engine!r}: expected one of {', '.join(ENGINE_KINDS)}")
         prepare_load_process()
         progress = make_progress()
         try:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from truthput.errors import SpecError
 
-EngineKind = Literal["sim", "vllm", "sglang", "llamacpp", "command", "external", "systemd"]
+from truthput.spec.engines import EngineKind
 
 
 class _Strict(BaseModel):
