@@ -65,7 +65,8 @@ def test_real_engine_core_killed_under_load_is_crash_even_with_exit_0():
     log = real_log("fail_engine_killed_under_load.log")
     f = classify(0, log, "load")
     assert f.kind == "crash_under_load"
-    assert "engine core exited unexpectedly" in f.root_cause_line
+    # the ERROR line that says the engine died ranks above the WARNING that says the same
+    assert "EngineDeadError" in f.root_cause_line and " ERROR " in f.root_cause_line
     assert f.reason.startswith("vLLM engine core died: ")
     assert classify(0, log, "startup").kind == "exited"
 
@@ -187,3 +188,24 @@ def test_failure_is_plain_data():
 def test_synthetic_other_engines_spellings(line, kind):
     f = classify(1, ["some start-up line", line, "exiting"], "startup")
     assert (f.kind, f.root_cause_line) == (kind, line)
+
+
+def test_an_error_line_beats_an_earlier_warning_with_an_equally_specific_pattern():
+    """Real vLLM start-up: it warns that max_model_len is above the derived one, then fails
+    because the KV cache cannot hold a request of that length; the error is the root cause."""
+    from truthput.engines.failures import classify
+
+    log = [
+        "(APIServer pid=8422) INFO 11-30 10:14:26 [api_utils.py:286] non-default args: {'max_model_len': 4096}",
+        "(APIServer pid=8422) WARNING 11-30 10:14:27 [model.py:1710] User-specified max_model_len (4096) is "
+        "greater than the derived max_model_len (max_position_embeddings=2048 in model's config.json).",
+        "(EngineCore pid=8431) ERROR 11-30 10:14:40 [core.py:1510] ValueError: To serve at least one request with "
+        "the model's max seq len (4096), (0.1 GiB KV cache is needed, which is larger than the available KV cache "
+        "memory (0.0 GiB).",
+        "(EngineCore pid=8431) ERROR 11-30 10:14:40 [core.py:1510] Engine core initialization failed. See root "
+        "cause above.",
+    ]
+    f = classify(1, log, "startup")
+    assert f.kind == "kv_too_small" and "ERROR" in (f.root_cause_line or "")
+    # the warning alone still classifies (nothing better in the log)
+    assert classify(1, log[:2], "startup").kind == "invalid_config"

@@ -149,7 +149,20 @@ def rec(idx: int, ttft_s: float, itl_s: float, tokens: int, t0: float = 0.0, per
 
 def test_itl_is_per_token_even_with_multi_token_chunks() -> None:
     assert request_itl_ms(rec(0, 0.1, 0.02, 31)) == pytest.approx(20.0)
-    assert request_itl_ms(rec(0, 0.1, 0.02, 31, per_chunk=3)) == pytest.approx(20.0)  # 11 chunks, 30 gaps
+    # the latency block's rule: 11 chunks of 3 tokens (the last brings 1); the first chunk's 3
+    # tokens add no interval, the other 28 tokens share the 10 gaps of 60 ms
+    assert request_itl_ms(rec(0, 0.1, 0.02, 31, per_chunk=3)) == pytest.approx(600.0 / 28)
+
+
+def test_without_token_counts_itl_and_goodput_under_an_itl_target_are_missing() -> None:
+    records = [rec(i, 0.1, 0.01, 11) for i in range(4)]
+    for r in records:  # a server that sends neither usage nor running counts
+        r.completion_tokens = None
+        r.chunk_tokens[:] = [-1] * len(r.chunk_tokens)
+    assert request_itl_ms(records[0]) is None  # a chunk is not a token
+    gp = goodput(records, SLO(itl_ms=30), window=(0.0, 2.0))
+    assert gp["good_fraction"]["value"] is None and "missing data" in gp["good_fraction"]["note"]
+    assert goodput(records, SLO(ttft_ms=200), window=(0.0, 2.0))["good_fraction"]["value"] == 1.0
 
 
 def test_goodput_counts_requests_meeting_both_targets() -> None:

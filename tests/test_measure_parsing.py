@@ -154,3 +154,20 @@ def test_intervals_window_and_time_weighted_mean():
     assert parse_log(lines)[0][0].t_interval_start == 0.0
     every_second = [(float(t), lines[0][1]) for t in range(100, 106)]
     assert parse_log(every_second)[0][0].t_interval_start == 99.0
+
+
+def test_spec_decode_line_after_an_idle_gap_covers_the_time_since_the_previous_one():
+    """vLLM resets the spec-decode counts only when it logs a SpecDecoding line, and skips the
+    line for intervals without drafts: a line 20 s after the previous one covers 20 s (a real
+    log showed this), though the throughput lines come every 10 s."""
+    spec = ("SpecDecoding metrics: Mean acceptance length: 1.50, Accepted throughput: 5.00 tokens/s, "
+            "Drafted throughput: 10.00 tokens/s, Accepted: 100 tokens, Drafted: 200 tokens, "
+            "Per-position acceptance rate: 0.500, Avg Draft acceptance rate: 50.0%")
+    tput = ("Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 10.0 tokens/s, "
+            "Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%, Prefix cache hit rate: 0.0%")
+    lines = [(10.0, tput), (10.0, spec), (20.0, tput), (30.0, tput), (30.0, spec)]
+    t, s = parse_log(lines)
+    assert [x.t_mono - x.t_interval_start for x in t] == [10.0, 10.0, 10.0]
+    assert s[0].t_mono - s[0].t_interval_start == 10.0  # the first: one spacing
+    assert s[1].t_mono - s[1].t_interval_start == 20.0  # since the previous SpecDecoding line
+    assert lines_in_window(s, (20.0, 30.0)) == []  # its 20 s do not lie in a 10 s window

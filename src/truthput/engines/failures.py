@@ -136,6 +136,7 @@ _ERRORISH = re.compile(r"\b(\w+Error|\w+Exception|Exception|FATAL|Fatal|error:|K
 # lines never carry the root cause (every vLLM log has a WARNING mentioning "[Errno 24]").
 _LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|WARN)\s+\d\d-\d\d \d\d:\d\d:\d\d\b")
 _INFO = re.compile(r"\b(DEBUG|INFO)\s+\d\d-\d\d \d\d:\d\d:\d\d\b")
+_WARNING = re.compile(r"\b(WARNING|WARN)\s+\d\d-\d\d \d\d:\d\d:\d\d\b")
 
 
 def _clean(line: str) -> str:
@@ -173,16 +174,25 @@ def _signal_name(exit_code: int) -> str | None:
 
 
 def find_root_cause(log_lines: Sequence[str]) -> tuple[_Pattern, int] | None:
-    """The most specific known error pattern in the log and the index of its first line."""
-    best: tuple[_Pattern, int] | None = None
+    """The most specific known error pattern in the log and the index of its first line.
+
+    A line logged at WARNING level ranks below every other matching line whatever its pattern:
+    a server can warn about a setting and then fail on something else (vLLM warns that
+    max_model_len is above the derived one, then errors that the KV cache cannot hold it), and
+    the error is the root cause. Among lines of the same rank the most specific pattern wins,
+    then the earliest line.
+    """
+    best: tuple[tuple[int, int], _Pattern, int] | None = None
     for i, raw in enumerate(log_lines):
         line = _clean(raw)
         if _INFO.search(line):
             continue
+        rank = 0 if _WARNING.search(line) else 1
         for pat in PATTERNS:
-            if pat.regex.search(line) and (best is None or pat.specificity > best[0].specificity):
-                best = (pat, i)
-    return best
+            key = (rank, pat.specificity)
+            if pat.regex.search(line) and (best is None or key > best[0]):
+                best = (key, pat, i)
+    return (best[1], best[2]) if best is not None else None
 
 
 def _last_error_line(lines: list[str]) -> int | None:

@@ -3,9 +3,12 @@
 Why per request: a server can raise raw throughput by queueing harder, and users feel each
 request's latency, not the aggregate. A request is *good* when it finished ok, its time to first
 token (TTFT, client clock: first content chunk - request sent) is within `ttft_ms`, and its mean
-inter-token latency (ITL = (last chunk - first chunk) / (completion tokens - 1), the per-token
-figure, so a chunk carrying 3 tokens counts as 3 gaps) is within `itl_ms`. A target left None is
-not checked. Requests with one token have no ITL and pass that target.
+inter-token latency is within `itl_ms`. ITL follows the latency block's rule: a chunk bringing n
+tokens counts as n intervals and tokens in the first chunk add none, so ITL = (last chunk - first
+chunk) / (completion tokens - tokens of the first chunk). Without token counts (no usage, no
+running count) a chunk is not a token: ITL is unknown and, with an ITL target, goodput is
+missing data rather than a figure. A target left None is not checked. Requests whose tokens all
+came in the first chunk have no ITL and pass that target.
 
 Goodput figures count good requests that *finished* inside the window, over the window seconds;
 tokens come from `usage.completion_tokens` (provenance `usage`), times from the client clock.
@@ -42,14 +45,24 @@ def request_ttft_ms(r: RequestRecord) -> float | None:
 
 
 def request_itl_ms(r: RequestRecord) -> float | None:
-    """Mean per-token gap after the first chunk; None without at least 2 tokens and 2 chunks."""
-    n = r.completion_tokens
-    if n is None:
-        known = [x for x in r.chunk_tokens if x >= 0]
-        n = max(known) if known else len(r.chunk_times)
-    if n < 2 or len(r.chunk_times) < 2:
+    """Mean per-token gap after the first chunk; None without token counts or without an
+    interval (fewer than 2 chunks, or every token in the first chunk)."""
+    n = request_tokens(r)
+    if n is None or len(r.chunk_times) < 2:
         return None
-    return (r.chunk_times[-1] - r.chunk_times[0]) / (n - 1) * 1000.0
+    first = r.chunk_tokens[0] if len(r.chunk_tokens) and r.chunk_tokens[0] >= 0 else 1
+    intervals = n - max(int(first), 1)
+    if intervals < 1:
+        return None
+    return (r.chunk_times[-1] - r.chunk_times[0]) / intervals * 1000.0
+
+
+def request_tokens(r: RequestRecord) -> int | None:
+    """Completion tokens from usage, else the last running count; None when neither was sent."""
+    if r.completion_tokens is not None:
+        return r.completion_tokens
+    known = [x for x in r.chunk_tokens if x >= 0]
+    return max(known) if known else None
 
 
 def is_good(r: RequestRecord, slo: SLO) -> bool:
@@ -89,6 +102,15 @@ def goodput(records: Sequence[RequestRecord], slo: SLO, window: tuple[float, flo
     miss_itl = sum(1 for r in ok if slo.itl_ms is not None and (request_itl_ms(r) or 0.0) > slo.itl_ms)
     good_tokens = sum(r.completion_tokens or 0 for r in good_fin)
     all_tokens = sum(r.completion_tokens or 0 for r in fin)
+    uncounted = sum(1 for r in ok if request_tokens(r) is None and len(r.chunk_times) > 1)
+    if slo.itl_ms is not None and uncounted:
+        why = (f"missing data: {uncounted} finished request(s) without token counts (no usage, no running "
+               "count), so their inter-token latency is unknown (a chunk is not a token)")
+        return {"slo": {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms}, "window": {"seconds": seconds, "from": win_from},
+                "requests": len(records),
+                "good_fraction": {"value": None, "unit": "fraction", "source": "client_clock", "note": why},
+                "goodput_rps": {"value": None, "unit": "req/s", "source": "client_clock", "note": why},
+                "good_tokens_per_s": {"value": None, "unit": "tok/s", "source": "usage", "note": why}}
     return {
         "slo": {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms},
         "window": {"seconds": seconds, "from": win_from},

@@ -126,7 +126,8 @@ def parse_log(
     The first line's interval is `interval_s` when given, else the median spacing of the lines
     (the engine's VLLM_LOG_STATS_INTERVAL), else the default of 10 s. Note that vLLM skips a line
     when the engine was idle, so a gap can be longer than one interval: such a line's interval
-    is taken as one spacing, not the whole gap.
+    is taken as one spacing, not the whole gap. A SpecDecoding line is different: it covers the
+    time since the previous SpecDecoding line (the first one seen: one spacing).
     """
     tput: list[ThroughputLine] = []
     spec: list[SpecLine] = []
@@ -146,10 +147,11 @@ def parse_log(
         prev = last_t.get(tl.engine)
         tl.t_interval_start = prev if prev is not None and tl.t_mono - prev <= 1.5 * step else tl.t_mono - step
         last_t[tl.engine] = tl.t_mono
+    # vLLM's spec-decode logger resets its counts only when it logs, and it skips intervals
+    # without drafts: a line covers the time since the previous SpecDecoding line, however long.
     last_spec: float | None = None
     for sl in spec:
-        ok = last_spec is not None and sl.t_mono - last_spec <= 1.5 * step
-        sl.t_interval_start = last_spec if ok else sl.t_mono - step  # type: ignore[assignment]
+        sl.t_interval_start = last_spec if last_spec is not None else sl.t_mono - step
         last_spec = sl.t_mono
     return tput, spec
 
