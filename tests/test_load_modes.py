@@ -155,10 +155,12 @@ def test_itl_is_per_token_even_with_multi_token_chunks() -> None:
 
 
 def test_without_token_counts_itl_and_goodput_under_an_itl_target_are_missing() -> None:
+    from array import array
+
     records = [rec(i, 0.1, 0.01, 11) for i in range(4)]
     for r in records:  # a server that sends neither usage nor running counts
         r.completion_tokens = None
-        r.chunk_tokens[:] = [-1] * len(r.chunk_tokens)
+        r.chunk_tokens = array("q", [-1] * len(r.chunk_tokens))
     assert request_itl_ms(records[0]) is None  # a chunk is not a token
     gp = goodput(records, SLO(itl_ms=30), window=(0.0, 2.0))
     assert gp["good_fraction"]["value"] is None and "missing data" in gp["good_fraction"]["note"]
