@@ -30,7 +30,7 @@ from truthput.store.db import Store, decode_chunks
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "results" / "recorded.sql.gz"
-NEW_IN_SCHEMA_2 = ("server_samples",)
+NEW_IN_SCHEMA_2 = ("server_samples", "validity")
 """Sections the recorded code did not compute (nothing to compare them with)."""
 
 
@@ -78,7 +78,7 @@ def _comparable(doc: dict) -> dict:
     return strip(keep)
 
 
-def recompute(store: Store, rid: str) -> list[tuple[dict, dict]]:
+def recompute(store: Store, rid: str, raw: bool = False) -> list:
     """(stored, recomputed) results documents of every trial of a run, in the order they ran."""
     run = store.run(rid)
     engine = {"sim": "vllm", "command": "command", "external": "vllm"}[run["engine"]]
@@ -97,7 +97,7 @@ def recompute(store: Store, rid: str) -> list[tuple[dict, dict]]:
         new = measure_trial(_records(store, row["id"]), scrapes, logs, (row["window_start"], row["window_end"]),
                             row["concurrency"], engine=engine, speculative=spec.get(row["variant"]))
         old = TrialResults.from_stored(json.loads(row["results_json"]))
-        out.append((_comparable(old.to_json_dict()), _comparable(new.to_json_dict())))
+        out.append((old, new) if raw else (_comparable(old.to_json_dict()), _comparable(new.to_json_dict())))
     return out
 
 
@@ -107,6 +107,13 @@ def test_recorded_trials_recompute_to_the_stored_figures_exactly(store, name):
     assert pairs
     for old, new in pairs:
         assert new == old
+
+
+@pytest.mark.parametrize("name", ["recorded-sim", "recorded-nometrics", "load"])
+def test_clean_recorded_trials_carry_no_validity_flag(store, name):
+    for _old, new in recompute(store, run_id(store, name), raw=True):
+        assert new.flagged_figures() == []
+        assert new.headline().source == ("usage" if name == "recorded-nometrics" else "server_counter")
 
 
 def test_recorded_store_opens_converted_and_a_newer_one_is_refused(store, tmp_path):

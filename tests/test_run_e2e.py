@@ -125,6 +125,8 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
         samples = r["server_samples"]
         assert samples["n"] >= 3 and samples["running_min"]["value"] >= 1
         assert 0.5 * t.concurrency <= samples["running_mean"]["value"] <= t.concurrency
+        # a clean simulated run: no validity flag on any figure
+        assert t.results.flagged_figures() == [], t.results.flagged_figures()
         assert "vllm:generation_tokens_total" in store.scrapes(t.id)[0]["text"]
     # speculation counters only where speculation is on
     by_variant = {t.variant: t.results.to_json_dict() for t in trials if t.concurrency == 4}

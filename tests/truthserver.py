@@ -93,6 +93,11 @@ class Ledger:
     emissions: list[Emission] = field(default_factory=list)
     ttfts: list[tuple[float, float]] = field(default_factory=list)
     created: float = 1.7e9
+    spans: dict[int, list[float]] = field(default_factory=dict)
+    """request -> [arrived, finished] (finished = inf while running): the running-requests gauge."""
+
+    def running(self, t: float) -> int:
+        return sum(1 for a, b in self.spans.values() if a <= t < b)
 
     def between(self, t0: float, t1: float, attr: str = "tokens") -> int:
         return sum(getattr(e, attr) for e in self.emissions if t0 < e.t <= t1)
@@ -176,7 +181,7 @@ class Metrics:
                 v = sum(e.accepted_pos[i] for e in em if e.accepted_pos)
                 lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {float(v)}')
         lines.append("# TYPE vllm:num_requests_running gauge")
-        lines.append(f"vllm:num_requests_running{{{lab}}} 0.0")
+        lines.append(f"vllm:num_requests_running{{{lab}}} {float(led.running(t_seen))}")
         ttfts = [x for (tt, x) in led.ttfts if t0 < tt <= t_seen]
         lines.append("# TYPE vllm:time_to_first_token_seconds histogram")
         for b in cfg.ttft_buckets:
@@ -239,6 +244,7 @@ def simulate(cfg: TruthConfig, t0: float = 100.0) -> Simulated:
         next_idx += 1
         start = stream_free[s]
         rec = RequestRecord(idx=idx, t_start=start, worker=s)
+        ledger.spans[idx] = [start, float("inf")]
         fail = cfg.fail_request == idx
         limit = cfg.fail_after_tokens if fail else cfg.max_tokens
         t = start + cfg.prefill_s
@@ -263,6 +269,7 @@ def simulate(cfg: TruthConfig, t0: float = 100.0) -> Simulated:
             rec.status, rec.error, rec.t_end = "error", f"request {idx}: connection reset after {done} tokens", last
         else:
             rec.completion_tokens, rec.finish_reason, rec.t_end = done, "length", last + 0.001
+        ledger.spans[idx][1] = rec.t_end
         if idx < cfg.concurrency:
             first_tokens_of_first_wave.append(rec.t_first)  # type: ignore[arg-type]
         stream_free[s] = rec.t_end + cfg.gap_s
@@ -339,6 +346,15 @@ class TruthServer:
         fail = cfg.fail_request == idx
         limit = cfg.fail_after_tokens if fail else int(body.get("max_tokens", cfg.max_tokens))
         t_req = time.monotonic()
+        self.ledger.spans[idx] = [t_req, float("inf")]
+        try:
+            return await self._stream(req, chat, body, opts, running, idx, fail, limit, t_req)
+        finally:
+            self.ledger.spans[idx][1] = time.monotonic()
+
+    async def _stream(self, req: web.Request, chat: bool, body: dict, opts: dict, running: bool, idx: int,
+                      fail: bool, limit: int, t_req: float) -> web.StreamResponse:
+        cfg = self.cfg
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
         kind = "chat.completion.chunk" if chat else "text_completion"

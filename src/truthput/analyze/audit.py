@@ -35,6 +35,8 @@ class AuditRow:
     n_trials: int
     simulated: bool
     note: str = ""
+    flags: list[str] = field(default_factory=list)
+    """Validity flag codes on this method's figure in any of the cell's trials."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -90,7 +92,8 @@ def audit_rows(trials: Sequence[TrialLike], simulated: bool = False) -> list[Aud
                 tokps=mean(vals) if vals else None, error_pct_vs_counter=mean(errs) if errs else None,
                 cause=causes.most_common(1)[0][0], causes=dict(causes),
                 source="simulator" if simulated else rs[0].source, measured_source=rs[0].source,
-                n_trials=len(rs), simulated=simulated, note=notes[0] if notes else ""))
+                n_trials=len(rs), simulated=simulated, note=notes[0] if notes else "",
+                flags=list(dict.fromkeys(f.code for r in rs for f in r.flags))))
     return rows
 
 
@@ -135,6 +138,8 @@ def render_audit(rows: list[AuditRow], title: str, simulated: bool = False) -> A
         tok = "missing" if r.tokps is None else f"{r.tokps:.1f}{tag}"
         err = "-" if r.error_pct_vs_counter is None else f"{r.error_pct_vs_counter:+.1f}%{tag}"
         style = {"reference": "bold", "agrees": "green", "missing data": "dim"}.get(r.cause, "yellow")
-        table.add_row(Text(r.variant), str(r.concurrency), Text(r.method), tok, err, Text(r.cause, style=style),
-                      str(r.n_trials))
+        cause = Text(r.cause, style=style)
+        if r.flags:
+            cause.append(" !" + ",".join(r.flags), style="bold red")
+        table.add_row(Text(r.variant), str(r.concurrency), Text(r.method), tok, err, cause, str(r.n_trials))
     return table

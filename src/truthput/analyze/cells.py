@@ -16,7 +16,7 @@ from typing import Protocol
 from truthput.analyze.stats import CellEstimate, cell_estimate, noise_warnings
 from truthput.measure.model import Figure, TrialResults
 
-HEADLINE_SOURCES = {"server_counter": "server counter", "usage": "usage placed in time: no counter"}
+HEADLINE_SOURCES = {"server_counter": "server counter", "usage": "usage placed in time"}
 
 
 class TrialLike(Protocol):
@@ -39,20 +39,9 @@ class TrialLike(Protocol):
 
 
 def headline(results: TrialResults) -> Figure:
-    """The figure a trial is judged by, with its provenance.
-
-    The server's emitted-token counter over the steady-state window when there is one; without
-    /metrics (or without that counter) the running usage count placed in the same window, its
-    source saying so; else a missing figure that says why.
-    """
-    counter = results.throughput.counter_window
-    if counter.value is not None:
-        return counter
-    usage = results.throughput.usage_window
-    if usage.value is not None:
-        return usage
-    return Figure(value=None, unit="tok/s", source="server_counter", window="window",
-                  note=f"no headline figure: counter: {counter.note or 'missing'}; usage: {usage.note or 'missing'}")
+    """The figure a trial is judged by, with its provenance (`TrialResults.headline`: the
+    counter, else usage placed in time when the counter is missing or flagged)."""
+    return results.headline()
 
 
 def source_label(source: str) -> str:
@@ -76,6 +65,31 @@ def trial_warnings(trial: TrialLike) -> list[str]:
 
 
 @dataclass
+class CellFlag:
+    """A validity flag on a cell's figure: which figure, why, and in how many of its trials."""
+
+    figure: str
+    """"tok/s" (the headline), "per stream" or "counter" (a counter set aside for usage)."""
+    code: str
+    reason: str
+    trials: int
+    of: int
+
+    def text(self) -> str:
+        share = f"{self.trials} of {self.of} trials" if self.of > 1 else "its trial"
+        return f"{self.figure}: {self.code} ({share}): {self.reason}"
+
+
+def _collect(flags: list[CellFlag], figure: str, fig: Figure | None, of: int) -> None:
+    for f in fig.flags if fig is not None else ():
+        same = next((x for x in flags if x.figure == figure and x.code == f.code), None)
+        if same is None:
+            flags.append(CellFlag(figure, f.code, f.reason, 1, of))
+        else:
+            same.trials += 1
+
+
+@dataclass
 class Cell:
     """One variant at one concurrency: the headline figures of its trials, grouped by server start."""
 
@@ -93,7 +107,18 @@ class Cell:
     noise: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     """Trial warnings, each naming its trial."""
+    flags: list[CellFlag] = field(default_factory=list)
+    """Validity flags on the cell's headline ("tok/s") and per-stream figures, and on counters
+    set aside for usage placed in time ("counter")."""
     trials: list[TrialLike] = field(default_factory=list, repr=False)
+
+    def flags_on(self, figure: str) -> list[CellFlag]:
+        return [f for f in self.flags if f.figure == figure]
+
+    @property
+    def flagged(self) -> bool:
+        """Whether the headline figure carries a flag in any trial."""
+        return bool(self.flags_on("tok/s"))
 
     @property
     def ok(self) -> bool:
@@ -165,6 +190,13 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
                 cell.noise = list(dict.fromkeys(([cell.estimate.warning] if cell.estimate.warning else [])
                                                 + noise_warnings(cell.per_start)))
                 ok = [t for t in ts if t.status == "ok"]
+                for t in ok:
+                    h = headline(t.results)
+                    _collect(cell.flags, "tok/s", h, len(ok))
+                    _collect(cell.flags, "per stream", t.results.per_stream.decode_tps_median, len(ok))
+                    counter = t.results.throughput.counter_window
+                    if h is not counter and counter.value is not None:
+                        _collect(cell.flags, "counter", counter, len(ok))
                 cell.per_stream = _median(t.results.per_stream.decode_tps_median.number() for t in ok)
                 cell.ttft_p50 = _median(t.results.latency.ttft.quantile("p50") for t in ok)
                 cell.itl_p50 = _median(t.results.latency.itl.quantile("p50") for t in ok)

@@ -35,6 +35,10 @@ class RunSummary:
                 return next((c for c in cv.comparisons if c.variant == variant), None)
         return None
 
+    def flag_lines(self) -> list[str]:
+        """One line per validity flag on a cell's figures: where, which figure, why, how often."""
+        return [f"{c.variant} c={c.concurrency}: {f.text()}" for c in self.cells for f in c.flags]
+
     def warnings(self) -> list[str]:
         """Every trial warning of the run (each names its trial)."""
         return [w for c in self.cells for w in c.warnings]
@@ -44,6 +48,21 @@ class RunSummary:
         return {"verdict": self.verdict.to_dict(), "verdict_lines": self.verdict.lines(), "failed": self.failed,
                 "guard": {k: dataclasses.asdict(v) for k, v in self.guard.items()},
                 "guard_texts": self.guard_texts, "stopping": self.stopping}
+
+
+def _mark_flagged(verdict: Verdict, cells: list[Cell], baseline: str) -> None:
+    """A comparison resting on a flagged figure says so in its verdict line."""
+    by_key = {c.key: c for c in cells}
+    for cv in verdict.per_concurrency:
+        for comp in cv.comparisons:
+            for name in (comp.variant, baseline):
+                cell = by_key.get((name, cv.concurrency))
+                if cell is not None:
+                    comp.flagged += [f"{name} c={cv.concurrency}: {f.code}" for f in cell.flags_on("tok/s")]
+            if comp.flagged:
+                old = comp.line
+                comp.line += f"; rests on flagged figures ({', '.join(dict.fromkeys(comp.flagged))}: see the flags)"
+                cv.lines = [comp.line if x == old else x for x in cv.lines]
 
 
 def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapping[str, str], baseline: str,
@@ -73,5 +92,6 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
             stopping["fixed_design_note"] = str(exc)
     verdict = make_verdict(groups, baseline, failed=failed, guard=guard, confidence=m.confidence,
                            simulated=simulated, stopping_rule=rule, look=look)
+    _mark_flagged(verdict, cells, baseline)
     return RunSummary(cells=cells, verdict=verdict, failed=failed, guard=guard, guard_texts=texts,
                       stopping=stopping)

@@ -33,6 +33,8 @@ class ComparisonVerdict:
     guard: str | None
     vetoed: bool
     line: str
+    flagged: list[str] = field(default_factory=list)
+    """Validity flags on the figures this comparison rests on ("<variant> c=<n>: <code>")."""
 
 
 @dataclass

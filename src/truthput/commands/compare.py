@@ -41,19 +41,28 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(result, indent=2))
             return
+        from rich.text import Text
+
         con = make_console()
         a, b = result["a"], result["b"]
         for tag, h in (("A", a), ("B", b)):
             sim = " [bold yellow]SIMULATED[/bold yellow]" if h["simulated"] else ""
             ver = ", ".join(h["engine_versions"]) or "engine version not reported"
             con.print(f"{tag}: {h['id']} ({h['store']}) engine {h['engine']} {ver}{sim}", highlight=False)
-        t = Table(title="B vs A, output tok/s \\[server counter]")
+        t = Table(title="B vs A, output tok/s \\[headline: server counter, else usage placed in time]")
         for col in ("variant", "conc.", "A tok/s (95% CI)", "B tok/s (95% CI)", "B/A (CI)", "same argv"):
             t.add_column(col, justify="left" if col in ("variant", "same argv") else "right")
 
-        def cell(f: dict) -> str:
+        def cell(f: dict) -> Text:
             s = f"{f['value']:.1f}"
-            return s + (f" ({f['lo']:.1f}..{f['hi']:.1f})" if f.get("lo") is not None else "")
+            if f.get("source") not in ("server_counter", "simulator") or f.get("read_via", "server_counter") != \
+                    "server_counter":
+                s += f" [{f.get('read_via') or f.get('source')}]"
+            s += f" ({f['lo']:.1f}..{f['hi']:.1f})" if f.get("lo") is not None else ""
+            text = Text(s)
+            if f.get("flags"):
+                text.append(" !" + ",".join(dict.fromkeys(x["code"] for x in f["flags"])), style="bold red")
+            return text
 
         for r in result["rows"]:
             q = r["ratio"]
@@ -61,13 +70,13 @@ def register(app: typer.Typer) -> None:
             ratio += f" ({q['pct_lo']:+.1f}..{q['pct_hi']:+.1f})" if q.get("pct_lo") is not None else " (no interval)"
             if q["significant"]:
                 ratio = f"[bold]{ratio}[/bold]"
-            t.add_row(r["variant"], str(r["concurrency"]), cell(r["a"]), cell(r["b"]), ratio,
+            t.add_row(Text(r["variant"]), str(r["concurrency"]), cell(r["a"]), cell(r["b"]), ratio,
                       "yes" if r["same_argv"] else "[yellow]no[/yellow]")
         con.print(t)
         if result["rows"]:
             con.print(f"[dim]{result['rows'][0]['ratio']['correction']}; server starts are the unit of replication[/dim]")
         for note in result["notes"]:
-            con.print(f"[yellow]{note}[/yellow]")
+            con.print(Text(note, style="yellow"))
         for name, keys in (("only in A", result["only_a"]), ("only in B", result["only_b"])):
             if keys:
                 con.print(f"{name}: " + ", ".join(f"{v} c={c}" for v, c in keys), highlight=False)

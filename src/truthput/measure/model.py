@@ -262,6 +262,8 @@ class MethodRow(Section):
     note: str = ""
     breakdown_pct: dict[str, float | None] | None = None
     reference: str | None = None
+    flags: list[Flag] = Field(default_factory=list)
+    """The validity flags of the figure this row reports (the counter's, usage's)."""
 
 
 class SelfCheckFigures(Section):
@@ -294,6 +296,13 @@ class ServerSamples(Section):
     running_max: Figure | None = None
     waiting_mean: Figure | None = None
     note: str = ""
+
+
+class Validity(Section):
+    """Which validity checks ran on this trial, and which could not (and why)."""
+
+    applied: list[str] = Field(default_factory=list)
+    not_applied: list[str] = Field(default_factory=list)
 
 
 class LoadLevel(Section):
@@ -338,9 +347,49 @@ class TrialResults(Section):
     warnings: list[str] = Field(default_factory=list)
     server_samples: ServerSamples = Field(default_factory=ServerSamples)
     client: ClientCheck = Field(default_factory=ClientCheck)
+    validity: Validity = Field(default_factory=Validity)
     telemetry: dict[str, Any] | None = None
     load: LoadLevel | None = None
     goodput: Goodput | None = None
+
+    def headline(self) -> Figure:
+        """The figure this trial is judged by, with its provenance.
+
+        The server's emitted-token counter over the steady-state window, unless a validity check
+        flagged it and the running usage counts placed in the same window are clean; then those.
+        A flagged figure is chosen only when nothing clean exists, and it carries its flags into
+        every view. Without either figure: a missing figure that says why.
+        """
+        counter, usage = self.throughput.counter_window, self.throughput.usage_window
+        for fig in (counter, usage):
+            if fig.value is not None and not fig.flagged:
+                return fig
+        for fig in (counter, usage):
+            if fig.value is not None:
+                return fig
+        return Figure(value=None, unit="tok/s", source="server_counter", window="window",
+                      note=f"no headline figure: counter: {counter.note or 'missing'}; usage: {usage.note or 'missing'}")
+
+    def flagged_figures(self) -> list[tuple[str, Figure]]:
+        """Every flagged figure of the trial with its path (for audits and tests)."""
+        out: list[tuple[str, Figure]] = []
+
+        def walk(obj: Any, path: str) -> None:
+            if isinstance(obj, Figure):
+                if obj.flags:
+                    out.append((path, obj))
+            elif isinstance(obj, BaseModel):
+                for name in type(obj).model_fields:
+                    walk(getattr(obj, name), f"{path}.{name}" if path else name)
+            elif isinstance(obj, dict):
+                for k, v in obj.items():
+                    walk(v, f"{path}.{k}")
+            elif isinstance(obj, list):
+                for i, v in enumerate(obj):
+                    walk(v, f"{path}[{i}]")
+
+        walk(self, "")
+        return out
 
     def to_json_dict(self) -> dict[str, Any]:
         """The stored document (strict JSON: missing values are null)."""

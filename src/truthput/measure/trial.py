@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from truthput.load.records import RequestRecord
-from truthput.measure import logparse
+from truthput.measure import logparse, validity
 from truthput.measure.counters import CounterDelta, counter_delta
 from truthput.measure.latency import client_latency, server_histograms
 from truthput.measure.methods import (
@@ -542,19 +542,60 @@ def _server_samples(sc: _Scrapes, names: EngineMetricNames, win: tuple[float, fl
     )
 
 
-def _methods(tp: Throughput, whole: WholeTrial, lb: LogLines, emitted: str | None, d_win: CounterDelta,
-             counter_tps: float | None, k: int | None, d_dt_w: float | None, d_acc_w: float | None) -> list[MethodRow]:
+def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Counts, engine: str, concurrency: int,
+           records: Sequence[RequestRecord], d_win: CounterDelta, ws_s: ParsedScrape | None,
+           we_s: ParsedScrape | None) -> None:
+    """The validity checks (`truthput.measure.validity`) on the figures computed so far."""
+    intervals: list[tuple[float, float, float | None, int]] = []
+    if counts.win is not None and emitted:
+        inside = [p for p in sc.all if p.ok and p.has(emitted) and counts.win[0] <= p.t_mono <= counts.win[1]]
+        for a, b in zip(inside, inside[1:]):
+            d = sc.delta(emitted, a, b)
+            intervals.append((a.t_mono, b.t_mono, d.value, d.resets))
+        if ws_s is not None and we_s is not None and len(inside) > 2:
+            intervals.append((ws_s.t_mono, we_s.t_mono, d_win.value, d_win.resets))
+    d_trial = sc.delta(emitted, sc.phase("pre"), sc.phase("post", last=True))
+    usage_w, seconds = result.throughput.usage_window.number(), counts.seconds
+    usage_tokens = usage_w * seconds if usage_w is not None and seconds else None
+    known = counts.usage_pc[counts.usage_pc > 0]
+    validity.check_counter(result, engine, concurrency, counts.table.t, counts.chunks_pc, intervals,
+                           d_win.resets, d_win.went_backwards_without_reset, d_trial.resets,
+                           usage_tokens=usage_tokens, max_tokens_per_chunk=int(known.max()) if known.size else 1,
+                           window_rise=d_win.value if counts.win_from_scrapes else None)
+    validity.check_load(result, concurrency)
+    validity.check_timestamps(result, records, concurrency)
+
+
+def _methods(result: TrialResults, emitted: str | None, d_win: CounterDelta, counter_tps: float | None,
+             k: int | None, d_dt_w: float | None, d_acc_w: float | None) -> list[MethodRow]:
+    """Every way of counting over the window, against the trial's headline figure (the counter;
+    usage placed in time where the counter is missing or flagged and usage is clean)."""
+    tp, whole, lb = result.throughput, result.whole_trial, result.log_line
     usage_w = tp.usage_window.number()
-    ref = counter_tps
-    ref_name = "counter (window)"
-    if ref is None and usage_w is not None:
-        ref, ref_name = usage_w, "usage (window; no counter)"
+    head = result.headline()
+    ref = head.number()
+    ref_name = "counter (window)" if head is tp.counter_window else "usage (window; no counter)"
+    counter_flags = "; ".join(f"{f.code}: {f.reason}" for f in tp.counter_window.flags)
+    if head is tp.usage_window and tp.counter_window.value is not None:
+        ref_name = "usage (window; the counter is flagged)"
+    if counter_tps is None:
+        counter_row = MethodRow(method="counter (window)", tokps=None, error_pct_vs_counter=None, cause="missing data",
+                                source="server_counter", note=d_win.note or "no counter")
+    elif head is tp.counter_window:
+        counter_row = MethodRow(method="counter (window)", tokps=counter_tps, error_pct_vs_counter=0.0,
+                                cause="reference", source="server_counter",
+                                note=f"{emitted} delta window_start->window_end / scrape interval"
+                                + (f" (flagged: {counter_flags})" if counter_flags else ""))
+    else:
+        counter_row = MethodRow(method="counter (window)", tokps=counter_tps, error_pct_vs_counter=_pct(counter_tps, ref),
+                                cause="flagged", source="server_counter",
+                                note=f"not the reference: {counter_flags}")
+    counter_row.flags = list(tp.counter_window.flags)
+    usage_row = _row("usage placed in time (window)", usage_w, ref, "window", "usage", tp.usage_window.note)
+    usage_row.flags = list(tp.usage_window.flags)
     rows = [
-        MethodRow(method="counter (window)", tokps=counter_tps, error_pct_vs_counter=0.0 if counter_tps else None,
-                  cause="reference" if counter_tps is not None else "missing data", source="server_counter",
-                  note=f"{emitted} delta window_start->window_end / scrape interval" if counter_tps is not None
-                  else (d_win.note or "no counter")),
-        _row("usage placed in time (window)", usage_w, ref, "window", "usage", tp.usage_window.note),
+        counter_row,
+        usage_row,
         _row("tokenizer (window)", tp.tokenizer_window.number(), ref, "unit", "tokenizer", tp.tokenizer_window.note or
              "client tokenizer re-tokenizes the text: merges can differ from the model's ids"),
         _row("chunks as tokens (window)", tp.chunks_window.number(), ref, "unit", "chunks",
@@ -653,9 +694,9 @@ def measure_trial(
     result.per_stream = _per_stream(records, counter_tps)
     result.latency = _latency(records, sc, names, counts, ws_s, we_s)
     result.server_samples = _server_samples(sc, names, win)
+    _check(result, sc, emitted, counts, engine, concurrency, records, d_win, ws_s, we_s)
 
-    rows = _methods(result.throughput, result.whole_trial, result.log_line, emitted, d_win, counter_tps, k,
-                    d_dt_w, d_acc_w)
+    rows = _methods(result, emitted, d_win, counter_tps, k, d_dt_w, d_acc_w)
     if d_win.resets:
         warnings.append(f"counter restarted inside the window: {d_win.note}")
     if d_win.went_backwards_without_reset:

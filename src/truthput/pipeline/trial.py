@@ -172,6 +172,9 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
         notes=list(result.notes), never_settled=bool(result.never_settled))
     run = TrialRun(results=results, load=result, scrapes=scrapes, t0_wall=t0_wall, t0_mono=t0_mono, t_end=t_end)
     results.client.token_total = run.client_tokens()
+    from truthput.measure.validity import check_client
+
+    check_client(results)
     _telemetry(run, telemetry, setup, gpu)
     _failure_rule(run, setup)
     return run

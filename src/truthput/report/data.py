@@ -13,6 +13,7 @@ strict JSON.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import tomllib
@@ -170,7 +171,10 @@ def _cells(summary: RunSummary, simulated: bool) -> list[dict[str, Any]]:
             source = cell.source
             note = " / ".join(HEADLINE_NOTES.get(x, x) for x in cell.sources)
             c["tokps"] = figure(est.mean, "tok/s", source, simulated, lo=est.lo, hi=est.hi,
-                                interval=f"{summary.verdict.confidence:.0%} Student-t over server starts", note=note)
+                                interval=f"{summary.verdict.confidence:.0%} Student-t over server starts", note=note,
+                                flags=[dataclasses.asdict(f) for f in cell.flags_on("tok/s")])
+            if cell.flags_on("counter"):
+                c["counter_set_aside"] = [dataclasses.asdict(f) for f in cell.flags_on("counter")]
             c["n_starts"] = est.n_starts
             c["n_trials"] = est.n_trials
             c["cv_within"] = est.cv_within
@@ -179,7 +183,8 @@ def _cells(summary: RunSummary, simulated: bool) -> list[dict[str, Any]]:
             c["per_stream"] = figure(cell.per_stream, "tok/s/stream", "usage", simulated,
                                      note="median over trials of per-request (tokens-1)/(last chunk - first token); "
                                           "leaves out TTFT and the gaps between requests, so at c=1 it can exceed "
-                                          "the aggregate")
+                                          "the aggregate",
+                                     flags=[dataclasses.asdict(f) for f in cell.flags_on("per stream")])
             c["ttft_p50"] = figure(cell.ttft_p50, "s", "client_clock", simulated)
             c["itl_p50"] = figure(cell.itl_p50, "s", "client_clock", simulated)
             for name in ("ttft", "itl", "tpot", "e2e"):
@@ -474,7 +479,8 @@ def _trial_table(trials: list[StoredTrial], simulated: bool) -> list[dict[str, A
             "error": t.error,
             "t0_utc": datetime.fromtimestamp(t.t0_wall, timezone.utc).isoformat() if t.t0_wall else None,
             "window_s": r.window.seconds,
-            "headline_tokps": figure(h.number(), "tok/s", h.source, simulated, note=h.note),
+            "headline_tokps": figure(h.number(), "tok/s", h.source, simulated, note=h.note,
+                                     flags=[f.model_dump() for f in h.flags]),
             "counter_tokps": figure(r.throughput.counter_window.number(), "tok/s", "server_counter", simulated),
             "usage_tokps": figure(r.throughput.usage_window.number(), "tok/s", "usage", simulated),
             "per_stream_median": figure(r.per_stream.decode_tps_median.number(), "tok/s/stream", "usage", simulated),
@@ -562,6 +568,7 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
         "stopping": stored["stopping"],
     }
     doc["warnings"] = summary.warnings()
+    doc["flags"] = summary.flag_lines()
     doc["audit"] = [r.to_dict() for r in audit_rows(trials, simulated=simulated)]
     doc["spec_decode"] = _spec_decode(by_cell, simulated)
     doc["latency"], doc["goodput"] = _latency_and_goodput(store, trials, doc["experiment"]["slo"], simulated)
@@ -604,9 +611,9 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
         rows.append({
             "variant": key[0], "concurrency": key[1],
             "a": figure(ea.mean, "tok/s", cells_a[key].source, sim_a, lo=ea.lo, hi=ea.hi, n_starts=ea.n_starts,
-                        n_trials=ea.n_trials),
+                        n_trials=ea.n_trials, flags=[dataclasses.asdict(f) for f in cells_a[key].flags_on("tok/s")]),
             "b": figure(eb.mean, "tok/s", cells_b[key].source, sim_b, lo=eb.lo, hi=eb.hi, n_starts=eb.n_starts,
-                        n_trials=eb.n_trials),
+                        n_trials=eb.n_trials, flags=[dataclasses.asdict(f) for f in cells_b[key].flags_on("tok/s")]),
             "ratio": {"value": r.ratio, "lo": r.lo, "hi": r.hi, "unit": "B/A",
                       "source": cells_a[key].source if cells_a[key].source == cells_b[key].source
                       else f"{cells_b[key].source} / {cells_a[key].source}",
@@ -616,6 +623,11 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
             "same_argv": argv_a.get(key[0]) == argv_b.get(key[0]),
         })
     notes = []
+    for row in rows:
+        for side in ("a", "b"):
+            for f in row[side]["flags"]:
+                notes.append(f"{side.upper()} {row['variant']} c={row['concurrency']}: flagged {f['code']} "
+                             f"({f['trials']} of {f['of']} trials): {f['reason']}; the ratio rests on it")
     if sim_a != sim_b:
         notes.append("one run is SIMULATED and the other is not: the ratio compares a model with a measurement")
     elif sim_a:

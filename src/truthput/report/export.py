@@ -15,7 +15,7 @@ from typing import Any, Iterable
 from truthput.errors import StoreError
 from truthput.report.data import SCHEMA
 
-FIGURE_EXTRAS = ("lo", "hi", "read_via")
+FIGURE_EXTRAS = ("lo", "hi", "read_via", "flags")
 
 
 def write_json(doc: dict[str, Any], path: str | Path) -> Path:
@@ -55,7 +55,9 @@ def flatten(row: dict[str, Any]) -> dict[str, Any]:
             out[f"{key}_unit"] = val.get("unit")
             out[f"{key}_source"] = val.get("source")
             for extra in FIGURE_EXTRAS:
-                if extra in val:
+                if extra == "flags":
+                    out[f"{key}_flags"] = "; ".join(f"{f.get('code')}: {f.get('reason')}" for f in val.get("flags") or [])
+                elif extra in val:
                     out[f"{key}_{extra}"] = val[extra]
         elif isinstance(val, (dict, list)):
             out[key] = json.dumps(val, ensure_ascii=False)
@@ -115,6 +117,7 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         "trials": doc.get("trials") or [],
         "claims": (doc.get("claims") or {}).get("results") or [],
         "warnings": [{"warning": w} for w in doc.get("warnings") or []],
+        "flags": [{"flag": f} for f in doc.get("flags") or []],
     }
 
 

@@ -30,6 +30,10 @@ def summary_rows(run: LoadRun) -> list[dict[str, Any]]:
         rows.append({
             "level": o.level, "mode": o.mode, "counter_tps": o.counter_tps,
             "headline_tps": h.number(), "headline_source": h.source, "simulated": res.simulated,
+            "flags": [f"{f.code}: {f.reason}" for f in h.flags],
+            "per_stream_flags": [f"{f.code}: {f.reason}" for f in res.per_stream.decode_tps_median.flags],
+            "counter_set_aside": [f"{f.code}: {f.reason}" for f in res.throughput.counter_window.flags]
+            if h is not res.throughput.counter_window else [],
             "status": o.trial.status, "error": o.trial.error,
             "requests": len(o.load.records), "failed": sum(1 for r in o.load.records if r.status != "ok"),
             "client_tokens": o.client_tokens, "counter_tokens": counter,
@@ -71,6 +75,8 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
         tps = Text(_f(row["headline_tps"]))
         if row["headline_tps"] is not None and row["headline_source"] != "server_counter":
             tps.append(f" [{source_label(row['headline_source'])}]", style="yellow")
+        if row["flags"]:
+            tps.append(" !" + ",".join(dict.fromkeys(f.split(":", 1)[0] for f in row["flags"])), style="bold red")
         cells: list[str | Text] = [f"{row['level']:g}", tps, f"{row['requests']} ({row['failed']})", tokens]
         if opts.slo.any:
             gf = row["good_fraction"]
@@ -86,6 +92,13 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
             state = "throughput stopped rising" if run.sweep.saturated else "still rising at the last level tried"
             con.print(f"sweep: saturation point {sat.level:g} {unit} at {_f(sat.throughput)} tok/s ({state}; "
                       f"lowest level within {run.sweep.tolerance:.0%} of the best)")
+    for row in summary_rows(run):
+        for f in row["flags"]:
+            con.print(Text("! flagged", style="bold red") + Text(f" {row['level']:g} {unit}: tok/s: {f}"))
+        for f in row["per_stream_flags"]:
+            con.print(Text("! flagged", style="bold red") + Text(f" {row['level']:g} {unit}: per stream: {f}"))
+        for f in row["counter_set_aside"]:
+            con.print(Text(f"{row['level']:g} {unit}: counter set aside for usage placed in time: {f}", style="yellow"))
     for o in run.outcomes:
         for n in o.results.client.notes:
             con.print(Text(f"{o.level:g} {unit}: {n}", style="dim"))

@@ -55,6 +55,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines.append(f"- **failed** {md_text(name)}: {md_text(why)}")
     for w in doc.get("warnings") or []:
         lines.append(f"- **warning** {md_text(w)}")
+    for f in doc.get("flags") or []:
+        lines.append(f"- **flagged** {md_text(f)}")
 
     lines += ["", "### Variants (argv diff vs the base command)", ""]
     lines += _table(["variant", "diff"], [[md_text(v["name"]) + (" (baseline)" if v["baseline"] else ""),
@@ -74,7 +76,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
         delta = "baseline" if c["baseline"] else "–"
         if d and d.get("value") is not None:
             delta = f"{d['value']:+.1f}%" + (f" ({d['lo']:+.1f}..{d['hi']:+.1f})" if d.get("lo") is not None else "")
-        rows.append([name, str(c["concurrency"]), _num(t), ci, delta, _num(c.get("per_stream")),
+        mark = " !" + ",".join(dict.fromkeys(f["code"] for f in t.get("flags") or [])) if t.get("flags") else ""
+        ps = c.get("per_stream") or {}
+        ps_mark = " !" + ",".join(dict.fromkeys(f["code"] for f in ps.get("flags") or [])) if ps.get("flags") else ""
+        rows.append([name, str(c["concurrency"]), _num(t) + mark, ci, delta, _num(c.get("per_stream")) + ps_mark,
                      f"{_num(c.get('ttft_p50'), 1000, '{:.0f}')} / {_num(c.get('ttft_p99'), 1000, '{:.0f}')}"])
     lines += _table(["variant", "conc.", "tok/s", "95% CI", "vs baseline (CI)", f"per stream [usage{tag}]",
                      f"TTFT p50/p99 ms [client clock{tag}]"], rows)

@@ -36,6 +36,11 @@ def delta_text(comparison: Any) -> str:
     return f"{e.pct:+.1f}%" + interval_text(e.pct_lo, e.pct_hi, "{:+.1f}")
 
 
+def flag_mark(flags: list[Any]) -> str:
+    """' !code,code' after a flagged figure (the reasons are printed below the table)."""
+    return (" !" + ",".join(dict.fromkeys(f.code for f in flags))) if flags else ""
+
+
 def print_run(store: Store, run_id: str, console: Any = None) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -71,13 +76,18 @@ def print_run(store: Store, run_id: str, console: Any = None) -> None:
         if cell.sources != ["server_counter"]:
             tokps.append(f" [{source_label(cell.source)}]", style="yellow")
         tokps.append(interval_text(est.lo, est.hi))
+        tokps.append(flag_mark(cell.flags_on("tok/s")), style="bold red")
+        per_stream = Text(_f(cell.per_stream))
+        per_stream.append(flag_mark(cell.flags_on("per stream")), style="bold red")
         comparison = summary.comparison(cell.variant, cell.concurrency)
         delta = "baseline" if cell.baseline else (delta_text(comparison) if comparison is not None else "-")
         per_start = est.n_trials / max(est.n_starts, 1)
-        t.add_row(name, str(cell.concurrency), tokps, _f(cell.per_stream),
+        t.add_row(name, str(cell.concurrency), tokps, per_stream,
                   _f(cell.ttft_p50 * 1000 if cell.ttft_p50 is not None else None), Text(delta),
                   f"{est.n_starts} x {per_start:g}")
     con.print(t)
+    for line in summary.flag_lines():
+        con.print(Text("! flagged", style="bold red") + Text(f" {line}"))
     noisy = [(c.variant, c.concurrency, w) for c in summary.cells for w in c.noise]
     for v, c, w in noisy[:8]:
         con.print(Text("noise", style="yellow") + Text(f" {v} c={c}: {w}"))
@@ -142,12 +152,14 @@ def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
             r = by.get((m, v, c))
             if r is None:
                 vals.append("-")
-            elif r.cause == "reference":
-                vals.append("ref")
+                continue
+            if r.cause == "reference":
+                text = "ref"
             elif r.error_pct_vs_counter is None:
-                vals.append("missing")
+                text = "missing"
             else:
-                vals.append(f"{r.error_pct_vs_counter:+.1f}% {r.cause}")
+                text = f"{r.error_pct_vs_counter:+.1f}% {r.cause}"
+            vals.append(text + (" !" + ",".join(r.flags) if r.flags else ""))
         t.add_row(m, *vals)
     con.print(t)
     integ = integrity_rows(items)

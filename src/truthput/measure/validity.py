@@ -1,0 +1,173 @@
+"""Validity checks: a figure that may be wrong gets a named flag with its reason.
+
+Each check bounds a figure by something else that was observed in the same trial, using only
+signals a real server gives: text chunks that arrived, usage counts, the server's own
+running-requests gauge, the client's timestamps and self-check. A clean trial raises no flag.
+
+- `stale_counter`: the emitted-token counter rose less than the text chunks that arrived (for
+  engines that stream per-token deltas every text chunk carries at least one token), or trailed
+  the usage counts placed in time, or went backwards: /metrics served an older state.
+- `counter_reset`: the counter restarted inside the interval; the increments before the restart
+  are lost, so the figure is a lower bound.
+- `burst_delivery`: responses arrived faster than client timestamps can resolve decoding
+  (whole responses in one read): per-stream rates and inter-token latencies are not measurable.
+- `per_stream_exceeds_aggregate`: per-stream decode rate x the requests running exceeds the
+  aggregate by more than PER_STREAM_SLACK: the two cannot both be right.
+- `load_not_reached`: the server's own gauge never showed the intended concurrency in the
+  window, or the client reported itself the bottleneck: the figure is not the one asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from truthput.load.records import RequestRecord
+from truthput.measure.model import Figure, Flag, TrialResults
+
+PER_TOKEN_ENGINES = frozenset({"vllm", "sglang", "llamacpp"})
+"""Engines whose streams carry one delta per decode step (a text chunk is at least one token)."""
+
+EDGE_CHUNKS_PER_STREAM = 2
+"""Chunks per stream that may arrive inside an interval though their tokens were counted before
+it opened (in flight on the wire or in the server's output queue at a scrape)."""
+
+BURST_TOKEN_INTERVAL_S = 1e-4
+"""Below 0.1 ms per token (over 10,000 tokens/s in one stream) client timestamps measure the
+network and the event loop, not decoding."""
+
+BURST_SHARE = 0.1
+"""A trial is flagged when at least this share of its multi-token requests arrived that fast."""
+
+PER_STREAM_SLACK = 3.0
+"""Per-stream rates leave out TTFT and the gaps between requests, so rate x running requests
+can exceed the aggregate; by more than 3x the decode would fill under a third of each stream's time."""
+
+LOAD_REACHED_SHARE = 0.75
+"""The server's running gauge must reach this share of the intended concurrency at least once."""
+
+
+def add_flag(fig: Figure | None, code: str, reason: str) -> None:
+    if fig is not None and all(f.code != code for f in fig.flags):
+        fig.flags.append(Flag(code=code, reason=reason))
+
+
+def edge_slack(concurrency: int) -> int:
+    return EDGE_CHUNKS_PER_STREAM * max(concurrency, 1) + 4
+
+
+def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t: np.ndarray,
+                  text_chunk: np.ndarray, intervals: Sequence[tuple[float, float, float | None, int]],
+                  window_resets: int, window_backwards: bool, trial_resets: int,
+                  usage_tokens: float | None = None, max_tokens_per_chunk: int = 1,
+                  window_rise: float | None = None) -> None:
+    """Flag the counter figures. `intervals`: (t_from, t_to, counter increase or None, resets)
+    between consecutive readable scrapes inside the window; `usage_tokens`: the usage counts of
+    the chunks that arrived in the window (None without continuous usage on every request)."""
+    counter = results.throughput.counter_window
+    if usage_tokens is not None and window_rise is not None and not window_resets:
+        # Both count the same tokens; they differ only by the tokens in flight at the two edges,
+        # which cancel in steady state: at most one chunk per stream.
+        slack = max(concurrency, 1) * max(max_tokens_per_chunk, 1) + 1
+        if window_rise < usage_tokens - slack:
+            add_flag(counter, "stale_counter",
+                     f"the counter rose {window_rise:g} in the window while the usage counts of the chunks that "
+                     f"arrived in it add up to {usage_tokens:g} (more than {slack} apart): /metrics is behind")
+        elif window_rise > usage_tokens + slack:
+            add_flag(counter, "counter_exceeds_usage",
+                     f"the counter rose {window_rise:g} in the window while the usage counts of the chunks that "
+                     f"arrived in it add up to {usage_tokens:g}: other clients' requests, or a /metrics ahead of "
+                     "or out of step with what this client received")
+    if window_resets:
+        add_flag(counter, "counter_reset",
+                 f"the counter restarted {window_resets}x inside the window: tokens before each restart are "
+                 "lost, so this is a lower bound")
+    if trial_resets:
+        reason = (f"the counter restarted {trial_resets}x during the trial: tokens before each restart are lost, "
+                  "so this is a lower bound")
+        add_flag(results.whole_trial.counter_trial, "counter_reset", reason)
+        add_flag(results.integrity.counter_delta, "counter_reset", reason)
+    if window_backwards:
+        add_flag(counter, "stale_counter", "the counter went backwards inside the window without a restart "
+                                           "(a stale, cached or load-balanced /metrics)")
+    if results.scrape_intervals.stale_suspected:
+        add_flag(counter, "stale_counter", results.scrape_intervals.note)
+    if engine not in PER_TOKEN_ENGINES:
+        results.validity.not_applied.append(
+            f"chunk bound on the counter: engine {engine!r} is not known to stream one delta per token")
+        return
+    results.validity.applied.append("chunk bound on the counter (tokens in an interval >= text chunks that "
+                                    f"arrived in it - {EDGE_CHUNKS_PER_STREAM} per stream)")
+    total_chunks = int(text_chunk.sum())
+    tokens = results.integrity.usage_sum_ok.number()
+    if usage_tokens is None and tokens and total_chunks and tokens > 1.05 * total_chunks:
+        results.validity.not_applied.append(
+            f"tight chunk bound: chunks carried {tokens / total_chunks:.2f} tokens on average, so without running "
+            "usage a counter is caught only when it lags by more than that share of the tokens")
+    slack = edge_slack(concurrency)
+    for t_from, t_to, rise, resets in intervals:
+        if rise is None or resets:
+            continue
+        arrived = int(text_chunk[(chunk_t > t_from) & (chunk_t <= t_to)].sum())
+        if arrived - slack > rise:
+            add_flag(counter, "stale_counter",
+                     f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while {arrived} text "
+                     f"chunks arrived (each is at least one token): /metrics is behind what was served")
+            break
+
+
+def check_timestamps(results: TrialResults, records: Sequence[RequestRecord], concurrency: int) -> None:
+    """Flag per-stream and latency figures the client's timestamps cannot resolve."""
+    multi = [r for r in records if r.status == "ok" and (r.completion_tokens or 0) >= 4 and r.t_first is not None
+             and len(r.chunk_times)]
+    fast = [r for r in multi
+            if (r.chunk_times[-1] - r.chunk_times[0]) / max((r.completion_tokens or 2) - 1, 1) < BURST_TOKEN_INTERVAL_S]
+    ps, lat = results.per_stream, results.latency
+    if multi and len(fast) >= BURST_SHARE * len(multi):
+        reason = (f"{len(fast)} of {len(multi)} responses arrived faster than {BURST_TOKEN_INTERVAL_S * 1e3:g} ms "
+                  "per token (whole responses in one read): client timestamps cannot resolve decoding")
+        for fig in (ps.decode_tps_mean, ps.decode_tps_median):
+            add_flag(fig, "burst_delivery", reason)
+        for dist in (lat.itl, lat.tpot):
+            for fig in (dist.mean, dist.p50, dist.p90, dist.p99):
+                add_flag(fig, "burst_delivery", reason)
+    rate = ps.decode_tps_mean.number()
+    aggregate = headline(results).number()
+    samples = results.server_samples.running_mean
+    running = samples.number() if samples is not None and samples.value is not None else float(concurrency)
+    if rate is not None and aggregate and running and rate * running > PER_STREAM_SLACK * aggregate:
+        reason = (f"per-stream {rate:.1f} tok/s x {running:.1f} running requests = {rate * running:.1f} is over "
+                  f"{PER_STREAM_SLACK:g}x the aggregate {aggregate:.1f} tok/s: the per-stream timestamps or the "
+                  "aggregate are wrong")
+        for fig in (ps.decode_tps_mean, ps.decode_tps_median):
+            add_flag(fig, "per_stream_exceeds_aggregate", reason)
+
+
+def check_load(results: TrialResults, concurrency: int) -> None:
+    """Flag the window's throughput figures when the server never saw the intended load."""
+    s = results.server_samples
+    if s.n >= 2 and s.running_max is not None and s.running_max.value is not None and concurrency >= 1:
+        need = math.ceil(LOAD_REACHED_SHARE * concurrency)
+        if s.running_max.value < need:
+            mean = s.running_mean.number() if s.running_mean is not None else None
+            reason = (f"the server's running-requests gauge reached at most {s.running_max.value:g} "
+                      f"(mean {mean:.1f}) in {s.n} samples of the window; the load meant {concurrency}"
+                      if mean is not None else f"the server never ran {need} requests at once in the window")
+            for fig in (results.throughput.counter_window, results.throughput.usage_window):
+                add_flag(fig, "load_not_reached", reason)
+
+
+def check_client(results: TrialResults) -> None:
+    """Flag the window's throughput figures when the client says it was the bottleneck."""
+    check = results.client.selfcheck
+    if check is not None and check.client_bound:
+        reason = f"the load generator was the bottleneck ({check.reason}): the server may not have seen the load"
+        for fig in (results.throughput.counter_window, results.throughput.usage_window):
+            add_flag(fig, "load_not_reached", reason)
+
+
+def headline(results: TrialResults) -> Figure:
+    """The figure a trial is judged by, with its provenance (see `TrialResults.headline`)."""
+    return results.headline()
