@@ -279,3 +279,18 @@ def test_sglang_accept_length_from_verify_calls():
     assert acc["value"] == pytest.approx(sim.ledger.between(ws, we) / sim.ledger.between(ws, we, "drafts"))
     assert res["emitted_metric"] == "sglang:generation_tokens_total"
     assert res["integrity"]["holds"] is True
+
+
+def test_pre_to_post_rate_leaves_out_the_wait_for_a_lagging_counter_to_settle():
+    """A /metrics 0.2 s behind: the first `post` scrape (the drain's end) still misses tokens, the
+    settled one 0.5 s later has them all; the pre->post rate divides the settled count by the
+    time to the drain's end, not by truthput's own wait."""
+    cfg = TruthConfig(concurrency=2, requests=8, metrics_lag_s=0.2)
+    sim = simulate(cfg)
+    pre, drained = sim.scrapes[0], sim.scrapes[-1]
+    settled = Scrape("post", drained.t_mono + 0.5, sim.metrics.scrape(drained.t_mono + 0.5))
+    res = measure_trial(sim.records, [*sim.scrapes, settled], [], sim.window, 2)
+    assert res["integrity"]["holds"] is True  # the settled scrape has every token
+    rate = res["whole_trial"]["counter_trial"]
+    assert rate["value"] == pytest.approx(sim.ledger.total() / (drained.t_mono - pre.t_mono))
+    assert "settle" in rate["note"]

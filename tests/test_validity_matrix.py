@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from truthput.measure.prom import Scrape
 from truthput.measure.trial import measure_trial
 from truthput.store.db import Store, TrialKey
 
@@ -34,6 +35,18 @@ def _whole_responses_in_one_read(sim):
             r.t_first = last
 
 
+def _no_usage_at_all(sim):
+    """A server that never sends usage: no final counts, no running counts."""
+    for r in sim.records:
+        r.completion_tokens = None
+        r.chunk_tokens = array("q", [-1] * len(r.chunk_times))
+
+
+def _metrics_gone_at_window_end(sim):
+    """/metrics stops answering: the window_end scrape fails."""
+    sim.scrapes[2] = Scrape("window_end", sim.scrapes[2].t_mono, None, "GET /metrics failed: connection refused")
+
+
 @dataclasses.dataclass
 class Condition:
     name: str
@@ -43,6 +56,8 @@ class Condition:
     per_stream_flag: str | None = None
     usage: bool = True
     post: object = None
+    reset_between: tuple[str, str] | None = None
+    """Put the counter reset between these two scrapes (found by a dry run of the same config)."""
 
 
 def _cfg(**kw):
@@ -68,9 +83,21 @@ CONDITIONS = [
     Condition("counter reset inside the window, usage only at the end", _cfg(reset_at=102.0, continuous_usage=False),
               flag="counter_reset", usage=False),
     Condition("counter reset before the window", _cfg(reset_at=100.02)),  # after `pre`, before the window
+    Condition("counter reset after the window", _cfg(), reset_between=("window_end", "post")),
+    Condition("counter restart seen only in _created (the value rose)", _cfg(), flag="counter_reset",
+              reset_between=("window_start", "window_start+")),
     Condition("whole responses in one read", _cfg(), per_stream_flag="burst_delivery",
               post=_whole_responses_in_one_read),
+    Condition("usage never sent", _cfg(continuous_usage=False), usage=False, post=_no_usage_at_all),
+    Condition("/metrics gone at the window's end", _cfg(), post=_metrics_gone_at_window_end),
 ]
+
+
+def _reset_time(cfg: dict, between: tuple[str, str]) -> float:
+    times = {s.phase: s.t_mono for s in simulate(TruthConfig(**cfg)).scrapes}
+    if between[1] == "window_start+":  # just after window_start: the post-restart count overtakes it
+        return times["window_start"] + 0.005
+    return (times[between[0]] + times[between[1]]) / 2
 
 
 def _store(path: Path, cond: Condition) -> tuple[Store, str, float]:
@@ -79,7 +106,10 @@ def _store(path: Path, cond: Condition) -> tuple[Store, str, float]:
     db.put_variant(rid, "v", 0, True, ["serve"], {"lines": []}, {})
     truths = []
     for start in range(2):
-        sim = simulate(TruthConfig(**cond.cfg, prefill_s=0.05 + 0.002 * start))
+        cfg = dict(cond.cfg, prefill_s=0.05 + 0.002 * start)
+        if cond.reset_between:
+            cfg["reset_at"] = _reset_time(cfg, cond.reset_between)
+        sim = simulate(TruthConfig(**cfg))
         if cond.post:
             cond.post(sim)
         res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, cond.cfg["concurrency"])
@@ -152,3 +182,46 @@ def test_every_view_is_right_or_flagged(cond, tmp_path):
     if cond.usage and cond.flag:
         assert cell["tokps"]["source"] == "usage" and "counter_set_aside" in cell
         assert "usage placed in time" in terminal
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("continuous", [True, False], ids=["with usage", "usage only at the end"])
+def test_load_table_against_a_metrics_endpoint_one_scrape_behind(continuous, tmp_path, capsys):
+    """`truthput load` over real HTTP: a /metrics answering what the previous scrape would have
+    seen. With running usage the table's headline is usage placed in time (within 0.5% of the
+    server's ledger) and the counter is set aside with its reason; without, the counter is
+    flagged stale in the table."""
+    import asyncio
+
+    from truthput.load.workload import WorkloadSpec
+    from truthput.pipeline.load import LoadOptions, run_load
+    from truthput.report.loadtable import print_summary, summary_rows
+    from truthserver import TruthServer
+
+    async def go():
+        server = await TruthServer(TruthConfig(concurrency=4, max_tokens=40, step_s=0.01, metrics_lag_scrapes=True,
+                                               continuous_usage=continuous, tokens_per_chunk=(1,))).start()
+        try:
+            opts = LoadOptions(url=server.url, concurrency=[4], duration_s=1.5,
+                               workload=WorkloadSpec(input_tokens=16, output_tokens=40))
+            run = await run_load(opts, Store(tmp_path / "l.db"))
+        finally:
+            await server.stop()
+        return server, opts, run
+
+    server, opts, run = asyncio.run(go())
+    (row,) = summary_rows(run)
+    res = run.outcomes[0].results
+    ws, we = res.window.start, res.window.end
+    truth = server.ledger.between(ws, we) / (we - ws)
+    capsys.readouterr()
+    print_summary(run, opts)
+    table = capsys.readouterr().out
+    if continuous:
+        assert row["headline_source"] == "usage" and abs(row["headline_tps"] - truth) <= TOL * truth
+        assert any(f.startswith("stale_counter") for f in row["counter_set_aside"])
+        assert "counter set aside for usage placed in time: stale_counter" in table
+        assert "usage placed in time" in table
+    else:
+        assert any(f.startswith("stale_counter") for f in row["flags"])
+        assert "!stale_counter" in table and "! flagged" in table

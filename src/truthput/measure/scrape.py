@@ -24,21 +24,27 @@ async def scrape_metrics(session, base_url: str, phase: str):
                       f"GET {base_url}/metrics failed: {exc.__class__.__name__} {exc}".strip())
 
 
-async def settled_post_scrape(session, base_url: str, emitted_names: tuple[str, ...]):
-    """After the drain, scrape until the emitted-token counter stops moving (a /metrics may lag)."""
+async def settled_post_scrapes(session, base_url: str, emitted_names: tuple[str, ...]) -> list:
+    """After the drain, scrape until the emitted-token counter stops moving (a /metrics may lag).
+
+    Returns the first `post` scrape (the drain's end: what a rate over the whole trial divides
+    by) and, when the counter moved after it, the settled one (what the whole-trial identity
+    reads); both have phase `post`.
+    """
     from truthput.measure.prom import parse_scrape
 
     last = None
-    scrape = None
+    first = scrape = None
     for _ in range(12):
         scrape = await scrape_metrics(session, base_url, "post")
+        first = first or scrape
         if scrape.text is None:
-            return scrape
+            break
         parsed = parse_scrape(scrape)
         name = parsed.first_present(emitted_names)
         value = parsed.total(name) if name else None
         if value is not None and value == last:
-            return scrape
+            break
         last = value
         await asyncio.sleep(0.25)
-    return scrape
+    return [first] if scrape is first else [first, scrape]

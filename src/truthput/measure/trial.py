@@ -370,10 +370,17 @@ def _whole_trial(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | 
     else:
         whole = WholeTrial(usage_trial=figure(None, "tok/s", "usage", "missing data: no finished request reported usage",
                                               window="trial"))
-    d_trial = sc.delta(emitted, sc.phase("pre"), sc.phase("post", last=True))
+    pre, drained, settled = sc.phase("pre"), sc.phase("post"), sc.phase("post", last=True)
+    d_trial = sc.delta(emitted, pre, settled)
     counter_trial = _counter_fig(d_trial, "tok/s", emitted, per_second=True, window="pre->post")
-    counter_trial.note = ((counter_trial.note or "") +
-                          " pre->post scrapes: 'read counter, run load, read again, divide by wall time'").strip()
+    note = " pre->post scrapes: 'read counter, run load, read again, divide by wall time'"
+    if drained is not settled and pre is not None and drained is not None and d_trial.value is not None:
+        # the counter's settled value, over the time to the end of the drain (truthput's own
+        # wait for a lagging /metrics to settle is not the server's time)
+        counter_trial.value = d_trial.value / (drained.t_mono - pre.t_mono)
+        setattr(counter_trial, "seconds", drained.t_mono - pre.t_mono)
+        note += f"; the {settled.t_mono - drained.t_mono:.2f} s waiting for the counter to settle left out"
+    counter_trial.note = ((counter_trial.note or "") + note).strip()
     whole.counter_trial = counter_trial
     words_req = per_request_sum(n.table, n.words_pc)
     ok_idx = np.array([i for i, r in enumerate(records) if r.status == "ok" and r.completion_tokens], dtype=np.int64)

@@ -115,7 +115,7 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     """Scrape, load, sample, settle, measure; returns the trial (not yet committed)."""
     import aiohttp
 
-    from truthput.measure.scrape import scrape_metrics, settled_post_scrape
+    from truthput.measure.scrape import scrape_metrics, settled_post_scrapes
     from truthput.measure.trial import measure_trial
 
     scrapes: list[Scrape] = []
@@ -156,7 +156,7 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler_task
             telemetry = gpu.stop() if gpu is not None else None
-        scrapes.append(await settled_post_scrape(session, setup.base_url, setup.names.candidates("emitted_tokens")))
+        scrapes.extend(await settled_post_scrapes(session, setup.base_url, setup.names.candidates("emitted_tokens")))
     t_end = time.monotonic()
     scrapes.sort(key=lambda s: s.t_mono)
     window = (result.t_window_start, result.t_window_end)
