@@ -194,7 +194,8 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
         base_url=engine.base_url, names=metric_names(metric_family(ctx.plan.engine), exp.server.metric_names or None),
         engine=metric_family(ctx.plan.engine), speculative=vp.speculative, tokenizer=tokenizer,
         simulated=ctx.simulated, sample_gpu=not ctx.simulated, error_threshold=exp.measure.request_error_threshold,
-        log_lines=logs, crashed=engine.crashed if hasattr(engine, "crashed") else None)
+        log_lines=logs, crashed=engine.crashed if hasattr(engine, "crashed") else None,
+        server_pgids={engine.pid} if getattr(engine, "pid", None) else set())
     trial = await run_trial(setup, lambda ws, we: loop.run(on_window_start=ws, on_window_end=we), concurrency)
     _flush_logs(ctx)
     commit(ctx.store, ctx.run_id, vp.name, ctx.start_id, TrialKey(vp.name, start_index, concurrency, trial_index),

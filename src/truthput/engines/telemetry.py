@@ -69,6 +69,10 @@ class TelemetrySummary:
     gpus: tuple[GpuSummary, ...] = field(default_factory=tuple)
     source: str = "nvml"
     util_meaning: str = GPU_UTIL_MEANING
+    throttle_samples: dict[str, int] = field(default_factory=dict)
+    """Clocks-event reason -> samples (over all GPUs) in which NVML reported it."""
+    gpu_pids: tuple[int, ...] = ()
+    """Every process NVML saw computing on a GPU during the trial."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -134,6 +138,18 @@ def read_sample(nvml: ModuleType, handle: Any, gpu: int, t_mono: float) -> GpuSa
         power_w=None if power_mw is None else power_mw / 1000.0,
         sm_clock_mhz=None if clock is None else float(clock),
     )
+
+
+def read_interference(nvml: ModuleType, handle: Any) -> tuple[list[str], list[int]]:
+    """(throttle reasons now, pids computing on the GPU now); empty where NVML cannot say."""
+    from truthput.engines.interference import THROTTLE_REASONS
+
+    mask = _try(lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    if mask is None:
+        mask = _try(lambda: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+    reasons = [name for bit, name in THROTTLE_REASONS.items() if mask is not None and int(mask) & bit]
+    procs = _try(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle)) or []
+    return reasons, [int(p.pid) for p in procs if getattr(p, "pid", None) is not None]
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -221,6 +237,8 @@ class GpuSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.throttle_samples: dict[str, int] = {}
+        self.gpu_pids: set[int] = set()
         if self._nvml is not None:
             nvml_mod = self._nvml
             self._handles = [nvml_mod.nvmlDeviceGetHandleByIndex(i) for i in range(nvml_mod.nvmlDeviceGetCount())]
@@ -244,8 +262,13 @@ class GpuSampler:
             return
         t = self._clock()
         readings = [read_sample(self._nvml, h, i, t) for i, h in enumerate(self._handles)]
+        events = [read_interference(self._nvml, h) for h in self._handles]
         with self._lock:
             self.samples.extend(readings)
+            for reasons, pids in events:
+                for r in reasons:
+                    self.throttle_samples[r] = self.throttle_samples.get(r, 0) + 1
+                self.gpu_pids.update(pids)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -277,7 +300,10 @@ class GpuSampler:
         _shutdown(self._nvml)
         self._nvml = None
         self.reason = "sampler stopped"
-        return summarize(samples, self.names, counter)
+        import dataclasses
+
+        return dataclasses.replace(summarize(samples, self.names, counter), throttle_samples=dict(self.throttle_samples),
+                                   gpu_pids=tuple(sorted(self.gpu_pids)))
 
     def __enter__(self) -> "GpuSampler":
         return self.start()

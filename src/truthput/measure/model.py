@@ -298,6 +298,16 @@ class ServerSamples(Section):
     note: str = ""
 
 
+class Interference(Section):
+    """Was the server alone in the window: other processes' CPU on this host, the GPU's."""
+
+    host_other_cores: Figure | None = None
+    host_cores: int | None = None
+    gpu_throttle_samples: dict[str, int] = Field(default_factory=dict)
+    gpu_foreign_pids: list[int] = Field(default_factory=list)
+    note: str = ""
+
+
 class Validity(Section):
     """Which validity checks ran on this trial, and which could not (and why)."""
 
@@ -348,6 +358,7 @@ class TrialResults(Section):
     server_samples: ServerSamples = Field(default_factory=ServerSamples)
     client: ClientCheck = Field(default_factory=ClientCheck)
     validity: Validity = Field(default_factory=Validity)
+    interference: Interference = Field(default_factory=Interference)
     telemetry: dict[str, Any] | None = None
     load: LoadLevel | None = None
     goodput: Goodput | None = None

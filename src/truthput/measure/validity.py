@@ -159,6 +159,30 @@ def check_load(results: TrialResults, concurrency: int) -> None:
                 add_flag(fig, "load_not_reached", reason)
 
 
+HOST_OTHER_CORES = 0.5
+"""Other processes using more than half a core on average during the window is interference."""
+
+
+def check_interference(results: TrialResults) -> None:
+    """Flag the window's throughput figures when something else used the host's CPU or the GPU."""
+    i = results.interference
+    targets = (results.throughput.counter_window, results.throughput.usage_window)
+    other = i.host_other_cores.number() if i.host_other_cores is not None else None
+    if other is not None and other > HOST_OTHER_CORES:
+        reason = (f"other processes used {other:.2f} of {i.host_cores} CPU cores on this host during the window "
+                  "(besides truthput and the server)")
+        for fig in targets:
+            add_flag(fig, "host_interference", reason)
+    if i.gpu_foreign_pids:
+        reason = f"other processes computed on the GPU during the trial (pids {', '.join(map(str, i.gpu_foreign_pids))})"
+        for fig in targets:
+            add_flag(fig, "gpu_interference", reason)
+    if i.gpu_throttle_samples:
+        seen = ", ".join(f"{k} in {v} sample(s)" for k, v in i.gpu_throttle_samples.items())
+        for fig in targets:
+            add_flag(fig, "gpu_throttled", f"the GPU's clocks were held down during the trial: {seen}")
+
+
 def check_client(results: TrialResults) -> None:
     """Flag the window's throughput figures when the client says it was the bottleneck."""
     check = results.client.selfcheck

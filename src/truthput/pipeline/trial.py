@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
@@ -52,6 +53,8 @@ class TrialSetup:
     sample_interval_s: float = SAMPLE_INTERVAL_S
     log_lines: Callable[[float, float], list[tuple[float, str]]] | None = None
     crashed: Callable[[], Crashed | None] | None = None
+    server_pgids: set[int] = field(default_factory=set)
+    """Process groups of the server's processes (empty: unknown, e.g. a server someone else runs)."""
 
 
 @dataclass
@@ -118,8 +121,11 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     from truthput.measure.scrape import scrape_metrics, settled_post_scrapes
     from truthput.measure.trial import measure_trial
 
+    from truthput.engines.interference import HostLoad
+
     scrapes: list[Scrape] = []
     families = _sampled_families(setup.names)
+    host = HostLoad(server_pgids=set(setup.server_pgids))
     t0_wall, t0_mono = time.time(), time.monotonic()
     sampler_task: asyncio.Task[None] | None = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session:
@@ -132,6 +138,7 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
         async def window_start() -> None:
             nonlocal sampler_task
             scrapes.append(await scrape_metrics(session, setup.base_url, "window_start"))
+            host.begin()
             if setup.sample_interval_s > 0:
                 sampler_task = asyncio.ensure_future(sample())
 
@@ -141,6 +148,7 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler_task
             scrapes.append(await scrape_metrics(session, setup.base_url, "window_end"))
+            host.end()
 
         scrapes.append(await scrape_metrics(session, setup.base_url, "pre"))
         gpu = None
@@ -176,8 +184,34 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
 
     check_client(results)
     _telemetry(run, telemetry, setup, gpu)
+    _interference(run, setup, host, telemetry)
     _failure_rule(run, setup)
     return run
+
+
+def _interference(run: TrialRun, setup: TrialSetup, host: Any, telemetry: Any) -> None:
+    from truthput.engines.interference import server_pids
+    from truthput.measure.model import Figure
+    from truthput.measure.validity import check_interference
+
+    i = run.results.interference
+    if not setup.server_pgids:
+        i.note = "host CPU: not checked (the server's processes are not known to truthput here)"
+    elif host.other_cores is None:
+        i.note = f"host CPU: not checked ({host.reason})"
+    else:
+        i.host_cores = host.cores
+        i.host_other_cores = Figure(value=host.other_cores, unit="cores", source="client_clock", window="window",
+                                    note="/proc/stat busy time less truthput's and the server's processes")
+    if telemetry is not None and getattr(telemetry, "available", False):
+        mine = server_pids(setup.server_pgids) | {os.getpid()}
+        seen = set(telemetry.gpu_pids)
+        if seen and seen & mine:  # the GPU's pids are this host's: a stranger among them is another process
+            i.gpu_foreign_pids = sorted(seen - mine)
+        elif seen:
+            i.note += "; GPU processes: pids from another namespace (a container), not compared"
+        i.gpu_throttle_samples = dict(telemetry.throttle_samples)
+    check_interference(run.results)
 
 
 def _telemetry(run: TrialRun, telemetry: Any, setup: TrialSetup, gpu: Any) -> None:

@@ -1,0 +1,120 @@
+"""Was the server alone during the window? CPU time of other processes on this host, and on the
+GPU other processes and throttling (from the NVML sampler's readings).
+
+Why: a figure measured while something else used the host's cores or the GPU measures the
+sharing, not the configuration. On a CPU host (where vLLM-CPU runs) the check is the host's busy
+CPU time (/proc/stat) less truthput's own and the server's processes' (its process group, read
+from /proc) over the window. Hypervisor steal is not counted: it is not another process here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+BUSY_FIELDS = (0, 1, 2, 5, 6)
+"""user, nice, system, irq, softirq of /proc/stat's cpu line (guest time is inside user)."""
+
+THROTTLE_REASONS = {
+    0x4: "power cap (SW)",
+    0x8: "hardware slowdown",
+    0x20: "thermal slowdown (SW)",
+    0x40: "thermal slowdown (HW)",
+    0x80: "power brake (HW)",
+}
+"""NVML clocks-event reasons that slow the GPU below what the configuration would get."""
+
+
+def _host_busy_ticks() -> int | None:
+    try:
+        with open("/proc/stat") as fh:
+            parts = fh.readline().split()
+    except OSError:
+        return None
+    if not parts or parts[0] != "cpu":
+        return None
+    values = [int(x) for x in parts[1:]]
+    return sum(values[i] for i in BUSY_FIELDS if i < len(values))
+
+
+def _process_ticks(pid: int) -> tuple[int, int] | None:
+    """(utime + stime + cutime + cstime, process group) of a process, from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    rest = text[text.rfind(")") + 2:].split()
+    try:
+        pgrp = int(rest[2])
+        ticks = sum(int(rest[i]) for i in (11, 12, 13, 14))
+    except (IndexError, ValueError):
+        return None
+    return ticks, pgrp
+
+
+def group_ticks(pgids: set[int]) -> tuple[int, set[int]]:
+    """CPU ticks of every live process in these process groups, and their pids."""
+    total, pids = 0, set()
+    if not pgids:
+        return 0, pids
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        info = _process_ticks(int(name))
+        if info is not None and info[1] in pgids:
+            total += info[0]
+            pids.add(int(name))
+    return total, pids
+
+
+@dataclass
+class HostSample:
+    busy: int
+    ours: int
+    server: int
+
+
+@dataclass
+class HostLoad:
+    """Host CPU between two samples: cores used by other processes than truthput and the server."""
+
+    server_pgids: set[int] = field(default_factory=set)
+    start: HostSample | None = None
+    t_start: float | None = None
+    seconds: float | None = None
+    other_cores: float | None = None
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    reason: str | None = None
+
+    def _sample(self) -> HostSample | None:
+        busy = _host_busy_ticks()
+        own = _process_ticks(os.getpid())
+        if busy is None or own is None:
+            return None
+        ours = own[0]
+        own_group = group_ticks({own[1]})[0] if own[1] not in self.server_pgids else 0
+        server, _ = group_ticks(self.server_pgids)
+        return HostSample(busy=busy, ours=max(ours, own_group), server=server)
+
+    def begin(self) -> None:
+        self.start, self.t_start = self._sample(), time.monotonic()
+        if self.start is None:
+            self.reason = "no /proc/stat on this host"
+
+    def end(self) -> None:
+        stop = self._sample()
+        seconds = time.monotonic() - self.t_start if self.t_start is not None else 0.0
+        if self.start is None or stop is None or seconds <= 0:
+            self.reason = self.reason or "host CPU not sampled"
+            return
+        hz = os.sysconf("SC_CLK_TCK")
+        other = (stop.busy - self.start.busy) - (stop.ours - self.start.ours) - (stop.server - self.start.server)
+        self.seconds = seconds
+        self.other_cores = max(other, 0) / hz / seconds
+
+
+def server_pids(pgids: set[int]) -> set[int]:
+    """Live pids of the server's process groups (for matching GPU process lists)."""
+    return group_ticks(pgids)[1]

@@ -1,0 +1,136 @@
+"""Interference: another process busy on the host's CPU during the window, and on the GPU (a fake
+NVML: no GPU here), flags the window's throughput figures; the server's own processes do not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+from truthput.engines.interference import HostLoad
+from truthput.engines.telemetry import GpuSampler
+from truthput.measure.model import TrialResults
+from truthput.measure.validity import check_interference
+
+BURN = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 20: pass\n"
+
+
+def _measure(server_pgid: int, seconds: float = 1.5) -> HostLoad:
+    host = HostLoad(server_pgids={server_pgid})
+    host.begin()
+    time.sleep(seconds)
+    host.end()
+    return host
+
+
+def test_a_stranger_burning_a_core_is_counted_and_the_server_is_not():
+    server = subprocess.Popen([sys.executable, "-c", BURN], start_new_session=True)
+    try:
+        time.sleep(0.2)
+        as_server = _measure(server.pid)  # the burner is the server: nothing else runs
+        stranger = subprocess.Popen([sys.executable, "-c", BURN], start_new_session=True)
+        try:
+            time.sleep(0.2)
+            with_stranger = _measure(server.pid)
+        finally:
+            stranger.kill()
+            stranger.wait()
+    finally:
+        server.kill()
+        server.wait()
+    assert as_server.other_cores is not None and as_server.other_cores < 0.5
+    # on 2 cores the two burners share them: the stranger gets about half of the busy time
+    assert with_stranger.other_cores is not None and with_stranger.other_cores > 0.5
+    res = TrialResults()
+    res.throughput.counter_window.value = 100.0
+    from truthput.measure.model import Figure
+
+    res.interference.host_other_cores = Figure(value=with_stranger.other_cores, unit="cores", source="client_clock")
+    res.interference.host_cores = with_stranger.cores
+    check_interference(res)
+    assert [f.code for f in res.throughput.counter_window.flags] == ["host_interference"]
+
+
+class FakeNVML:
+    """FAKE pynvml (no GPU here): one GPU, scripted processes and clocks-event reasons."""
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, pids, reasons_mask):
+        self.pids, self.mask = pids, reasons_mask
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return "FAKE GPU"
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=90)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(used=1e9)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 300_000
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return 1500
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        raise RuntimeError("not supported")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self.mask
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=p) for p in self.pids]
+
+
+def _trial_with(pids, mask, server_pgid):
+    from truthput.load.schedule import LoadResult
+    from truthput.load.selfcheck import SelfCheck
+    from truthput.measure.names import metric_names
+    from truthput.pipeline.trial import TrialRun, TrialSetup, _interference
+
+    sampler = GpuSampler(interval_s=0.05, nvml=FakeNVML(pids, mask)).start()
+    time.sleep(0.2)
+    telemetry = sampler.stop()
+    res = TrialResults()
+    res.throughput.counter_window.value = 100.0
+    load = LoadResult(records=[], t_start=0.0, t_window_start=0.0, t_window_end=1.0, t_end=1.0, never_settled=False,
+                      selfcheck=SelfCheck(0.0, 0.0, 0.0, 0.0, False, None))
+    run = TrialRun(results=res, load=load, scrapes=[], t0_wall=0.0, t0_mono=0.0, t_end=1.0)
+    setup = TrialSetup(base_url="http://127.0.0.1:1", names=metric_names("vllm"), engine="vllm",
+                       server_pgids={server_pgid})
+    host = SimpleNamespace(other_cores=None, reason="not sampled in this test", cores=2)
+    _interference(run, setup, host, telemetry)
+    return res
+
+
+def test_gpu_strangers_and_throttling_are_flagged_and_the_server_is_not():
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(20)"], start_new_session=True)
+    try:
+        clean = _trial_with([server.pid], 0x1, server.pid)  # 0x1: GPU idle, not a slowdown
+        shared = _trial_with([server.pid, 999_999], 0x1, server.pid)
+        throttled = _trial_with([server.pid], 0x4 | 0x40, server.pid)
+        container = _trial_with([123_456], 0x1, server.pid)  # pids of another namespace: not compared
+    finally:
+        server.kill()
+        server.wait()
+    assert clean.throughput.counter_window.flags == []
+    assert [f.code for f in shared.throughput.counter_window.flags] == ["gpu_interference"]
+    assert "999999" in shared.throughput.counter_window.flags[0].reason
+    (flag,) = throttled.throughput.counter_window.flags
+    assert flag.code == "gpu_throttled" and "power cap" in flag.reason and "thermal slowdown (HW)" in flag.reason
+    assert container.throughput.counter_window.flags == [] and "another namespace" in container.interference.note
