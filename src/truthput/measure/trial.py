@@ -374,7 +374,8 @@ def _whole_trial(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | 
     d_trial = sc.delta(emitted, pre, settled)
     counter_trial = _counter_fig(d_trial, "tok/s", emitted, per_second=True, window="pre->post")
     note = " pre->post scrapes: 'read counter, run load, read again, divide by wall time'"
-    if drained is not settled and pre is not None and drained is not None and d_trial.value is not None:
+    if drained is not settled and pre is not None and drained is not None and settled is not None \
+            and d_trial.value is not None:
         # the counter's settled value, over the time to the end of the drain (truthput's own
         # wait for a lagging /metrics to settle is not the server's time)
         counter_trial.value = d_trial.value / (drained.t_mono - pre.t_mono)

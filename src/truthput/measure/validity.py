@@ -131,8 +131,8 @@ def check_timestamps(results: TrialResults, records: Sequence[RequestRecord], co
         for fig in (ps.decode_tps_mean, ps.decode_tps_median):
             add_flag(fig, "burst_delivery", reason)
         for dist in (lat.itl, lat.tpot):
-            for fig in (dist.mean, dist.p50, dist.p90, dist.p99):
-                add_flag(fig, "burst_delivery", reason)
+            for q in (dist.mean, dist.p50, dist.p90, dist.p99):
+                add_flag(q, "burst_delivery", reason)
     rate = ps.decode_tps_mean.number()
     aggregate = headline(results).number()
     samples = results.server_samples.running_mean

@@ -623,11 +623,11 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
             "same_argv": argv_a.get(key[0]) == argv_b.get(key[0]),
         })
     notes = []
-    for row in rows:
-        for side in ("a", "b"):
-            for f in row[side]["flags"]:
-                notes.append(f"{side.upper()} {row['variant']} c={row['concurrency']}: flagged {f['code']} "
-                             f"({f['trials']} of {f['of']} trials): {f['reason']}; the ratio rests on it")
+    for key in shared:
+        for side, cells in (("A", cells_a), ("B", cells_b)):
+            for f in cells[key].flags_on("tok/s"):
+                notes.append(f"{side} {key[0]} c={key[1]}: flagged {f.code} ({f.trials} of {f.of} trials): "
+                             f"{f.reason}; the ratio rests on it")
     if sim_a != sim_b:
         notes.append("one run is SIMULATED and the other is not: the ratio compares a model with a measurement")
     elif sim_a:
