@@ -81,3 +81,23 @@ def test_compare_cli(db_a, tmp_path):
     assert all(r["ratio"]["value"] == pytest.approx(0.8) for r in data["rows"])
     res = runner.invoke(app, ["compare", "latest", "latest", "--store", str(tmp_path / "none.db")])
     assert res.exit_code != 0
+
+
+def test_fail_if_slower_gates_on_a_decided_slowdown_beyond_the_threshold(db_a, tmp_path):
+    """B = A x 0.8 (20% slower in every cell, known truth): --fail-if-slower 3% exits 1 naming the
+    cells; 25% does not (the slowdown is not beyond it); B = A does not."""
+    from typer.testing import CliRunner
+
+    from truthput.cli import app
+
+    b = _scaled_copy(db_a, tmp_path / "b.db", 0.8)
+    runner = CliRunner()
+    args = ["compare", "latest", "latest", "--store", str(db_a), "--store-b", str(b)]
+    res = runner.invoke(app, [*args, "--fail-if-slower", "3%"])
+    assert res.exit_code == 1 and "B is slower than A by more than 3% in: " in res.output
+    assert "nospec c=1" in res.output
+    assert runner.invoke(app, [*args, "--fail-if-slower", "25%"]).exit_code == 0
+    same = ["compare", "latest", "latest", "--store", str(db_a), "--fail-if-slower", "3"]
+    assert runner.invoke(app, same).exit_code == 0
+    bad = runner.invoke(app, [*args, "--fail-if-slower", "lots"])
+    assert bad.exit_code != 0 and "--fail-if-slower 'lots'" in str(bad.exception)

@@ -94,9 +94,10 @@ def test_cell_estimate_t_interval_on_start_means():
     per_start = [[100.0, 102.0, 101.0], [97.0, 98.0], [], [103.0, 104.0, 105.0, 106.0]]
     est = cell_estimate(per_start)
     means = np.array([101.0, 97.5, 104.5])
-    lo, hi = stats.t.interval(0.95, 2, loc=means.mean(), scale=means.std(ddof=1) / math.sqrt(3))
-    assert est.mean == pytest.approx(means.mean())
-    assert (est.lo, est.hi) == (pytest.approx(lo), pytest.approx(hi))
+    logs = np.array([np.log(s).mean() for s in ([100.0, 102.0, 101.0], [97.0, 98.0], [103.0, 104.0, 105.0, 106.0])])
+    lo, hi = stats.t.interval(0.95, 2, loc=logs.mean(), scale=logs.std(ddof=1) / math.sqrt(3))
+    assert est.mean == pytest.approx(math.exp(logs.mean()))  # geometric, on the log scale
+    assert (est.lo, est.hi) == (pytest.approx(math.exp(lo)), pytest.approx(math.exp(hi)))
     assert est.n_starts == 3 and est.n_trials == 9  # the empty (failed) start contributes nothing
     assert est.cv_between == pytest.approx(means.std(ddof=1) / means.mean())
     pooled = math.sqrt((2.0 + 0.5 + 5.0) / (2 + 1 + 3))
@@ -115,10 +116,17 @@ def test_cell_estimate_coverage():
     assert 0.93 <= hits / 2000 <= 0.97
 
 
+def test_intervals_never_go_below_zero():
+    # two starts far apart: an arithmetic t interval reaches far below zero (t = 12.7)
+    est = cell_estimate([[100.0], [1000.0]])
+    assert 0 < est.lo < est.mean < est.hi
+    assert est.mean == pytest.approx(math.sqrt(100.0 * 1000.0))
+
+
 def test_one_start_has_no_interval_and_says_why():
     est = cell_estimate([[100.0, 101.0, 99.0]])
     assert math.isnan(est.lo) and math.isnan(est.hi)
-    assert est.mean == pytest.approx(100.0)
+    assert est.mean == pytest.approx(math.exp(np.log([100.0, 101.0, 99.0]).mean()))
     assert "one server start: no between-start variance" in est.warning
     r = ratio_estimate([[110.0, 111.0]], [[100.0], [101.0]])
     assert math.isnan(r.lo) and not r.significant and "one server start" in r.warning

@@ -79,7 +79,9 @@ def cell_estimate(
     confidence: float = 0.95,
     cv_threshold: float = DEFAULT_CV_THRESHOLD,
 ) -> CellEstimate:
-    """Mean of the per-start means with a Student-t interval on n_starts-1 degrees of freedom.
+    """Geometric mean over server starts with a Student-t interval on the log scale
+    (n_starts-1 degrees of freedom): throughput is positive and its noise multiplicative, so the
+    interval is exp(mean log +- t * sd / sqrt(n)) and never goes below zero.
 
     With one start the between-start variance is unknown: the interval is NaN and the warning
     says so (trial-to-trial spread within one start would understate the real uncertainty).
@@ -91,30 +93,32 @@ def cell_estimate(
     if not starts:
         raise MeasurementError("cell has no successful trials: every server start failed or was empty")
     means = np.array([s.mean() for s in starts])
+    logs = start_log_means(starts)
     n = means.size
     n_trials = int(sum(s.size for s in starts))
-    mean = float(means.mean())
+    mean = float(np.exp(logs.mean()))
     within = _within_sd(starts)
-    cv_within = within / mean if math.isfinite(within) else float("nan")
+    cv_within = within / float(means.mean()) if math.isfinite(within) else float("nan")
     warnings = noise_warnings(per_start, cv_threshold=cv_threshold)
     if n == 1:
         cv_between = float("nan")
         lo = hi = float("nan")
         warnings.insert(0, "one server start: no between-start variance, so no interval")
         method = (
-            "mean of 1 server start's trials; no interval because the unit of replication is the "
-            "server start"
+            "geometric mean of 1 server start's trials; no interval because the unit of replication is "
+            "the server start"
         )
     else:
-        sd = float(means.std(ddof=1))
-        cv_between = sd / mean
-        if sd == 0.0:
+        sd_log = float(logs.std(ddof=1))
+        cv_between = float(means.std(ddof=1)) / float(means.mean())
+        if sd_log == 0.0:
             lo = hi = mean
         else:
-            lo, hi = (float(x) for x in stats.t.interval(confidence, n - 1, loc=mean, scale=sd / math.sqrt(n)))
+            half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd_log / math.sqrt(n)
+            lo, hi = float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
         method = (
-            f"mean of {n} per-start means (trials averaged within each start), Student-t "
-            f"{confidence:.0%} interval with {n - 1} df"
+            f"geometric mean of {n} per-start geometric means (log tok/s averaged within each start), "
+            f"Student-t {confidence:.0%} interval on the log scale with {n - 1} df (never below zero)"
         )
     noisy = bool(
         (math.isfinite(cv_between) and cv_between > cv_threshold)

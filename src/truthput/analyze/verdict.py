@@ -28,12 +28,16 @@ class ComparisonVerdict:
 
     variant: str
     outcome: str
-    """"faster" | "slower" | "no difference" | "undetermined" (too few starts)."""
+    """"faster" | "slower" | "equivalent" (the interval lies inside +-min_effect) | "not decided"
+    (too wide for either) | "undetermined" (one start in an arm: no interval)."""
     estimate: RatioEstimate
     guard: str | None
     vetoed: bool
     line: str
     flagged: list[str] = field(default_factory=list)
+    more_starts: int | None = None
+    """For "not decided": about how many more starts per arm would decide it, if the effect and the
+    noise stay as observed."""
     """Validity flags on the figures this comparison rests on ("<variant> c=<n>: <code>")."""
 
 
@@ -87,6 +91,41 @@ def _pct(x: float) -> str:
     return f"{x:+.1f}%" if abs(x) < 10 else f"{x:+.0f}%"
 
 
+def _mag(x: float) -> str:
+    """A magnitude in percent, without a sign: "29%", "4.4%"."""
+    x = abs(x)
+    return f"{x:.1f}%" if x < 10 else f"{x:.0f}%"
+
+
+def _change(e: RatioEstimate) -> tuple[str, str]:
+    """("29% slower than", "19%..37%"): the magnitude of a decided change and its interval."""
+    if e.ratio >= 1:
+        return f"{_mag(e.pct)} faster than", f"{_mag(e.pct_lo)}..{_mag(e.pct_hi)}"
+    return f"{_mag(e.pct)} slower than", f"{_mag(-e.pct_hi)}..{_mag(-e.pct_lo)}"
+
+
+def more_starts_to_decide(e: RatioEstimate, min_effect: float) -> int | None:
+    """About how many more server starts per arm would make the interval exclude 1 or fit inside
+    +-min_effect, if the effect and the noise stay as observed (the half-width shrinks as
+    1/sqrt(starts))."""
+    if not (math.isfinite(e.lo) and math.isfinite(e.hi)) or e.ratio <= 0:
+        return None
+    d = abs(math.log(e.ratio))
+    half = (math.log(e.hi) - math.log(e.lo)) / 2
+    n = min(e.n_starts_variant, e.n_starts_baseline)
+    if half <= 0 or n < 1:
+        return None
+    need = []
+    if d > 0:
+        need.append(n * (half / d) ** 2)
+    margin = math.log1p(min_effect)
+    if d < margin:
+        need.append(n * (half / (margin - d)) ** 2)
+    if not need:
+        return None
+    return max(1, math.ceil(min(need)) - n)
+
+
 def _counts(e: RatioEstimate) -> str:
     def arm(s: int, t: int) -> str:
         return f"{s} starts x {t // s} trials" if s and t % s == 0 else f"{s} starts, {t} trials"
@@ -96,13 +135,17 @@ def _counts(e: RatioEstimate) -> str:
     return v if v == b else f"{v} vs baseline {b}"
 
 
-def _ci(e: RatioEstimate, confidence: float, n_comparisons: int, sequential: bool) -> str:
+def _adjustments(n_comparisons: int, sequential: bool) -> str:
     adj = []
     if n_comparisons > 1:
         adj.append(f"Bonferroni over {n_comparisons}")
     if sequential:
         adj.append("sequential-adjusted")
-    return f"{confidence:.0%} CI {_pct(e.pct_lo)}..{_pct(e.pct_hi)}" + "".join(f", {a}" for a in adj)
+    return "".join(f", {a}" for a in adj)
+
+
+def _ci(e: RatioEstimate, confidence: float, n_comparisons: int, sequential: bool) -> str:
+    return f"{confidence:.0%} CI {_pct(e.pct_lo)}..{_pct(e.pct_hi)}" + _adjustments(n_comparisons, sequential)
 
 
 def make_verdict(
@@ -115,6 +158,7 @@ def make_verdict(
     stopping_rule: StoppingRule | None = None,
     look: int | None = None,
     expected_divergence: Collection[str] = (),
+    min_effect: float = 0.02,
 ) -> Verdict:
     """Build the verdict from per-cell per-start tok/s.
 
@@ -159,21 +203,29 @@ def make_verdict(
             ci = _ci(est, confidence, m, stopping_rule is not None)
             counts = _counts(est)
             head = f"{tag}c={conc}: "
+            more = None
+            margin = 1.0 + min_effect
             if not math.isfinite(est.lo):
                 outcome = "undetermined"
                 line = (
                     f"{head}{v} vs {baseline}: {_pct(est.pct)} but undetermined: one server start in an arm, "
                     f"no between-start variance ({counts})"
                 )
-            elif est.significant and est.ratio > 1:
-                outcome = "faster"
-                line = f"{head}{v} beats {baseline} by {_pct(est.pct)} ({ci}, {counts})"
             elif est.significant:
-                outcome = "slower"
-                line = f"{head}{v} is slower than {baseline} by {_pct(est.pct)} ({ci}, {counts})"
+                outcome = "faster" if est.ratio > 1 else "slower"
+                change, interval = _change(est)
+                line = (f"{head}{v} is {change} {baseline} ({confidence:.0%} CI {interval}"
+                        f"{_adjustments(m, stopping_rule is not None)}, {counts})")
+            elif est.lo >= 1.0 / margin and est.hi <= margin:
+                outcome = "equivalent"
+                line = (f"{head}{v} is equivalent to {baseline} within +-{min_effect:.0%} ({_pct(est.pct)}, {ci}, "
+                        f"{counts})")
             else:
-                outcome = "no difference"
-                line = f"{head}{v} vs {baseline}: no difference detectable ({_pct(est.pct)}, {ci}, {counts})"
+                outcome = "not decided"
+                more = more_starts_to_decide(est, min_effect)
+                why = f"; about {more} more start{'s' if more != 1 else ''} per arm would likely decide it" \
+                    if more is not None else ""
+                line = f"{head}{v} vs {baseline}: not decided ({_pct(est.pct)}, {ci}, {counts}){why}"
             vetoed = diverges and not expected
             if g is not None:
                 line += f"; output guard: {guard_txt}"
@@ -181,7 +233,7 @@ def make_verdict(
                 line += f"; NOT named a winner: greedy outputs differ from {baseline}'s"
             if est.warning and outcome != "undetermined":
                 line += f"; {est.warning}"
-            comps.append(ComparisonVerdict(v, outcome, est, guard_txt, vetoed, line))
+            comps.append(ComparisonVerdict(v, outcome, est, guard_txt, vetoed, line, more_starts=more))
         qualifiers = [c for c in comps if c.outcome == "faster" and not c.vetoed]
         winner = None
         lines = [c.line for c in comps]
@@ -221,6 +273,8 @@ def make_verdict(
         "ratio = exp(difference of mean per-start log tok/s), Welch t interval (Welch-Satterthwaite df)",
         "multiple comparisons: Bonferroni over the variants compared with the baseline at each concurrency",
         "a winner must have its whole interval above 1 and identical greedy outputs (unless divergence is expected)",
+        f"equivalent: the whole interval lies within +-{min_effect:.0%} (two one-sided tests at the same level)",
+        "intervals of tok/s and of ratios are on the log scale (geometric): never below zero",
     ]
     if stopping_rule is not None:
         method_notes.append(stopping_rule.describe() + f"; intervals reported at look {look}")

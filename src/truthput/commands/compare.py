@@ -16,6 +16,9 @@ def register(app: typer.Typer) -> None:
         store: Path = typer.Option(Path("truthput.db"), "--store", help="Results store of run A (SQLite)."),
         store_b: Optional[Path] = typer.Option(None, "--store-b", help="Results store of run B (default: --store)."),
         as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+        fail_if_slower: Optional[str] = typer.Option(
+            None, "--fail-if-slower", metavar="PCT",
+            help="Exit 1 when B is decided slower than A by more than PCT (e.g. 3%) in any shared cell (for CI)."),
     ) -> None:
         """Per shared variant x concurrency: A and B tok/s (server counter) and B/A with a corrected interval."""
         import json
@@ -27,6 +30,7 @@ def register(app: typer.Typer) -> None:
         from truthput.report.data import compare_runs
         from truthput.store.db import Store
 
+        threshold = parse_percent(fail_if_slower, "--fail-if-slower") if fail_if_slower is not None else None
         for p in (store, store_b or store):
             if not p.exists():
                 raise StoreError(f"{p}: no results store here (give --store / --store-b PATH)")
@@ -40,6 +44,7 @@ def register(app: typer.Typer) -> None:
                 db_b.close()
         if as_json:
             typer.echo(json.dumps(result, indent=2))
+            _gate(result, threshold)
             return
         from rich.text import Text
 
@@ -80,3 +85,38 @@ def register(app: typer.Typer) -> None:
         for name, keys in (("only in A", result["only_a"]), ("only in B", result["only_b"])):
             if keys:
                 con.print(f"{name}: " + ", ".join(f"{v} c={c}" for v, c in keys), highlight=False)
+        _gate(result, threshold)
+
+
+def parse_percent(text: str, option: str) -> float:
+    """'3%' or '3' -> 0.03; a clear error for anything else."""
+    from truthput.errors import SpecError
+
+    raw = text.strip().rstrip("%").strip()
+    try:
+        value = float(raw) / 100.0
+    except ValueError:
+        raise SpecError(f"{option} {text!r}: expected a percentage such as 3%") from None
+    if not 0.0 <= value < 1.0:
+        raise SpecError(f"{option} {text!r}: expected a percentage from 0% to below 100%")
+    return value
+
+
+def slower_cells(result: dict, threshold: float) -> list[str]:
+    """Shared cells where B is decided slower than A by more than `threshold`: the whole interval
+    of B/A lies below 1 - threshold."""
+    out = []
+    for r in result["rows"]:
+        q = r["ratio"]
+        if q.get("hi") is not None and q["hi"] < 1.0 - threshold:
+            out.append(f"{r['variant']} c={r['concurrency']} ({q['pct']:+.1f}%, CI {q['pct_lo']:+.1f}..{q['pct_hi']:+.1f})")
+    return out
+
+
+def _gate(result: dict, threshold: float | None) -> None:
+    if threshold is None:
+        return
+    slower = slower_cells(result, threshold)
+    if slower:
+        typer.echo(f"truthput: B is slower than A by more than {threshold:.0%} in: {'; '.join(slower)}", err=True)
+        raise typer.Exit(1)
