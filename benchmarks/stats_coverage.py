@@ -55,6 +55,62 @@ def coverage_table(reps: int) -> None:
     print()
 
 
+SHARED_SCENARIOS = {
+    # name: between-start sd of log tok/s per arm (baseline first), within-start sd
+    "equal 10%": ((0.10, 0.10, 0.10), 0.02),
+    "one variant 4x noisier": ((0.10, 0.10, 0.40), 0.02),
+    "baseline 4x noisier": ((0.40, 0.10, 0.10), 0.02),
+    "equal 3%": ((0.03, 0.03, 0.03), 0.01),
+    "equal 30%": ((0.30, 0.30, 0.30), 0.05),
+}
+
+
+def _arms(rng, n, sds, sd_w, ratios):
+    """Per arm, per start, 1-4 trials of tok/s: log-normal start and trial effects."""
+    out = []
+    for sd, r in zip(sds, ratios):
+        starts = []
+        for _ in range(n):
+            k = int(rng.integers(1, 5))
+            starts.append((300.0 * r * np.exp(rng.normal(0, sd) + rng.normal(0, sd_w, k))).tolist())
+        out.append(starts)
+    return out
+
+
+def shared_noise_table(reps: int) -> None:
+    """Coverage of the unadjusted 95% intervals and the share of 2x effects decided, the shared-noise
+    intervals the verdict uses beside per-comparison Welch (the method before)."""
+    from truthput.analyze.stats import ratio_estimate, shared_noise
+
+    rng = np.random.default_rng(7)
+    print(f"Table 3: shared between-start noise vs per-comparison Welch; 3 arms (baseline + 2 variants), 1-4 "
+          f"trials per start, {reps} experiments per cell (simulated)")
+    print(f"{'scenario':26s}{'starts':>7s}{'cover shared':>14s}{'cover Welch':>13s}{'pooled':>8s}"
+          f"{'2x decided shared':>19s}{'2x decided Welch':>18s}")
+    for name, (sds, sd_w) in SHARED_SCENARIOS.items():
+        for n in (2, 3, 4):
+            cov_s = cov_w = pooled = dec_s = dec_w = 0
+            total = 0
+            for _ in range(reps):
+                truth = (1.0, float(rng.uniform(0.8, 1.25)), 2.0)
+                arms = _arms(rng, n, sds, sd_w, truth)
+                noise = shared_noise(arms)
+                pooled += noise.pooled
+                for v in (1, 2):
+                    s = ratio_estimate(arms[v], arms[0], noise=noise)
+                    w = ratio_estimate(arms[v], arms[0])
+                    if v == 1:
+                        total += 1
+                        cov_s += s.lo <= truth[1] <= s.hi
+                        cov_w += w.lo <= truth[1] <= w.hi
+                    else:
+                        dec_s += s.lo > 1.0
+                        dec_w += w.lo > 1.0
+            print(f"{name:26s}{n:7d}{cov_s / total:14.3f}{cov_w / total:13.3f}{pooled / reps:8.2f}"
+                  f"{dec_s / reps:19.3f}{dec_w / reps:18.3f}")
+    print()
+
+
 def stopping_table(reps: int) -> None:
     print(f"Table 2: stopping rule, target +-2%, starts 2..10, alpha 0.05, noise 3% between / 2% within,"
           f" 3 trials per start; {reps} experiments per row (simulated)")
@@ -76,9 +132,15 @@ def stopping_table(reps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20000)
+    parser.add_argument("--only-shared", action="store_true", help="print only the shared-noise table")
     args = parser.parse_args()
     t0 = time.perf_counter()
+    if args.only_shared:
+        shared_noise_table(args.reps)
+        print(f"({time.perf_counter() - t0:.1f} s)")
+        return
     coverage_table(args.reps)
+    shared_noise_table(max(args.reps // 10, 200))
     stopping_table(args.reps)
     print(f"({time.perf_counter() - t0:.1f} s)")
 

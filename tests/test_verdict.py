@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from truthput.analyze.guard import compare_outputs
-from truthput.analyze.stats import ratio_estimate
+from truthput.analyze.stats import ratio_estimate, shared_noise
 from truthput.analyze.stopping import StoppingRule
 from truthput.analyze.verdict import make_verdict
 from truthput.errors import MeasurementError
@@ -34,7 +34,9 @@ def test_seed_case_lines_and_figures():
     c1, c8 = v.per_concurrency
     assert c1.winner == "spec3" and c8.winner is None
     s3 = next(c for c in c1.comparisons if c.variant == "spec3")
-    ref = ratio_estimate(cells[("spec3", 1)], cells[("baseline", 1)], n_comparisons=2)
+    noise = shared_noise([cells[(v, 1)] for v in ("baseline", "spec1", "spec3")])
+    assert noise.df == 9  # 3 arms x (4 starts - 1): counted per start, not per trial
+    ref = ratio_estimate(cells[("spec3", 1)], cells[("baseline", 1)], n_comparisons=2, noise=noise)
     assert s3.estimate.ratio == pytest.approx(ref.ratio) and s3.estimate.lo == pytest.approx(ref.lo)
     assert 1.30 < s3.estimate.ratio < 1.46
     assert s3.line.startswith(f"c=1: spec3 is {ref.pct:.0f}% faster than baseline (95% CI {ref.pct_lo:.0f}%..")
@@ -105,7 +107,7 @@ def test_overlapping_qualifiers_no_single_winner():
     cells = {("base", 1): _arm(rng, 100.0), ("a", 1): _arm(rng, 130.0), ("b", 1): _arm(rng, 130.5)}
     cv = make_verdict(cells, "base").per_concurrency[0]
     assert [c.outcome for c in cv.comparisons] == ["faster", "faster"]
-    assert cv.winner is None and "no single winner" in cv.lines[-1]
+    assert cv.winner is None and any("no single winner" in line for line in cv.lines)
     cells[("b", 1)] = _arm(rng, 160.0)
     assert make_verdict(cells, "base").per_concurrency[0].winner == "b"
 
@@ -162,3 +164,28 @@ def test_runner_loop_end_to_end_on_synthetic_truth():
     assert e.lo == pytest.approx(decision.per_comparison["spec3@c=1"].lo)
     assert e.lo <= 92.5 / 67.0 <= e.hi
     assert fixed_design_starts(cells, "baseline", 0.03) >= 2
+
+
+def test_noise_is_shared_across_arms_unless_their_variances_differ():
+    """Two starts per arm: alone, each comparison's Welch interval has about 1 df (t = 12.7) and
+    a 2x effect is not decided; the between-start variance shared by 3 arms (3 df, per start)
+    decides it. One arm 10x noisier: nothing is pooled, and the verdict says so."""
+    from truthput.analyze.stats import shared_noise
+
+    base = [[100.0], [130.0]]
+    double = [[200.0], [262.0]]
+    other = [[100.0], [131.0]]
+    noise = shared_noise([base, double, other])
+    assert noise.pooled and noise.df == 3 and "3 df" in noise.note
+    welch = ratio_estimate(double, base)
+    shared = ratio_estimate(double, base, noise=noise)
+    assert not welch.significant and shared.significant and shared.lo > 1.05
+    triple = [[300.0], [393.0]]  # with Bonferroni over 2 comparisons the verdict needs a bigger effect
+    assert not ratio_estimate(triple, base, n_comparisons=2).significant
+    v = make_verdict({("b", 4): base, ("x", 4): triple, ("y", 4): other}, "b")
+    (cv,) = v.per_concurrency
+    assert next(c for c in cv.comparisons if c.variant == "x").outcome == "faster"
+    assert any("noise: between-start variance pooled over 3 arms" in line for line in cv.lines)
+    noisy = [[60.0], [250.0]]
+    unequal = shared_noise([base, double, noisy])
+    assert not unequal.pooled and "Welch" in unequal.note

@@ -184,11 +184,67 @@ def _check_confidence(confidence: float) -> None:
         raise SpecError(f"confidence must be in (0, 1), got {confidence!r}")
 
 
+HETEROGENEITY_P = 0.4
+"""Bartlett's test p-value below which the arms' between-start variances are taken as unequal.
+Deliberately liberal: pooling unequal variances narrows the noisy arm's interval, so the test
+must reject readily when starts are few (benchmarks/stats_coverage.py, table 3: at 0.4 the
+unadjusted 95% intervals cover >= 0.94 with equal noise and >= 0.90 with one arm 4x noisier,
+from 2 starts per arm)."""
+
+
+@dataclass(frozen=True)
+class SharedNoise:
+    """The between-start variance of log tok/s, pooled over the arms of one comparison family.
+
+    A start's effect (memory layout, graph capture, a hot GPU) is the noise every arm shares
+    the nature of; with few starts per arm, one arm's own variance has 1-3 degrees of freedom
+    and Welch intervals are very wide (t = 12.7 at 1 df). Pooled over k arms the estimate has
+    sum(n_arm - 1) degrees of freedom -- counted per server start, never per cell or trial.
+    When Bartlett's test says the variances differ, nothing is pooled (`pooled` False): each
+    comparison uses its own two arms (Welch), and the intervals widen by themselves.
+    """
+
+    pooled: bool
+    sd_log: float | None
+    df: int
+    arms: int
+    bartlett_p: float | None
+    note: str
+
+
+def shared_noise(arms: Sequence[Sequence[Sequence[float]]], het_p: float = HETEROGENEITY_P) -> SharedNoise:
+    """Pool the between-start variance of per-start mean log tok/s over `arms` (see SharedNoise)."""
+    from scipy import stats
+
+    logs = [start_log_means(clean_starts(a)) for a in arms]
+    with_var = [x for x in logs if x.size >= 2]
+    df = int(sum(x.size - 1 for x in with_var))
+    if df == 0:
+        return SharedNoise(False, None, 0, len(with_var), None, "no arm has two server starts: no variance to share")
+    s2 = np.array([x.var(ddof=1) for x in with_var])
+    n = np.array([x.size for x in with_var])
+    pooled_var = float(((n - 1) * s2).sum() / df)
+    p = None
+    if len(with_var) >= 2 and (s2 > 0).all():
+        k = len(with_var)
+        t_stat = (df * math.log(pooled_var) - float(((n - 1) * np.log(s2)).sum())) / (
+            1 + (float((1 / (n - 1)).sum()) - 1 / df) / (3 * (k - 1)))
+        p = float(stats.chi2.sf(t_stat, k - 1))
+    if p is not None and p < het_p:
+        return SharedNoise(False, math.sqrt(pooled_var), df, len(with_var), p,
+                           f"between-start variances differ across arms (Bartlett p = {p:.2f}): not pooled, "
+                           "each comparison uses its own arms (Welch)")
+    return SharedNoise(True, math.sqrt(pooled_var), df, len(with_var), p,
+                       f"between-start variance pooled over {len(with_var)} arms ({df} df, counted per server start"
+                       + (f"; Bartlett p = {p:.2f}" if p is not None else "") + ")")
+
+
 def ratio_estimate(
     variant: Sequence[Sequence[float]],
     baseline: Sequence[Sequence[float]],
     confidence: float = 0.95,
     n_comparisons: int = 1,
+    noise: SharedNoise | None = None,
 ) -> RatioEstimate:
     """Ratio of geometric means via Welch's t on per-start mean log tok/s, Bonferroni-corrected.
 
@@ -228,6 +284,25 @@ def ratio_estimate(
         n_trials_baseline=int(sum(s.size for s in b_starts)),
     )
     pct = (ratio - 1.0) * 100.0
+    if noise is not None and noise.pooled and noise.sd_log is not None and noise.df > 0:
+        from scipy import stats
+
+        se = noise.sd_log * math.sqrt(1.0 / nv + 1.0 / nb)
+        if se == 0.0:
+            lo = hi = ratio
+            p_raw = 0.0 if diff != 0 else 1.0
+        else:
+            half = float(stats.t.isf(alpha / 2.0, noise.df)) * se
+            lo, hi = math.exp(diff - half), math.exp(diff + half)
+            p_raw = float(2.0 * stats.t.sf(abs(diff) / se, noise.df))
+        return RatioEstimate(
+            ratio=ratio, lo=lo, hi=hi, pct=pct, pct_lo=(lo - 1.0) * 100.0, pct_hi=(hi - 1.0) * 100.0,
+            p_value=min(1.0, p_raw * n_comparisons),
+            method=("t on per-start mean log tok/s with the between-start variance shared by the run's arms "
+                    f"({noise.df} df), ratio = exp(difference of means)"),
+            correction=correction, significant=bool(lo > 1.0 or hi < 1.0), level=level, df=float(noise.df),
+            se_log=se, **counts,  # type: ignore[arg-type]  # the four n_* counts
+        )
     if nv < 2 or nb < 2:
         nan = float("nan")
         return RatioEstimate(

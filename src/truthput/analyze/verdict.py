@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from truthput.analyze.guard import GuardResult
-from truthput.analyze.stats import RatioEstimate, cell_estimate, clean_starts, ratio_estimate
+from truthput.analyze.stats import RatioEstimate, cell_estimate, clean_starts, ratio_estimate, shared_noise
 from truthput.analyze.stopping import StoppingRule
 
 
@@ -189,13 +189,15 @@ def make_verdict(
         base_est = cell_estimate(group[baseline], confidence=confidence)
         others = sorted(v for v in group if v != baseline and v not in failed)
         m = len(others)
+        noise = shared_noise([group[v] for v in [baseline, *others]])
         comps: list[ComparisonVerdict] = []
         for v in others:
             if stopping_rule is not None:
                 level = stopping_rule.confidence_at(look or 0, 1)
-                est = ratio_estimate(group[v], group[baseline], confidence=level, n_comparisons=m)
+                est = ratio_estimate(group[v], group[baseline], confidence=level, n_comparisons=m, noise=noise)
             else:
-                est = ratio_estimate(group[v], group[baseline], confidence=confidence, n_comparisons=m)
+                est = ratio_estimate(group[v], group[baseline], confidence=confidence, n_comparisons=m,
+                                     noise=noise)
             g = guard.get(v)
             diverges = g is not None and not g.identical
             expected = v in expected_divergence
@@ -244,7 +246,7 @@ def make_verdict(
             level = 1.0 - (1.0 - confidence) / m if stopping_rule is None else (
                 1.0 - (1.0 - stopping_rule.confidence_at(look or 0, 1)) / m)
             if all(
-                ratio_estimate(group[best.variant], group[c.variant], confidence=level).significant
+                ratio_estimate(group[best.variant], group[c.variant], confidence=level, noise=noise).significant
                 for c in rivals
             ):
                 winner = best.variant
@@ -256,6 +258,8 @@ def make_verdict(
                 )
         elif comps:
             lines.append(f"{tag}c={conc}: no winner: {baseline} stays")
+        if comps and noise.df:
+            lines.append(f"{tag}c={conc}: noise: {noise.note}")
         if base_est.noisy and base_est.warning:
             lines.append(f"{tag}c={conc}: {baseline} is noisy: {base_est.warning}")
         out.append(
@@ -270,7 +274,9 @@ def make_verdict(
         )
     method_notes = [
         "unit of replication: the server start; each start's trials are averaged (mean log tok/s)",
-        "ratio = exp(difference of mean per-start log tok/s), Welch t interval (Welch-Satterthwaite df)",
+        "ratio = exp(difference of mean per-start log tok/s); t interval with the between-start variance pooled "
+        "over the arms at that concurrency (df counted per server start), or Welch per comparison when Bartlett's "
+        "test says the arms' variances differ",
         "multiple comparisons: Bonferroni over the variants compared with the baseline at each concurrency",
         "a winner must have its whole interval above 1 and identical greedy outputs (unless divergence is expected)",
         f"equivalent: the whole interval lies within +-{min_effect:.0%} (two one-sided tests at the same level)",
