@@ -333,3 +333,68 @@ guard_max_tokens = 8
     # same argv as the user's own unit (mtp3 changed nothing), same sections, normal restart policy kept
     assert unit.exec_start_argv() == original.exec_start_argv()
     assert unit.get("Service", "Restart") == original.get("Service", "Restart")
+
+
+def _start_run(tmp_path, name: str, min_trials: int, preexec=None):
+    exp = tmp_path / f"{name}.toml"
+    exp.write_text(experiment_text(BASE_VARIANTS, concurrency=(1, 2), duration=0.8, starts=2))
+    db = tmp_path / f"{name}.db"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+                            preexec_fn=preexec)
+    deadline = time.monotonic() + 120
+    n = 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        if db.exists():
+            try:
+                with sqlite3.connect(db) as c:
+                    n = c.execute("SELECT count(*) FROM trials").fetchone()[0]
+            except sqlite3.OperationalError:
+                n = 0
+        if n >= min_trials:
+            break
+        time.sleep(0.1)
+    assert n >= min_trials, "no trials committed in time"
+    return proc, db
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_stop_the_servers_and_mark_the_run_interrupted(tmp_path, sig):
+    proc, db = _start_run(tmp_path, sig.name, 2)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, out.decode()
+    assert f"stopped by {sig.name}".encode() in out and b"--resume" in out
+    store = Store(db)
+    run_id = store.resolve_run("latest")
+    assert store.run(run_id)["status"] == "interrupted"
+    starts = store.starts(run_id)
+    assert not _pids_alive([s["pid"] for s in starts if s["pid"]]), "a server outlived the signal"
+    assert not any(_port_listening(s["port"]) for s in starts if s["port"])
+
+
+@pytest.mark.slow
+def test_sighup_inherited_as_ignored_stays_ignored(tmp_path):
+    """`nohup truthput run`: a closed terminal must not stop the run."""
+    proc, db = _start_run(tmp_path, "nohup", 1, preexec=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    assert proc.poll() is None, "SIGHUP stopped a run started with SIGHUP ignored"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
+@pytest.mark.slow
+def test_a_server_dies_with_truthput_even_after_kill_9(tmp_path):
+    proc, db = _start_run(tmp_path, "kill9", 1)
+    with sqlite3.connect(db) as c:
+        pids = [r[0] for r in c.execute("SELECT pid FROM starts WHERE pid IS NOT NULL")]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _pids_alive(pids):
+        time.sleep(0.2)
+    assert not _pids_alive(pids), "a server outlived kill -9 of truthput (no parent-death signal)"

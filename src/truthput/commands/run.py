@@ -37,6 +37,23 @@ def write_winner_units(db, store_path: Path, run_id: str, folder: Path) -> list[
     return out
 
 
+def stop_signals() -> list[int]:
+    """The signals that stop a run: SIGTERM, and SIGHUP unless it was inherited as ignored (so
+    `nohup truthput run ...` keeps running when its terminal closes)."""
+    import signal
+
+    sigs = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    return sigs
+
+
+def _stop_task(task, signum: int, received: list[int]) -> None:
+    if not received:
+        received.append(signum)
+        task.cancel()
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def run(
@@ -48,6 +65,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run every variant x concurrency level, measure from server counters, print the verdict."""
         import asyncio
+        import signal
 
         from truthput.errors import SpecError
         from truthput.load.client import prepare_load_process
@@ -76,13 +94,29 @@ def register(app: typer.Typer) -> None:
             raise SpecError(f"--engine {engine!r}: expected one of {', '.join(ENGINE_KINDS)}")
         prepare_load_process()
         progress = make_progress()
+        received: list[int] = []
+
+        async def main() -> str:
+            # SIGTERM and SIGHUP (what `timeout`, `systemctl stop`, a closed terminal or a CI cancel
+            # send) stop the run like Ctrl-C: the running task is cancelled, so every server this
+            # run started is stopped and the run is marked interrupted.
+            loop = asyncio.get_running_loop()
+            task = asyncio.current_task()
+            for sig in stop_signals():
+                loop.add_signal_handler(sig, _stop_task, task, sig, received)
+            return await run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress)
+
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C works even when inherited ignored
         try:
-            run_id = asyncio.run(run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress))
-        except KeyboardInterrupt:
+            run_id = asyncio.run(main())
+        except (KeyboardInterrupt, asyncio.CancelledError):
             progress.close()
             latest = db.resolve_run("latest") if run_id is None else run_id
-            typer.echo(f"truthput: interrupted; finished trials are kept. Resume with: truthput run --resume {latest} --store {store}", err=True)
-            raise typer.Exit(130)
+            why = f"stopped by {signal.Signals(received[0]).name}" if received else "interrupted"
+            typer.echo(f"truthput: {why}; finished trials are kept. Resume with: truthput run --resume {latest} "
+                       f"--store {store}", err=True)
+            raise typer.Exit(128 + received[0] if received else 130)
         progress.close()
         print_run(db, run_id)
         print_audit_matrix(db, run_id)

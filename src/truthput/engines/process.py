@@ -12,6 +12,7 @@ import asyncio
 import atexit
 import os
 import signal
+import sys
 import time
 from collections import deque
 from typing import Mapping, Sequence
@@ -33,6 +34,18 @@ def _kill_leftovers() -> None:
 
 
 atexit.register(_kill_leftovers)
+
+
+def die_with_parent() -> None:
+    """In the child before exec: ask Linux to send SIGTERM when truthput dies (even by kill -9),
+    so no server outlives the run that started it. Elsewhere: nothing (best effort)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _classify(exit_code: int | None, lines: Sequence[str], phase: str):
@@ -91,7 +104,8 @@ class ProcessEngine:
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True, env=env, cwd=self.cwd, limit=1 << 20)
+                stderr=asyncio.subprocess.PIPE, start_new_session=True, env=env, cwd=self.cwd, limit=1 << 20,
+                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
         except (FileNotFoundError, PermissionError) as exc:
             reason = f"cannot execute {self.argv[0]!r}: {exc.strerror}"
             return StartOutcome(ok=False, failure_kind="invalid_config", reason=reason, root_cause_line=reason)
