@@ -195,3 +195,34 @@ def test_driver_with_worker_processes_counts_exactly(stub, tmp_path: Path) -> No
     assert row["requests"] == 160 and row["client_tokens"] == 160 * 150 and row["tokens_equal"]
     assert {r.worker for r in run.outcomes[0].load.records} == {0, 1}
     assert run.outcomes[0].results.integrity.model_dump()["holds"] is True
+
+
+@pytest.mark.slow
+def test_sigterm_ends_truthput_load_keeping_finished_trials(stub, tmp_path: Path) -> None:
+    import os
+    import signal
+    import sqlite3
+    import subprocess
+    import time
+
+    db = tmp_path / "t.db"
+    proc = subprocess.Popen([sys.executable, "-m", "truthput", "load", stub.url, "-c", "1,2", "--duration", "30",
+                             "--output-tokens", "16", "--store", str(db)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 60
+    running = False
+    while time.monotonic() < deadline and not running:  # until the run is under way
+        time.sleep(0.2)
+        if db.exists():
+            try:
+                with sqlite3.connect(db) as c:
+                    running = c.execute("SELECT count(*) FROM runs WHERE status='running'").fetchone()[0] == 1
+            except sqlite3.OperationalError:
+                pass
+    time.sleep(2.0)  # inside the first 30 s trial
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err.decode()
+    assert b"stopped by SIGTERM" in err
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"

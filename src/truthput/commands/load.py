@@ -137,20 +137,31 @@ def register(app: typer.Typer) -> None:
 
         err = make_console(stderr=True, highlight=False)
         results: list = []
+        received: list[int] = []
 
         async def main() -> None:
+            from truthput.commands.run import _stop_task, stop_signals
+
+            loop = asyncio.get_running_loop()
+            for sig in stop_signals():  # SIGTERM / SIGHUP end the load like Ctrl-C: finished trials kept
+                loop.add_signal_handler(sig, _stop_task, asyncio.current_task(), sig, received)
             # The result leaves through a list, not as the task's result: on exit asyncio.run
             # restores the SIGINT handler, and CPython's signal module then formats a repr of the
             # handler, whose partial holds the main task, whose repr includes its result: every
             # chunk of every record (0.2 CPU-s for 164k chunks, measured). A None result costs nothing.
             results.append(await run_load(opts, db, pool, progress=lambda m: err.print(m), tokenizer=tok))
 
+        import signal
+
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             asyncio.run(main())
             result = results[0]
-        except KeyboardInterrupt:
-            typer.echo("truthput: interrupted; finished trials are kept in the store", err=True)
-            raise typer.Exit(130)
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            why = f"stopped by {signal.Signals(received[0]).name}" if received else "interrupted"
+            typer.echo(f"truthput: {why}; finished trials are kept in the store", err=True)
+            raise typer.Exit(128 + received[0] if received else 130)
         finally:
             if pool is not None:
                 pool.close()
