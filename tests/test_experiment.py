@@ -70,3 +70,38 @@ def test_missing_file_is_clear(tmp_path):
 def test_target_percentage():
     exp = parse_experiment(MINIMAL + '\n[measure]\ntarget = "±2%"\n', "m.toml")
     assert exp.measure.target_rel == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("section,line,where", [
+    ("server", "port = 70000", "[server].port"),
+    ("server", "port = -1", "[server].port"),
+    ("workload", "duration_s = inf", "[workload].duration_s"),
+    ("workload", "duration_s = nan", "[workload].duration_s"),
+    ("workload", "output_tokens = 0", "[workload].output_tokens"),
+    ("measure", 'target = "abc"', "[measure].target"),
+])
+def test_nonsense_values_are_refused_when_the_file_is_read(tmp_path, section, line, where):
+    """Refused with one line naming the file and the key, before any server starts (`plan` too)."""
+    from truthput.errors import SpecError
+    from truthput.spec.experiment import load_experiment
+
+    sections = {"server": 'engine = "sim"', "workload": "", "measure": ""}
+    sections[section] = (sections[section] + "\n" + line).strip()
+    text = '[experiment]\nname = "x"\nbaseline = "a"\n[[variant]]\nname = "a"\n' + "".join(
+        f"[{name}]\n{body}\n" for name, body in sections.items() if body)
+    path = tmp_path / "e.toml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as err:
+        load_experiment(path)
+    msg = str(err.value)
+    assert str(path) in msg and where.split(".")[-1] in msg and "\n" not in msg.strip()
+
+
+def test_a_non_utf8_experiment_file_is_one_line_with_the_byte_offset(tmp_path):
+    from truthput.errors import SpecError
+    from truthput.spec.experiment import load_experiment
+
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('[experiment]\nname = "caf\u00e9"\n'.encode("latin-1"))
+    with pytest.raises(SpecError, match=r"not UTF-8 text: byte 24 \(0xe9\)"):
+        load_experiment(path)

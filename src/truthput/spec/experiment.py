@@ -40,10 +40,10 @@ class ServerSection(_Strict):
     command: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     host: str | None = None
-    port: int | None = None
+    port: int | None = Field(None, ge=1, le=65535)
     url: str | None = None  # engine = "external": where the server already runs
-    ready_timeout_s: float = 600.0
-    stop_grace_s: float = 30.0
+    ready_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)
+    stop_grace_s: float = Field(30.0, ge=0, allow_inf_nan=False)
     ready_url: str | None = None  # engine = "command": readiness path or URL (default /health then /v1/models)
     metric_names: dict[str, str] = Field(default_factory=dict)  # engine = "command": map onto vLLM's roles
     systemd_unit: SystemdUnitRef | None = None
@@ -96,9 +96,9 @@ class VariantSection(_Strict):
 
 class WorkloadSection(_Strict):
     concurrency: list[int] = Field(default_factory=lambda: [1])
-    duration_s: float | None = Field(30.0, gt=0)
+    duration_s: float | None = Field(30.0, gt=0, allow_inf_nan=False)
     requests: int | None = Field(None, gt=0)
-    warmup_s: float = Field(5.0, ge=0)
+    warmup_s: float = Field(5.0, ge=0, allow_inf_nan=False)
     endpoint: Literal["completions", "chat"] = "completions"
     prompt_source: str = "synthetic"
     input_tokens: int | dict[str, Any] = 256
@@ -118,6 +118,13 @@ class WorkloadSection(_Strict):
             raise ValueError("expected a non-empty list of positive integers")
         return v
 
+    @field_validator("input_tokens", "output_tokens")
+    @classmethod
+    def _tokens(cls, v: int | dict[str, Any]) -> int | dict[str, Any]:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"expected at least 1 token, got {v}")
+        return v
+
 
 class MeasureSection(_Strict):
     repeats: int = Field(2, ge=1)  # timed trials per concurrency level per server start
@@ -130,17 +137,35 @@ class MeasureSection(_Strict):
     guard_prompts: int = Field(4, ge=1)
     guard_max_tokens: int = Field(64, ge=1)
     request_error_threshold: float = Field(0.05, ge=0, le=1)
-    time_budget_s: float | None = None
+    time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+    @field_validator("target")
+    @classmethod
+    def _target_is_a_percentage(cls, v: str | None) -> str | None:
+        if v:
+            value = _percentage(v)
+            if value is None or not 0 < value < 1:
+                raise ValueError(f"expected a percentage like '±2%', got {v!r}")
+        return v
 
     @property
     def target_rel(self) -> float | None:
         if not self.target:
             return None
-        text = self.target.strip().lstrip("±+").rstrip("%").strip()
-        try:
-            return float(text) / 100.0
-        except ValueError as exc:
-            raise SpecError(f"[measure].target: expected a percentage like '±2%', got {self.target!r}") from exc
+        value = _percentage(self.target)
+        if value is None:
+            raise SpecError(f"[measure].target: expected a percentage like '±2%', got {self.target!r}")
+        return value
+
+
+def _percentage(text: str) -> float | None:
+    """'±2%', '2%', '+2' -> 0.02; None when it is not a finite number."""
+    raw = text.strip().lstrip("±+").rstrip("%").strip()
+    try:
+        value = float(raw) / 100.0
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
 
 
 class SloSection(_Strict):
@@ -237,4 +262,7 @@ def load_experiment(path: str | Path) -> tuple[Experiment, str]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"{p}: cannot read experiment file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{p}: not UTF-8 text: byte {exc.start} (0x{exc.object[exc.start]:02x}) cannot be "
+                        "decoded; save the file as UTF-8") from None
     return parse_experiment(text, str(p)), text
