@@ -241,26 +241,9 @@ def _port_listening(port: int) -> bool:
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path):
-    exp = tmp_path / "e.toml"
-    exp.write_text(experiment_text(BASE_VARIANTS, concurrency=(1, 2), duration=1.0, repeats=2))
-    db = tmp_path / "r.db"
+    proc, db = _start_run(tmp_path, "e", 5, text=experiment_text(BASE_VARIANTS, concurrency=(1, 2), duration=1.0,
+                                                                  repeats=2))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-    # wait until at least 3 trials are committed, i.e. mid-run (the second variant's server is up)
-    deadline = time.monotonic() + 120
-    n = 0
-    while time.monotonic() < deadline:
-        if db.exists():
-            try:
-                with sqlite3.connect(db) as c:
-                    n = c.execute("SELECT count(*) FROM trials").fetchone()[0]
-            except sqlite3.OperationalError:
-                n = 0
-        if n >= 5:
-            break
-        time.sleep(0.1)
-    assert n >= 5, proc.stdout.read().decode() if proc.poll() is not None else "no trials committed in time"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out.decode()
@@ -335,9 +318,10 @@ guard_max_tokens = 8
     assert unit.get("Service", "Restart") == original.get("Service", "Restart")
 
 
-def _start_run(tmp_path, name: str, min_trials: int, preexec=None):
+def _start_run(tmp_path, name: str, min_trials: int, preexec=None, text: str | None = None):
+    """`truthput run` in a subprocess, returned once `min_trials` trials are committed (mid-run)."""
     exp = tmp_path / f"{name}.toml"
-    exp.write_text(experiment_text(BASE_VARIANTS, concurrency=(1, 2), duration=0.8, starts=2))
+    exp.write_text(text or experiment_text(BASE_VARIANTS, concurrency=(1, 2), duration=0.8, starts=2))
     db = tmp_path / f"{name}.db"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],

@@ -14,7 +14,6 @@ server sent `continuous_usage_stats`, the running completion-token count. From t
 
 from __future__ import annotations
 
-import math
 from array import array
 from dataclasses import dataclass
 from itertools import chain
@@ -24,7 +23,7 @@ import numpy as np
 
 from truthput.load.records import RequestRecord
 
-from truthput.measure.model import SOURCES, Figure  # noqa: F401  (SOURCES re-exported)
+from truthput.measure.model import Figure
 
 
 def figure(value: float | int | None, unit: str, source: str, note: str | None = None, **extra: Any) -> Figure:

@@ -32,7 +32,6 @@ from truthput.measure.methods import (
 )
 from truthput.measure.model import (
     Check,
-    ClientCheck,
     ErrorCount,
     Figure,
     Integrity,
@@ -357,7 +356,7 @@ def _throughput(sc: _Scrapes, emitted: str | None, d_win: CounterDelta, n: _Coun
 
 
 def _whole_trial(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | None, n: _Counts,
-                 concurrency: int) -> tuple[WholeTrial, np.ndarray]:
+                 concurrency: int, d_trial: CounterDelta) -> tuple[WholeTrial, np.ndarray]:
     ok = [r for r in records if r.status == "ok"]
     with_usage = [r for r in ok if r.completion_tokens is not None]
     usage_total = sum(r.completion_tokens or 0 for r in with_usage)
@@ -371,7 +370,6 @@ def _whole_trial(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | 
         whole = WholeTrial(usage_trial=figure(None, "tok/s", "usage", "missing data: no finished request reported usage",
                                               window="trial"))
     pre, drained, settled = sc.phase("pre"), sc.phase("post"), sc.phase("post", last=True)
-    d_trial = sc.delta(emitted, pre, settled)
     counter_trial = _counter_fig(d_trial, "tok/s", emitted, per_second=True, window="pre->post")
     note = " pre->post scrapes: 'read counter, run load, read again, divide by wall time'"
     if drained is not settled and pre is not None and drained is not None and settled is not None \
@@ -551,7 +549,7 @@ def _server_samples(sc: _Scrapes, names: EngineMetricNames, win: tuple[float, fl
 
 
 def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Counts, engine: str, concurrency: int,
-           records: Sequence[RequestRecord], d_win: CounterDelta, ws_s: ParsedScrape | None,
+           records: Sequence[RequestRecord], d_win: CounterDelta, d_trial: CounterDelta, ws_s: ParsedScrape | None,
            we_s: ParsedScrape | None) -> None:
     """The validity checks (`truthput.measure.validity`) on the figures computed so far."""
     intervals: list[tuple[float, float, float | None, int]] = []
@@ -562,7 +560,6 @@ def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Cou
             intervals.append((a.t_mono, b.t_mono, d.value, d.resets))
         if ws_s is not None and we_s is not None and len(inside) > 2:
             intervals.append((ws_s.t_mono, we_s.t_mono, d_win.value, d_win.resets))
-    d_trial = sc.delta(emitted, sc.phase("pre"), sc.phase("post", last=True))
     usage_w, seconds = result.throughput.usage_window.number(), counts.seconds
     usage_tokens = usage_w * seconds if usage_w is not None and seconds else None
     known = counts.usage_pc[counts.usage_pc > 0]
@@ -694,7 +691,8 @@ def measure_trial(
     d_win = sc.delta(emitted, ws_s, we_s)
     counter_tps = d_win.rate() if counts.win_from_scrapes else None
     result.throughput = _throughput(sc, emitted, d_win, counts, tokenizer is not None)
-    result.whole_trial, _words_req = _whole_trial(records, sc, emitted, counts, concurrency)
+    d_trial = sc.delta(emitted, sc.phase("pre"), sc.phase("post", last=True))
+    result.whole_trial, _words_req = _whole_trial(records, sc, emitted, counts, concurrency, d_trial)
     spec_block, d_dt_w, d_acc_w = _spec_decode(records, sc, names, emitted, speculative, win, d_win, ws_s, we_s)
     result.spec_decode = spec_block
     k = spec_block.k if spec_block is not None else None
@@ -702,7 +700,7 @@ def measure_trial(
     result.per_stream = _per_stream(records, counter_tps)
     result.latency = _latency(records, sc, names, counts, ws_s, we_s)
     result.server_samples = _server_samples(sc, names, win)
-    _check(result, sc, emitted, counts, engine, concurrency, records, d_win, ws_s, we_s)
+    _check(result, sc, emitted, counts, engine, concurrency, records, d_win, d_trial, ws_s, we_s)
 
     rows = _methods(result, emitted, d_win, counter_tps, k, d_dt_w, d_acc_w)
     if d_win.resets:

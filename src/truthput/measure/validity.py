@@ -134,7 +134,7 @@ def check_timestamps(results: TrialResults, records: Sequence[RequestRecord], co
             for q in (dist.mean, dist.p50, dist.p90, dist.p99):
                 add_flag(q, "burst_delivery", reason)
     rate = ps.decode_tps_mean.number()
-    aggregate = headline(results).number()
+    aggregate = results.headline().number()
     samples = results.server_samples.running_mean
     running = samples.number() if samples is not None and samples.value is not None else float(concurrency)
     if rate is not None and aggregate and running and rate * running > PER_STREAM_SLACK * aggregate:
@@ -191,7 +191,3 @@ def check_client(results: TrialResults) -> None:
         for fig in (results.throughput.counter_window, results.throughput.usage_window):
             add_flag(fig, "load_not_reached", reason)
 
-
-def headline(results: TrialResults) -> Figure:
-    """The figure a trial is judged by, with its provenance (see `TrialResults.headline`)."""
-    return results.headline()

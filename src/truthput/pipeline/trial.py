@@ -191,7 +191,6 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
 
 def _interference(run: TrialRun, setup: TrialSetup, host: Any, telemetry: Any) -> None:
     from truthput.engines.interference import server_pids
-    from truthput.measure.model import Figure
     from truthput.measure.validity import check_interference
 
     i = run.results.interference

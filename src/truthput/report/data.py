@@ -19,7 +19,7 @@ import math
 import tomllib
 from collections import defaultdict
 from datetime import datetime, timezone
-from statistics import mean, median
+from statistics import mean
 from typing import Any
 
 from truthput.hardware.dtypes import kv_dtype_bytes

@@ -112,14 +112,6 @@ def print_run(store: Store, run_id: str, console: Any = None) -> None:
         con.print(Text("warning", style="yellow") + Text(f": {w}"))
 
 
-def trial_warnings(store: Store, run_id: str) -> list[str]:
-    """Trials whose figures may be distorted: the batch never settled, the client was the
-    bottleneck, the trial failed (each warning names its trial)."""
-    from truthput.report.runsummary import run_summary
-
-    return run_summary(store, run_id).warnings()
-
-
 def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
     """The audit in one table: each counting method's error vs the server counter, per cell.
 

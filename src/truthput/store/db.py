@@ -6,7 +6,6 @@ figures) in one transaction before the next trial starts, so a killed run resume
 
 from __future__ import annotations
 
-import json
 from array import array
 
 import orjson
