@@ -1,147 +1,187 @@
-"""Coverage and stopping-rule tables from seeded synthetic experiments (simulated, not measured).
+"""Coverage, error rates, power and starts used by the verdict's statistics, on seeded synthetic
+experiments (simulated, not measured), beside the method used before (Welch on each comparison's
+two arms, Bonferroni, a fixed number of starts).
 
-Run:  .venv/bin/python benchmarks/stats_coverage.py [--reps 20000]
+Run:  .venv/bin/python benchmarks/stats_coverage.py [--reps 400]
 
-Table 1: coverage of the 95% ratio interval (Welch on per-start mean log tok/s) by number of
-server starts and noise scenario; trials per start vary 2..4.  Table 2: the sequential stopping
-rule under several true ratios: false-winner rate, power, coverage of the adjusted intervals,
-mean starts used, and the starts a fixed design needs for the same precision.
+Every experiment: a baseline and variants, server starts with a start effect on log tok/s (shared
+by every concurrency level measured on that start, plus a small per-level part), 1-4 trials per
+start with within-start noise; start CVs, effects, tails and drift as each table says.
+
+Table 1: coverage of the unadjusted 95% intervals at a fixed number of starts per arm.
+Table 2: family-wise false-claim rate with no true change (3 variants x 2 levels = 6 comparisons),
+         the sequential rule against a fixed design.
+Table 3: the sequential default rule (first look at 3 starts, at most 6, linear spending, Holm,
+         equivalence within +-2%):
+         share decided, power, mean starts per arm and share decided by 3 starts, per true effect and
+         start CV; beside it the fixed 2-start design used before.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
-from truthput.analyze.stats import welch_log_diff
-from truthput.analyze.stopping import StoppingRule, fixed_design_starts_from_sd
+from truthput.analyze.decide import decide_family
+from truthput.analyze.stats import ratio_estimate
+from truthput.analyze.stopping import family_estimates, simulate_rule
+from truthput.analyze.summary import stopping_rule
+from truthput.spec.experiment import MeasureSection
 
-SCENARIOS = {
-    # name: (sd_between variant, sd_between baseline, sd_within, log-normal noise?)
-    "equal 2%/1%": (0.02, 0.02, 0.01, True),
-    "variant noisier 4% vs 1%": (0.04, 0.01, 0.01, True),
-    "within-dominated 0.5%/3%": (0.005, 0.005, 0.03, True),
-    "raw-scale normal 3%/2%": (0.03, 0.03, 0.02, False),
+RULE = stopping_rule(MeasureSection())
+"""The rule every experiment gets by default: first look at 3 starts per variant, at most 6."""
+
+
+def make_cells(rng: np.random.Generator, n: int, sds: Sequence[float], ratios: Sequence[float], levels: int = 1,
+               sd_within: float = 0.01, tail: str = "normal", drift: float = 0.0, trials: tuple[int, int] = (1, 4)):
+    """(cells keyed (arm, level), rounds): arm 0 is the baseline; start j is round j.
+
+    tail "normal": start effects normal on the log scale (log-normal tok/s); "t3": Student-t with 3
+    df scaled to the same SD (heavy tails).  drift: a trend shared by every arm, `drift` per round
+    on the log scale (a box warming up), plus a random walk of the same size.
+    """
+    walk = np.cumsum(rng.normal(0.0, drift, n)) + drift * np.arange(n) if drift else np.zeros(n)
+    cells, rounds = {}, {}
+    for a, (sd, r) in enumerate(zip(sds, ratios, strict=True)):
+        if tail == "t3":
+            eff = rng.standard_t(3, n) * sd / math.sqrt(3.0)
+        else:
+            eff = rng.normal(0.0, sd, n)
+        for lv in range(levels):
+            per_level = rng.normal(0.0, sd / 4, n)
+            starts = []
+            for j in range(n):
+                k = int(rng.integers(trials[0], trials[1] + 1))
+                base = math.log(300.0 * (lv + 1) * r) + eff[j] + per_level[j] + walk[j]
+                starts.append(np.exp(base + rng.normal(0.0, sd_within, k)).tolist())
+            cells[(f"a{a}", lv + 1)] = starts
+            rounds[(f"a{a}", lv + 1)] = list(range(n))
+    return cells, rounds
+
+
+COVERAGE = {
+    # name: (SDs per arm, baseline first; tail; drift; levels)
+    "equal 10%": ((0.10, 0.10, 0.10), "normal", 0.0, 1),
+    "equal 10%, 3 levels": ((0.10, 0.10, 0.10), "normal", 0.0, 3),
+    "one variant 4x noisier": ((0.10, 0.10, 0.40), "normal", 0.0, 1),
+    "baseline 4x noisier": ((0.40, 0.10, 0.10), "normal", 0.0, 1),
+    "drift 10%/round": ((0.05, 0.05, 0.05), "normal", 0.10, 1),
+    "heavy-tailed (t3) 10%": ((0.10, 0.10, 0.10), "t3", 0.0, 1),
+    "equal 3%, 2 levels": ((0.03, 0.03, 0.03), "normal", 0.0, 2),
 }
-
-
-def per_start_log_means(rng, reps, n_starts, level, sd_b, sd_w, log_normal):
-    k = rng.integers(2, 5, (reps, n_starts))
-    mask = np.arange(4)[None, None, :] < k[..., None]
-    if log_normal:
-        logs = np.log(level) + rng.normal(0, sd_b, (reps, n_starts, 1)) + rng.normal(0, sd_w, (reps, n_starts, 4))
-    else:
-        raw = level * (1 + rng.normal(0, sd_b, (reps, n_starts, 1)) + rng.normal(0, sd_w, (reps, n_starts, 4)))
-        logs = np.log(raw)
-    return (logs * mask).sum(-1) / mask.sum(-1)
 
 
 def coverage_table(reps: int) -> None:
     rng = np.random.default_rng(2026)
-    starts = (2, 3, 5, 10)
-    print(f"Table 1: coverage of 95% ratio intervals, {reps} experiments per cell (simulated)")
-    print(f"{'scenario':28s}" + "".join(f"{f'{n} starts':>11s}" for n in starts))
-    for name, (sv, sb, sw, ln) in SCENARIOS.items():
-        row = []
-        for n in starts:
-            truth = rng.uniform(0.7, 1.5, reps)
-            lv = per_start_log_means(rng, reps, n, 300 * truth[:, None, None], sv, sw, ln)
-            lb = per_start_log_means(rng, reps, n, 300.0, sb, sw, ln)
-            w = welch_log_diff(lv, lb, 0.05)
-            row.append(float(((w.lo <= np.log(truth)) & (np.log(truth) <= w.hi)).mean()))
-        print(f"{name:28s}" + "".join(f"{c:11.3f}" for c in row))
+    print(f"Table 1: coverage of unadjusted 95% intervals (every comparison), {reps} experiments per cell (simulated)")
+    print(f"{'scenario':26s}{'starts':>7s}{'new':>8s}{'before':>8s}{'  noise model used (share of families)'}")
+    for name, (sds, tail, drift, levels) in COVERAGE.items():
+        for n in (2, 3, 4, 6):
+            hit_new = hit_old = total = 0
+            kinds: dict[str, int] = {}
+            for _ in range(reps):
+                ratios = (1.0, float(rng.uniform(0.8, 1.25)), float(rng.uniform(0.8, 1.25)))
+                cells, rounds = make_cells(rng, n, sds, ratios, levels, tail=tail, drift=drift)
+                new = family_estimates(cells, "a0", rounds)
+                for key, est in new.items():
+                    t = ratios[int(key.variant[1:])]
+                    old = ratio_estimate(cells[(key.variant, key.level)], cells[("a0", key.level)])
+                    total += 1
+                    hit_new += est.lo <= t <= est.hi
+                    hit_old += old.lo <= t <= old.hi
+                kind = _kind(cells, rounds)
+                kinds[kind] = kinds.get(kind, 0) + 1
+            used = ", ".join(f"{k} {v / reps:.2f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            print(f"{name:26s}{n:7d}{hit_new / total:8.3f}{hit_old / total:8.3f}  {used}")
+    print("  new: shared / shrunk / paired noise model (what the verdict uses); before: Welch on the two arms alone")
     print()
 
 
-SHARED_SCENARIOS = {
-    # name: between-start sd of log tok/s per arm (baseline first), within-start sd
-    "equal 10%": ((0.10, 0.10, 0.10), 0.02),
-    "one variant 4x noisier": ((0.10, 0.10, 0.40), 0.02),
-    "baseline 4x noisier": ((0.40, 0.10, 0.10), 0.02),
-    "equal 3%": ((0.03, 0.03, 0.03), 0.01),
-    "equal 30%": ((0.30, 0.30, 0.30), 0.05),
-}
+def _kind(cells, rounds) -> str:
+    from truthput.analyze.stats import shared_noise
+
+    keys = sorted(k for k in cells if k[1] == 1)
+    return shared_noise([cells[k] for k in keys], rounds=[rounds[k] for k in keys]).kind
 
 
-def _arms(rng, n, sds, sd_w, ratios):
-    """Per arm, per start, 1-4 trials of tok/s: log-normal start and trial effects."""
-    out = []
-    for sd, r in zip(sds, ratios):
-        starts = []
-        for _ in range(n):
-            k = int(rng.integers(1, 5))
-            starts.append((300.0 * r * np.exp(rng.normal(0, sd) + rng.normal(0, sd_w, k))).tolist())
-        out.append(starts)
+def fixed_before(cells, n_variants: int) -> dict:
+    """The method before: Welch per comparison, Bonferroni over the variants at a level."""
+    out = {}
+    for (arm, lv) in cells:
+        if arm != "a0":
+            out[(arm, lv)] = ratio_estimate(cells[(arm, lv)], cells[("a0", lv)], n_comparisons=n_variants)
     return out
 
 
-def shared_noise_table(reps: int) -> None:
-    """Coverage of the unadjusted 95% intervals and the share of 2x effects decided, the shared-noise
-    intervals the verdict uses beside per-comparison Welch (the method before)."""
-    from truthput.analyze.stats import ratio_estimate, shared_noise
-
-    rng = np.random.default_rng(7)
-    print(f"Table 3: shared between-start noise vs per-comparison Welch; 3 arms (baseline + 2 variants), 1-4 "
-          f"trials per start, {reps} experiments per cell (simulated)")
-    print(f"{'scenario':26s}{'starts':>7s}{'cover shared':>14s}{'cover Welch':>13s}{'pooled':>8s}"
-          f"{'2x decided shared':>19s}{'2x decided Welch':>18s}")
-    for name, (sds, sd_w) in SHARED_SCENARIOS.items():
-        for n in (2, 3, 4):
-            cov_s = cov_w = pooled = dec_s = dec_w = 0
-            total = 0
-            for _ in range(reps):
-                truth = (1.0, float(rng.uniform(0.8, 1.25)), 2.0)
-                arms = _arms(rng, n, sds, sd_w, truth)
-                noise = shared_noise(arms)
-                pooled += noise.pooled
-                for v in (1, 2):
-                    s = ratio_estimate(arms[v], arms[0], noise=noise)
-                    w = ratio_estimate(arms[v], arms[0])
-                    if v == 1:
-                        total += 1
-                        cov_s += s.lo <= truth[1] <= s.hi
-                        cov_w += w.lo <= truth[1] <= w.hi
-                    else:
-                        dec_s += s.lo > 1.0
-                        dec_w += w.lo > 1.0
-            print(f"{name:26s}{n:7d}{cov_s / total:14.3f}{cov_w / total:13.3f}{pooled / reps:8.2f}"
-                  f"{dec_s / reps:19.3f}{dec_w / reps:18.3f}")
+def null_table(reps: int) -> None:
+    rng = np.random.default_rng(11)
+    rule = RULE
+    print(f"Table 2: no true change, 3 variants x 2 levels (6 comparisons), start CV 10%; {reps} experiments "
+          "(simulated)")
+    print(f"{'design':44s}{'false claims':>13s}{'mean starts':>12s}")
+    sds, ratios = (0.1, 0.1, 0.1, 0.1), (1.0, 1.0, 1.0, 1.0)
+    truth = {(f"a{i}", lv): 1.0 for i in (1, 2, 3) for lv in (1, 2)}
+    sim = simulate_rule(rule, lambda r: make_cells(r, 6, sds, ratios, 2)[0], truth, "a0", reps, rng)
+    print(f"{'sequential 3..6, Holm over all 6 (new)':44s}{sim.false_winner_rate:13.3f}{sim.mean_starts:12.2f}")
+    for n in (2, 6):
+        wrong = 0
+        for _ in range(reps):
+            cells, _ = make_cells(rng, n, sds, ratios, 2)
+            wrong += any(e.significant for e in fixed_before(cells, 3).values())
+        print(f"{f'fixed {n} starts, Welch + Bonferroni per level (before)':44s}{wrong / reps:13.3f}{n:12.2f}")
+    fam = 0
+    for _ in range(reps):
+        cells, rounds = make_cells(rng, 6, sds, ratios, 2)
+        ds = decide_family(family_estimates(cells, "a0", rounds), 0.05, 0.02)
+        fam += any(d.kind == "different" for d in ds.values())
+    print(f"{'fixed 6 starts, shared noise + Holm (new, one look)':44s}{fam / reps:13.3f}{6:12.2f}")
     print()
 
 
-def stopping_table(reps: int) -> None:
-    print(f"Table 2: stopping rule, target +-2%, starts 2..10, alpha 0.05, noise 3% between / 2% within,"
-          f" 3 trials per start; {reps} experiments per row (simulated)")
-    print(f"{'spending':16s}{'true ratios':18s}{'false win':>10s}{'power':>8s}{'coverage':>10s}"
-          f"{'mean starts':>12s}{'fixed n':>9s}  stop reasons")
-    sd_start = float(np.sqrt(0.03**2 + 0.02**2 / 3))
-    for method in ("linear", "pocock", "obrien-fleming"):
-        rule = StoppingRule(0.02, max_starts=10, min_starts=2, method=method)
-        for truth in ([1.0], [1.0, 1.0, 1.0], [1.05], [1.10], [1.38], [1.38, 1.0]):
-            sim = rule.simulate(truth, 0.03, 0.02, 3, reps, seed=1)
-            fixed = fixed_design_starts_from_sd(sd_start, sd_start, 0.02, n_comparisons=len(truth))
-            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(sim.reasons.items()))
-            power = "-" if np.isnan(sim.power) else f"{sim.power:.3f}"
-            print(f"{method:16s}{str(truth):18s}{sim.false_winner_rate:10.4f}{power:>8s}{sim.coverage:10.4f}"
-                  f"{sim.mean_starts:12.2f}{fixed:9d}  {reasons}")
+def power_table(reps: int) -> None:
+    rng = np.random.default_rng(5)
+    rule = RULE
+    print(f"Table 3: baseline + 1 variant, 1 level, 1-4 trials per start (1% within); {reps} experiments per row "
+          "(simulated)")
+    print(f"{'effect':>7s}{'start CV':>9s}{'decided':>9s}{'power':>7s}{'mean starts':>12s}{'by 3 starts':>12s}"
+          f"{'false':>7s}{'  before: fixed 2 starts, Welch: decided':>42s}")
+    for effect in (1.02, 1.05, 1.10, 2.0):
+        for cv in (0.03, 0.10, 0.30):
+            sds, ratios = (cv, cv), (1.0, effect)
+            hist_rng = np.random.default_rng(int(effect * 1000 + cv * 100))
+            sim = simulate_rule(rule, lambda r, s=sds, q=ratios: make_cells(r, 6, s, q)[0],
+                                {("a1", 1): effect}, "a0", reps, hist_rng)
+            by3 = sum(v for k, v in sim.starts_histogram.items() if k <= 3) / reps
+            power = "-" if math.isnan(sim.power) else f"{sim.power:.2f}"
+            before = 0
+            for _ in range(reps):
+                cells, _ = make_cells(rng, 2, sds, ratios)
+                e = ratio_estimate(cells[("a1", 1)], cells[("a0", 1)])
+                before += e.significant
+            # "decided by 3 starts" counts the runs that stopped decided at look 2 or 3
+            print(f"{effect - 1:7.0%}{cv:9.0%}{sim.decided:9.2f}{power:>7s}{sim.mean_starts:12.2f}{by3:12.2f}"
+                  f"{sim.false_winner_rate:7.3f}{before / reps:42.2f}")
+    print("  targets: 2x at 10% CV decided by 3 starts in >= 90%; 2x at 30% CV <= 5 starts on average; "
+          "10% at 3% CV <= 4.5")
     print()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=20000)
-    parser.add_argument("--only-shared", action="store_true", help="print only the shared-noise table")
+    parser.add_argument("--reps", type=int, default=400)
+    parser.add_argument("--only", choices=("coverage", "null", "power"))
     args = parser.parse_args()
     t0 = time.perf_counter()
-    if args.only_shared:
-        shared_noise_table(args.reps)
-        print(f"({time.perf_counter() - t0:.1f} s)")
-        return
-    coverage_table(args.reps)
-    shared_noise_table(max(args.reps // 10, 200))
-    stopping_table(args.reps)
+    if args.only in (None, "coverage"):
+        coverage_table(args.reps)
+    if args.only in (None, "null"):
+        null_table(args.reps)
+    if args.only in (None, "power"):
+        power_table(args.reps)
     print(f"({time.perf_counter() - t0:.1f} s)")
 
 

@@ -188,6 +188,7 @@ output_tokens = {output_tokens}
 ignore_eos = true
 [measure]
 starts = {starts}
+sequential = false
 repeats = 1
 output_guard = false
 """

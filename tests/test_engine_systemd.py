@@ -113,6 +113,7 @@ output_tokens = 16
 ignore_eos = true
 [measure]
 starts = 1
+sequential = false
 repeats = 1
 output_guard = false
 """

@@ -515,3 +515,26 @@ if __name__ == "__main__":
     import sys
 
     bench_client_cpu(token_delay_s=float(sys.argv[1]) if len(sys.argv) > 1 else 0.0)
+
+
+def test_a_dead_server_ends_the_load_at_once_within_the_error_budget() -> None:
+    """Nothing listens: every request is refused. The load must not spin (and store every failure)
+    until the window ends: it stops after its error budget, with the reason, in well under the
+    duration."""
+    from truthput.load.schedule import ClosedLoop
+
+    async def go():
+        async with StreamClient(ClientConfig("http://127.0.0.1:9/v1", model="m")) as client:
+            loop = ClosedLoop(client, Workload(WorkloadSpec(input_tokens=4, output_tokens=4), seed=0), 4,
+                              duration_s=60.0, settle_timeout_s=60.0)
+            t0 = time.monotonic()
+            res = await loop.run()
+            return res, time.monotonic() - t0, loop.error_budget
+
+    res, elapsed, budget = asyncio.run(go())
+    assert res.stopped_early is not None and "requests failed (error budget" in res.stopped_early
+    assert "127.0.0.1:9" in res.stopped_early
+    assert budget <= len(res.records) <= budget + 4  # the other streams' requests in flight at the stop
+    assert all(r.status == "error" for r in res.records)
+    assert elapsed < 10.0, elapsed
+    assert res.t_window_start is None and any("load ended early" in n for n in res.notes)

@@ -36,7 +36,7 @@ SEED_CMD = [
 
 
 def experiment_text(variants: str, *, concurrency=(1, 4), duration=1.0, output_tokens=24, starts=1, repeats=1,
-                    engine="sim", command=None, extra="") -> str:
+                    engine="sim", command=None, extra="", sequential=False) -> str:
     cmd = json.dumps(command if command is not None else SEED_CMD)
     return f"""
 [experiment]
@@ -68,6 +68,7 @@ output_tokens = {output_tokens}
 ignore_eos = true
 [measure]
 starts = {starts}
+sequential = {str(sequential).lower()}
 repeats = {repeats}
 output_guard = true
 guard_prompts = 2
@@ -300,6 +301,7 @@ input_tokens = 32
 output_tokens = 24
 [measure]
 starts = 3   # 2 starts leave 1 degree of freedom: too wide an interval to name a winner reliably
+sequential = false
 repeats = 1
 output_guard = true
 guard_prompts = 1

@@ -14,7 +14,6 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from collections.abc import Hashable, Sequence
 from typing import Any, Callable
 
 from truthput.engines.factory import make_engine, sim_requirements
@@ -90,9 +89,13 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     restart_s = {"sim": 1.5 + exp.sim.startup_s, "external": 0.0}.get(kind, 60.0)
     cost = estimate_plan_time(len(variants), len(wl.concurrency), exp.measure.starts, exp.measure.repeats,
                               restart_s=restart_s, trial_s=(wl.duration_s or 30.0) + 3.0, warmup_s=wl.warmup_s,
-                              max_starts=exp.measure.max_starts if exp.measure.target else None)
+                              max_starts=exp.measure.planned_max_starts)
     return Plan(engine=kind, variants=variants, order=order, concurrency=list(wl.concurrency),
                 repeats=exp.measure.repeats, estimate_s=cost.total_s, max_estimate_s=cost.max_total_s)
+
+
+CRASHES_TO_FAIL = 2
+"""Server crashes under load after which a variant is failed instead of started again."""
 
 
 # ---- progress --------------------------------------------------------------------------------
@@ -134,6 +137,8 @@ class RunContext:
     start_id: int | None = None
     guard_texts: dict[str, list[str]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    crashes: dict[str, int] = field(default_factory=dict)
+    """Starts per variant whose server crashed under load."""
     stopping: dict | None = None
     simulated: bool = False
 
@@ -176,7 +181,7 @@ def load_tokenizer(exp: Experiment):
 
 
 async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_index: int, concurrency: int,
-                     trial_index: int, tokenizer):
+                     trial_index: int, tokenizer, lead_s: float = 0.0):
     from truthput.load.schedule import ClosedLoop
     from truthput.measure.names import metric_names
     from truthput.pipeline.trial import TrialSetup, commit, run_trial
@@ -185,7 +190,7 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
     seed = exp.experiment.seed * 1_000_003 + start_index * 10_007 + concurrency * 101 + trial_index
     workload = _workload(exp, seed, tokenizer)
     loop = ClosedLoop(client, workload, concurrency, duration_s=exp.workload.duration_s,
-                      max_requests=exp.workload.requests)
+                      max_requests=exp.workload.requests, lead_s=lead_s)
 
     def logs(t_from: float, t_to: float) -> list[tuple[float, str]]:
         return [(t, line) for (t, _s, line) in ctx.log_buffer if t_from <= t <= t_to]
@@ -197,6 +202,14 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
         log_lines=logs, crashed=engine.crashed if hasattr(engine, "crashed") else None,
         server_pgids={engine.pid} if getattr(engine, "pid", None) else set())
     trial = await run_trial(setup, lambda ws, we: loop.run(on_window_start=ws, on_window_end=we), concurrency)
+    if exp.slo is not None and (exp.slo.ttft_ms or exp.slo.itl_ms):
+        from truthput.load.goodput import SLO, goodput
+        from truthput.measure.model import Goodput
+
+        start, end = trial.window
+        trial.results.goodput = Goodput.model_validate(goodput(
+            trial.load.records, SLO(ttft_ms=exp.slo.ttft_ms, itl_ms=exp.slo.itl_ms),
+            (start, end) if start is not None and end is not None else None))
     _flush_logs(ctx)
     commit(ctx.store, ctx.run_id, vp.name, ctx.start_id, TrialKey(vp.name, start_index, concurrency, trial_index),
            trial)
@@ -209,7 +222,7 @@ async def _warmup(ctx: RunContext, client, concurrency: int, tokenizer) -> None:
     if ctx.exp.workload.warmup_s <= 0:
         return
     workload = _workload(ctx.exp, 999_999 + concurrency, tokenizer)
-    loop = ClosedLoop(client, workload, concurrency, duration_s=ctx.exp.workload.warmup_s)
+    loop = ClosedLoop(client, workload, concurrency, duration_s=ctx.exp.workload.warmup_s, drain=False)
     await loop.run()
 
 
@@ -271,6 +284,7 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
     ctx.log_seq = 0
     ctx.start_id = store.begin_start(ctx.run_id, vp.name, start_index, launched, getattr(engine, "port", None))
     ctx.emit(StartLaunching(vp.name, start_index, ctx.plan.engine))
+    start_failed = False
     try:
         outcome = await engine.start()
         _flush_logs(ctx)
@@ -302,16 +316,29 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
                 trials = [t for (cc, t) in todo if cc == c]
                 if not trials:
                     continue
-                await _warmup(ctx, client, c, tokenizer)
-                for t in trials:
-                    trial = await _run_trial(ctx, engine, client, vp, start_index, c, t, tokenizer)
+                # the level's warm-up: inside the first trial's own load (all N streams generating
+                # for warmup_s before its window opens), or a load of its own when trials count requests
+                lead = exp.workload.warmup_s if exp.workload.requests is None else 0.0
+                if not lead:
+                    await _warmup(ctx, client, c, tokenizer)
+                for i, t in enumerate(trials):
+                    trial = await _run_trial(ctx, engine, client, vp, start_index, c, t, tokenizer,
+                                             lead_s=lead if i == 0 else 0.0)
                     h = headline(trial.results)
                     ctx.emit(TrialDone(vp.name, start_index, c, t, h.number(), source_label(h.source),
                                        trial.results.simulated, trial.status))
                     if trial.crashed:
-                        ctx.failed[vp.name] = trial.error or "crashed"
+                        # a crash under load ends this start (its finished trials are kept); a variant
+                        # whose server crashes in CRASHES_TO_FAIL starts is failed, not started again
+                        start_failed = True
+                        crashes = ctx.crashes.get(vp.name, 0) + 1
+                        ctx.crashes[vp.name] = crashes
                         store.update_start(ctx.start_id, status="failed", failure_class="crash_under_load",
                                            failure_reason=trial.error, log_excerpt="\n".join(engine.recent_log(30)))
+                        if crashes >= CRASHES_TO_FAIL:
+                            ctx.failed[vp.name] = f"crash_under_load in {crashes} starts: {trial.error or 'crashed'}"
+                        ctx.emit(Note(f"{vp.name} start {start_index + 1}: the server crashed under load "
+                                      f"({trial.error}); this start ends here", "warning"))
                         return
             if need_guard:
                 await _guard_outputs(ctx, client, vp)
@@ -325,7 +352,7 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
                 ctx.emit(Note(f"{vp.name}: GPU memory of pid {engine.pid} not released after 60 s", "warning"))
         _flush_logs(ctx)
         if ctx.start_id is not None:
-            row_status = "failed" if vp.name in ctx.failed else "stopped"
+            row_status = "failed" if start_failed or vp.name in ctx.failed else "stopped"
             store.update_start(ctx.start_id, stopped_at=time.time(), status=row_status)
 
 
@@ -401,33 +428,35 @@ async def _run_order(ctx: RunContext, order: list[tuple[str, int]], done: set[Tr
 
 
 async def _maybe_more_starts(ctx: RunContext, tokenizer) -> None:
-    """The stopping rule: add interleaved rounds of starts until the intervals are tight enough."""
-    m = ctx.exp.measure
-    target = m.target_rel
-    if target is None:
-        return
-    from truthput.analyze.stopping import StoppingRule
+    """The stopping rule: add interleaved rounds of starts until every comparison is decided (or
+    precise enough, with a target), or max_starts per variant (`truthput.analyze.summary`)."""
+    from truthput.analyze.summary import stopping_rule
+    from truthput.report.runsummary import run_summary
 
-    rule = StoppingRule(target_rel_halfwidth=target, max_starts=m.max_starts, min_starts=m.starts, alpha=1 - m.confidence)
+    m = ctx.exp.measure
+    rule = stopping_rule(m)
+    if rule is None:
+        return
     t_start = time.monotonic()
     n = m.starts
     while True:
-        from truthput.analyze.cells import build_cells, cell_groups
-
-        cells = cell_groups(build_cells(ctx.store.trial_results(ctx.run_id)))
-        decisions = []
-        for c in ctx.plan.concurrency:
-            per_variant: dict[Hashable, Sequence[Sequence[float]]] = {
-                v: cells.get((v, c), []) for v in (vp.name for vp in ctx.plan.variants) if v not in ctx.failed}
-            decisions.append(rule.decide(per_variant, ctx.exp.experiment.baseline,
-                                         elapsed_s=time.monotonic() - t_start, budget_s=m.time_budget_s, look=n))
-        if all(d.stop for d in decisions) or n >= m.max_starts:
-            reasons = "; ".join(f"c={c}: {d.reason}" for c, d in zip(ctx.plan.concurrency, decisions))
-            ctx.store.event(ctx.run_id, "stopping_rule", f"stopped after {n} starts per variant: {reasons}")
-            ctx.stopping = {"starts": n, "reasons": reasons, "method": decisions[0].method if decisions else None}
-            ctx.emit(Note(f"stopping rule: {n} starts per variant: {reasons}"))
+        summary = run_summary(ctx.store, ctx.run_id, ctx.guard_texts)
+        comps = summary.verdict.comparisons()
+        reason = rule.reason(n, [c.decided for c in comps], [c.estimate.rel_halfwidth for c in comps],
+                             elapsed_s=time.monotonic() - t_start, budget_s=m.time_budget_s)
+        alive = [vp.name for vp in ctx.plan.variants if vp.name not in ctx.failed]
+        if reason == "continue" and len(alive) < 2:
+            reason = "nothing left to compare"
+        if reason != "continue":
+            open_ = [c for c in comps if not c.decided]
+            detail = f"{len(comps) - len(open_)} of {len(comps)} comparisons decided"
+            ctx.store.event(ctx.run_id, "stopping_rule", f"stopped after {n} starts per variant: {reason}; {detail}")
+            ctx.stopping = {"starts": n, "reasons": reason, "method": rule.describe()}
+            ctx.emit(Note(f"stopping rule: {n} starts per variant: {reason} ({detail})"))
             return
-        ctx.emit(Note(f"stopping rule: adding start round {n + 1}"))
+        undecided = sum(1 for c in comps if not c.decided)
+        ctx.emit(Note(f"stopping rule: {undecided} of {len(comps)} comparisons not decided after {n} starts per "
+                      f"variant; adding start round {n + 1} (at most {rule.max_starts})"))
         order = [(vp.name, n) for vp in ctx.plan.variants if vp.name not in ctx.failed]
         await _run_order(ctx, order, ctx.store.done_trials(ctx.run_id), tokenizer)
         n += 1

@@ -33,7 +33,8 @@ def toml_str(s: str) -> str:
 
 
 def experiment_toml(name: str, model: Path, env: dict[str, str], variants: list[tuple[str, dict]],
-                    concurrency: list[int], duration_s: float) -> str:
+                    concurrency: list[int], duration_s: float,
+                    measure: str = "starts = 1\nsequential = false") -> str:
     command = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--max-model-len", "1024", "--dtype", "bfloat16", "--enforce-eager"]
     lines = [
@@ -49,7 +50,7 @@ def experiment_toml(name: str, model: Path, env: dict[str, str], variants: list[
         lines.append("")
     lines += ["[workload]", f"concurrency = {json.dumps(concurrency)}", f"duration_s = {duration_s}",
               "warmup_s = 0.5", 'endpoint = "completions"', "input_tokens = 64", "output_tokens = 64",
-              "ignore_eos = true", "", "[measure]", "starts = 1", "repeats = 1", "output_guard = false", ""]
+              "ignore_eos = true", "", "[measure]", measure, "repeats = 1", "output_guard = false", ""]
     return "\n".join(lines)
 
 
@@ -269,3 +270,32 @@ def test_tiny_model_is_deterministic_and_as_described(tiny_model, tmp_path):
     template = (tiny_model / "chat_template.jinja").read_text()
     assert "<|im_start|>" in template and "add_generation_prompt" in template
     assert len(json.loads((tiny_model / "tokenizer.json").read_text())["model"]["vocab"]) == 2048
+
+
+def test_sequential_verdict_decides_ngram_against_baseline(tiny_model, vllm_env, truthput_argv, tmp_path):
+    """The default sequential rule on real vLLM: baseline vs n-gram k=3 at c=4 (about 2x on this
+    tiny model) ends decided within 6 server starts per arm; a verdict resting on flagged figures says
+    so. Runtime: 6-12 vLLM starts at ~20-50 s each on 2 cores, about 4-9 minutes."""
+    exp = tmp_path / "seq.toml"
+    exp.write_text(experiment_toml("real-vllm-sequential", tiny_model, vllm_env, [("nospec", {}), ("ngram", NGRAM)],
+                                   [4], 2.0, measure="starts = 3\nmax_starts = 6"))
+    db_path = tmp_path / "seq.db"
+    t0 = time.monotonic()
+    proc = subprocess.run([*truthput_argv, "run", str(exp), "--store", str(db_path), "--reports", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, f"truthput run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    db = sqlite3.connect(db_path)
+    db.row_factory = sqlite3.Row
+    summary = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])
+    starts = db.execute("SELECT variant, COUNT(*) FROM starts GROUP BY variant").fetchall()
+    print(f"sequential real run: {elapsed:.0f} s, starts {dict((r[0], r[1]) for r in starts)}")
+    print("\n".join(summary["verdict_lines"]))
+    (cv,) = [c for c in summary["verdict"]["per_concurrency"] if c["metric"] == "tok/s"]
+    (comp,) = cv["comparisons"]
+    assert comp["outcome"] in ("faster", "slower", "equivalent"), summary["verdict_lines"]
+    assert 3 <= comp["estimate"]["n_starts_variant"] <= 6 and 3 <= comp["estimate"]["n_starts_baseline"] <= 6
+    assert all(n <= 6 for _, n in starts)
+    if comp["flagged"]:
+        assert "rests on flagged figures" in comp["line"]
+    assert comp["line"].startswith("c=4: ngram is ")

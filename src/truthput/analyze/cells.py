@@ -99,6 +99,8 @@ class Cell:
     status: str
     """"ok", "failed: <class>: <reason>" or "no data"."""
     per_start: list[list[float]] = field(default_factory=list)
+    start_ids: list[int] = field(default_factory=list)
+    """The start index (the interleaved round) of each entry of `per_start`."""
     estimate: CellEstimate | None = None
     sources: list[str] = field(default_factory=list)
     per_stream: float | None = None
@@ -133,6 +135,22 @@ class Cell:
         """The headline's source: 'server_counter', 'usage', or both joined when trials differ."""
         return "+".join(self.sources) if self.sources else "missing"
 
+    def series(self, metric: str) -> tuple[list[list[float]], list[int]]:
+        """(per-start values, their rounds) of a verdict metric over the cell's ok trials: "tok/s"
+        (the headline), "goodput" (good output tokens per second under the SLOs), or a latency
+        quantile such as "itl_p99" (each trial's own quantile, client clock)."""
+        if metric == "tok/s":
+            return self.per_start, self.start_ids
+        starts: dict[int, list[float]] = {}
+        for t in self.trials:
+            if t.status != "ok":
+                continue
+            v = trial_metric(t.results, metric)
+            if v is not None:
+                starts.setdefault(t.start_index, []).append(v)
+        ids = sorted(starts)
+        return [starts[i] for i in ids], ids
+
     def quantile(self, metric: str, q: str) -> float | None:
         """Median over the cell's ok trials of each trial's client-clock latency quantile."""
         vals = []
@@ -144,6 +162,18 @@ class Cell:
             if v is not None:
                 vals.append(v)
         return median(vals) if vals else None
+
+
+def trial_metric(results: TrialResults, metric: str) -> float | None:
+    """One trial's value of a verdict metric (see `Cell.series`); None where it has none."""
+    if metric == "tok/s":
+        return results.headline().number()
+    if metric == "goodput":
+        gp = results.goodput
+        return gp.good_tokens_per_s.number() if gp is not None and gp.good_tokens_per_s is not None else None
+    name, _, q = metric.partition("_")
+    d = results.latency.metric(name)
+    return d.quantile(q) if d is not None else None
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -184,6 +214,7 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
                     sources.append(h.source)
             if starts:
                 cell.per_start = [starts[s] for s in sorted(starts)]
+                cell.start_ids = sorted(starts)
                 cell.estimate = cell_estimate(cell.per_start)
                 cell.status = "ok"
                 cell.sources = sorted(sources)
@@ -209,3 +240,14 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
 def cell_groups(cells: Iterable[Cell]) -> dict[tuple[str, int], list[list[float]]]:
     """(variant, concurrency) -> per-start headline tok/s, for the statistics."""
     return {c.key: c.per_start for c in cells if c.per_start}
+
+
+def metric_groups(cells: Iterable[Cell], metric: str) -> tuple[dict[tuple[str, int], list[list[float]]],
+                                                               dict[tuple[str, int], list[int]]]:
+    """(variant, concurrency) -> per-start values of `metric`, and -> their rounds."""
+    values, rounds = {}, {}
+    for c in cells:
+        vals, ids = c.series(metric)
+        if vals:
+            values[c.key], rounds[c.key] = vals, ids
+    return values, rounds

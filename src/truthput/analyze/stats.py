@@ -15,6 +15,7 @@ No I/O here: the runner and the verdict call these pure functions.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -164,6 +165,8 @@ class RatioEstimate:
     n_trials_baseline: int = 0
     df: float = float("nan")
     se_log: float = float("nan")
+    diff_log: float = float("nan")
+    """Difference of the arms' mean per-start log values (log of the ratio)."""
     warning: str | None = None
 
     @property
@@ -185,23 +188,33 @@ def _check_confidence(confidence: float) -> None:
 
 
 HETEROGENEITY_P = 0.4
-"""Bartlett's test p-value below which the arms' between-start variances are taken as unequal.
-Deliberately liberal: pooling unequal variances narrows the noisy arm's interval, so the test
-must reject readily when starts are few (benchmarks/stats_coverage.py, table 3: at 0.4 the
-unadjusted 95% intervals cover >= 0.94 with equal noise and >= 0.90 with one arm 4x noisier,
-from 2 starts per arm)."""
+"""Bartlett's test p-value at or below which the arms' between-start variances are not shrunk
+toward each other at all (each comparison uses its own arms: Welch). Between this and 1 the prior's
+weight rises linearly to full pooling. Deliberately liberal: pooling unequal variances narrows the
+noisy arm's interval, so the weight must fall readily when starts are few
+(benchmarks/stats_coverage.py prints the coverage this gives)."""
+
+DRIFT_P = 0.10
+"""Two-way analysis of variance (arms x rounds of starts): a round effect with p below this is drift
+in time, and comparisons then pair each start with the other arm's start of the same round."""
 
 
 @dataclass(frozen=True)
 class SharedNoise:
-    """The between-start variance of log tok/s, pooled over the arms of one comparison family.
+    """How between-start noise of log values is estimated for the comparisons of one family (the
+    arms measured at one concurrency level, on one metric).
 
-    A start's effect (memory layout, graph capture, a hot GPU) is the noise every arm shares
-    the nature of; with few starts per arm, one arm's own variance has 1-3 degrees of freedom
-    and Welch intervals are very wide (t = 12.7 at 1 df). Pooled over k arms the estimate has
-    sum(n_arm - 1) degrees of freedom -- counted per server start, never per cell or trial.
-    When Bartlett's test says the variances differ, nothing is pooled (`pooled` False): each
-    comparison uses its own two arms (Welch), and the intervals widen by themselves.
+    A start's effect (memory layout, graph capture, a hot GPU) is noise every arm has; with few
+    starts per arm one arm's own variance has 1-3 degrees of freedom and Welch intervals are very
+    wide (t = 12.7 at 1 df). Each arm's variance is therefore shrunk toward the variance pooled over
+    the other arms (empirical Bayes, as limma's moderated t): the prior carries `prior_weight` x the
+    other arms' degrees of freedom, where the weight falls from 1 (Bartlett's test finds no sign of
+    unequal variances: full pooling) to 0 (clearly unequal: each comparison uses its own arms, and
+    the intervals widen by themselves). Degrees of freedom are counted per server start, never per
+    cell or trial: every concurrency level measured on one start shares that start's effect.
+    Within-start trials estimate the within-start noise separately (`within_sd_log`).
+    When the starts' values move together by round (drift in time), `paired` is set and each
+    comparison uses the differences between starts of the same round.
     """
 
     pooled: bool
@@ -210,33 +223,151 @@ class SharedNoise:
     arms: int
     bartlett_p: float | None
     note: str
+    prior_weight: float = 1.0
+    paired: bool = False
+    drift_p: float | None = None
+    resid_sd_log: float | None = None
+    """Two-way residual SD (rounds removed), used by paired comparisons when variances are equal."""
+    resid_df: int = 0
+    within_sd_log: float | None = None
+    within_df: int = 0
+
+    @property
+    def kind(self) -> str:
+        if self.paired:
+            return "paired"
+        if self.df == 0:
+            return "none"
+        return "pooled" if self.pooled else ("shrunk" if self.prior_weight > 0 else "separate")
 
 
-def shared_noise(arms: Sequence[Sequence[Sequence[float]]], het_p: float = HETEROGENEITY_P) -> SharedNoise:
-    """Pool the between-start variance of per-start mean log tok/s over `arms` (see SharedNoise)."""
+def _starts_and_rounds(per_start: Sequence[Sequence[float]], rounds: Sequence[int] | None,
+                       where: str) -> tuple[list[np.ndarray], list[int]]:
+    """Non-empty starts with their rounds (the round defaults to the start's position)."""
+    ids = list(rounds) if rounds is not None else list(range(len(per_start)))
+    if len(ids) != len(per_start):
+        raise SpecError(f"{where}: {len(ids)} rounds for {len(per_start)} starts")
+    kept = [(arr, r) for arr, r in zip((list(t) for t in per_start), ids, strict=True) if arr]
+    starts = clean_starts([k for k, _ in kept], where)
+    return starts, [r for _, r in kept]
+
+
+def _bartlett(s2: np.ndarray, n: np.ndarray) -> float | None:
     from scipy import stats
 
-    logs = [start_log_means(clean_starts(a)) for a in arms]
+    if s2.size < 2 or not (s2 > 0).all():
+        return None
+    k, df = s2.size, float((n - 1).sum())
+    pooled = float(((n - 1) * s2).sum() / df)
+    t_stat = (df * math.log(pooled) - float(((n - 1) * np.log(s2)).sum())) / (
+        1 + (float((1 / (n - 1)).sum()) - 1 / df) / (3 * (k - 1)))
+    return float(stats.chi2.sf(t_stat, k - 1))
+
+
+def _drift(logs: list[np.ndarray], rounds: list[list[int]]) -> tuple[float | None, float | None, int]:
+    """(p of the round effect, two-way residual SD, its df) over the rounds every arm has."""
+    from scipy import stats
+
+    common = sorted(set.intersection(*(set(r) for r in rounds))) if rounds else []
+    k, b = len(logs), len(common)
+    if k < 2 or b < 3:
+        return None, None, 0
+    y = np.array([[lg[r.index(c)] for c in common] for lg, r in zip(logs, rounds, strict=True)])
+    grand = y.mean()
+    rows, cols = y.mean(axis=1, keepdims=True), y.mean(axis=0, keepdims=True)
+    resid = y - rows - cols + grand
+    df_res = (k - 1) * (b - 1)
+    ss_res = float((resid**2).sum())
+    ss_block = float(k * ((cols - grand) ** 2).sum())
+    if ss_res <= 0:
+        return (0.0 if ss_block > 0 else None), 0.0, df_res
+    f = (ss_block / (b - 1)) / (ss_res / df_res)
+    return float(stats.f.sf(f, b - 1, df_res)), math.sqrt(ss_res / df_res), df_res
+
+
+def shared_noise(arms: Sequence[Sequence[Sequence[float]]], het_p: float = HETEROGENEITY_P,
+                 rounds: Sequence[Sequence[int]] | None = None, drift_p: float = DRIFT_P) -> SharedNoise:
+    """The noise model of one comparison family (see SharedNoise). `rounds[i][j]` is the round (the
+    interleaved block) of arm i's start j; without it no pairing in time is attempted."""
+    pairs = [_starts_and_rounds(a, None if rounds is None else rounds[i], f"arm {i}") for i, a in enumerate(arms)]
+    logs = [start_log_means(st) for st, _ in pairs]
+    all_starts = [s for st, _ in pairs for s in st]
+    within = _within_sd([np.log(s) for s in all_starts])
+    within_df = int(sum(s.size - 1 for s in all_starts if s.size >= 2))
+    within_sd = within if math.isfinite(within) else None
+    w_note = (f"; within-start trials: SD {within:.1%} of log values ({within_df} df), estimated separately"
+              if math.isfinite(within) else "")
     with_var = [x for x in logs if x.size >= 2]
     df = int(sum(x.size - 1 for x in with_var))
     if df == 0:
-        return SharedNoise(False, None, 0, len(with_var), None, "no arm has two server starts: no variance to share")
+        return SharedNoise(False, None, 0, len(with_var), None,
+                           "no arm has two server starts: no variance to share" + w_note, 0.0,
+                           within_sd_log=within_sd, within_df=within_df)
     s2 = np.array([x.var(ddof=1) for x in with_var])
     n = np.array([x.size for x in with_var])
     pooled_var = float(((n - 1) * s2).sum() / df)
-    p = None
-    if len(with_var) >= 2 and (s2 > 0).all():
-        k = len(with_var)
-        t_stat = (df * math.log(pooled_var) - float(((n - 1) * np.log(s2)).sum())) / (
-            1 + (float((1 / (n - 1)).sum()) - 1 / df) / (3 * (k - 1)))
-        p = float(stats.chi2.sf(t_stat, k - 1))
-    if p is not None and p < het_p:
-        return SharedNoise(False, math.sqrt(pooled_var), df, len(with_var), p,
-                           f"between-start variances differ across arms (Bartlett p = {p:.2f}): not pooled, "
-                           "each comparison uses its own arms (Welch)")
-    return SharedNoise(True, math.sqrt(pooled_var), df, len(with_var), p,
-                       f"between-start variance pooled over {len(with_var)} arms ({df} df, counted per server start"
-                       + (f"; Bartlett p = {p:.2f}" if p is not None else "") + ")")
+    p = _bartlett(s2, n)
+    weight = prior_weight(p, het_p)
+    drift, resid_sd, resid_df = (None, None, 0)
+    if rounds is not None:
+        drift, resid_sd, resid_df = _drift(logs, [r for _, r in pairs])
+    paired = drift is not None and drift < drift_p
+    bp = f"Bartlett p = {p:.2f}" if p is not None else ""
+    if weight >= 1.0:
+        note = (f"between-start variance pooled over {len(with_var)} arms ({df} df, counted per server start"
+                + (f"; {bp}" if bp else "") + ")")
+    elif weight > 0.0:
+        note = (f"between-start variances shrunk toward the {len(with_var)} arms' pooled variance, prior weight "
+                f"{weight:.2f} of the other arms' df (the arms' variances may differ: {bp}); intervals widen "
+                "accordingly")
+    else:
+        note = (f"between-start variances differ across arms ({bp}): not pooled, each comparison uses its own "
+                "arms (Welch)")
+    if paired:
+        note = (f"paired in time: starts drift together by round (round effect p = {drift:.3f}), so each "
+                "comparison uses the differences between its arms' starts of the same round"
+                + (f", residual SD pooled over the arms ({resid_df} df)" if weight >= 1.0 else "")
+                + f"; {note}")
+    return SharedNoise(weight >= 1.0, math.sqrt(pooled_var), df, len(with_var), p, note + w_note, weight,
+                       paired, drift, resid_sd, resid_df, within_sd_log=within_sd, within_df=within_df)
+
+
+def t_quantile(alpha: float, df: float) -> float:
+    """The two-sided Student-t critical value at level 1 - alpha (scipy.special, fast enough for
+    the stopping rule's simulations)."""
+    from scipy import special
+
+    return float(special.stdtrit(df, 1.0 - alpha / 2.0))
+
+
+def t_two_sided_p(t: float, df: float) -> float:
+    from scipy import special
+
+    return float(2.0 * special.stdtr(df, -abs(t)))
+
+
+POOL_P = 0.8
+"""Bartlett's p at or above which the variances are fully pooled."""
+
+
+def prior_weight(p: float | None, het_p: float = HETEROGENEITY_P, pool_p: float | None = None) -> float:
+    """The prior's weight in the shrinkage: 0 at Bartlett p <= het_p, 1 at p >= pool_p, linear between."""
+    top = POOL_P if pool_p is None else pool_p
+    if p is None or p >= top:
+        return 1.0
+    return max(0.0, min(1.0, (p - het_p) / (top - het_p)))
+
+
+def _moderated(s2: float, d: int, noise: SharedNoise) -> tuple[float, float]:
+    """(moderated variance, its df) of one arm: its own variance shrunk toward the other arms'."""
+    total = noise.df
+    pooled = float(noise.sd_log or 0.0) ** 2
+    others_df = total - d
+    s0 = (total * pooled - d * s2) / others_df if others_df > 0 else pooled
+    d0 = noise.prior_weight * others_df
+    if d0 + d <= 0:
+        return float("nan"), 0.0
+    return ((d0 * max(s0, 0.0) + d * s2) / (d0 + d)), d0 + d
 
 
 def ratio_estimate(
@@ -245,27 +376,28 @@ def ratio_estimate(
     confidence: float = 0.95,
     n_comparisons: int = 1,
     noise: SharedNoise | None = None,
+    rounds_variant: Sequence[int] | None = None,
+    rounds_baseline: Sequence[int] | None = None,
 ) -> RatioEstimate:
-    """Ratio of geometric means via Welch's t on per-start mean log tok/s, Bonferroni-corrected.
+    """Ratio of geometric means from per-start mean log values, at level
+    1 - (1 - confidence) / n_comparisons (Bonferroni).
 
-    Log scale because throughput effects are multiplicative and the ratio's interval is then
-    exp(difference interval).  Welch because a variant may be noisier than the baseline.
-    With ``n_comparisons`` = k variants compared with one baseline, each interval is built at
-    level 1 - (1 - confidence) / k (Bonferroni), so all k intervals hold together at
-    ``confidence`` and a winner named from them keeps the family-wise error at 1 - confidence.
+    Log scale because effects are multiplicative and the ratio's interval is then
+    exp(difference interval). Without `noise`: Welch's t on the two arms alone. With `noise` (the
+    family's SharedNoise): each arm's variance shrunk toward the family's, or, when the family
+    drifts in time and rounds are given, the differences between starts of the same round.
     """
     _check_confidence(confidence)
     if n_comparisons < 1:
         raise SpecError(f"n_comparisons must be >= 1, got {n_comparisons!r}")
-    v_starts = clean_starts(variant, "variant")
-    b_starts = clean_starts(baseline, "baseline")
+    v_starts, v_rounds = _starts_and_rounds(variant, rounds_variant, "variant")
+    b_starts, b_rounds = _starts_and_rounds(baseline, rounds_baseline, "baseline")
     if not v_starts or not b_starts:
         which = "variant" if not v_starts else "baseline"
         raise MeasurementError(f"{which} has no successful trials: cannot form a ratio")
     lv, lb = start_log_means(v_starts), start_log_means(b_starts)
     nv, nb = lv.size, lb.size
     diff = float(lv.mean() - lb.mean())
-    ratio = math.exp(diff)
     alpha = (1.0 - confidence) / n_comparisons
     level = 1.0 - alpha
     correction = (
@@ -273,67 +405,111 @@ def ratio_estimate(
         if n_comparisons == 1
         else f"Bonferroni over {n_comparisons} comparisons with the baseline (each interval at {level:.2%})"
     )
-    method = (
-        "Welch t on per-start mean log tok/s (server start = unit of replication), "
-        "ratio = exp(difference of means)"
-    )
     counts = dict(
         n_starts_variant=nv,
         n_starts_baseline=nb,
         n_trials_variant=int(sum(s.size for s in v_starts)),
         n_trials_baseline=int(sum(s.size for s in b_starts)),
     )
-    pct = (ratio - 1.0) * 100.0
-    if noise is not None and noise.pooled and noise.sd_log is not None and noise.df > 0:
-        from scipy import stats
-
-        se = noise.sd_log * math.sqrt(1.0 / nv + 1.0 / nb)
-        if se == 0.0:
-            lo = hi = ratio
-            p_raw = 0.0 if diff != 0 else 1.0
+    nan = float("nan")
+    se, df, method = nan, nan, ""
+    paired = (noise is not None and noise.paired and rounds_variant is not None and rounds_baseline is not None)
+    if paired:
+        common = sorted(set(v_rounds) & set(b_rounds))
+        d = np.array([lv[v_rounds.index(r)] - lb[b_rounds.index(r)] for r in common])
+        if d.size >= 2:
+            diff = float(d.mean())
+            assert noise is not None
+            if noise.pooled and noise.resid_sd_log is not None and noise.resid_df > 0:
+                se, df = noise.resid_sd_log * math.sqrt(2.0 / d.size), float(noise.resid_df)
+            else:
+                se, df = float(d.std(ddof=1)) / math.sqrt(d.size), float(d.size - 1)
+            method = (f"paired by round: mean of {d.size} same-round differences of per-start mean log values, "
+                      f"{df:.0f} df, ratio = exp(mean difference)")
         else:
-            half = float(stats.t.isf(alpha / 2.0, noise.df)) * se
-            lo, hi = math.exp(diff - half), math.exp(diff + half)
-            p_raw = float(2.0 * stats.t.sf(abs(diff) / se, noise.df))
-        return RatioEstimate(
-            ratio=ratio, lo=lo, hi=hi, pct=pct, pct_lo=(lo - 1.0) * 100.0, pct_hi=(hi - 1.0) * 100.0,
-            p_value=min(1.0, p_raw * n_comparisons),
-            method=("t on per-start mean log tok/s with the between-start variance shared by the run's arms "
-                    f"({noise.df} df), ratio = exp(difference of means)"),
-            correction=correction, significant=bool(lo > 1.0 or hi < 1.0), level=level, df=float(noise.df),
-            se_log=se, **counts,  # type: ignore[arg-type]  # the four n_* counts
-        )
-    if nv < 2 or nb < 2:
-        nan = float("nan")
-        return RatioEstimate(
-            ratio=ratio, lo=nan, hi=nan, pct=pct, pct_lo=nan, pct_hi=nan, p_value=nan,
-            method=method, correction=correction, significant=False, level=level,
-            warning="one server start in an arm: no between-start variance, so no interval",
-            **counts,
-        )
-    w = welch_log_diff(lv, lb, alpha)
-    df, se = float(w.df), float(w.se)
-    with np.errstate(over="ignore"):
-        lo, hi = float(np.exp(w.lo)), float(np.exp(w.hi))
-    p_raw = float(w.p)
-    p_adj = min(1.0, p_raw * n_comparisons)
-    significant = bool(lo > 1.0 or hi < 1.0)
+            paired = False
+    if not paired and noise is not None and noise.df > 0 and noise.prior_weight > 0:
+        dv, db = nv - 1, nb - 1
+        s2v = float(lv.var(ddof=1)) if nv >= 2 else 0.0
+        s2b = float(lb.var(ddof=1)) if nb >= 2 else 0.0
+        if noise.pooled:
+            se, df = float(noise.sd_log or 0.0) * math.sqrt(1.0 / nv + 1.0 / nb), float(noise.df)
+            method = ("t on per-start mean log values with the between-start variance shared by the family's arms "
+                      f"({noise.df} df, per server start), ratio = exp(difference of means)")
+        else:
+            mv, fv = _moderated(s2v, dv, noise)
+            mb, fb = _moderated(s2b, db, noise)
+            a, b = mv / nv, mb / nb
+            se = math.sqrt(a + b)
+            df = min(float(noise.df), (a + b) ** 2 / (a**2 / fv + b**2 / fb)) if a + b > 0 else float(noise.df)
+            method = (f"moderated t: each arm's between-start variance shrunk toward the family's (prior weight "
+                      f"{noise.prior_weight:.2f}), Satterthwaite df = {df:.1f}, ratio = exp(difference of means)")
+    if not method:
+        if nv < 2 or nb < 2:
+            ratio = math.exp(diff)
+            return RatioEstimate(
+                ratio=ratio, lo=nan, hi=nan, pct=(ratio - 1.0) * 100.0, pct_lo=nan, pct_hi=nan, p_value=nan,
+                method="Welch t on per-start mean log values", correction=correction, significant=False,
+                level=level, warning="one server start in an arm: no between-start variance, so no interval",
+                diff_log=diff, n_starts_variant=nv, n_starts_baseline=nb,
+                n_trials_variant=counts["n_trials_variant"], n_trials_baseline=counts["n_trials_baseline"],
+            )
+        w = welch_log_diff(lv, lb, alpha)
+        se, df = float(w.se), float(w.df)
+        method = ("Welch t on per-start mean log values (server start = unit of replication), ratio = exp(difference "
+                  f"of means), Welch-Satterthwaite df = {df:.1f}")
+    ratio = math.exp(diff)
+    if se == 0.0:
+        lo = hi = ratio
+        p_raw = 0.0 if diff != 0 else 1.0
+    else:
+        half = t_quantile(alpha, df) * se
+        with np.errstate(over="ignore"):
+            lo, hi = float(np.exp(diff - half)), float(np.exp(diff + half))
+        p_raw = t_two_sided_p(abs(diff) / se, df)
     return RatioEstimate(
-        ratio=ratio,
-        lo=lo,
-        hi=hi,
-        pct=pct,
-        pct_lo=(lo - 1.0) * 100.0,
-        pct_hi=(hi - 1.0) * 100.0,
-        p_value=p_adj,
-        method=method + f", Welch-Satterthwaite df = {df:.1f}",
-        correction=correction,
-        significant=significant,
-        level=level,
-        df=df,
-        se_log=se,
+        ratio=ratio, lo=lo, hi=hi, pct=(ratio - 1.0) * 100.0, pct_lo=(lo - 1.0) * 100.0, pct_hi=(hi - 1.0) * 100.0,
+        p_value=min(1.0, p_raw * n_comparisons), method=method, correction=correction,
+        significant=bool(lo > 1.0 or hi < 1.0), level=level, df=df, se_log=se, diff_log=diff,
         **counts,  # type: ignore[arg-type]  # the four n_* counts
     )
+
+
+def at_level(est: RatioEstimate, level: float, correction: str) -> RatioEstimate:
+    """The same comparison with its interval at another per-comparison level (same difference,
+    standard error and df): how a step-down correction reports each comparison."""
+    if not (math.isfinite(est.se_log) and math.isfinite(est.df)):
+        return dataclasses.replace(est, level=level, correction=correction)
+    if est.se_log == 0.0:
+        lo = hi = est.ratio
+    else:
+        half = t_quantile(1.0 - level, est.df) * est.se_log
+        with np.errstate(over="ignore"):
+            lo, hi = float(np.exp(est.diff_log - half)), float(np.exp(est.diff_log + half))
+    return dataclasses.replace(est, lo=lo, hi=hi, pct_lo=(lo - 1.0) * 100.0, pct_hi=(hi - 1.0) * 100.0,
+                               level=level, correction=correction, significant=bool(lo > 1.0 or hi < 1.0))
+
+
+def difference_p(est: RatioEstimate) -> float:
+    """Two-sided p of 'no difference' (uncorrected)."""
+    if not (math.isfinite(est.se_log) and math.isfinite(est.df)):
+        return float("nan")
+    if est.se_log == 0.0:
+        return 0.0 if est.diff_log != 0 else 1.0
+    return t_two_sided_p(abs(est.diff_log) / est.se_log, est.df)
+
+
+def equivalence_p(est: RatioEstimate, min_effect: float) -> float:
+    """The smallest alpha at which the 1 - alpha interval lies inside +-min_effect (on the log
+    scale): both one-sided tests of the two one-sided tests procedure at alpha / 2."""
+    if not (math.isfinite(est.se_log) and math.isfinite(est.df)):
+        return float("nan")
+    margin = math.log1p(min_effect) - abs(est.diff_log)
+    if margin <= 0:
+        return 1.0
+    if est.se_log == 0.0:
+        return 0.0
+    return min(1.0, t_two_sided_p(margin / est.se_log, est.df))
 
 
 @dataclass(frozen=True)

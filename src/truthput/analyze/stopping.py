@@ -8,53 +8,54 @@ Method (stated in every decision): *alpha spending with a union bound over looks
 looks are the rounds ``min_starts .. max_starts`` (one start per variant per round).  A spending
 function F(t), t = look / max_starts, gives look k the error budget F(t_k) - F(t_{k-1}) (look
 ``min_starts`` gets F(t_min), covering the looks that were skipped).  Those budgets sum to at most
-alpha, and each look's interval is a Welch interval at its own budget split Bonferroni-wise over
-the comparisons, so by the union bound *all intervals at all looks hold together with
-probability >= 1 - alpha*.  That makes the reported interval at whatever look we stop valid
-under any stopping reason (precision, decision, budget) -- a discrete confidence sequence.  It
-is conservative (no credit for the correlation between looks) and exact for normal start means.
+alpha; at each look every comparison of the run is decided together at the look's budget (Holm,
+`truthput.analyze.decide`), so by the union bound a wrong claim anywhere, at any look, has
+probability <= alpha, whatever the reason the run stopped (decided, precise, max starts, budget).
+It is conservative (no credit for the correlation between looks).
+
+The default goal is a decision: stop when every comparison is decided (a change, or equivalence
+within +-min_effect).  A precision target (``[measure] target``) also stops the run once every
+interval is that narrow.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from truthput.analyze.stats import (
-    RatioEstimate,
-    clean_starts,
-    ratio_estimate,
-    start_log_means,
-    welch_log_diff,
-)
+from truthput.analyze.decide import ComparisonKey, Decision, decide_family
+from truthput.analyze.stats import RatioEstimate, clean_starts, ratio_estimate, shared_noise, start_log_means
 from truthput.errors import MeasurementError, SpecError
 
 SPENDING_FUNCTIONS = ("linear", "pocock", "obrien-fleming")
 
 CONTINUE = "continue"
 PRECISION = "precision reached"
-DECISION = "decision stable: interval excludes 1"
+DECISION = "every comparison decided"
 MAX_STARTS = "max_starts reached"
 BUDGET = "time budget exhausted"
+
+Cells = Mapping[Hashable, Sequence[Sequence[float]]]
 
 
 @dataclass(frozen=True)
 class StopDecision:
-    """What the runner should do after a look, and the adjusted estimates that justify it."""
+    """What the runner should do after a look, and the decisions that justify it."""
 
     stop: bool
     reason: str
-    """One of "precision reached", "decision stable: interval excludes 1", "max_starts reached",
+    """One of "precision reached", "every comparison decided", "max_starts reached",
     "time budget exhausted", "continue"."""
     per_comparison: dict[str, RatioEstimate] = field(default_factory=dict)
-    """Keyed "variant" or "variant@c=N"; intervals are the look- and comparison-adjusted ones."""
+    """Keyed "variant" or "variant@c=N"; intervals at the level the family decision used."""
     look: int = 0
     look_alpha: float = 0.0
     method: str = ""
+    decisions: dict[str, Decision] = field(default_factory=dict)
 
 
 def _cell_key(key: Hashable) -> tuple[str, int | None]:
@@ -67,53 +68,50 @@ def comparison_label(variant: str, concurrency: int | None) -> str:
     return variant if concurrency is None else f"{variant}@c={concurrency}"
 
 
-def resolution(
-    lo: np.ndarray, hi: np.ndarray, mid: np.ndarray, target_rel_halfwidth: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """(all precise, resolved) over the last axis = the comparisons of one family, on log ratios.
-
-    Precise: the interval's relative half-width is within the target.  Resolved: every
-    comparison is precise or excludes 1, *or* the winner is separated -- one variant's interval
-    lies above 1 and above every other variant's interval.  Because all intervals of all looks
-    hold together (union bound), a separated winner is then the true best with the same
-    confidence, so the remaining unresolved comparisons need not be chased to max_starts.
-    """
-    lo, hi, mid = np.asarray(lo, float), np.asarray(hi, float), np.asarray(mid, float)
-    with np.errstate(over="ignore", invalid="ignore"):
-        precise = np.expm1(hi - mid) <= target_rel_halfwidth
-    significant = (lo > 0) | (hi < 0)
-    all_precise = precise.all(axis=-1)
-    every = (precise | significant).all(axis=-1)
-    m = lo.shape[-1]
-    if m > 1:
-        his = np.where(np.isfinite(hi), hi, np.inf)
-        order = np.argsort(his, axis=-1)
-        top = np.take_along_axis(his, order[..., -1:], axis=-1)
-        second = np.take_along_axis(his, order[..., -2:-1], axis=-1)
-        other_max = np.where(np.arange(m) == order[..., -1:], second, top)
-        separated = ((lo > 0) & (lo > other_max)).any(axis=-1)
-    else:
-        separated = np.zeros_like(every)
-    return all_precise, every | separated
+def family_estimates(
+    cells: Cells, baseline: str, rounds: Mapping[Hashable, Sequence[int]] | None = None, metric: str = "tok/s",
+) -> dict[ComparisonKey, RatioEstimate]:
+    """Each variant against `baseline` at each level of `cells` (keyed by variant or
+    (variant, level)), with the level's shared noise model; raw estimates for `decide_family`."""
+    groups: dict[int | None, dict[str, Hashable]] = {}
+    for key, data in cells.items():
+        variant, conc = _cell_key(key)
+        if clean_starts(data):
+            groups.setdefault(conc, {})[variant] = key
+    out: dict[ComparisonKey, RatioEstimate] = {}
+    for conc, by_variant in groups.items():
+        if baseline not in by_variant:
+            where = "" if conc is None else f" at c={conc}"
+            raise MeasurementError(f"stopping rule: baseline {baseline!r} has no cell{where}: nothing to compare with")
+        names = [baseline, *[v for v in by_variant if v != baseline]]
+        keys = [by_variant[v] for v in names]
+        rr = None if rounds is None else [list(rounds[k]) for k in keys]
+        noise = shared_noise([cells[k] for k in keys], rounds=rr)
+        for i, v in enumerate(names[1:], start=1):
+            out[ComparisonKey(metric, -1 if conc is None else conc, v)] = ratio_estimate(
+                cells[keys[i]], cells[keys[0]], noise=noise,
+                rounds_variant=None if rr is None else rr[i], rounds_baseline=None if rr is None else rr[0])
+    return out
 
 
 class StoppingRule:
     """Alpha-spending stopping rule over server starts (see the module docstring).
 
-    ``target_rel_halfwidth``: stop when every ratio interval is within +-this fraction (e.g.
-    0.02 = +-2%).  ``alpha``: family-wise error over all looks and all comparisons at one
-    concurrency.  ``method``: the spending function, "linear" (F = alpha*t, the default),
-    "pocock" (Lan-DeMets Pocock type, spends early) or "obrien-fleming" (Lan-DeMets OBF type,
-    keeps nearly all alpha for late looks).
+    ``target_rel_halfwidth``: optional precision goal (0.02 = every interval within +-2%).
+    ``min_effect``: the equivalence margin (default 2%).  ``alpha``: family-wise error over all
+    looks and all comparisons.  ``method``: the spending function, "linear" (F = alpha*t, the
+    default), "pocock" (Lan-DeMets Pocock type, spends early) or "obrien-fleming" (keeps nearly
+    all alpha for late looks).
     """
 
     def __init__(
         self,
-        target_rel_halfwidth: float,
-        max_starts: int,
+        target_rel_halfwidth: float | None = None,
+        max_starts: int = 6,
         min_starts: int = 2,
         alpha: float = 0.05,
         method: str = "linear",
+        min_effect: float = 0.02,
     ) -> None:
         if not 0 < alpha < 1:
             raise SpecError(f"stopping: alpha must be in (0, 1), got {alpha!r}")
@@ -123,13 +121,16 @@ class StoppingRule:
             raise SpecError(f"stopping: max_starts ({max_starts}) must be >= min_starts ({min_starts})")
         if method not in SPENDING_FUNCTIONS:
             raise SpecError(f"stopping: method must be one of {', '.join(SPENDING_FUNCTIONS)}, got {method!r}")
-        if not target_rel_halfwidth > 0:
+        if target_rel_halfwidth is not None and not target_rel_halfwidth > 0:
             raise SpecError(f"stopping: target_rel_halfwidth must be > 0, got {target_rel_halfwidth!r}")
-        self.target_rel_halfwidth = float(target_rel_halfwidth)
+        if not 0 < min_effect < 1:
+            raise SpecError(f"stopping: min_effect must be in (0, 1), got {min_effect!r}")
+        self.target_rel_halfwidth = None if target_rel_halfwidth is None else float(target_rel_halfwidth)
         self.max_starts = int(max_starts)
         self.min_starts = int(min_starts)
         self.alpha = float(alpha)
         self.method = method
+        self.min_effect = float(min_effect)
 
     # -- spending -------------------------------------------------------------------------
     def spent(self, t: float) -> float:
@@ -155,18 +156,79 @@ class StoppingRule:
             return self.spent(look / n)
         return self.spent(look / n) - self.spent((look - 1) / n)
 
+    def clamp(self, look: int) -> int:
+        return min(max(look, self.min_starts), self.max_starts)
+
     def confidence_at(self, look: int, n_comparisons: int = 1) -> float:
-        """Per-comparison confidence level of an interval reported at ``look``."""
-        a = self.look_alpha(max(look, self.min_starts) if look <= self.max_starts else self.max_starts)
-        return 1.0 - a / max(1, n_comparisons)
+        """Per-comparison confidence level of an interval reported at ``look`` (Bonferroni)."""
+        return 1.0 - self.look_alpha(self.clamp(look)) / max(1, n_comparisons)
 
     def describe(self) -> str:
+        goal = "every comparison decided (a change, or equivalence within +-" + f"{self.min_effect:.0%})"
+        if self.target_rel_halfwidth is not None:
+            goal += f" or every interval within +-{self.target_rel_halfwidth:.1%}"
         return (
-            f"sequential: alpha={self.alpha:g} spent over looks {self.min_starts}..{self.max_starts} "
-            f"server starts with the {self.method} spending function, union bound over looks and "
-            "Bonferroni over comparisons, so every interval at every look holds together at "
-            f"{1 - self.alpha:.0%}"
+            f"sequential: stop when {goal}, or at {self.max_starts} server starts per variant; alpha={self.alpha:g} "
+            f"spent over looks {self.min_starts}..{self.max_starts} with the {self.method} spending function, union "
+            "bound over looks and Holm over the run's comparisons, so a wrong claim at any look has probability "
+            f"<= {self.alpha:g}"
         )
+
+    # -- decision -------------------------------------------------------------------------
+    def decide_estimates(
+        self,
+        estimates: Mapping[ComparisonKey, RatioEstimate],
+        look: int,
+        elapsed_s: float | None = None,
+        budget_s: float | None = None,
+    ) -> tuple[str, dict[ComparisonKey, Decision], float]:
+        """(reason, decisions, look alpha) for raw estimates of the whole family at ``look``."""
+        alpha_k = self.look_alpha(self.clamp(look))
+        decisions = decide_family(estimates, alpha_k, self.min_effect,
+                                  describe=f"look {look} of {self.min_starts}..{self.max_starts}, alpha {alpha_k:.4g} "
+                                  f"({self.method} spending)") if estimates else {}
+        ds = list(decisions.values())
+        return self.reason(look, [d.decided for d in ds], [d.estimate.rel_halfwidth for d in ds],
+                           elapsed_s, budget_s), decisions, alpha_k
+
+    def reason(self, look: int, decided: Sequence[bool], halfwidths: Sequence[float],
+               elapsed_s: float | None = None, budget_s: float | None = None) -> str:
+        """Why to stop after ``look`` (or CONTINUE), given each comparison's decision and the
+        relative half-width of its interval."""
+        if look >= self.min_starts and decided:
+            t = self.target_rel_halfwidth
+            if t is not None and all(h <= t for h in halfwidths):
+                return PRECISION
+            if all(d or (t is not None and h <= t) for d, h in zip(decided, halfwidths, strict=True)):
+                return DECISION
+        if look >= self.max_starts:
+            return MAX_STARTS
+        if budget_s is not None and elapsed_s is not None and elapsed_s >= budget_s:
+            return BUDGET
+        return CONTINUE
+
+    def decide(
+        self,
+        cells: Cells,
+        baseline: str,
+        elapsed_s: float | None = None,
+        budget_s: float | None = None,
+        look: int | None = None,
+        rounds: Mapping[Hashable, Sequence[int]] | None = None,
+    ) -> StopDecision:
+        """Decide after a round of starts.
+
+        ``cells`` is keyed by variant name, or by (variant, concurrency); every comparison in it
+        is one family.  ``look`` is the round number (server starts per variant attempted so far);
+        by default the largest number of successful starts in any cell.
+        """
+        if look is None:
+            look = max((len(clean_starts(d)) for d in cells.values()), default=0)
+        estimates = family_estimates(cells, baseline, rounds)
+        reason, decisions, alpha_k = self.decide_estimates(estimates, look, elapsed_s, budget_s)
+        labels = {k: comparison_label(k.variant, None if k.level == -1 else k.level) for k in decisions}
+        return StopDecision(reason != CONTINUE, reason, {labels[k]: d.estimate for k, d in decisions.items()},
+                            look, alpha_k, self.describe(), {labels[k]: d for k, d in decisions.items()})
 
     def simulate(
         self,
@@ -174,88 +236,28 @@ class StoppingRule:
         sd_between: float,
         sd_within: float,
         trials_per_start: int = 3,
-        n_experiments: int = 2000,
+        n_experiments: int = 1000,
         seed: int = 0,
     ) -> SequentialSimulation:
-        """Run this rule on ``n_experiments`` synthetic experiments (vectorised numpy): one
-        baseline and one variant per entry of ``true_ratios``, start effects ~ N(0, sd_between)
-        and trial noise ~ N(0, sd_within) on log tok/s.  Same decision logic as ``decide``
-        (precision / decision / max_starts; no time budget).  For `truthput plan` and tests."""
-        return _simulate(self, true_ratios, sd_between, sd_within, trials_per_start, n_experiments, seed)
+        """Run this rule on synthetic experiments: one baseline and one variant per entry of
+        ``true_ratios``, start effects ~ N(0, sd_between) and trial noise ~ N(0, sd_within) on log
+        tok/s, one level.  Same decisions as ``decide`` (it calls it).  For `truthput plan` and tests."""
+        rng = np.random.default_rng(seed)
+        arms = [1.0, *true_ratios]
 
-    # -- decision -------------------------------------------------------------------------
-    def decide(
-        self,
-        cells: Mapping[Hashable, Sequence[Sequence[float]]],
-        baseline: str,
-        elapsed_s: float | None = None,
-        budget_s: float | None = None,
-        look: int | None = None,
-    ) -> StopDecision:
-        """Decide after a round of starts.
+        def draw(_: np.random.Generator) -> Cells:
+            return {f"a{i}": (r * np.exp(rng.normal(0.0, sd_between, (self.max_starts, 1))
+                                         + rng.normal(0.0, sd_within, (self.max_starts, trials_per_start)))).tolist()
+                    for i, r in enumerate(arms)}
 
-        ``cells`` is keyed by variant name, or by (variant, concurrency); the family for the
-        comparison correction is the variants compared with ``baseline`` at one concurrency.
-        ``look`` is the round number (server starts per variant attempted so far); by default
-        the largest number of successful starts in any cell.
-        """
-        groups: dict[int | None, dict[str, Sequence[Sequence[float]]]] = {}
-        for key, data in cells.items():
-            variant, conc = _cell_key(key)
-            groups.setdefault(conc, {})[variant] = data
-        if look is None:
-            look = max((len(clean_starts(d)) for d in cells.values()), default=0)
-        alpha_k = self.look_alpha(min(max(look, self.min_starts), self.max_starts))
-        per: dict[str, RatioEstimate] = {}
-        for conc, by_variant in groups.items():
-            if baseline not in by_variant:
-                where = "" if conc is None else f" at c={conc}"
-                raise MeasurementError(f"stopping rule: baseline {baseline!r} has no cell{where}: nothing to compare with")
-            others = [v for v in by_variant if v != baseline]
-            m = len(others)
-            base = by_variant[baseline]
-            for v in others:
-                data = by_variant[v]
-                if not clean_starts(data) or not clean_starts(base):
-                    continue
-                est = ratio_estimate(data, base, confidence=1.0 - alpha_k, n_comparisons=m)
-                est = dataclasses.replace(
-                    est,
-                    correction=(
-                        f"look {look} of {self.min_starts}..{self.max_starts}: alpha {alpha_k:.4g} "
-                        f"({self.method} spending, union bound over looks)"
-                        + (f", Bonferroni over {m} comparisons" if m > 1 else "")
-                        + f"; interval at {est.level:.2%}"
-                    ),
-                )
-                per[comparison_label(v, conc)] = est
-        method = self.describe()
-        if look >= self.min_starts and per:
-            flags = []
-            for conc, by_variant in groups.items():
-                ests = [per[k] for v in by_variant if (k := comparison_label(v, conc)) in per]
-                if not ests:
-                    continue
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    lo = np.log([e.lo for e in ests])
-                    hi = np.log([e.hi for e in ests])
-                    mid = np.log([e.ratio for e in ests])
-                flags.append(resolution(lo, hi, mid, self.target_rel_halfwidth))
-            if flags and all(bool(p) for p, _ in flags):
-                return StopDecision(True, PRECISION, per, look, alpha_k, method)
-            if flags and all(bool(r) for _, r in flags):
-                return StopDecision(True, DECISION, per, look, alpha_k, method)
-        if look >= self.max_starts:
-            return StopDecision(True, MAX_STARTS, per, look, alpha_k, method)
-        if budget_s is not None and elapsed_s is not None and elapsed_s >= budget_s:
-            return StopDecision(True, BUDGET, per, look, alpha_k, method)
-        return StopDecision(False, CONTINUE, per, look, alpha_k, method)
+        truth = {f"a{i}": r for i, r in enumerate(arms) if i}
+        return simulate_rule(self, draw, truth, "a0", n_experiments, rng)
 
 
 @dataclass(frozen=True)
 class SequentialSimulation:
     """Operating characteristics of a StoppingRule on synthetic experiments (simulated, not
-    measured): two-level log-normal noise, known true ratios."""
+    measured): known true ratios."""
 
     n_experiments: int
     mean_starts: float
@@ -263,77 +265,74 @@ class SequentialSimulation:
     starts_histogram: dict[int, int]
     reasons: dict[str, int]
     false_winner_rate: float
-    """Fraction of experiments where some comparison was called significant in the wrong
-    direction, or at all when its true ratio is 1."""
+    """Fraction of experiments with a wrong claim anywhere: a change in the wrong direction or
+    where there is none, or equivalence where the true change exceeds the margin."""
     power: float
-    """Fraction where every comparison with a true ratio != 1 was called in the right direction."""
+    """Fraction where every comparison with a true change beyond the margin was decided in the
+    right direction (NaN when there is none)."""
+    decided: float
+    """Fraction where every comparison ended decided."""
     coverage: float
     """Fraction where every interval at the stop covered its true ratio."""
 
 
-def _simulate(
-    rule: "StoppingRule",
-    true_ratios: Sequence[float],
-    sd_between: float,
-    sd_within: float,
-    trials_per_start: int,
+def simulate_rule(
+    rule: StoppingRule,
+    draw: Callable[[np.random.Generator], Cells],
+    truth: Mapping[Any, float],
+    baseline: str,
     n_experiments: int,
-    seed: int,
+    rng: np.random.Generator,
+    rounds: Mapping[Hashable, Sequence[int]] | None = None,
 ) -> SequentialSimulation:
-    rng = np.random.default_rng(seed)
-    truth = np.log(np.asarray(true_ratios, dtype=float))
-    n_max, k = rule.max_starts, trials_per_start
-    arms = truth.size + 1
-    # log tok/s = arm effect + start effect + trial noise; the level (e.g. log 300) cancels.
-    start_eff = rng.normal(0.0, sd_between, (n_experiments, arms, n_max))
-    trial_noise = rng.normal(0.0, sd_within, (n_experiments, arms, n_max, k))
-    log_means = np.concatenate([[0.0], truth])[None, :, None] + start_eff + trial_noise.mean(axis=-1)
-    return simulate_on_log_means(rule, log_means, true_ratios)
-
-
-def simulate_on_log_means(
-    rule: "StoppingRule", log_means: np.ndarray, true_ratios: Sequence[float]
-) -> SequentialSimulation:
-    """The rule's decisions on given per-start mean log tok/s, shape (experiments, arms,
-    max_starts) with arm 0 the baseline; vectorised twin of looking with ``decide`` after every
-    round (tests check that the two agree)."""
-    truth = np.log(np.asarray(true_ratios, dtype=float))
-    m = truth.size
-    n_experiments, arms, n_max = log_means.shape
-    if arms != m + 1 or n_max != rule.max_starts:
-        raise ValueError(f"log_means shape {log_means.shape} does not match {m} variants x {rule.max_starts} starts")
-    stopped = np.zeros(n_experiments, dtype=bool)
-    stop_look = np.full(n_experiments, n_max)
-    reason = np.full(n_experiments, MAX_STARTS, dtype=object)
-    lo_at = np.full((n_experiments, m), np.nan)
-    hi_at = np.full((n_experiments, m), np.nan)
-    for look in range(rule.min_starts, n_max + 1):
-        alpha_k = rule.look_alpha(look) / m
-        w = welch_log_diff(log_means[:, 1:, :look], log_means[:, :1, :look], alpha_k)
-        all_precise, all_resolved = resolution(w.lo, w.hi, w.diff, rule.target_rel_halfwidth)
-        now = ~stopped & (all_resolved | (look == n_max))
-        lo_at[now], hi_at[now] = w.lo[now], w.hi[now]
-        stop_look[now] = look
-        reason[now & all_precise] = PRECISION
-        reason[now & ~all_precise & all_resolved] = DECISION
-        stopped |= now
-    significant = (lo_at > 0) | (hi_at < 0)
-    wrong = significant & ((truth[None, :] == 0) | (np.sign(lo_at) != np.sign(truth[None, :])))
-    right = significant & (np.sign(lo_at) == np.sign(truth[None, :]))
-    needs = truth != 0
-    power = float((right | ~needs[None, :]).all(axis=1).mean()) if needs.any() else float("nan")
-    covered = ((lo_at <= truth[None, :]) & (truth[None, :] <= hi_at)).all(axis=1)
-    looks, counts = np.unique(stop_look, return_counts=True)
-    reasons, rcounts = np.unique(reason.astype(str), return_counts=True)
+    """Look after every round as the runner does. `draw` makes one experiment's cells with
+    max_starts starts each; `truth` maps a cell key to its true ratio against the baseline's cell
+    at the same level."""
+    margin = math.log1p(rule.min_effect)
+    used, reasons = [], []
+    wrong = right_all = covered_all = decided_all = 0
+    needs = [k for k, r in truth.items() if abs(math.log(r)) > margin]
+    for _ in range(n_experiments):
+        full = draw(rng)
+        for look in range(rule.min_starts, rule.max_starts + 1):
+            cells = {k: v[:look] for k, v in full.items()}
+            rr = None if rounds is None else {k: list(r)[:look] for k, r in rounds.items()}
+            d = rule.decide(cells, baseline, look=look, rounds=rr)
+            if d.stop:
+                break
+        used.append(look)
+        reasons.append(d.reason)
+        ok_wrong = False
+        right = covered = True
+        by_label = {}
+        for key, r in truth.items():
+            variant, conc = _cell_key(key)
+            by_label[key] = d.decisions[comparison_label(variant, conc)]
+        for key, dec in by_label.items():
+            t = math.log(truth[key])
+            e = dec.estimate
+            if math.isfinite(e.lo) and not (math.log(e.lo) <= t <= math.log(e.hi)):
+                covered = False
+            if dec.kind == "different":
+                if t == 0 or np.sign(e.diff_log) != np.sign(t):
+                    ok_wrong = True
+            elif dec.kind == "equivalent" and abs(t) > margin:
+                ok_wrong = True
+            if key in needs and not (dec.kind == "different" and np.sign(e.diff_log) == np.sign(t)):
+                right = False
+        wrong += ok_wrong
+        right_all += right
+        covered_all += covered
+        decided_all += all(dec.decided for dec in by_label.values())
+    looks, counts = np.unique(used, return_counts=True)
+    rs, rcounts = np.unique(reasons, return_counts=True)
+    n = n_experiments
     return SequentialSimulation(
-        n_experiments=n_experiments,
-        mean_starts=float(stop_look.mean()),
+        n_experiments=n, mean_starts=float(np.mean(used)),
         starts_histogram={int(a): int(b) for a, b in zip(looks, counts, strict=True)},
-        reasons={str(a): int(b) for a, b in zip(reasons, rcounts, strict=True)},
-        false_winner_rate=float(wrong.any(axis=1).mean()),
-        power=power,
-        coverage=float(covered.mean()),
-    )
+        reasons={str(a): int(b) for a, b in zip(rs, rcounts, strict=True)},
+        false_winner_rate=wrong / n, power=right_all / n if needs else float("nan"),
+        decided=decided_all / n, coverage=covered_all / n)
 
 
 def fixed_design_starts_from_sd(

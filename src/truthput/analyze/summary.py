@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from truthput.analyze.cells import Cell, TrialLike, build_cells, cell_groups
+from truthput.analyze.cells import Cell, TrialLike, build_cells, metric_groups
 from truthput.analyze.guard import GuardResult, compare_outputs
+from truthput.analyze.stopping import StoppingRule
 from truthput.analyze.verdict import ComparisonVerdict, Verdict, make_verdict
 from truthput.spec.experiment import MeasureSection
 
@@ -31,7 +32,7 @@ class RunSummary:
     def comparison(self, variant: str, concurrency: int) -> ComparisonVerdict | None:
         """The verdict's comparison of `variant` with the baseline at `concurrency`."""
         for cv in self.verdict.per_concurrency:
-            if cv.concurrency == concurrency:
+            if cv.concurrency == concurrency and cv.metric == "tok/s":
                 return next((c for c in cv.comparisons if c.variant == variant), None)
         return None
 
@@ -54,6 +55,8 @@ def _mark_flagged(verdict: Verdict, cells: list[Cell], baseline: str) -> None:
     """A comparison resting on a flagged figure says so in its verdict line."""
     by_key = {c.key: c for c in cells}
     for cv in verdict.per_concurrency:
+        if cv.metric != "tok/s":
+            continue
         for comp in cv.comparisons:
             for name in (comp.variant, baseline):
                 cell = by_key.get((name, cv.concurrency))
@@ -63,6 +66,15 @@ def _mark_flagged(verdict: Verdict, cells: list[Cell], baseline: str) -> None:
                 old = comp.line
                 comp.line += f"; rests on flagged figures ({', '.join(dict.fromkeys(comp.flagged))}: see the flags)"
                 cv.lines = [comp.line if x == old else x for x in cv.lines]
+
+
+def stopping_rule(m: MeasureSection) -> StoppingRule | None:
+    """The experiment's sequential rule (None when `sequential = false`): first look at
+    max(2, starts), at most max_starts per variant, equivalence within +-min_effect."""
+    if not m.sequential:
+        return None
+    return StoppingRule(target_rel_halfwidth=m.target_rel, max_starts=max(m.planned_max_starts, m.first_look),
+                        min_starts=m.first_look, alpha=1 - m.confidence, min_effect=m.min_effect_rel)
 
 
 def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapping[str, str], baseline: str,
@@ -75,23 +87,26 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
     guard: dict[str, GuardResult] = {}
     if baseline in texts:
         guard = {name: compare_outputs(texts[baseline], t) for name, t in texts.items() if name != baseline}
-    groups = cell_groups(cells)
     m = measure
-    rule, look, stopping = None, None, None
-    if m.target_rel is not None:
-        from truthput.analyze.stopping import StoppingRule, fixed_design_starts
+    rule = stopping_rule(m)
+    values, rounds = metric_groups(cells, "tok/s")
+    extra = {k: metric_groups(cells, k) for k in m.verdicts if k != "tok/s"}
+    look, stopping = None, None
+    if rule is not None:
+        from truthput.analyze.stopping import fixed_design_starts
 
-        rule = StoppingRule(target_rel_halfwidth=m.target_rel, max_starts=m.max_starts, min_starts=m.starts,
-                            alpha=1 - m.confidence)
-        look = max((len(v) for v in groups.values()), default=None)
-        stopping = {"method": rule.method, "starts_used": look}
-        try:
-            stopping["fixed_design_starts"] = fixed_design_starts(dict(groups.items()), baseline, m.target_rel,
-                                                                  confidence=m.confidence)
-        except Exception as exc:  # not enough data to size a fixed design
-            stopping["fixed_design_note"] = str(exc)
-    verdict = make_verdict(groups, baseline, failed=failed, guard=guard, confidence=m.confidence,
-                           simulated=simulated, stopping_rule=rule, look=look)
+        look = max((len(v) for v in values.values()), default=None)
+        stopping = {"method": rule.method, "starts_used": look, "first_look": rule.min_starts,
+                    "max_starts": rule.max_starts}
+        if m.target_rel is not None:
+            try:
+                stopping["fixed_design_starts"] = fixed_design_starts(dict(values.items()), baseline, m.target_rel,
+                                                                      confidence=m.confidence)
+            except Exception as exc:  # not enough data to size a fixed design
+                stopping["fixed_design_note"] = str(exc)
+    verdict = make_verdict(values, baseline, failed=failed, guard=guard, confidence=m.confidence,
+                           simulated=simulated, stopping_rule=rule, look=look, min_effect=m.min_effect_rel,
+                           rounds=rounds, metrics=extra)
     _mark_flagged(verdict, cells, baseline)
     return RunSummary(cells=cells, verdict=verdict, failed=failed, guard=guard, guard_texts=texts,
                       stopping=stopping)

@@ -1,9 +1,11 @@
 """The verdict: per concurrency, which variant (if any) beats the baseline, in plain text.
 
 Rules (why they exist):
-- a winner is named only when its corrected interval for variant/baseline lies entirely above 1
-  (Bonferroni over the variants compared with the baseline at that concurrency, plus the
-  look adjustment when a sequential StoppingRule decided when to stop);
+- every comparison of the run (each variant against the baseline, at each level, on each verdict
+  metric) is decided in one family (`truthput.analyze.decide`: Holm, plus the look's share of the
+  error when a sequential StoppingRule decides when to stop): a change, equivalence within
+  +-min_effect, or "not decided" with the starts that would likely decide it;
+- a winner is named only when its interval for tok/s variant/baseline lies entirely above 1;
 - the output guard can veto: a variant whose greedy outputs differ from the baseline's is
   flagged and not named a winner, unless its divergence is expected (e.g. a quantised KV cache);
   speculative decoding must never change greedy output;
@@ -17,6 +19,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from truthput.analyze.decide import ComparisonKey, Decision, decide_family, metric, more_starts_to_decide
 from truthput.analyze.guard import GuardResult
 from truthput.analyze.stats import RatioEstimate, cell_estimate, clean_starts, ratio_estimate, shared_noise
 from truthput.analyze.stopping import StoppingRule
@@ -28,8 +31,9 @@ class ComparisonVerdict:
 
     variant: str
     outcome: str
-    """"faster" | "slower" | "equivalent" (the interval lies inside +-min_effect) | "not decided"
-    (too wide for either) | "undetermined" (one start in an arm: no interval)."""
+    """"faster" | "slower" (tok/s), "higher" | "lower" (goodput, latency) | "equivalent" (the
+    interval lies inside +-min_effect) | "not decided" (too wide for either) | "undetermined" (one
+    start in an arm: no interval)."""
     estimate: RatioEstimate
     guard: str | None
     vetoed: bool
@@ -38,11 +42,22 @@ class ComparisonVerdict:
     more_starts: int | None = None
     """For "not decided": about how many more starts per arm would decide it, if the effect and the
     noise stay as observed."""
-    """Validity flags on the figures this comparison rests on ("<variant> c=<n>: <code>")."""
+    metric: str = "tok/s"
+    step: int | None = None
+    """Its place in the family's Holm order (1 = tested first at alpha / family)."""
+    better: bool | None = None
+    """Whether the variant is decided better than the baseline on this metric (None: no change
+    decided)."""
+
+    @property
+    def decided(self) -> bool:
+        return self.outcome not in ("not decided", "undetermined")
 
 
 @dataclass
 class ConcurrencyVerdict:
+    """The comparisons at one level on one metric."""
+
     concurrency: int
     baseline: str
     baseline_mean: float | None
@@ -51,6 +66,8 @@ class ConcurrencyVerdict:
     """The variant named the winner, or None.  With several qualifying variants the one with
     the highest ratio is named only if its interval lies above every other qualifier's ratio."""
     lines: list[str]
+    metric: str = "tok/s"
+    noise: str = ""
 
 
 @dataclass
@@ -61,6 +78,8 @@ class Verdict:
     simulated: bool = False
     confidence: float = 0.95
     notes: list[str] = field(default_factory=list)
+    family: int = 0
+    """How many comparisons were decided together."""
 
     def to_dict(self) -> dict:
         """JSON-ready dict (NaN becomes None)."""
@@ -75,6 +94,9 @@ class Verdict:
             return x
 
         return clean(asdict(self))
+
+    def comparisons(self) -> list[ComparisonVerdict]:
+        return [c for cv in self.per_concurrency for c in cv.comparisons]
 
     def lines(self) -> list[str]:
         out: list[str] = []
@@ -97,33 +119,11 @@ def _mag(x: float) -> str:
     return f"{x:.1f}%" if x < 10 else f"{x:.0f}%"
 
 
-def _change(e: RatioEstimate) -> tuple[str, str]:
-    """("29% slower than", "19%..37%"): the magnitude of a decided change and its interval."""
+def _change(e: RatioEstimate, up: str, down: str) -> tuple[str, str]:
+    """("29% slower", "19%..37%"): the magnitude of a decided change and its interval."""
     if e.ratio >= 1:
-        return f"{_mag(e.pct)} faster than", f"{_mag(e.pct_lo)}..{_mag(e.pct_hi)}"
-    return f"{_mag(e.pct)} slower than", f"{_mag(-e.pct_hi)}..{_mag(-e.pct_lo)}"
-
-
-def more_starts_to_decide(e: RatioEstimate, min_effect: float) -> int | None:
-    """About how many more server starts per arm would make the interval exclude 1 or fit inside
-    +-min_effect, if the effect and the noise stay as observed (the half-width shrinks as
-    1/sqrt(starts))."""
-    if not (math.isfinite(e.lo) and math.isfinite(e.hi)) or e.ratio <= 0:
-        return None
-    d = abs(math.log(e.ratio))
-    half = (math.log(e.hi) - math.log(e.lo)) / 2
-    n = min(e.n_starts_variant, e.n_starts_baseline)
-    if half <= 0 or n < 1:
-        return None
-    need = []
-    if d > 0:
-        need.append(n * (half / d) ** 2)
-    margin = math.log1p(min_effect)
-    if d < margin:
-        need.append(n * (half / (margin - d)) ** 2)
-    if not need:
-        return None
-    return max(1, math.ceil(min(need)) - n)
+        return f"{_mag(e.pct)} {up}", f"{_mag(e.pct_lo)}..{_mag(e.pct_hi)}"
+    return f"{_mag(e.pct)} {down}", f"{_mag(-e.pct_hi)}..{_mag(-e.pct_lo)}"
 
 
 def _counts(e: RatioEstimate) -> str:
@@ -135,21 +135,21 @@ def _counts(e: RatioEstimate) -> str:
     return v if v == b else f"{v} vs baseline {b}"
 
 
-def _adjustments(n_comparisons: int, sequential: bool) -> str:
+def _adjustments(family: int, sequential: bool) -> str:
     adj = []
-    if n_comparisons > 1:
-        adj.append(f"Bonferroni over {n_comparisons}")
+    if family > 1:
+        adj.append(f"Holm over {family}")
     if sequential:
         adj.append("sequential-adjusted")
     return "".join(f", {a}" for a in adj)
 
 
-def _ci(e: RatioEstimate, confidence: float, n_comparisons: int, sequential: bool) -> str:
-    return f"{confidence:.0%} CI {_pct(e.pct_lo)}..{_pct(e.pct_hi)}" + _adjustments(n_comparisons, sequential)
+Cells = Mapping[tuple[str, int], Sequence[Sequence[float]]]
+Rounds = Mapping[tuple[str, int], Sequence[int]]
 
 
 def make_verdict(
-    cells: Mapping[tuple[str, int], Sequence[Sequence[float]]],
+    cells: Cells,
     baseline: str,
     failed: Mapping[str, str] | None = None,
     guard: Mapping[str, GuardResult] | None = None,
@@ -159,138 +159,166 @@ def make_verdict(
     look: int | None = None,
     expected_divergence: Collection[str] = (),
     min_effect: float = 0.02,
+    rounds: Rounds | None = None,
+    metrics: Mapping[str, tuple[Cells, Rounds | None]] | None = None,
 ) -> Verdict:
-    """Build the verdict from per-cell per-start tok/s.
+    """Build the verdict from per-cell per-start values.
 
-    ``cells[(variant, concurrency)]`` = per-start lists of trial tok/s.  ``failed`` maps a
-    variant to why it produced nothing.  ``guard[variant]`` is that variant's output comparison
-    with the baseline.  With ``stopping_rule`` the intervals use its look-adjusted level (the
-    look = ``look`` or the largest number of starts in any cell), so ``confidence`` is then the
-    rule's 1 - alpha.  ``expected_divergence`` names variants allowed to change outputs.
+    ``cells[(variant, concurrency)]`` = per-start lists of trial tok/s; ``rounds`` the round of
+    each of those starts (for pairing in time); ``metrics`` more verdict metrics, each with its
+    own cells and rounds. ``failed`` maps a variant to why it produced nothing.
+    ``guard[variant]`` is that variant's output comparison with the baseline. With
+    ``stopping_rule`` the family's error is the look's share (the look = ``look`` or the largest
+    number of starts in any cell), so ``confidence`` is then the rule's 1 - alpha.
+    ``expected_divergence`` names variants allowed to change outputs.
     """
     failed = dict(failed or {})
     guard = dict(guard or {})
     tag = "simulated: " if simulated else ""
     if stopping_rule is not None:
         confidence = 1.0 - stopping_rule.alpha
+        min_effect = stopping_rule.min_effect
         if look is None:
             look = max((len(clean_starts(d)) for d in cells.values()), default=0)
-    by_conc: dict[int, dict[str, Sequence[Sequence[float]]]] = {}
-    for (variant, conc), data in cells.items():
-        if clean_starts(data):
-            by_conc.setdefault(conc, {})[variant] = data
+        alpha = stopping_rule.look_alpha(stopping_rule.clamp(look))
+    else:
+        alpha = 1.0 - confidence
+    by_metric: dict[str, tuple[Cells, Rounds | None]] = {"tok/s": (cells, rounds), **dict(metrics or {})}
     notes: list[str] = []
+    raw: dict[ComparisonKey, RatioEstimate] = {}
+    groups: list[tuple[str, int, dict[str, Sequence[Sequence[float]]], list[str], str]] = []
+    for mkey, (mcells, mrounds) in by_metric.items():
+        by_conc: dict[int, dict[str, Sequence[Sequence[float]]]] = {}
+        for (variant, conc), data in mcells.items():
+            if _positive(data):
+                by_conc.setdefault(conc, {})[variant] = data
+        for conc in sorted(by_conc):
+            group = by_conc[conc]
+            if baseline not in group:
+                if mkey == "tok/s":
+                    notes.append(f"c={conc}: baseline {baseline} has no measurements; no comparison possible")
+                continue
+            others = sorted(v for v in group if v != baseline and v not in failed)
+            names = [baseline, *others]
+            rr = None
+            if mrounds is not None and all((n, conc) in mrounds for n in names):
+                rr = [list(mrounds[(n, conc)]) for n in names]
+            noise = shared_noise([group[n] for n in names], rounds=rr)
+            for i, v in enumerate(others, start=1):
+                raw[ComparisonKey(mkey, conc, v)] = ratio_estimate(
+                    group[v], group[baseline], noise=noise, rounds_variant=None if rr is None else rr[i],
+                    rounds_baseline=None if rr is None else rr[0])
+            groups.append((mkey, conc, group, others, noise.note if noise.df or noise.paired else ""))
+    describe = (f"look {look} of {stopping_rule.min_starts}..{stopping_rule.max_starts}"
+                if stopping_rule is not None else "")
+    decisions = decide_family(raw, alpha, min_effect, describe) if raw else {}
+    family = sum(1 for d in decisions.values() if d.step is not None)
     out: list[ConcurrencyVerdict] = []
-    for conc in sorted(by_conc):
-        group = by_conc[conc]
-        if baseline not in group:
-            notes.append(f"c={conc}: baseline {baseline} has no measurements; no comparison possible")
-            continue
-        base_est = cell_estimate(group[baseline], confidence=confidence)
-        others = sorted(v for v in group if v != baseline and v not in failed)
-        m = len(others)
-        noise = shared_noise([group[v] for v in [baseline, *others]])
-        comps: list[ComparisonVerdict] = []
-        for v in others:
-            if stopping_rule is not None:
-                level = stopping_rule.confidence_at(look or 0, 1)
-                est = ratio_estimate(group[v], group[baseline], confidence=level, n_comparisons=m, noise=noise)
-            else:
-                est = ratio_estimate(group[v], group[baseline], confidence=confidence, n_comparisons=m,
-                                     noise=noise)
-            g = guard.get(v)
-            diverges = g is not None and not g.identical
-            expected = v in expected_divergence
-            guard_txt = None if g is None else (g.verdict + (" (expected for this variant)" if diverges and expected else ""))
-            ci = _ci(est, confidence, m, stopping_rule is not None)
-            counts = _counts(est)
-            head = f"{tag}c={conc}: "
-            more = None
-            margin = 1.0 + min_effect
-            if not math.isfinite(est.lo):
-                outcome = "undetermined"
-                line = (
-                    f"{head}{v} vs {baseline}: {_pct(est.pct)} but undetermined: one server start in an arm, "
-                    f"no between-start variance ({counts})"
-                )
-            elif est.significant:
-                outcome = "faster" if est.ratio > 1 else "slower"
-                change, interval = _change(est)
-                line = (f"{head}{v} is {change} {baseline} ({confidence:.0%} CI {interval}"
-                        f"{_adjustments(m, stopping_rule is not None)}, {counts})")
-            elif est.lo >= 1.0 / margin and est.hi <= margin:
-                outcome = "equivalent"
-                line = (f"{head}{v} is equivalent to {baseline} within +-{min_effect:.0%} ({_pct(est.pct)}, {ci}, "
-                        f"{counts})")
-            else:
-                outcome = "not decided"
-                more = more_starts_to_decide(est, min_effect)
-                why = f"; about {more} more start{'s' if more != 1 else ''} per arm would likely decide it" \
-                    if more is not None else ""
-                line = f"{head}{v} vs {baseline}: not decided ({_pct(est.pct)}, {ci}, {counts}){why}"
-            vetoed = diverges and not expected
-            if g is not None:
-                line += f"; output guard: {guard_txt}"
-            if vetoed and outcome == "faster":
-                line += f"; NOT named a winner: greedy outputs differ from {baseline}'s"
-            if est.warning and outcome != "undetermined":
-                line += f"; {est.warning}"
-            comps.append(ComparisonVerdict(v, outcome, est, guard_txt, vetoed, line, more_starts=more))
-        qualifiers = [c for c in comps if c.outcome == "faster" and not c.vetoed]
-        winner = None
+    sequential = stopping_rule is not None
+    for mkey, conc, group, others, noise_note in groups:
+        spec = metric(mkey)
+        comps = [_comparison(decisions[ComparisonKey(mkey, conc, v)], v, baseline, conc, spec, guard,
+                             expected_divergence, confidence, family, sequential, min_effect, tag)
+                 for v in others]
         lines = [c.line for c in comps]
-        if qualifiers:
-            best = max(qualifiers, key=lambda c: c.estimate.ratio)
-            rivals = [c for c in qualifiers if c is not best]
-            # Head-to-head: best must beat every other qualifier at the same corrected level.
-            level = 1.0 - (1.0 - confidence) / m if stopping_rule is None else (
-                1.0 - (1.0 - stopping_rule.confidence_at(look or 0, 1)) / m)
-            if all(
-                ratio_estimate(group[best.variant], group[c.variant], confidence=level, noise=noise).significant
-                for c in rivals
-            ):
-                winner = best.variant
-                lines.append(f"{tag}c={conc}: winner {winner}")
-            else:
-                names = ", ".join(c.variant for c in qualifiers)
-                lines.append(
-                    f"{tag}c={conc}: {names} all beat {baseline}; their intervals overlap, so no single winner"
-                )
-        elif comps:
-            lines.append(f"{tag}c={conc}: no winner: {baseline} stays")
-        if comps and noise.df:
-            lines.append(f"{tag}c={conc}: noise: {noise.note}")
-        if base_est.noisy and base_est.warning:
-            lines.append(f"{tag}c={conc}: {baseline} is noisy: {base_est.warning}")
-        out.append(
-            ConcurrencyVerdict(
-                concurrency=conc,
-                baseline=baseline,
-                baseline_mean=base_est.mean,
-                comparisons=comps,
-                winner=winner,
-                lines=lines,
-            )
-        )
+        winner = None
+        base_mean = None
+        if mkey == "tok/s":
+            base_est = cell_estimate(group[baseline], confidence=confidence)
+            base_mean = base_est.mean
+            qualifiers = [c for c in comps if c.outcome == "faster" and not c.vetoed]
+            if qualifiers:
+                best = max(qualifiers, key=lambda c: c.estimate.ratio)
+                rivals = [c for c in qualifiers if c is not best]
+                # Head-to-head: best must beat every other qualifier at its own decision level.
+                if all(ratio_estimate(group[best.variant], group[c.variant], confidence=best.estimate.level).significant
+                       for c in rivals):
+                    winner = best.variant
+                    lines.append(f"{tag}c={conc}: winner {winner}")
+                else:
+                    beat = ", ".join(c.variant for c in qualifiers)
+                    lines.append(
+                        f"{tag}c={conc}: {beat} all beat {baseline}; their intervals overlap, so no single winner")
+            elif comps:
+                lines.append(f"{tag}c={conc}: no winner: {baseline} stays")
+            if base_est.noisy and base_est.warning:
+                lines.append(f"{tag}c={conc}: {baseline} is noisy: {base_est.warning}")
+        if comps and noise_note:
+            where = f"c={conc}" if mkey == "tok/s" else f"c={conc} {spec.label}"
+            lines.append(f"{tag}{where}: noise: {noise_note}")
+        out.append(ConcurrencyVerdict(concurrency=conc, baseline=baseline, baseline_mean=base_mean,
+                                      comparisons=comps, winner=winner, lines=lines, metric=mkey, noise=noise_note))
     method_notes = [
-        "unit of replication: the server start; each start's trials are averaged (mean log tok/s)",
-        "ratio = exp(difference of mean per-start log tok/s); t interval with the between-start variance pooled "
-        "over the arms at that concurrency (df counted per server start), or Welch per comparison when Bartlett's "
-        "test says the arms' variances differ",
-        "multiple comparisons: Bonferroni over the variants compared with the baseline at each concurrency",
-        "a winner must have its whole interval above 1 and identical greedy outputs (unless divergence is expected)",
+        "unit of replication: the server start; each start's trials are averaged (mean log value)",
+        "ratio = exp(difference of mean per-start log values); t interval with each arm's between-start variance "
+        "shrunk toward the variance pooled over the arms at that level (df counted per server start; the prior's "
+        "weight falls as Bartlett's test finds the variances unequal, down to Welch), or, when the starts drift "
+        "together by round, the differences between starts of the same round",
+        f"the family: every comparison of the run ({family}), decided together with Holm's step-down procedure",
+        "a winner must have its whole tok/s interval above 1 and identical greedy outputs (unless divergence is "
+        "expected)",
         f"equivalent: the whole interval lies within +-{min_effect:.0%} (two one-sided tests at the same level)",
-        "intervals of tok/s and of ratios are on the log scale (geometric): never below zero",
+        "intervals of tok/s, latency and of ratios are on the log scale (geometric): never below zero",
     ]
     if stopping_rule is not None:
         method_notes.append(stopping_rule.describe() + f"; intervals reported at look {look}")
     if simulated:
         method_notes.insert(0, "SIMULATED: every figure comes from the simulator, not a real server")
-    return Verdict(
-        per_concurrency=out,
-        failed=failed,
-        method_notes=method_notes,
-        simulated=simulated,
-        confidence=confidence,
-        notes=notes,
-    )
+    return Verdict(per_concurrency=out, failed=failed, method_notes=method_notes, simulated=simulated,
+                   confidence=confidence, notes=notes, family=family)
+
+
+def _positive(data: Sequence[Sequence[float]]) -> bool:
+    """Whether a cell can enter a ratio: some start with values, all positive and finite."""
+    vals = [x for s in data for x in s]
+    return bool(vals) and all(math.isfinite(x) and x > 0 for x in vals)
+
+
+def _comparison(d: Decision, v: str, baseline: str, conc: int, spec, guard: Mapping[str, GuardResult],
+                expected_divergence: Collection[str], confidence: float, family: int, sequential: bool,
+                min_effect: float, tag: str) -> ComparisonVerdict:
+    est = d.estimate
+    g = guard.get(v)
+    diverges = g is not None and not g.identical
+    expected = v in expected_divergence
+    guard_txt = None if g is None else (g.verdict + (" (expected for this variant)" if diverges and expected else ""))
+    adj = _adjustments(family, sequential)
+    ci = f"{confidence:.0%} CI {_pct(est.pct_lo)}..{_pct(est.pct_hi)}{adj}"
+    counts = _counts(est)
+    head = f"{tag}c={conc}: "
+    throughput = spec.key == "tok/s"
+    subject = v if throughput else f"{v}'s {spec.label}"
+    other = baseline if throughput else f"{baseline}'s"
+    what = "" if throughput else f"{spec.label} "
+    more = None
+    better = None
+    if d.kind == "undetermined":
+        outcome = "undetermined"
+        line = (f"{head}{what}{v} vs {baseline}: {_pct(est.pct)} but undetermined: one server start in an arm, "
+                f"no between-start variance ({counts})")
+    elif d.kind == "different":
+        up = est.ratio > 1
+        outcome = spec.up if up else spec.down
+        better = up == spec.higher_is_better
+        change, interval = _change(est, spec.up, spec.down)
+        line = f"{head}{subject} is {change} than {other} ({confidence:.0%} CI {interval}{adj}, {counts})"
+    elif d.kind == "equivalent":
+        outcome = "equivalent"
+        real = "; a change this small is real but inside the margin" if est.significant else ""
+        line = (f"{head}{subject} is equivalent to {other} within +-{min_effect:.0%} ({_pct(est.pct)}, {ci}, "
+                f"{counts}){real}")
+    else:
+        outcome = "not decided"
+        more = more_starts_to_decide(est, min_effect)
+        why = (f"; about {more} more start{'s' if more != 1 else ''} per arm would likely decide it"
+               if more is not None else "")
+        line = f"{head}{what}{v} vs {baseline}: not decided ({_pct(est.pct)}, {ci}, {counts}){why}"
+    vetoed = diverges and not expected
+    if g is not None and throughput:
+        line += f"; output guard: {guard_txt}"
+    if vetoed and outcome == "faster":
+        line += f"; NOT named a winner: greedy outputs differ from {baseline}'s"
+    if est.warning and outcome != "undetermined":
+        line += f"; {est.warning}"
+    return ComparisonVerdict(v, outcome, est, guard_txt, vetoed, line, more_starts=more, metric=spec.key,
+                             step=d.step, better=better)

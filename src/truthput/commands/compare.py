@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
             ver = ", ".join(h["engine_versions"]) or "engine version not reported"
             con.print(f"{tag}: {h['id']} ({h['store']}) engine {h['engine']} {ver}{sim}", highlight=False)
         t = Table(title="B vs A, output tok/s \\[headline: server counter, else usage placed in time]")
-        for col in ("variant", "conc.", "A tok/s (95% CI)", "B tok/s (95% CI)", "B/A (CI)", "same argv"):
+        for col in ("variant", "conc.", "A tok/s (95% CI)", "B tok/s (95% CI)", "B/A (CI)", "decided", "same argv"):
             t.add_column(col, justify="left" if col in ("variant", "same argv") else "right")
 
         def cell(f: dict) -> Text:
@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
             if q["significant"]:
                 ratio = f"[bold]{ratio}[/bold]"
             t.add_row(Text(r["variant"]), str(r["concurrency"]), cell(r["a"]), cell(r["b"]), ratio,
-                      "yes" if r["same_argv"] else "[yellow]no[/yellow]")
+                      q.get("outcome") or "", "yes" if r["same_argv"] else "[yellow]no[/yellow]")
         con.print(t)
         if result["rows"]:
             con.print(f"[dim]{result['rows'][0]['ratio']['correction']}; server starts are the unit of replication[/dim]")

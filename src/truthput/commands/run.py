@@ -37,6 +37,63 @@ def write_winner_units(db, store_path: Path, run_id: str, folder: Path) -> list[
     return out
 
 
+def _starts_forecast(exp, plan, store_path: Path) -> list[str]:
+    """The plan's expected and maximum starts per variant, from the noise of earlier runs on this
+    host and engine kind in the store (read only), else from the default CV."""
+    import socket
+
+    from truthput.analyze.planning import DEFAULT_START_CV, forecast
+    from truthput.analyze.summary import stopping_rule
+
+    m = exp.measure
+    rule = stopping_rule(m)
+    if rule is None:
+        return [f"sequential = false: exactly {m.starts} starts per variant, decided once at the end"]
+    noise, source = None, ""
+    if store_path.exists():
+        noise, source = _stored_noise(store_path, plan.engine, socket.gethostname())
+    cv = noise if noise is not None else DEFAULT_START_CV
+    if noise is None:
+        source = f"no earlier run of engine {plan.engine} on this host in {store_path}: a default start CV of " \
+                 f"{DEFAULT_START_CV:.0%}"
+    family = max(0, len(plan.variants) - 1) * len(plan.concurrency) * len(m.verdicts)
+    rows = forecast(rule, len(plan.variants), len(plan.concurrency) * len(m.verdicts), cv)
+    out = [f"stopping rule: first look at {rule.min_starts} starts per variant, at most {rule.max_starts}; "
+           f"{family} comparisons decided together (Holm); expected starts per variant if every variant differs by "
+           f"(simulated with {source}):"]
+    out.append("  " + "; ".join(f"{r.effect - 1:.0%}: {r.mean_starts:.1f} (decided in {r.decided:.0%})" for r in rows))
+    return out
+
+
+def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float | None, str]:
+    import json
+    import sqlite3
+
+    from truthput.analyze.cells import build_cells
+    from truthput.analyze.planning import pooled_start_noise
+    from truthput.store.db import Store
+
+    try:
+        db = Store(store_path)
+    except Exception:  # an unreadable store gives no noise, the default applies
+        return None, ""
+    try:
+        runs = [r for r in db.runs() if r["engine"] == engine
+                and json.loads(r["machine_json"] or "{}").get("hostname") == hostname][-5:]
+        cells = []
+        for r in runs:
+            cells.extend(c.per_start for c in build_cells(db.trial_results(r["id"])) if len(c.per_start) >= 2)
+        pooled = pooled_start_noise(cells)
+    except (sqlite3.Error, ValueError, KeyError):
+        return None, ""
+    finally:
+        db.close()
+    if pooled is None:
+        return None, ""
+    sd, df = pooled
+    return sd, f"the start CV of {len(runs)} earlier run(s) here: {sd:.1%} ({df} df)"
+
+
 def stop_signals() -> list[int]:
     """The signals that stop a run: SIGTERM, and SIGHUP unless it was inherited as ignored (so
     `nohup truthput run ...` keeps running when its terminal closes)."""
@@ -138,8 +195,12 @@ def register(app: typer.Typer) -> None:
     def plan(
         experiment: Path = typer.Argument(..., help="Experiment file (TOML)."),
         engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
+        store: Path = typer.Option(Path("truthput.db"), "--store",
+                                   help="Results store whose earlier runs on this host give the expected noise "
+                                        "(read only; not created)."),
     ) -> None:
-        """Print the trial plan, each variant's argv diff and a time estimate; runs nothing."""
+        """Print the trial plan, each variant's argv diff, the starts the stopping rule will likely
+        need and a time estimate; runs nothing."""
         from truthput.report.terminal import make_console
         from rich.table import Table
 
@@ -167,6 +228,10 @@ def register(app: typer.Typer) -> None:
         con.print(f"per start: concurrency {', '.join(map(str, p.concurrency))}; each level {wl.warmup_s:g} s warm-up "
                   f"+ {p.repeats} trials x {window}")
         trials = len(p.order) * len(p.concurrency) * p.repeats
+        m = exp.measure
         con.print(f"{len(p.order)} server starts, {trials} timed trials; estimated time {p.estimate_s / 60:.1f} min"
-                  + (f"; the stopping rule ({exp.measure.target}) may add starts up to {exp.measure.max_starts} per variant"
-                     f" (at most {p.max_estimate_s / 60:.1f} min)" if exp.measure.target else ""))
+                  + (f"; the stopping rule may add starts up to {m.planned_max_starts} per variant"
+                     f" (at most {p.max_estimate_s / 60:.1f} min)" if m.sequential and m.planned_max_starts > m.starts
+                     else ""))
+        for line in _starts_forecast(exp, p, store):
+            con.print(line, markup=False)

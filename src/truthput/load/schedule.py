@@ -44,6 +44,8 @@ class LoadResult:
     selfcheck: SelfCheck
     notes: list[str] = field(default_factory=list)
     max_in_flight: int = 0  # client-side count, for the "exactly N" claim
+    stopped_early: str | None = None
+    """Why the load was ended before its window or requests ran out (the error budget), or None."""
 
 
 def _check_extent(what: str, duration_s: float | None, max_requests: int | None) -> None:
@@ -54,6 +56,10 @@ def _check_extent(what: str, duration_s: float | None, max_requests: int | None)
         raise SpecError(f"{what} duration_s {duration_s}: must be > 0")
     if max_requests is not None and max_requests < 1:
         raise SpecError(f"{what} max_requests {max_requests}: must be >= 1")
+
+
+ERROR_BUDGET_MIN = 20
+ERROR_BUDGET_PER_STREAM = 4
 
 
 class ClosedLoop:
@@ -73,9 +79,27 @@ class ClosedLoop:
         duration_s: float | None = None,
         max_requests: int | None = None,
         settle_timeout_s: float = 120.0,
+        drain: bool = True,
+        lead_s: float = 0.0,
     ) -> None:
         if concurrency < 1:
             raise SpecError(f"closed loop concurrency {concurrency}: must be >= 1")
+        self.error_budget = max(ERROR_BUDGET_MIN, ERROR_BUDGET_PER_STREAM * concurrency)
+        """Failed requests after which the load ends at once, when they are also the majority: a
+        server that died or rejects everything must not be hammered in a tight loop (each failure
+        stored) until the window's end."""
+        self._errors = 0
+        self._ok = 0
+        self._consecutive = 0
+        self._abort = asyncio.Event()
+        self.stopped_early: str | None = None
+        self.lead_s = max(0.0, float(lead_s))
+        """Seconds the load runs with all N streams generating before the window opens: a warm-up
+        inside the trial's own load, so the batch need not ramp up twice."""
+        self.drain = drain
+        """False: requests still in flight when the window ends are cancelled (the client closes
+        them, the server aborts them) instead of awaited -- for a warm-up, whose requests are
+        never measured, so the next trial starts without waiting for a drain."""
         _check_extent("closed loop", duration_s, max_requests)
         self.client = client
         self.workload = workload
@@ -138,6 +162,20 @@ class ClosedLoop:
             if rec.t_first is not None:
                 self._streaming -= 1
             records.append(rec)
+            if rec.status == "ok":
+                self._ok += 1
+                self._consecutive = 0
+                continue
+            self._errors += 1
+            self._consecutive += 1
+            if self._errors >= self.error_budget and self._errors > self._ok and self.stopped_early is None:
+                self.stopped_early = (f"{self._errors} of {self._errors + self._ok} requests failed (error budget "
+                                      f"{self.error_budget}); last: {rec.error}")
+                self._stop = True
+                self._abort.set()
+                return
+            # back off a little after consecutive failures (never a tight loop against a dead server)
+            await asyncio.sleep(min(1.0, 0.01 * 2 ** min(self._consecutive, 7)))
 
     def _build(self, start: int, stop: int) -> dict[int, dict]:
         return {i: self.workload.body(i) for i in range(start, stop)}
@@ -188,19 +226,23 @@ class ClosedLoop:
 
         try:
             await self._wait_any(self._settled.wait(), self._all_issued.wait(), asyncio.shield(workers_done),
-                                 timeout=self.settle_timeout_s)
-            if not self._settled.is_set():
+                                 self._abort.wait(), timeout=self.settle_timeout_s)
+            if self._abort.is_set():
+                notes.append(f"load ended early: {self.stopped_early}")
+            elif not self._settled.is_set():
                 never_settled = True
                 notes.append(
                     f"never settled: fewer than {self.concurrency} streams were generating at once "
                     f"within {self.settle_timeout_s:g} s (or before the requests ran out)"
                 )
-            window_possible = self._settled.is_set() or not self._all_issued.is_set()
+            window_possible = (self._settled.is_set() or not self._all_issued.is_set()) and not self._abort.is_set()
+            if window_possible and self.lead_s > 0 and not workers_done.done():
+                await self._wait_any(asyncio.shield(workers_done), timeout=self.lead_s)
             if window_possible and not workers_done.done():
                 t_ws = await self._timed(on_window_start)
                 remaining = None if self.duration_s is None else max(0.0, self.duration_s - (time.monotonic() - t_ws))
                 await self._wait_any(self._all_issued.wait(), asyncio.shield(workers_done), self._end_window.wait(),
-                                     timeout=remaining)
+                                     self._abort.wait(), timeout=remaining)
                 t_we = await self._timed(on_window_end)
         except BaseException:
             # A failing callback (e.g. the runner's scrape) or a cancel: stop the load, then re-raise.
@@ -212,6 +254,9 @@ class ClosedLoop:
             raise
         self._stop = True
         self._need_more.set()
+        if not self.drain or self._abort.is_set():
+            for task in workers:
+                task.cancel()
         await workers_done
         refill.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -222,7 +267,7 @@ class ClosedLoop:
                 "those requests started late, so fewer than N were in flight meanwhile"
             )
         for res in workers_done.result():
-            if isinstance(res, BaseException):
+            if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
                 notes.append(f"stream worker failed: {type(res).__name__}: {res}")
         t_end = time.monotonic()
         selfcheck = await probe.stop()
@@ -240,6 +285,7 @@ class ClosedLoop:
             selfcheck=selfcheck,
             notes=notes,
             max_in_flight=self.max_in_flight,
+            stopped_early=self.stopped_early,
         )
 
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
@@ -130,8 +131,11 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     sampler_task: asyncio.Task[None] | None = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session:
         async def sample() -> None:
+            # jittered (0.5-1.5x the interval): samples at a fixed period alias with a request cycle of
+            # the same period and can see every request in the same phase (e.g. always queued)
+            rng = random.Random(int(t0_mono * 1e6))
             while True:
-                await asyncio.sleep(setup.sample_interval_s)
+                await asyncio.sleep(setup.sample_interval_s * rng.uniform(0.5, 1.5))
                 s = await scrape_metrics(session, setup.base_url, "periodic")
                 scrapes.append(Scrape(s.phase, s.t_mono, _keep_lines(s.text, families), s.error))
 
@@ -235,6 +239,9 @@ def _failure_rule(run: TrialRun, setup: TrialSetup) -> None:
     n_err = sum(1 for r in records if r.status != "ok")
     if records and n_err / len(records) > setup.error_threshold:
         run.status, run.error = "failed", f"request_errors: {n_err} of {len(records)} requests failed"
+    stopped = getattr(run.load, "stopped_early", None)
+    if stopped:
+        run.status, run.error = "failed", f"request_errors: load ended early: {stopped}"
     crash = setup.crashed() if setup.crashed is not None else None
     if crash is not None:
         run.status, run.error, run.crashed = "failed", f"{crash.failure_kind}: {crash.reason}", True

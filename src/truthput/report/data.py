@@ -591,8 +591,11 @@ def run_cells(store: Store, run_id: str) -> dict[tuple[str, int], Cell]:
 
 
 def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confidence: float = 0.95) -> dict[str, Any]:
-    """Cells both runs have, side by side: B / A ratio with a Bonferroni-corrected interval over the
-    shared cells (e.g. before/after a vLLM upgrade). Server starts are the unit of replication."""
+    """Cells both runs have, side by side: B / A ratio, every shared cell decided together (Holm;
+    faster, slower, equivalent within +-2%, or not decided), e.g. before/after a vLLM upgrade. Server
+    starts are the unit of replication; each ratio uses its two cells' own variances (Welch), since
+    two runs need not share their noise."""
+    from truthput.analyze.decide import ComparisonKey, decide_family
     from truthput.analyze.stats import cell_estimate, ratio_estimate
 
     run_a, run_b = store_a.resolve_run(run_a), store_b.resolve_run(run_b)
@@ -605,9 +608,14 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
     argv_b = {v["name"]: _loads(v["argv_json"], []) for v in store_b.variants(run_b)}
     sim_a, sim_b = bool(ra["simulated"]), bool(rb["simulated"])
     rows = []
+    keys = {key: ComparisonKey("tok/s", key[1], key[0]) for key in shared}
+    raw = {keys[key]: ratio_estimate(cb[key], ca[key], confidence) for key in shared}
+    decided = decide_family(raw, 1.0 - confidence, 0.02) if raw else {}
     for key in shared:
         ea, eb = cell_estimate(ca[key], confidence), cell_estimate(cb[key], confidence)
-        r = ratio_estimate(cb[key], ca[key], confidence, n_comparisons=max(1, len(shared)))
+        d = decided[keys[key]]
+        r = d.estimate
+        outcome = {"different": "faster" if r.ratio > 1 else "slower"}.get(d.kind, d.kind)
         rows.append({
             "variant": key[0], "concurrency": key[1],
             "a": figure(ea.mean, "tok/s", cells_a[key].source, sim_a, lo=ea.lo, hi=ea.hi, n_starts=ea.n_starts,
@@ -619,7 +627,7 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
                       else f"{cells_b[key].source} / {cells_a[key].source}",
                       "pct": r.pct, "pct_lo": r.pct_lo, "pct_hi": r.pct_hi, "p_value": r.p_value,
                       "significant": r.significant, "method": r.method, "correction": r.correction,
-                      "warning": r.warning},
+                      "warning": r.warning, "outcome": outcome},
             "same_argv": argv_a.get(key[0]) == argv_b.get(key[0]),
         })
     notes = []

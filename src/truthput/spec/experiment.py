@@ -126,11 +126,19 @@ class WorkloadSection(_Strict):
         return v
 
 
+VERDICT_METRICS = ("tok/s", "goodput", *(f"{m}_{q}" for m in ("ttft", "itl", "tpot", "e2e") for q in ("p50", "p90", "p99")))
+"""What a verdict can be taken on: closed-loop tok/s (the server counter), goodput under the SLOs,
+client-clock latency quantiles per trial."""
+
+
 class MeasureSection(_Strict):
     repeats: int = Field(2, ge=1)  # timed trials per concurrency level per server start
-    starts: int = Field(1, ge=1)  # server starts per variant (the unit of replication)
-    target: str | None = None  # stopping rule, e.g. "±2%"
+    starts: int = Field(3, ge=1)  # server starts per variant before the first look (the unit of replication)
+    sequential: bool = True  # add rounds of starts until every comparison is decided, up to max_starts
+    target: str | None = None  # precision goal, e.g. "±2%": also stop once every interval is this narrow
+    min_effect: str = "2%"  # equivalence margin: an interval inside ±this reads "equivalent"
     max_starts: int = Field(6, ge=1)
+    verdicts: list[str] = Field(default_factory=lambda: ["tok/s"])  # metrics the verdict decides on
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     randomize_order: bool = False
     output_guard: bool = True
@@ -139,7 +147,7 @@ class MeasureSection(_Strict):
     request_error_threshold: float = Field(0.05, ge=0, le=1)
     time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
 
-    @field_validator("target")
+    @field_validator("target", "min_effect")
     @classmethod
     def _target_is_a_percentage(cls, v: str | None) -> str | None:
         if v:
@@ -147,6 +155,14 @@ class MeasureSection(_Strict):
             if value is None or not 0 < value < 1:
                 raise ValueError(f"expected a percentage like '±2%', got {v!r}")
         return v
+
+    @field_validator("verdicts")
+    @classmethod
+    def _known_metrics(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if m not in VERDICT_METRICS]
+        if bad or not v:
+            raise ValueError(f"expected a non-empty list of {', '.join(VERDICT_METRICS)}; got {v!r}")
+        return list(dict.fromkeys(v))
 
     @property
     def target_rel(self) -> float | None:
@@ -156,6 +172,22 @@ class MeasureSection(_Strict):
         if value is None:
             raise SpecError(f"[measure].target: expected a percentage like '±2%', got {self.target!r}")
         return value
+
+    @property
+    def min_effect_rel(self) -> float:
+        return _percentage(self.min_effect) or 0.02
+
+    @property
+    def first_look(self) -> int:
+        """Starts per variant at the stopping rule's first look (an interval needs two)."""
+        return max(2, self.starts)
+
+    @property
+    def planned_max_starts(self) -> int:
+        """The most starts per variant this design can run."""
+        if not self.sequential:
+            return self.starts
+        return max(self.max_starts, self.starts)
 
 
 def _percentage(text: str) -> float | None:
@@ -187,6 +219,13 @@ class Experiment(_Strict):
     measure: MeasureSection = Field(default_factory=MeasureSection)
     slo: SloSection | None = None
     claim: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _goodput_needs_slo(self) -> "Experiment":
+        if "goodput" in self.measure.verdicts and (self.slo is None or not (self.slo.ttft_ms or self.slo.itl_ms)):
+            raise ValueError("[measure].verdicts has 'goodput': give the latency targets it counts against in "
+                             "[slo] (ttft_ms and/or itl_ms)")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> "Experiment":

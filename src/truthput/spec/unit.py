@@ -702,6 +702,9 @@ def import_unit(path: str) -> str:
         "ignore_eos = true",
         "",
         "[measure]",
+        "starts = 3          # server starts per variant before the verdict's first look",
+        "sequential = true   # then add rounds of starts until every comparison is decided ...",
+        "max_starts = 6      # ... or this many starts per variant",
         "repeats = 3",
         "",
     ]

