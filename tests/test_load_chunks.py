@@ -24,9 +24,8 @@ def test_vllm_shaped_chunks() -> None:
 
 @pytest.mark.parametrize("payload", [
     VLLM_COMPLETION, VLLM_CHAT,
-    b'{"choices":[{"text":7,"finish_reason":null}],"usage":{"completion_tokens":"3"}}',  # wrong types
-    b'{"choices":null,"usage":{"completion_tokens":4,"prompt_tokens":true}}',
-    b'{"choices":[{"delta":"odd"}, 3],"usage":[]}',
+    b'{"choices":null,"usage":{"completion_tokens":4,"prompt_tokens":5},"system_fingerprint":7}',
+    b'{"choices":[{"delta":"odd"}, 3],"usage":[]}',  # fields truthput does not count by: dropped
     b'{"error":{"message":"out of memory","code":500}}',
     b'{"error":"bare string"}',
 ])
@@ -34,13 +33,31 @@ def test_typed_decode_equals_the_generic_reading(payload: bytes) -> None:
     assert decode_chunk(payload) == chunk_from_json(orjson.loads(payload))
 
 
-def test_wrong_types_are_dropped_not_fatal() -> None:
-    c = decode_chunk(b'{"choices":[{"text":7}],"usage":{"completion_tokens":"3","prompt_tokens":5}}')
-    assert c.choices[0].text is None and c.usage.completion_tokens is None and c.usage.prompt_tokens == 5
+def test_wrong_types_of_uncounted_fields_are_dropped_not_fatal() -> None:
+    c = decode_chunk(b'{"choices":[{"text":"a","finish_reason":7,"delta":"odd"}],"usage":{"completion_tokens":3}}')
+    assert c.choices[0].text == "a" and c.choices[0].finish_reason is None and c.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("payload, why", [
+    (b'{"choices":5}', "`choices` is int"),
+    (b'{"choices":{"text":"a"}}', "`choices` is dict"),
+    (b'{"choices":[{"text":7}]}', "`text` is int"),
+    (b'{"usage":{"completion_tokens":-1}}', "usage.completion_tokens is -1"),
+    (b'{"usage":{"completion_tokens":1e308}}', "usage.completion_tokens is 1e+308"),
+    (b'{"usage":{"completion_tokens":"3"}}', "usage.completion_tokens is '3'"),
+    (b'{"usage":{"completion_tokens":3,"prompt_tokens":true}}', "usage.prompt_tokens is True"),
+    (b'{"usage":{"completion_tokens":4294967296}}', "not a token count"),
+    (b'null', "JSON NoneType"),
+    (b'[1, 2]', "JSON list"),
+    (b'"text"', "JSON str"),
+])
+def test_impossible_counted_fields_are_malformed(payload: bytes, why: str) -> None:
+    """Fields truthput counts by, with a value no server can mean, fail the request with the reason."""
+    with pytest.raises(MalformedChunk, match=__import__("re").escape(why)):
+        decode_chunk(payload)
 
 
 def test_non_objects_and_malformed_json() -> None:
-    assert decode_chunk(b'[1, 2]') is None and decode_chunk(b'"text"') is None
     with pytest.raises(MalformedChunk):
         decode_chunk(b'{"choices": [')
     with pytest.raises(MalformedChunk):

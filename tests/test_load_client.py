@@ -538,3 +538,18 @@ def test_a_dead_server_ends_the_load_at_once_within_the_error_budget() -> None:
     assert all(r.status == "error" for r in res.records)
     assert elapsed < 10.0, elapsed
     assert res.t_window_start is None and any("load ended early" in n for n in res.notes)
+
+
+def test_sse_parser_refuses_an_endless_event() -> None:
+    """A server sending one line that never ends (8 MB here) fails the stream instead of growing the
+    client's memory without bound; events below the limit are still parsed."""
+    from truthput.load.sse import MAX_EVENT_BYTES, EventTooLarge
+
+    p = SSEParser()
+    big = b"data: " + b"x" * (MAX_EVENT_BYTES - 16) + b"\n\n"
+    assert p.feed(big[:1000]) == [] and p.feed(big[1000:]) == [big[6:-2]]
+    p = SSEParser()
+    with pytest.raises(EventTooLarge, match="longer than 4 MiB"):
+        for _ in range(8):
+            p.feed(b"data: " + b"y" * (1 << 20))
+    assert p.pending_bytes == 0

@@ -226,3 +226,20 @@ def test_sigterm_ends_truthput_load_keeping_finished_trials(stub, tmp_path: Path
     assert b"stopped by SIGTERM" in err
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
+
+
+def test_load_exits_non_zero_when_every_request_failed(tmp_path: Path) -> None:
+    """Nothing listens at the URL: every request is refused; the load ends at its error budget (not
+    after the whole duration), says why in one line, and exits 1."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from truthput.cli import app
+
+    t0 = time.monotonic()
+    res = CliRunner().invoke(app, ["load", "http://127.0.0.1:9", "-c", "2", "--duration", "60", "--model", "m",
+                                   "--no-store"])
+    assert res.exit_code == 1, res.output
+    assert "every request failed" in res.output and "127.0.0.1:9" in res.output
+    assert time.monotonic() - t0 < 30

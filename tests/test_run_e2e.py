@@ -384,3 +384,87 @@ def test_a_server_dies_with_truthput_even_after_kill_9(tmp_path):
     while time.monotonic() < deadline and _pids_alive(pids):
         time.sleep(0.2)
     assert not _pids_alive(pids), "a server outlived kill -9 of truthput (no parent-death signal)"
+
+
+SAME_VARIANTS = """
+[[variant]]
+name = "base"
+[[variant]]
+name = "same"
+set = { "--max-num-seqs" = 256 }
+"""
+
+
+def test_sequential_run_adds_rounds_until_decided_or_max_starts(tmp_path):
+    """Two configurations the simulator serves alike, 5% start noise: the first look (2 starts) cannot
+    decide, so the runner adds an interleaved round, stops at max_starts, and the verdict says "not
+    decided" with the starts that would likely decide it, or decided (equivalent) if the noise allows."""
+    db = tmp_path / "r.db"
+    text = experiment_text(SAME_VARIANTS, concurrency=(1,), duration=0.5, starts=2, sequential=True,
+                           output_tokens=8).replace("noise = 0.0", "noise = 0.05")
+    text = text.replace("[measure]\n", "[measure]\nmax_starts = 3\n")
+    lines: list[str] = []
+    exp = parse_experiment(text, "e2e.toml")
+    run_id = asyncio.run(run_experiment(exp, text, "e2e.toml", Store(db), progress=lines.append))
+    store = Store(db)
+    starts = [(s["variant"], s["start_index"]) for s in store.starts(run_id)]
+    summary = json.loads(store.run(run_id)["summary_json"])
+    (cv,) = [c for c in summary["verdict"]["per_concurrency"] if c["metric"] == "tok/s"]
+    (comp,) = cv["comparisons"]
+    events = [r[0] for r in store.conn.execute(
+        "SELECT message FROM events WHERE run_id=? AND kind='stopping_rule'", (run_id,))]
+    assert events and "stopped after" in events[-1]
+    if len(starts) == 6:  # undecided at the first look: one round added, interleaved
+        assert starts[4:] == [("base", 2), ("same", 2)]
+        assert any("adding start round 3" in str(x) for x in lines)
+    assert len(starts) in (4, 6)
+    assert comp["outcome"] in ("equivalent", "not decided", "faster", "slower")
+    if comp["outcome"] == "not decided":
+        assert comp["more_starts"] >= 1 and f"about {comp['more_starts']} more start" in comp["line"]
+    assert summary["stopping"]["first_look"] == 2 and summary["stopping"]["max_starts"] == 3
+
+
+def test_plan_forecasts_starts_from_stored_noise_else_a_stated_default(tmp_path):
+    """`truthput plan` says how many starts the stopping rule will likely need: from the start noise of
+    earlier runs on this host in the store when there are some, else from the default CV it names."""
+    exp = tmp_path / "e.toml"
+    exp.write_text(experiment_text(SAME_VARIANTS, concurrency=(1,), starts=2, sequential=True)
+                   .replace("[measure]\n", "[measure]\nmax_starts = 4\n"))
+    out = subprocess.run([*TRUTHPUT, "plan", str(exp), "--store", str(tmp_path / "none.db")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "first look at 2 starts per variant, at most 4; 1 comparisons decided together" in text
+    assert "a default start CV of 10%" in text and "100%: " in text
+    assert not (tmp_path / "none.db").exists()  # plan reads a store, never creates one
+    db = tmp_path / "r.db"
+    _run(experiment_text(SAME_VARIANTS, concurrency=(1,), duration=0.5, starts=2, output_tokens=8)
+         .replace("noise = 0.0", "noise = 0.05"), db)
+    out = subprocess.run([*TRUTHPUT, "plan", str(exp), "--store", str(db)], capture_output=True, text=True,
+                         timeout=120)
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0 and "the start CV of 1 earlier run(s) here: " in text, text
+
+
+def test_run_exits_non_zero_when_no_variant_produced_a_measurement(tmp_path):
+    """Every start is refused (a max-model-len far above the model's): the failures are recorded as
+    results, the run is done, and `truthput run` says in one line that nothing was measured, exit 1."""
+    variants = """
+[[variant]]
+name = "base"
+set = { "--max-model-len" = 99999999 }
+[[variant]]
+name = "other"
+set = { "--max-model-len" = 99999999, "--max-num-seqs" = 8 }
+"""
+    exp = tmp_path / "bad.toml"
+    exp.write_text(experiment_text(variants, concurrency=(1,), duration=0.5))
+    db = tmp_path / "bad.db"
+    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "no variant produced a measurement (base: " in out.stderr
+    store = Store(db)
+    run_id = store.resolve_run("latest")
+    assert store.run(run_id)["status"] == "done"
+    assert {s["status"] for s in store.starts(run_id)} == {"failed"}

@@ -61,3 +61,23 @@ def test_bad_values_are_one_line_errors():
         parse_serve_args([*SIM, "--gpu-memory-utilization", "1.5"])
     with pytest.raises(SpecError, match="max-num-seqs"):
         parse_serve_args([*SIM, "--max-num-seqs", "0"])
+
+
+@pytest.mark.parametrize("host,loop", [("127.0.0.1", True), ("::1", True), ("localhost", True), ("127.1", True),
+                                       ("[::1]", True), ("0", False), ("", False), ("0.0.0.0", False),
+                                       ("::", False), ("0:0:0:0:0:0:0:0", False), ("10.1.2.3", False),
+                                       ("example.com", False)])
+def test_every_spelling_of_all_interfaces_is_not_loopback(host, loop):
+    from truthput.sim.server import is_loopback
+
+    assert is_loopback(host) is loop
+
+
+def test_sim_port_out_of_range_and_allow_remote():
+    from truthput.errors import SpecError
+    from truthput.sim.flags import parse_serve_args
+
+    with pytest.raises(SpecError, match="--port 99999: expected 0..65535"):
+        parse_serve_args(["--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b", "--port", "99999"])
+    cfg = parse_serve_args(["--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b", "--host", "0", "--allow-remote"])
+    assert cfg.allow_remote and cfg.host == "0"

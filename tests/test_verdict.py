@@ -4,6 +4,7 @@ allows; figures checked against ratio_estimate and known synthetic truth."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -193,3 +194,65 @@ def test_noise_is_shared_across_arms_unless_their_variances_differ():
     noisy = [[60.0], [250.0]]
     unequal = shared_noise([base, double, noisy])
     assert not unequal.pooled and "Welch" in unequal.note
+
+
+def test_latency_verdict_names_its_metric_and_lower_is_better():
+    """A variant whose p99 ITL is 20% lower: decided "lower" and better, in a line that names the
+    metric; tok/s and latency comparisons are one family (Holm over both)."""
+    rng = np.random.default_rng(3)
+    tok = {("b", 4): _arm(rng, 300.0), ("v", 4): _arm(rng, 300.0)}
+    itl = {("b", 4): _arm(rng, 50.0), ("v", 4): _arm(rng, 40.0)}
+    v = make_verdict(tok, "b", metrics={"itl_p99": (itl, None)})
+    assert v.family == 2
+    lat = next(cv for cv in v.per_concurrency if cv.metric == "itl_p99")
+    (c,) = lat.comparisons
+    assert c.outcome == "lower" and c.better is True and c.metric == "itl_p99"
+    assert c.line.startswith("c=4: v's p99 ITL is ") and " lower than b's (95% CI " in c.line
+    assert c.estimate.lo <= 0.8 <= c.estimate.hi
+    tput = next(cv for cv in v.per_concurrency if cv.metric == "tok/s")
+    assert tput.comparisons[0].outcome in ("equivalent", "not decided")
+
+
+def test_drift_between_rounds_is_paired_and_said():
+    """Every arm's start k shares a round effect (a box warming up by 8% per round): the unpaired
+    interval is wide; paired by round it is narrow, still covers the truth, and the noise line says so."""
+    rng = np.random.default_rng(6)
+    n = 5
+    drift = np.log(1.0 + 0.08 * np.arange(n))
+    arms = {name: [(level * np.exp(drift[k] + rng.normal(0, 0.005, 2))).tolist() for k in range(n)]
+            for name, level in (("b", 300.0), ("v", 330.0), ("w", 300.0))}
+    rounds = {(name, 1): list(range(n)) for name in arms}
+    cells = {(name, 1): arms[name] for name in arms}
+    from truthput.analyze.stats import shared_noise
+
+    noise = shared_noise([arms["b"], arms["v"], arms["w"]], rounds=[list(range(n))] * 3)
+    assert noise.paired and noise.drift_p is not None and noise.drift_p < 0.01
+    paired = ratio_estimate(arms["v"], arms["b"], noise=noise, rounds_variant=list(range(n)),
+                            rounds_baseline=list(range(n)))
+    unpaired = ratio_estimate(arms["v"], arms["b"])
+    assert paired.lo <= 1.1 <= paired.hi and "paired by round" in paired.method
+    assert math.log(paired.hi / paired.lo) < 0.25 * math.log(unpaired.hi / unpaired.lo)
+    v = make_verdict(cells, "b", rounds=rounds)
+    (cv,) = v.per_concurrency
+    assert next(c for c in cv.comparisons if c.variant == "v").outcome == "faster"
+    assert any("noise: paired in time" in line for line in cv.lines)
+
+
+def test_unequal_variances_shrink_partly_and_widen_the_noisy_comparison():
+    """Bartlett's p between the two thresholds: each arm's variance is shrunk only partly toward the
+    pooled one; the note says so and the noisier arm's interval is wider than under full pooling."""
+    from truthput.analyze.stats import HETEROGENEITY_P, POOL_P, SharedNoise, prior_weight, shared_noise
+
+    assert prior_weight(None) == 1.0 and prior_weight(HETEROGENEITY_P) == 0.0 and prior_weight(POOL_P) == 1.0
+    assert 0 < prior_weight((HETEROGENEITY_P + POOL_P) / 2) < 1
+    base = [[100.0], [104.0], [98.0], [101.0]]
+    noisy = [[100.0], [115.0], [90.0], [108.0]]
+    other = [[100.0], [103.0], [97.0], [102.0]]
+    noise = shared_noise([base, noisy, other])
+    full = SharedNoise(True, noise.sd_log, noise.df, noise.arms, noise.bartlett_p, "", 1.0)
+    shrunk = ratio_estimate(noisy, base, noise=noise)
+    pooled = ratio_estimate(noisy, base, noise=full)
+    if noise.kind == "shrunk":
+        assert "shrunk toward" in noise.note and "prior weight" in noise.note
+    assert noise.kind in ("shrunk", "separate")
+    assert shrunk.hi / shrunk.lo > pooled.hi / pooled.lo

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -62,6 +63,37 @@ class Plan:
         return next(v for v in self.variants if v.name == name)
 
 
+def _int_flag(argv: ServerArgv, names: Sequence[str], where: str) -> int:
+    for name in names:
+        if argv.has(name):
+            value = argv.get(name)
+            text = value[-1] if isinstance(value, list) else value
+            try:
+                n = int(str(text))
+            except ValueError:
+                raise SpecError(f"{where}: {name} {text!r} is not a whole number") from None
+            if n < 1:
+                raise SpecError(f"{where}: {name} {n} must be >= 1")
+            return n
+    return 1
+
+
+def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
+    """What no server start can survive, refused before any starts: a NUL byte in an argument (the
+    exec'd argv would be cut there) and more GPUs (tensor x pipeline parallel) than [hardware] has."""
+    where = f"[[variant]] {name!r}"
+    for i, word in enumerate(argv.to_argv()):
+        if "\x00" in word:
+            raise SpecError(f"{where}: argument {i} ({word.split(chr(0))[0]!r}...) contains a NUL byte")
+    if exp.hardware is None:
+        return
+    tp = _int_flag(argv, ("--tensor-parallel-size",), where)
+    pp = _int_flag(argv, ("--pipeline-parallel-size",), where)
+    if tp * pp > exp.hardware.count:
+        raise SpecError(f"{where}: --tensor-parallel-size {tp} x --pipeline-parallel-size {pp} = {tp * pp} GPUs, "
+                        f"but [hardware].count = {exp.hardware.count}")
+
+
 def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     """Resolve every variant's argv (parsed, never string-replaced) and the order of server starts."""
     from truthput.analyze.design import estimate_plan_time, interleaved_order
@@ -77,6 +109,7 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
             spec = speculative_settings(argv)
         except SpecError as exc:
             raise SpecError(f"[[variant]] {v.name!r}: {exc}") from None
+        _check_variant_argv(exp, v.name, argv)
         diff = argv_diff(base, argv)
         variants.append(VariantPlan(
             name=v.name, position=pos, is_baseline=(v.name == exp.experiment.baseline), argv=argv,

@@ -34,7 +34,7 @@ def toml_str(s: str) -> str:
 
 def experiment_toml(name: str, model: Path, env: dict[str, str], variants: list[tuple[str, dict]],
                     concurrency: list[int], duration_s: float,
-                    measure: str = "starts = 1\nsequential = false") -> str:
+                    measure: str = "starts = 1\nsequential = false", output_tokens: int = 64) -> str:
     command = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--max-model-len", "1024", "--dtype", "bfloat16", "--enforce-eager"]
     lines = [
@@ -49,7 +49,7 @@ def experiment_toml(name: str, model: Path, env: dict[str, str], variants: list[
             lines.append("set = { " + ", ".join(f"{toml_str(k)} = {json.dumps(v)}" for k, v in sets.items()) + " }")
         lines.append("")
     lines += ["[workload]", f"concurrency = {json.dumps(concurrency)}", f"duration_s = {duration_s}",
-              "warmup_s = 0.5", 'endpoint = "completions"', "input_tokens = 64", "output_tokens = 64",
+              "warmup_s = 0.5", 'endpoint = "completions"', "input_tokens = 64", f"output_tokens = {output_tokens}",
               "ignore_eos = true", "", "[measure]", measure, "repeats = 1", "output_guard = false", ""]
     return "\n".join(lines)
 
@@ -272,13 +272,18 @@ def test_tiny_model_is_deterministic_and_as_described(tiny_model, tmp_path):
     assert len(json.loads((tiny_model / "tokenizer.json").read_text())["model"]["vocab"]) == 2048
 
 
-def test_sequential_verdict_decides_ngram_against_baseline(tiny_model, vllm_env, truthput_argv, tmp_path):
-    """The default sequential rule on real vLLM: baseline vs n-gram k=3 at c=4 (about 2x on this
-    tiny model) ends decided within 6 server starts per arm; a verdict resting on flagged figures says
-    so. Runtime: 6-12 vLLM starts at ~20-50 s each on 2 cores, about 4-9 minutes."""
+def test_sequential_rule_on_real_vllm_stops_within_max_starts_and_says_why(tiny_model, vllm_env, truthput_argv,
+                                                                          tmp_path):
+    """The default sequential rule on real vLLM, baseline vs n-gram k=3 at c=4: rounds of starts are
+    added until the comparison is decided or 6 starts per arm, never more; the verdict is a decision,
+    or "not decided" with the starts that would likely decide it; one resting on flagged figures says
+    so. (On this 2-core host, with server and client sharing the cores, start-to-start CVs of 18-35%
+    were seen and n-gram's +24-28% was not decided in 6 starts; the test holds either way.) Long
+    outputs (192 tokens) so that engine steps, where n-gram drafts act, weigh more than per-request
+    costs. Runtime: 12 vLLM starts at ~20-50 s each on 2 cores, about 9 minutes."""
     exp = tmp_path / "seq.toml"
     exp.write_text(experiment_toml("real-vllm-sequential", tiny_model, vllm_env, [("nospec", {}), ("ngram", NGRAM)],
-                                   [4], 2.0, measure="starts = 3\nmax_starts = 6"))
+                                   [4], 3.0, measure="starts = 3\nmax_starts = 6", output_tokens=192))
     db_path = tmp_path / "seq.db"
     t0 = time.monotonic()
     proc = subprocess.run([*truthput_argv, "run", str(exp), "--store", str(db_path), "--reports", str(tmp_path / "r")],
@@ -288,14 +293,20 @@ def test_sequential_verdict_decides_ngram_against_baseline(tiny_model, vllm_env,
     db = sqlite3.connect(db_path)
     db.row_factory = sqlite3.Row
     summary = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])
-    starts = db.execute("SELECT variant, COUNT(*) FROM starts GROUP BY variant").fetchall()
-    print(f"sequential real run: {elapsed:.0f} s, starts {dict((r[0], r[1]) for r in starts)}")
+    starts = dict(db.execute("SELECT variant, COUNT(*) FROM starts GROUP BY variant").fetchall())
+    print(f"sequential real run: {elapsed:.0f} s, starts {starts}")
     print("\n".join(summary["verdict_lines"]))
     (cv,) = [c for c in summary["verdict"]["per_concurrency"] if c["metric"] == "tok/s"]
     (comp,) = cv["comparisons"]
-    assert comp["outcome"] in ("faster", "slower", "equivalent"), summary["verdict_lines"]
-    assert 3 <= comp["estimate"]["n_starts_variant"] <= 6 and 3 <= comp["estimate"]["n_starts_baseline"] <= 6
-    assert all(n <= 6 for _, n in starts)
+    n = comp["estimate"]["n_starts_variant"]
+    assert 3 <= n <= 6 and comp["estimate"]["n_starts_baseline"] == n and set(starts.values()) == {n}
+    if comp["outcome"] == "not decided":
+        assert n == 6 and comp["more_starts"] >= 1
+        assert f"about {comp['more_starts']} more start" in comp["line"]
+    else:
+        assert comp["outcome"] in ("faster", "slower", "equivalent")
     if comp["flagged"]:
         assert "rests on flagged figures" in comp["line"]
-    assert comp["line"].startswith("c=4: ngram is ")
+    assert comp["line"].startswith("c=4: ngram ")
+    stops = [r[0] for r in db.execute("SELECT message FROM events WHERE kind='stopping_rule'")]
+    assert stops and (("max_starts reached" in stops[-1]) == (comp["outcome"] == "not decided"))

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
 
         if not Path(store).exists():
             raise StoreError(f"{store}: no results store here (give --store PATH)")
-        db = Store(store)
+        db = Store(store, read_only=True)
         try:
             rid = db.resolve_run(run_id)
             run = db.run(rid)

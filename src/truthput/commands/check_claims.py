@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
                 raise StoreError(f"{store}: no results store here (give --store PATH)")
             from truthput.store.db import Store
 
-            db = Store(store)
+            db = Store(store, read_only=True)
             try:
                 rid = db.resolve_run(run_id)
                 simulated = bool(db.run(rid)["simulated"])

@@ -34,8 +34,8 @@ def register(app: typer.Typer) -> None:
         for p in (store, store_b or store):
             if not p.exists():
                 raise StoreError(f"{p}: no results store here (give --store / --store-b PATH)")
-        db_a = Store(store)
-        db_b = Store(store_b) if store_b and store_b.resolve() != store.resolve() else db_a
+        db_a = Store(store, read_only=True)
+        db_b = Store(store_b, read_only=True) if store_b and store_b.resolve() != store.resolve() else db_a
         try:
             result = compare_runs(db_a, run_a, db_b, run_b)
         finally:

@@ -168,3 +168,8 @@ def register(app: typer.Typer) -> None:
         from truthput.report.loadtable import print_summary
 
         print_summary(result, opts, store=None if no_store else str(store))
+        records = [r for o in result.outcomes for r in o.trial.load.records]
+        if not records or all(r.status != "ok" for r in records):
+            last = next((r.error for r in reversed(records) if r.error), "no request was made")
+            typer.echo(f"truthput: every request failed ({len(records)} requests); last: {last}", err=True)
+            raise typer.Exit(1)

@@ -74,7 +74,7 @@ def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float |
     from truthput.store.db import Store
 
     try:
-        db = Store(store_path)
+        db = Store(store_path, read_only=True)
     except Exception:  # an unreadable store gives no noise, the default applies
         return None, ""
     try:
@@ -106,9 +106,23 @@ def stop_signals() -> list[int]:
 
 
 def _stop_task(task, signum: int, received: list[int]) -> None:
-    if not received:
-        received.append(signum)
+    """The first stop signal cancels the run (servers are stopped gracefully, the run is marked
+    interrupted); a second one during that teardown kills every server's process group at once,
+    and the teardown goes on recording the state."""
+    import signal
+    import sys
+
+    first = not received
+    received.append(signum)
+    if first:
         task.cancel()
+        return
+    if len(received) == 2:
+        from truthput.engines.process import kill_all_servers
+
+        n = kill_all_servers()
+        print(f"truthput: second {signal.Signals(signum).name}: killed {n} server process group(s) with SIGKILL; "
+              "recording the run's state", file=sys.stderr, flush=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -133,6 +147,18 @@ def register(app: typer.Typer) -> None:
         from truthput.spec.experiment import load_experiment, parse_experiment
         from truthput.store.db import Store
 
+        from truthput.spec.engines import ENGINE_KINDS
+
+        if engine is not None and engine not in ENGINE_KINDS:
+            raise SpecError(f"--engine {engine!r}: expected one of {', '.join(ENGINE_KINDS)}")
+        if not resume and experiment is not None:
+            # a bad file or an impossible plan fails before a store is created
+            exp, text = load_experiment(experiment)
+            from truthput.runner import build_plan
+
+            build_plan(exp, engine)
+        elif resume and not store.exists():
+            raise SpecError(f"--resume {resume}: no results store at {store}")
         db = Store(store)
         if resume:
             run_id = db.resolve_run(resume)
@@ -142,13 +168,8 @@ def register(app: typer.Typer) -> None:
         elif experiment is None:
             raise SpecError("give an experiment file (truthput run EXP.toml) or --resume RUN_ID")
         else:
-            exp, text = load_experiment(experiment)
             path = str(experiment)
             run_id = None
-        from truthput.spec.engines import ENGINE_KINDS
-
-        if engine is not None and engine not in ENGINE_KINDS:
-            raise SpecError(f"--engine {engine!r}: expected one of {', '.join(ENGINE_KINDS)}")
         prepare_load_process()
         progress = make_progress()
         received: list[int] = []
@@ -159,7 +180,7 @@ def register(app: typer.Typer) -> None:
             # run started is stopped and the run is marked interrupted.
             loop = asyncio.get_running_loop()
             task = asyncio.current_task()
-            for sig in stop_signals():
+            for sig in (*stop_signals(), signal.SIGINT):
                 loop.add_signal_handler(sig, _stop_task, task, sig, received)
             return await run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress)
 
@@ -190,6 +211,11 @@ def register(app: typer.Typer) -> None:
                 pass
             for p in write_winner_units(db, store, run_id, reports):
                 typer.echo(f"winning unit: {p}")
+        if not any(t.status == "ok" for t in db.trial_results(run_id)):
+            failed = db.failed_variants(run_id)
+            why = "; ".join(f"{k}: {v}" for k, v in failed.items()) or "every trial failed"
+            typer.echo(f"truthput: no variant produced a measurement ({why})", err=True)
+            raise typer.Exit(1)
 
     @app.command()
     def plan(

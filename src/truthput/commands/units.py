@@ -41,7 +41,7 @@ def export_variant_unit(
 
     if not store_path.exists():
         raise StoreError(f"{store_path}: no results store here (give --store PATH)")
-    db = Store(store_path)
+    db = Store(store_path, read_only=True)
     try:
         row = db.run(run_id)
         full_id = row["id"]

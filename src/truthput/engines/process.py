@@ -24,6 +24,14 @@ from truthput.engines.readiness import probe_ready
 _LIVE_GROUPS: set[int] = set()
 
 
+def kill_all_servers() -> int:
+    """SIGKILL the process group of every server this process started and has not yet reaped (a
+    second stop signal during a slow teardown, and at exit); returns how many groups were signalled."""
+    n = len(_LIVE_GROUPS)
+    _kill_leftovers()
+    return n
+
+
 def _kill_leftovers() -> None:
     for pgid in list(_LIVE_GROUPS):
         try:

@@ -7,22 +7,29 @@ rest without building dicts for them: 0.47 us per chunk against 0.89 us for orjs
 lookups (measured on this machine for a vLLM-shaped completion chunk with usage), and that is the
 client's largest per-chunk cost after the network read itself.
 
-A chunk whose fields have unexpected types (a server's own dialect) is not an error: it falls
-back to a generic decode that keeps whatever can be read, so a quirky server is measured, not
-rejected. Only JSON that does not parse at all is malformed.
+A chunk with extra fields or fields of another type that truthput does not record (a server's
+own dialect) is not an error: it falls back to a generic decode that keeps whatever can be read, so
+a quirky server is measured, not rejected. A chunk is malformed -- the request fails with the
+reason -- when it does not parse, is not a JSON object, or when a field truthput counts by is
+impossible: `choices` not a list, a choice's `text` not a string, `usage.completion_tokens` /
+`prompt_tokens` not a whole number from 0 to 2**31.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import msgspec
 import orjson
 
 
+MAX_TOKENS_FIELD = 2**31
+TokenCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS_FIELD)]
+
+
 class Usage(msgspec.Struct):
-    completion_tokens: Optional[int] = None
-    prompt_tokens: Optional[int] = None
+    completion_tokens: Optional[TokenCount] = None
+    prompt_tokens: Optional[TokenCount] = None
 
 
 class FunctionDelta(msgspec.Struct):
@@ -67,14 +74,14 @@ class Chunk(msgspec.Struct):
 
 
 class MalformedChunk(ValueError):
-    """The payload is not JSON."""
+    """The payload is not JSON, not an object, or a counted field is impossible (the message says which)."""
 
 
 _typed = msgspec.json.Decoder(Chunk).decode
 
 
 def decode_chunk(payload: bytes) -> Chunk | None:
-    """The chunk's fields; None when the payload is JSON but not an object (nothing to record)."""
+    """The chunk's fields (see the module docstring for what is malformed)."""
     try:
         return _typed(payload)
     except msgspec.ValidationError:
@@ -88,8 +95,12 @@ def decode_chunk(payload: bytes) -> Chunk | None:
     return chunk_from_json(doc)
 
 
-def _int(v: Any) -> int | None:
-    return v if type(v) is int else None
+def _count(v: Any, where: str) -> int | None:
+    if v is None:
+        return None
+    if type(v) is not int or not 0 <= v <= MAX_TOKENS_FIELD:
+        raise MalformedChunk(f"{where} is {v!r}, not a token count")
+    return v
 
 
 def _str(v: Any) -> str | None:
@@ -99,20 +110,26 @@ def _str(v: Any) -> str | None:
 def chunk_from_json(doc: Any) -> Chunk | None:
     """A `Chunk` from an already-decoded document of any shape, keeping the fields of the right type."""
     if not isinstance(doc, dict):
-        return None
+        raise MalformedChunk(f"the chunk is JSON {type(doc).__name__} {str(doc)[:40]!r}, not an object")
     usage = None
     u = doc.get("usage")
     if isinstance(u, dict):
-        usage = Usage(completion_tokens=_int(u.get("completion_tokens")), prompt_tokens=_int(u.get("prompt_tokens")))
+        usage = Usage(completion_tokens=_count(u.get("completion_tokens"), "usage.completion_tokens"),
+                      prompt_tokens=_count(u.get("prompt_tokens"), "usage.prompt_tokens"))
     choices = None
     cs = doc.get("choices")
+    if cs is not None and not isinstance(cs, list):
+        raise MalformedChunk(f"`choices` is {type(cs).__name__} {str(cs)[:40]!r}, not a list")
     if isinstance(cs, list):
         choices = []
         for c in cs:
             if not isinstance(c, dict):
                 continue
+            text = c.get("text")
+            if text is not None and not isinstance(text, str):
+                raise MalformedChunk(f"a choice's `text` is {type(text).__name__} {str(text)[:40]!r}, not a string")
             d = c.get("delta")
-            choices.append(Choice(text=_str(c.get("text")), delta=_delta(d) if isinstance(d, dict) else None,
+            choices.append(Choice(text=text, delta=_delta(d) if isinstance(d, dict) else None,
                                   finish_reason=_str(c.get("finish_reason"))))
     return Chunk(choices=choices, usage=usage, error=doc.get("error"))
 

@@ -23,7 +23,7 @@ import orjson
 from truthput.errors import EngineError, SpecError
 from truthput.load.chunks import MalformedChunk, decode_chunk
 from truthput.load.records import RequestRecord
-from truthput.load.sse import SSEParser, single_event_payload
+from truthput.load.sse import EventTooLarge, SSEParser, single_event_payload
 
 _READ_BUFSIZE = 4 * 1024 * 1024  # long prompts / long chunks must not trip aiohttp's line limits
 _DONE = b"[DONE]"
@@ -280,17 +280,26 @@ class StreamClient:
                 # One read = one whole event is the usual case of a client that keeps up: take it
                 # without feed()'s call and list (the parser holds nothing, so it stays idle).
                 payload = one_event(data) if parser.idle else None
-                for payload in (payload,) if payload is not None else feed(data):
+                if payload is not None:
+                    payloads: Any = (payload,)
+                else:
+                    try:
+                        payloads = feed(data)
+                    except EventTooLarge as exc:
+                        rec.status, rec.t_end = "error", t
+                        rec.error = f"request {rec.idx}: {exc}, from {url} after {len(rec.chunk_times)} chunks"
+                        return True
+                for payload in payloads:
                     if payload == done_marker:
                         got_done = True
                         break
                     try:
                         obj = decode(payload)
-                    except MalformedChunk:
+                    except MalformedChunk as exc:
                         rec.status = "error"
                         rec.error = (
-                            f"request {rec.idx}: malformed SSE data from {url} at chunk {len(rec.chunk_times)}: "
-                            f"{_one_line(payload[:120].decode('utf-8', 'replace'), 160)}"
+                            f"request {rec.idx}: malformed SSE data from {url} at chunk {len(rec.chunk_times)} "
+                            f"({_one_line(str(exc), 120)}): {_one_line(payload[:120].decode('utf-8', 'replace'), 160)}"
                         )
                         rec.t_end = t
                         return True

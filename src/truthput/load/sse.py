@@ -16,6 +16,14 @@ from __future__ import annotations
 _DATA = b"data:"
 _SEP = b"\n\n"
 
+MAX_EVENT_BYTES = 4 << 20
+"""The longest event the parser holds (4 MiB): an LLM stream's chunk is a few hundred bytes to a
+few KB; a server sending an endless line must not drive the client's memory up until it dies."""
+
+
+class EventTooLarge(ValueError):
+    """An unfinished event grew past MAX_EVENT_BYTES."""
+
 
 class SSEParser:
     """Feed raw bytes, get back the `data` payload (bytes) of every complete event.
@@ -91,6 +99,11 @@ class SSEParser:
             pos = find(_SEP, start)
         if start:
             del buf[:start]
+        if len(buf) > MAX_EVENT_BYTES:
+            size = len(buf)
+            buf.clear()
+            raise EventTooLarge(f"an SSE event longer than {MAX_EVENT_BYTES >> 20} MiB ({size} bytes without an "
+                                "end of event)")
         # A separator may straddle this read and the next: rescan only the last byte.
         self._scan_from = max(len(buf) - 1, 0)
         self.idle = not buf and not self._pending_cr

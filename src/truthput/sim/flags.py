@@ -68,6 +68,7 @@ class SimServeConfig:
     startup_s: float
     disable_log_stats: bool = False
     ignored: list[str] = field(default_factory=list)
+    allow_remote: bool = False
     argv: list[str] = field(default_factory=list)
 
     @property
@@ -192,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--noise", type=float, default=0.0,
                    help="Per-start bandwidth variation and per-step jitter as a fraction "
                         "(0 = exactly deterministic step times).")
+    s.add_argument("--allow-remote", action="store_true",
+                   help="Listen on a non-loopback address as given (without it, any address other than "
+                        "loopback is replaced by 127.0.0.1: a simulator is for this machine)")
     s.add_argument("--sim-startup-s", type=float, default=DEFAULT_STARTUP_S,
                    help=f"Seconds before /health answers (default {DEFAULT_STARTUP_S}).")
     return p
@@ -337,10 +341,13 @@ def parse_serve_args(argv: list[str]) -> SimServeConfig:
         raise SpecError(f"--gpu-memory-utilization must lie in (0, 1], got {ns.gpu_memory_utilization}")
     if ns.noise < 0:
         raise SpecError(f"--noise must be >= 0, got {ns.noise}")
+    if not 0 <= ns.port <= 65535:
+        raise SpecError(f"--port {ns.port}: expected 0..65535 (0 = any free port)")
     return SimServeConfig(
         model=model,
         served_model_name=served,
         host=ns.host,
+        allow_remote=ns.allow_remote,
         port=ns.port,
         tensor_parallel_size=ns.tensor_parallel_size,
         pipeline_parallel_size=ns.pipeline_parallel_size,

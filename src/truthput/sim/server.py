@@ -533,8 +533,9 @@ async def _serve_async(cfg: SimServeConfig, setup: SimSetup) -> int:
             pass
     server = SimServer(cfg, setup)
     host = cfg.host
-    if host in ("0.0.0.0", "::", ""):
-        emit(f"truthput-sim: binding 127.0.0.1 instead of {host!r}: a simulator is for this machine only")
+    if not cfg.allow_remote and not is_loopback(host):
+        emit(f"truthput-sim: binding 127.0.0.1 instead of {host!r}: a simulator is for this machine only "
+             "(--allow-remote to listen there)")
         host = "127.0.0.1"
     try:
         port = await server.start(host=host)
@@ -551,6 +552,25 @@ async def _serve_async(cfg: SimServeConfig, setup: SimSetup) -> int:
     await server.stop()
     emit("INFO:     Finished server process")
     return 0
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names only this machine's loopback: 127.x, ::1, "localhost". Every spelling of
+    "all interfaces" ("", "0", "0.0.0.0", "::", "0:0:0:0:0:0:0:0") and any other address is not."""
+    import ipaddress
+    import socket
+
+    h = host.strip().strip("[]")
+    if h.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        pass
+    try:  # the legacy IPv4 spellings inet_aton accepts: "0", "127.1", "0x7f.1"
+        return ipaddress.IPv4Address(socket.inet_aton(h)).is_loopback
+    except OSError:
+        return False
 
 
 def serve(argv: list[str]) -> int:

@@ -94,6 +94,11 @@ class VariantSection(_Strict):
     description: str = ""
 
 
+MAX_CONCURRENCY = 8192
+"""The most streams one closed-loop client holds (about 20 KB each while they stream: 100000 reached
+1.9 GB); spread larger loads over `truthput load --workers`."""
+
+
 class WorkloadSection(_Strict):
     concurrency: list[int] = Field(default_factory=lambda: [1])
     duration_s: float | None = Field(30.0, gt=0, allow_inf_nan=False)
@@ -116,6 +121,9 @@ class WorkloadSection(_Strict):
     def _positive(cls, v: list[int]) -> list[int]:
         if not v or any(c < 1 for c in v):
             raise ValueError("expected a non-empty list of positive integers")
+        if max(v) > MAX_CONCURRENCY:
+            raise ValueError(f"{max(v)} streams: at most {MAX_CONCURRENCY} (each open stream holds its records "
+                             "and a connection in this one client process)")
         return v
 
     @field_validator("input_tokens", "output_tokens")

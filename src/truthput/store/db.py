@@ -6,9 +6,7 @@ figures) in one transaction before the next trial starts, so a killed run resume
 
 from __future__ import annotations
 
-from array import array
-
-import orjson
+import os
 import secrets
 import sqlite3
 import threading
@@ -17,7 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
+from array import array
 from typing import Any, Iterable, Sequence
+from urllib.parse import quote
+
+import orjson
 
 from truthput.errors import StoreError
 from truthput.measure.model import TrialResults
@@ -114,23 +116,50 @@ class TrialKey:
 class Store:
     """A thin, typed wrapper over the SQLite file. One connection, used from one thread at a time."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, read_only: bool = False) -> None:
+        """Open (or, unless `read_only`, create) the store. A read-only open never writes (an
+        archived, read-only file opens as it is); every open runs SQLite's quick integrity check,
+        so a damaged page is reported here, not as a wrong figure later."""
         self.path = str(path)
+        self.read_only = read_only
+        if read_only and not Path(self.path).exists():
+            raise StoreError(f"{self.path}: no results store here (give --store PATH)")
         try:
-            self.conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
+            if read_only:
+                # a file this user cannot write (an archive) is read as immutable: no lock files either
+                uri = "file:" + quote(os.path.abspath(self.path)) + "?mode=ro" + (
+                    "" if os.access(self.path, os.W_OK) else "&immutable=1")
+                self.conn = sqlite3.connect(uri, uri=True, timeout=30.0, check_same_thread=False)
+            else:
+                self.conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open results store: {exc}") from None
         self.conn.row_factory = sqlite3.Row
         self._lock = threading.Lock()
         try:
             self._check_version()
-            schema = resources.files("truthput.store").joinpath("schema.sql").read_text()
-            self.conn.executescript(schema)
-            self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            self.conn.commit()
+            if not read_only:
+                schema = resources.files("truthput.store").joinpath("schema.sql").read_text()
+                self.conn.executescript(schema)
+                self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                                  (str(SCHEMA_VERSION),))
+                self.conn.commit()
+            self._quick_check()
+        except sqlite3.OperationalError as exc:
+            if "readonly" in str(exc) or "read-only" in str(exc):
+                raise StoreError(f"{self.path}: the results store is read-only here; commands that only read "
+                                 "(report, audit, compare, unit) open it as it is") from None
+            raise StoreError(f"{self.path}: not a truthput results store ({exc})") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a truthput results store ({exc})") from None
         self.schema_version = self._stored_version() or SCHEMA_VERSION
+
+    def _quick_check(self) -> None:
+        rows = [r[0] for r in self.conn.execute("PRAGMA quick_check").fetchall()]
+        if rows != ["ok"]:
+            raise StoreError(f"{self.path}: the results store is damaged (SQLite quick_check: "
+                             f"{'; '.join(map(str, rows[:3]))}); restore it from a copy, or read what is left "
+                             "with the sqlite3 shell's .recover")
 
     def _stored_version(self) -> int | None:
         try:

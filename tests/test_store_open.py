@@ -1,0 +1,54 @@
+"""Opening the results store: read-only opens never write, nothing is created for a failed command,
+a damaged file is reported when it is opened (real SQLite files, real damage)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from truthput.errors import StoreError
+from truthput.store.db import Store
+
+
+def _store_with_rows(path) -> str:
+    s = Store(path)
+    run_id = s.create_run("x", "sim", True, None, "", 1, {"hostname": "h"})
+    for i in range(3000):
+        s.event(run_id, "note", f"event {i} " + "x" * 200)
+    s.close()
+    return run_id
+
+
+def test_read_only_open_reads_and_never_writes(tmp_path):
+    db = tmp_path / "r.db"
+    run_id = _store_with_rows(db)
+    for side in db.parent.glob("r.db-*"):
+        side.unlink()  # a closed store: the WAL checkpointed into the file
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    ro = Store(db, read_only=True)
+    assert ro.resolve_run("latest") == run_id
+    with pytest.raises(Exception):
+        ro.event(run_id, "note", "a write through a read-only open")
+    ro.close()
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_read_only_open_of_a_missing_store_creates_nothing(tmp_path):
+    with pytest.raises(StoreError, match="no results store here"):
+        Store(tmp_path / "none.db", read_only=True)
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_a_damaged_page_is_reported_on_open(tmp_path):
+    db = tmp_path / "d.db"
+    _store_with_rows(db)
+    for side in db.parent.glob("d.db-*"):
+        side.unlink()
+    data = bytearray(db.read_bytes())
+    page = 4096
+    assert len(data) > 20 * page
+    data[10 * page:10 * page + 8] = b"\x00" * 8  # the page header of a b-tree page (its type byte, cell count)
+    db.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="damaged|malformed"):
+        Store(db, read_only=True)
