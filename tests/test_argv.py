@@ -317,3 +317,23 @@ def test_agrees_with_real_vllm_parser() -> None:
             assert parsed["middleware"] == case.get("--middleware")
         if case.has("--trust-remote-code"):
             assert parsed["trust_remote_code"] is True
+
+
+def test_conflicting_speculative_keys_in_one_set_are_refused():
+    """Two spellings of one speculative field with different values in one `set`: refused with both
+    named (the last would otherwise win silently, or a dotted key would be dropped); equal values
+    are fine."""
+    from truthput.errors import SpecError
+    from truthput.spec.argv import ServerArgv, variant_argv
+
+    base = ServerArgv.parse(["vllm", "serve", "m", "--speculative-config",
+                             '{"method": "ngram", "num_speculative_tokens": 3}'])
+    with pytest.raises(SpecError, match=r"\[\[variant\]\] 'v': set: --spec-tokens = 1 and "
+                                        r"--speculative-config.num_speculative_tokens = 2 both set"):
+        variant_argv(base, set={"--spec-tokens": 1, "--speculative-config.num_speculative_tokens": 2},
+                     where="[[variant]] 'v'")
+    with pytest.raises(SpecError, match="both set the speculative setting num_speculative_tokens"):
+        variant_argv(base, set={"--speculative-config": '{"method": "ngram", "num_speculative_tokens": 3}',
+                                "--spec-tokens": 2})
+    ok = variant_argv(base, set={"--spec-tokens": 1, "--speculative-config.num_speculative_tokens": 1})
+    assert '"num_speculative_tokens": 1' in " ".join(ok.to_argv())

@@ -105,3 +105,48 @@ def test_a_non_utf8_experiment_file_is_one_line_with_the_byte_offset(tmp_path):
     path.write_bytes('[experiment]\nname = "caf\u00e9"\n'.encode("latin-1"))
     with pytest.raises(SpecError, match=r"not UTF-8 text: byte 24 \(0xe9\)"):
         load_experiment(path)
+
+
+PLAN_BASE = """
+[experiment]
+name = "t"
+baseline = "a"
+[server]
+engine = "sim"
+command = ["vllm", "serve", "m", "--tensor-parallel-size", "2"]
+{server}
+[hardware]
+gpu = "{gpu}"
+count = 2
+[model]
+profile = "{model}"
+[[variant]]
+name = "a"
+[[variant]]
+name = "b"
+{variant}
+[workload]
+concurrency = {conc}
+"""
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(variant='set = { "-tp" = 3 }'), "[[variant]] 'b': --tensor-parallel-size 3 x --pipeline-parallel-size 1 = 3 GPUs, but [hardware].count = 2"),
+    (dict(variant='set = { "-tp" = 1, "--pipeline-parallel-size" = 4 }'), "= 4 GPUs, but [hardware].count = 2"),
+    (dict(variant='set = { "--served-model-name" = "x\\u0000y" }'), "[[variant]] 'b': argument"),
+    (dict(variant='set = { "--tensor-parallel-size" = "two" }'), "--tensor-parallel-size 'two' is not a whole number"),
+    (dict(gpu="RTX 9999"), "[hardware].gpu: unknown GPU 'RTX 9999'"),
+    (dict(model="no-such-model"), "[model]: unknown model 'no-such-model'"),
+    (dict(server='host = "no-such-host.invalid"'), "[server].host 'no-such-host.invalid': cannot be resolved"),
+    (dict(conc="[100000]"), "100000 streams: at most 8192"),
+])
+def test_what_no_start_can_survive_is_refused_by_plan(change, message):
+    """Checked when the plan is built (`truthput plan`, and `run` before any store or server): one
+    line naming the file's section or variant."""
+    from truthput.errors import TruthputError
+    from truthput.runner import build_plan
+
+    fields = {"server": "", "gpu": "RTX 3090", "model": "qwen3.6-27b-5.5bit", "variant": "", "conc": "[1]", **change}
+    with pytest.raises(TruthputError) as info:
+        build_plan(parse_experiment(PLAN_BASE.format(**fields), "p.toml"))
+    assert message in str(info.value) and "\n" not in str(info.value).strip()

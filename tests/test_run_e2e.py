@@ -384,6 +384,19 @@ def test_a_server_dies_with_truthput_even_after_kill_9(tmp_path):
     while time.monotonic() < deadline and _pids_alive(pids):
         time.sleep(0.2)
     assert not _pids_alive(pids), "a server outlived kill -9 of truthput (no parent-death signal)"
+    # the resume marks the dead run's unfinished start lost (its finished trials stay), starts new
+    # servers, and finishes
+    store = Store(db, read_only=True)
+    run_id = store.resolve_run("latest")
+    kept = len(store.trial_results(run_id))
+    out = subprocess.run([*TRUTHPUT, "run", "--resume", run_id, "--store", str(db), "--reports",
+                          str(tmp_path / "rep")], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "left by a stopped truthput" in out.stderr
+    store = Store(db, read_only=True)
+    statuses = [s["status"] for s in store.starts(run_id)]
+    assert "lost" in statuses and not {"starting", "ready"} & set(statuses)
+    assert len(store.trial_results(run_id)) >= kept and store.run(run_id)["status"] == "done"
 
 
 SAME_VARIANTS = """
@@ -468,3 +481,86 @@ set = { "--max-model-len" = 99999999, "--max-num-seqs" = 8 }
     run_id = store.resolve_run("latest")
     assert store.run(run_id)["status"] == "done"
     assert {s["status"] for s in store.starts(run_id)} == {"failed"}
+
+
+def test_a_full_disk_is_one_line_and_keeps_committed_trials(tmp_path):
+    """The store cannot grow past a file-size limit (RLIMIT_FSIZE, as a full disk without root):
+    `truthput run` ends with one line saying so and how to resume, exit 1, no traceback, no server
+    left, and the trials committed before are still readable."""
+    import resource
+
+    limit = 1_500_000
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    exp = tmp_path / "full.toml"
+    exp.write_text(experiment_text(BASE_VARIANTS, concurrency=(1, 4), duration=1.0, starts=3))
+    db = tmp_path / "full.db"
+    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, preexec_fn=small_files)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert "could not write (" in out.stderr and "a full disk" in out.stderr and "--resume" in out.stderr
+    store = Store(db, read_only=True)
+    run_id = store.resolve_run("latest")
+    starts = store.starts(run_id)
+    assert not _pids_alive([s["pid"] for s in starts if s["pid"]]), "a server outlived the failure"
+    assert all(t.status in ("ok", "failed") for t in store.trial_results(run_id))
+
+
+def test_a_second_resume_of_a_running_run_is_refused_in_one_line(tmp_path):
+    """While one truthput runs a run, `--resume` of the same run from another process fails at once
+    with one line (no trial of the first is redone or lost); after it ends, the resume works."""
+    proc, db = _start_run(tmp_path, "lock", 1)
+    try:
+        run_id = Store(db, read_only=True).resolve_run("latest")
+        out = subprocess.run([*TRUTHPUT, "run", "--resume", run_id, "--store", str(db)], capture_output=True,
+                             text=True, timeout=60, cwd=tmp_path)
+        assert out.returncode != 0 and "Traceback" not in out.stderr
+        assert f"run {run_id} in {db} is being run or resumed by another truthput right now" in out.stderr
+    finally:
+        proc.communicate(timeout=240)
+    assert proc.returncode == 0
+    assert Store(db, read_only=True).run(run_id)["status"] == "done"
+
+
+@pytest.mark.slow
+def test_a_second_signal_during_teardown_kills_the_servers_and_still_records(tmp_path):
+    """Two SIGTERMs in quick succession (an impatient operator, a CI cancel that escalates): the first
+    starts the teardown, the second SIGKILLs every server's process group; truthput still marks the
+    run interrupted, prints the resume line, and leaves no server or port behind."""
+    proc, db = _start_run(tmp_path, "twice", 1)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    text = out.decode()
+    assert proc.returncode == 128 + signal.SIGTERM, text[-2000:]
+    assert "Traceback" not in text and "stopped by SIGTERM" in text and "--resume" in text
+    store = Store(db, read_only=True)
+    run_id = store.resolve_run("latest")
+    assert store.run(run_id)["status"] == "interrupted"
+    starts = store.starts(run_id)
+    assert not _pids_alive([s["pid"] for s in starts if s["pid"]]), "a server outlived two signals"
+    assert not any(_port_listening(s["port"]) for s in starts if s["port"])
+
+
+def test_a_leftover_server_is_stopped_only_when_it_is_the_recorded_process(tmp_path):
+    """`stop_leftover_server` stops the recorded process (same start time, same program) and its group;
+    a pid whose process started at another time is a stranger and is left alone."""
+    from truthput.engines.process import process_started_at, stop_leftover_server
+
+    spawned = time.time()
+    p = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        assert abs(process_started_at(p.pid) - spawned) < 2.0
+        assert stop_leftover_server(p.pid, spawned - 100.0, ["sleep"]) == "not ours"
+        assert p.poll() is None
+        assert stop_leftover_server(p.pid, spawned, ["/usr/bin/python3"]) == "not ours"
+        assert stop_leftover_server(p.pid, spawned, ["/bin/sleep", "300"], grace_s=5) == "stopped"
+        p.wait(timeout=10)
+        assert stop_leftover_server(p.pid, spawned, ["sleep"]) == "gone"
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -49,6 +49,21 @@ def main() -> None:
     except KeyboardInterrupt:
         print("truthput: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as exc:  # the environment failing under us: one line, never a traceback
+        import errno
+        import sqlite3
+
+        full = (isinstance(exc, sqlite3.OperationalError) and ("full" in str(exc) or "disk I/O" in str(exc))) or (
+            isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG))
+        if full:
+            print(f"truthput: error: could not write ({exc}: a full disk, a file-size limit or a failing disk); "
+                  "every trial committed before this is kept: free space, then resume with "
+                  "`truthput run --resume latest`", file=sys.stderr)
+            sys.exit(1)
+        if isinstance(exc, sqlite3.Error):
+            print(f"truthput: error: results store: {type(exc).__name__}: {exc}", file=sys.stderr)
+            sys.exit(1)
+        raise
 
 
 if __name__ == "__main__":

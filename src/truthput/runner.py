@@ -78,6 +78,32 @@ def _int_flag(argv: ServerArgv, names: Sequence[str], where: str) -> int:
     return 1
 
 
+def _check_names(exp: Experiment, kind: str) -> None:
+    """Names every start would trip over, checked before any starts: the GPU and model the
+    roofline and simulator read, and the host the servers listen on."""
+    import socket
+
+    from truthput.hardware.gpus import get_gpu
+    from truthput.hardware.models import get_model
+
+    if exp.hardware is not None:
+        try:
+            get_gpu(exp.hardware.gpu)
+        except SpecError as exc:
+            raise SpecError(f"[hardware].gpu: {exc}") from None
+    if exp.model is not None and (kind == "sim" or exp.model.profile):
+        try:
+            get_model(exp.model.ref)
+        except SpecError as exc:
+            raise SpecError(f"[model]: {exc}") from None
+    host = exp.server.host
+    if host and kind != "external":
+        try:
+            socket.getaddrinfo(host, None)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise SpecError(f"[server].host {host!r}: cannot be resolved ({exc})") from None
+
+
 def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
     """What no server start can survive, refused before any starts: a NUL byte in an argument (the
     exec'd argv would be cut there) and more GPUs (tensor x pipeline parallel) than [hardware] has."""
@@ -101,6 +127,7 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     kind = engine or exp.server.engine
     if kind == "sim":
         sim_requirements(exp)
+    _check_names(exp, kind)
     base = ServerArgv.parse(exp.server.command, engine=metric_family(kind))
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
@@ -316,6 +343,9 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
     ctx.log_buffer = []
     ctx.log_seq = 0
     ctx.start_id = store.begin_start(ctx.run_id, vp.name, start_index, launched, getattr(engine, "port", None))
+    if hasattr(engine, "on_spawn"):
+        sid = ctx.start_id
+        engine.on_spawn = lambda pid: store.update_start(sid, pid=pid)
     ctx.emit(StartLaunching(vp.name, start_index, ctx.plan.engine))
     start_failed = False
     try:
@@ -389,6 +419,27 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
             store.update_start(ctx.start_id, stopped_at=time.time(), status=row_status)
 
 
+def _stop_leftovers(store: Store, run_id: str, emit: Callable[[Event], None]) -> None:
+    """Starts a dead truthput left `starting` or `ready`: stop their servers if they still run (only
+    the very process recorded, never a stranger reusing the pid) and mark the starts lost; their
+    finished trials stay theirs, and the resume starts new servers."""
+    from truthput.engines.process import stop_leftover_server
+
+    for s in store.starts(run_id):
+        if s["status"] not in ("starting", "ready"):
+            continue
+        what = "no server was recorded"
+        if s["pid"]:
+            argv = json.loads(s["argv_json"] or "[]")
+            what = {"stopped": f"its server (pid {s['pid']}) was still running and was stopped",
+                    "gone": "its server had already exited",
+                    "not ours": f"pid {s['pid']} is now another process, left alone"}[
+                stop_leftover_server(int(s["pid"]), float(s["started_at"] or 0.0), argv)]
+        store.update_start(s["id"], status="lost", stopped_at=time.time(),
+                           failure_reason=f"the truthput running this start stopped before it ended; {what}")
+        emit(Note(f"{s['variant']} start {s['start_index'] + 1}: left by a stopped truthput; {what}", "warning"))
+
+
 def summarize(store: Store, run_id: str, guard_texts: dict[str, list[str]] | None = None) -> dict:
     """The run's summary as stored in `runs.summary_json` (`truthput.analyze.summary` decides it)."""
     from truthput.report.runsummary import run_summary
@@ -404,18 +455,23 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
 
     progress = progress or Progress()
     emit = emitter(progress)
+    run_lock = None
     if resume:
         run_id = store.resolve_run(resume)
+        run_lock = store.lock_run(run_id)
         row = store.run(run_id)
         engine = row["engine"]
         store.set_run_status(run_id, "running")
         store.event(run_id, "resumed", "run resumed")
     plan = build_plan(exp, engine)
+    if resume:
+        _stop_leftovers(store, run_id, emit)
     if hasattr(progress, "set_plan"):
         progress.set_plan(plan)
     if not resume:
         run_id = store.create_run(exp.experiment.name, plan.engine, plan.engine in SIMULATED_ENGINES, exp_path,
                                   exp_text, exp.experiment.seed, machine_metadata())
+        run_lock = store.lock_run(run_id)
     for vp in plan.variants:
         store.put_variant(run_id, vp.name, vp.position, vp.is_baseline, vp.argv.to_argv(),
                           {"diff": vp.diff, "lines": vp.diff_text, "speculative": vp.speculative}, vp.env)
@@ -448,7 +504,10 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
         except Exception as exc:  # a summary failure must not lose the run's status
             store.event(run_id, "summary_error", repr(exc))
             summary = {"guard_texts": ctx.guard_texts}
-        store.set_run_status(run_id, status, summary)
+        try:
+            store.set_run_status(run_id, status, summary)
+        finally:
+            run_lock.close()
     return run_id
 
 

@@ -141,15 +141,15 @@ class Cell:
         quantile such as "itl_p99" (each trial's own quantile, client clock)."""
         if metric == "tok/s":
             return self.per_start, self.start_ids
-        starts: dict[int, list[float]] = {}
+        starts: dict[tuple[int, int], list[float]] = {}
         for t in self.trials:
             if t.status != "ok":
                 continue
             v = trial_metric(t.results, metric)
             if v is not None:
-                starts.setdefault(t.start_index, []).append(v)
-        ids = sorted(starts)
-        return [starts[i] for i in ids], ids
+                starts.setdefault(_replicate(t), []).append(v)
+        keys = sorted(starts)
+        return [starts[k] for k in keys], [k[0] for k in keys]
 
     def quantile(self, metric: str, q: str) -> float | None:
         """Median over the cell's ok trials of each trial's client-clock latency quantile."""
@@ -162,6 +162,12 @@ class Cell:
             if v is not None:
                 vals.append(v)
         return median(vals) if vals else None
+
+
+def _replicate(t: TrialLike) -> tuple[int, int]:
+    """(round, server): the unit of replication is the server process a trial ran on."""
+    sid = getattr(t, "start_id", None)
+    return (t.start_index, -1 if sid is None else int(sid))
 
 
 def trial_metric(results: TrialResults, metric: str) -> float | None:
@@ -199,7 +205,9 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
         for c in levels:
             ts = sorted(by_key.get((v, c), []), key=lambda t: (t.start_index, t.trial_index))
             cell = Cell(variant=v, concurrency=c, baseline=v == baseline, status="no data", trials=list(ts))
-            starts: dict[int, list[float]] = {}
+            # one replicate per server process: a start resumed after truthput died is a new server
+            # (a new start_id) in the same round (start_index)
+            starts: dict[tuple[int, int], list[float]] = {}
             sources: list[str] = []
             for t in ts:
                 cell.warnings.extend(f"{v} c={c} start {t.start_index + 1} trial {t.trial_index + 1}: {w}"
@@ -209,12 +217,12 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
                 h = headline(t.results)
                 if h.value is None:
                     continue
-                starts.setdefault(t.start_index, []).append(float(h.value))
+                starts.setdefault(_replicate(t), []).append(float(h.value))
                 if h.source not in sources:
                     sources.append(h.source)
             if starts:
                 cell.per_start = [starts[s] for s in sorted(starts)]
-                cell.start_ids = sorted(starts)
+                cell.start_ids = [s[0] for s in sorted(starts)]
                 cell.estimate = cell_estimate(cell.per_start)
                 cell.status = "ok"
                 cell.sources = sorted(sources)

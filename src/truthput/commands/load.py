@@ -159,7 +159,8 @@ def register(app: typer.Typer) -> None:
             asyncio.run(main())
             result = results[0]
         except (KeyboardInterrupt, asyncio.CancelledError):
-            why = f"stopped by {signal.Signals(received[0]).name}" if received else "interrupted"
+            why = f"stopped by {signal.Signals(received[0]).name}" if received and received[0] != signal.SIGINT \
+                else "interrupted"
             typer.echo(f"truthput: {why}; finished trials are kept in the store", err=True)
             raise typer.Exit(128 + received[0] if received else 130)
         finally:

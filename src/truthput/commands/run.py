@@ -191,7 +191,8 @@ def register(app: typer.Typer) -> None:
         except (KeyboardInterrupt, asyncio.CancelledError):
             progress.close()
             latest = db.resolve_run("latest") if run_id is None else run_id
-            why = f"stopped by {signal.Signals(received[0]).name}" if received else "interrupted"
+            why = f"stopped by {signal.Signals(received[0]).name}" if received and received[0] != signal.SIGINT \
+                else "interrupted"
             typer.echo(f"truthput: {why}; finished trials are kept. Resume with: truthput run --resume {latest} "
                        f"--store {store}", err=True)
             raise typer.Exit(128 + received[0] if received else 130)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import signal
 import sys
 import time
 from collections import deque
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from truthput.engines.base import LogSink, StartOutcome, log_lines
 from truthput.engines.ports import port_is_free, wait_port_free
@@ -42,6 +43,50 @@ def _kill_leftovers() -> None:
 
 
 atexit.register(_kill_leftovers)
+
+
+def process_started_at(pid: int) -> float | None:
+    """When process `pid` started (epoch seconds, from /proc), or None when it does not exist or
+    /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        ticks = int(fields[19])  # field 22 of stat: starttime, after the "(comm)" field
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def stop_leftover_server(pid: int, spawned_at: float, argv: Sequence[str], grace_s: float = 10.0) -> str:
+    """Stop a server a dead truthput left running -- only when `pid` is that very process: it started
+    within 5 s of when the store recorded the spawn and runs the recorded program (never a stranger
+    that reused the pid). Returns "stopped", "gone" or "not ours"."""
+    started = process_started_at(pid)
+    if started is None:
+        return "gone"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return "gone"
+    if abs(started - spawned_at) > 5.0 or not argv or not cmdline or os.path.basename(cmdline[0]) != \
+            os.path.basename(str(argv[0])):
+        return "not ours"
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        return "not ours"
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and process_started_at(pid) is not None:
+        time.sleep(0.1)
+    if process_started_at(pid) is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    return "stopped"
 
 
 def die_with_parent() -> None:
@@ -95,6 +140,9 @@ class ProcessEngine:
             if self._sink is not None:
                 self._sink(time.monotonic(), name, line)
 
+    on_spawn: Callable[[int], None] | None = None
+    """Called with the server's pid as soon as it is spawned (the runner records it in the store)."""
+
     def recent_log(self, n: int = 40) -> list[str]:
         return list(self._lines)[-n:]
 
@@ -119,6 +167,8 @@ class ProcessEngine:
             return StartOutcome(ok=False, failure_kind="invalid_config", reason=reason, root_cause_line=reason)
         self.pid = self._proc.pid
         _LIVE_GROUPS.add(self._proc.pid)
+        if self.on_spawn is not None:
+            self.on_spawn(self._proc.pid)  # recorded before it is trusted: a later resume can stop it
         self._readers = [asyncio.create_task(self._pump(self._proc.stdout, "stdout")),
                          asyncio.create_task(self._pump(self._proc.stderr, "stderr"))]
         outcome = await self._wait_ready(t0)

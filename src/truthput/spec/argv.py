@@ -261,6 +261,17 @@ class ServerArgv:
         current = speculative_settings(self)
         settings: dict[str, Any] | None = None if current is None else dict(current)
         prefer_json = False
+        given: dict[tuple[str, ...], tuple[str, Any]] = {}
+
+        def claim(path: tuple[str, ...], name: str, value: Any) -> None:
+            """Two keys of one `set` that name the same speculative field with different values are
+            refused (otherwise the last would silently win, or a dotted key would be dropped)."""
+            prior = given.get(path)
+            if prior is not None and prior[1] != value:
+                raise SpecError(f"{prior[0]} = {prior[1]!r} and {name} = {value!r} both set the speculative "
+                                f"setting {'.'.join(path)}: give it once")
+            given[path] = (name, value)
+
         for name, value in edits:
             if name == know.spec_json_flag:
                 if value is None or value is False:
@@ -268,8 +279,12 @@ class ServerArgv:
                 else:
                     settings = _parse_spec_json(value if isinstance(value, str) else json.dumps(value), name)
                     prefer_json = current is None
+                    for key, v in settings.items():
+                        claim((key,), name, v)
                 continue
             path = _spec_path(name, know)
+            if value is not None and value is not False:
+                claim(tuple(path), name, _spec_value(path[-1], value, know, name))
             if value is None or value is False:
                 if settings is not None:
                     _del_path(settings, path)
@@ -633,7 +648,12 @@ def variant_argv(
         if not present:
             raise SpecError(f"{where}: remove = [{raw!r}]: the baseline command has no {name}")
     result = base.without(names) if names else base
-    return result.with_set(set) if set else result
+    if not set:
+        return result
+    try:
+        return result.with_set(set)
+    except SpecError as exc:
+        raise SpecError(f"{where}: set: {exc}") from None
 
 
 # --------------------------------------------------------------------------- diff

@@ -184,6 +184,22 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
+    def lock_run(self, run_id: str) -> Any:
+        """Hold an exclusive lock on a run for this process's lifetime (or until the returned file
+        is closed): a second truthput running or resuming the same run fails with one line instead
+        of both writing its trials."""
+        import fcntl
+
+        path = f"{self.path}.{run_id}.lock"
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise StoreError(f"run {run_id} in {self.path} is being run or resumed by another truthput right now "
+                             "(wait for it, or stop it first)") from None
+        return handle
+
     # ---- runs -------------------------------------------------------------------------------
     def create_run(self, name: str, engine: str, simulated: bool, experiment_path: str | None,
                    experiment_toml: str, seed: int | None, machine: dict[str, Any]) -> str:
