@@ -139,6 +139,8 @@ concurrency = {conc}
     (dict(model="no-such-model"), "[model]: unknown model 'no-such-model'"),
     (dict(server='host = "no-such-host.invalid"'), "[server].host 'no-such-host.invalid': cannot be resolved"),
     (dict(conc="[100000]"), "100000 streams: at most 8192"),
+    (dict(variant='set = { "--max-num-seqs" = "lots" }'), "[[variant]] 'b': --max-num-seqs 'lots' is not a whole number"),
+    (dict(variant='set = { "--gpu-memory-utilization" = 1.5 }'), "--gpu-memory-utilization '1.5': expected a fraction"),
 ])
 def test_what_no_start_can_survive_is_refused_by_plan(change, message):
     """Checked when the plan is built (`truthput plan`, and `run` before any store or server): one
@@ -150,3 +152,13 @@ def test_what_no_start_can_survive_is_refused_by_plan(change, message):
     with pytest.raises(TruthputError) as info:
         build_plan(parse_experiment(PLAN_BASE.format(**fields), "p.toml"))
     assert message in str(info.value) and "\n" not in str(info.value).strip()
+
+
+def test_plan_warns_when_concurrency_exceeds_max_num_seqs():
+    from truthput.runner import build_plan, max_num_seqs_warnings
+
+    fields = {"server": "", "gpu": "RTX 3090", "model": "qwen3.6-27b-5.5bit",
+              "variant": 'set = { "--max-num-seqs" = 4 }', "conc": "[1, 8]"}
+    exp = parse_experiment(PLAN_BASE.format(**fields), "p.toml")
+    (line,) = max_num_seqs_warnings(exp, build_plan(exp))
+    assert line == "b: concurrency 8 is above its --max-num-seqs 4: 4 streams will wait in the server's queue"

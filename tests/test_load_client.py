@@ -553,3 +553,20 @@ def test_sse_parser_refuses_an_endless_event() -> None:
         for _ in range(8):
             p.feed(b"data: " + b"y" * (1 << 20))
     assert p.pending_bytes == 0
+
+
+def test_a_dead_server_ends_an_open_loop_at_its_error_budget() -> None:
+    """Open loop at 40 req/s against nothing: it stops at the error budget instead of storing a
+    failure per arrival for the whole minute."""
+    from truthput.load.schedule import OpenLoop
+
+    async def go():
+        async with StreamClient(ClientConfig("http://127.0.0.1:9/v1", model="m")) as client:
+            loop = OpenLoop(client, Workload(WorkloadSpec(input_tokens=4, output_tokens=4), seed=0), 40.0,
+                            duration_s=60.0)
+            t0 = time.monotonic()
+            return await loop.run(), time.monotonic() - t0
+
+    res, elapsed = asyncio.run(go())
+    assert res.stopped_early is not None and "error budget" in res.stopped_early
+    assert len(res.records) < 400 and elapsed < 15.0, (len(res.records), elapsed)

@@ -564,3 +564,38 @@ def test_a_leftover_server_is_stopped_only_when_it_is_the_recorded_process(tmp_p
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def _procs_with(arg: str) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if arg.encode() in f.read().split(b"\0"):
+                        out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+def test_a_servers_daemon_child_in_its_own_session_is_stopped_too(tmp_path):
+    """The server's command starts a child that leaves its process group and session (setsid, its
+    parent gone): truthput, as subreaper, still finds it at teardown; nothing of the run survives."""
+    marker = f"{7000 + os.getpid() % 1000}.5"
+    sim = [sys.executable, "-m", "truthput.sim", "serve", "--host", "127.0.0.1", "--port", "{port}",
+           "--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b", "--sim-startup-s", "0.1"]
+    script = f"(setsid sleep {marker} &) ; exec " + " ".join(sim)
+    exp = tmp_path / "daemon.toml"
+    exp.write_text(experiment_text('[[variant]]\nname = "base"\n', concurrency=(1,), duration=0.5,
+                                   engine="command", command=["bash", "-c", script]))
+    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(tmp_path / "d.db"), "--reports",
+                          str(tmp_path / "rep")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    deadline = time.monotonic() + 5
+    while _procs_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _procs_with(marker)
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, "a server's setsid child outlived the run"

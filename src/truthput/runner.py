@@ -63,14 +63,32 @@ class Plan:
         return next(v for v in self.variants if v.name == name)
 
 
+_SUFFIX = {"k": 1000, "K": 1024, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}
+
+
+def _whole_number(text: str) -> int | None:
+    """An integer as vLLM reads it, with its human-readable suffixes ("32k" = 32000, "32K" = 32768)."""
+    t = text.strip()
+    mult = 1
+    if t and t[-1] in _SUFFIX:
+        t, mult = t[:-1], _SUFFIX[t[-1]]
+    try:
+        return int(t) * mult
+    except ValueError:
+        try:
+            f = float(t) * mult
+        except ValueError:
+            return None
+        return int(f) if f.is_integer() else None
+
+
 def _int_flag(argv: ServerArgv, names: Sequence[str], where: str) -> int:
     for name in names:
         if argv.has(name):
             value = argv.get(name)
             text = value[-1] if isinstance(value, list) else value
-            try:
-                n = int(str(text))
-            except ValueError:
+            n = _whole_number(str(text))
+            if n is None:
                 raise SpecError(f"{where}: {name} {text!r} is not a whole number") from None
             if n < 1:
                 raise SpecError(f"{where}: {name} {n} must be >= 1")
@@ -104,6 +122,29 @@ def _check_names(exp: Experiment, kind: str) -> None:
             raise SpecError(f"[server].host {host!r}: cannot be resolved ({exc})") from None
 
 
+INT_FLAGS = ("--max-num-seqs", "--max-model-len", "--max-num-batched-tokens", "--block-size",
+             "--tensor-parallel-size", "--pipeline-parallel-size")
+"""vLLM flags that take a whole number >= 1: a typo there ("lots") fails every start otherwise."""
+
+
+def max_num_seqs_warnings(exp: Experiment, plan: Plan) -> list[str]:
+    """Concurrency levels above a variant's --max-num-seqs: the extra streams queue in the server
+    (TTFT grows, tok/s does not), a legitimate experiment but one a user should see coming."""
+    out = []
+    top = max(exp.workload.concurrency)
+    for v in plan.variants:
+        if v.argv.has("--max-num-seqs"):
+            raw = v.argv.get("--max-num-seqs")
+            try:
+                cap = int(str(raw[-1] if isinstance(raw, list) else raw))
+            except ValueError:
+                continue
+            if top > cap:
+                out.append(f"{v.name}: concurrency {top} is above its --max-num-seqs {cap}: {top - cap} streams "
+                           "will wait in the server's queue")
+    return out
+
+
 def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
     """What no server start can survive, refused before any starts: a NUL byte in an argument (the
     exec'd argv would be cut there) and more GPUs (tensor x pipeline parallel) than [hardware] has."""
@@ -111,6 +152,17 @@ def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
     for i, word in enumerate(argv.to_argv()):
         if "\x00" in word:
             raise SpecError(f"{where}: argument {i} ({word.split(chr(0))[0]!r}...) contains a NUL byte")
+    if argv.engine == "vllm":
+        for flag in INT_FLAGS:
+            _int_flag(argv, (flag,), where)
+        if argv.has("--gpu-memory-utilization"):
+            raw = argv.get("--gpu-memory-utilization")
+            try:
+                util = float(str(raw[-1] if isinstance(raw, list) else raw))
+            except ValueError:
+                util = float("nan")
+            if not 0.0 < util <= 1.0:
+                raise SpecError(f"{where}: --gpu-memory-utilization {raw!r}: expected a fraction in (0, 1]")
     if exp.hardware is None:
         return
     tp = _int_flag(argv, ("--tensor-parallel-size",), where)

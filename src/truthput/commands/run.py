@@ -171,6 +171,9 @@ def register(app: typer.Typer) -> None:
             path = str(experiment)
             run_id = None
         prepare_load_process()
+        from truthput.engines.process import become_subreaper
+
+        become_subreaper()  # a server's descendant that leaves its process group is still found at teardown
         progress = make_progress()
         received: list[int] = []
 
@@ -262,3 +265,7 @@ def register(app: typer.Typer) -> None:
                      else ""))
         for line in _starts_forecast(exp, p, store):
             con.print(line, markup=False)
+        from truthput.runner import max_num_seqs_warnings
+
+        for line in max_num_seqs_warnings(exp, p):
+            con.print("warning: " + line, markup=False, style="yellow")

@@ -89,6 +89,71 @@ def stop_leftover_server(pid: int, spawned_at: float, argv: Sequence[str], grace
     return "stopped"
 
 
+PR_SET_CHILD_SUBREAPER = 36
+_SUBREAPER = False
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux): a server's child that
+    leaves the server's process group and session is reparented here, not to init, so teardown can
+    find and stop it. False where the kernel does not offer it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        ok = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+    global _SUBREAPER
+    _SUBREAPER = ok
+    return ok
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            out.append(int(name))
+    return out
+
+
+def reap_orphans(keep: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
+    """SIGKILL and reap this process's children that are not a live server's group leader in
+    `keep` (descendants of stopped servers, reparented to us as subreaper); returns their pids.
+    Only in a process that made itself the subreaper (`truthput run`), whose only children are the
+    servers it starts: elsewhere (a library caller, a test runner) children are not ours to judge."""
+    if not _SUBREAPER:
+        return []
+    gone = []
+    for pid in _children(os.getpid()):
+        if pid in keep or pid in _LIVE_GROUPS:
+            continue
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"multiprocessing" in cmd and b"resource_tracker" in cmd:
+            continue  # our own helper, not a server's
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            gone.append(pid)
+    for pid in gone:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)
+    return gone
+
+
 def die_with_parent() -> None:
     """In the child before exec: ask Linux to send SIGTERM when truthput dies (even by kill -9),
     so no server outlives the run that started it. Elsewhere: nothing (best effort)."""
@@ -248,6 +313,9 @@ class ProcessEngine:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            # and descendants that left the group (a daemon in its own session) were reparented to
+            # us, the subreaper: they go too
+            reap_orphans(keep={p for p in _LIVE_GROUPS if p != proc.pid})
             self.exit_code = proc.returncode
             await self._drain_readers()
             await asyncio.get_running_loop().run_in_executor(None, wait_port_free, self.port, self.host, 30.0)

@@ -428,6 +428,11 @@ class OpenLoop:
         rng = random.Random(f"truthput-arrivals:{self.seed}")
         client = self.client
 
+        errors = [0, 0]  # failed, ok
+        budget = max(ERROR_BUDGET_MIN, int(ERROR_BUDGET_PER_STREAM * max(1.0, self.rate)))
+        stopped: list[str] = []
+        aborted = asyncio.Event()
+
         async def one(idx: int, body: dict) -> None:
             try:
                 rec = await client.stream(idx, body)
@@ -437,6 +442,13 @@ class OpenLoop:
                     slots.release()
             records.append(rec)
             first_done.set()
+            errors[rec.status == "ok"] += 1
+            if rec.status != "ok" and errors[0] >= budget and errors[0] > errors[1] and not stopped:
+                # the same error budget as the closed loop: a dead server ends the load at once
+                stopped.append(f"{errors[0]} of {sum(errors)} requests failed (error budget {budget}); "
+                               f"last: {rec.error}")
+                stop_arrivals.set()
+                aborted.set()
 
         async def arrivals() -> None:
             t0 = time.monotonic()
@@ -478,7 +490,7 @@ class OpenLoop:
             if first_done.is_set() and not arr.done():
                 t_ws = await _timed(on_window_start)
                 remaining = None if self.duration_s is None else max(0.0, self.duration_s - (time.monotonic() - t_ws))
-                await _wait_first(asyncio.shield(arr), self._end_window.wait(), timeout=remaining)
+                await _wait_first(asyncio.shield(arr), self._end_window.wait(), aborted.wait(), timeout=remaining)
                 t_we = await _timed(on_window_end)
             else:
                 never_settled = True
@@ -507,10 +519,12 @@ class OpenLoop:
         if selfcheck.client_bound:
             notes.append(f"client-bound: {selfcheck.reason}")
         notes.extend(n for n in self.client.notes if n not in notes)
+        if stopped:
+            notes.append(f"load ended early: {stopped[0]}")
         return LoadResult(
             records=sorted(records, key=lambda r: r.idx), t_start=t_start, t_window_start=t_ws, t_window_end=t_we,
             t_end=t_end, never_settled=never_settled, selfcheck=selfcheck, notes=notes,
-            max_in_flight=self.max_in_flight,
+            max_in_flight=self.max_in_flight, stopped_early=stopped[0] if stopped else None,
         )
 
 
