@@ -168,6 +168,11 @@ def test_cli_load_runs_and_prints_the_summary(stub, tmp_path: Path) -> None:
 def test_load_options_need_a_stop_condition() -> None:
     with pytest.raises(SpecError, match="--requests"):
         LoadOptions(url="http://x")
+    for bad in (float("nan"), float("inf"), 0.0, -1.0):
+        with pytest.raises(SpecError, match="--duration .*: expected a finite number of seconds > 0"):
+            LoadOptions(url="http://x", duration_s=bad)
+    with pytest.raises(SpecError, match="--rate"):
+        LoadOptions(url="http://x", duration_s=1.0, rate=[float("inf")])
     toml = opts("http://h:1", rate=[2.5]).toml()
     import tomllib
 

@@ -52,3 +52,11 @@ def test_a_damaged_page_is_reported_on_open(tmp_path):
     db.write_bytes(bytes(data))
     with pytest.raises(StoreError, match="damaged|malformed"):
         Store(db, read_only=True)
+    with pytest.raises(StoreError, match="damaged|malformed"):
+        Store(db, read_only=True, full_check=True)
+
+
+def test_the_full_check_passes_a_sound_store(tmp_path):
+    db = tmp_path / "ok.db"
+    _store_with_rows(db)
+    Store(db, read_only=True, full_check=True).close()

@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
         md: Optional[Path] = typer.Option(None, "--md", help="Write the markdown report (verdict, main tables) here."),
         csv_dir: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV per table into this folder."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON document (schema truthput-report/1) here."),
+        check: bool = typer.Option(False, "--check", help="Run SQLite's full integrity check on the store first (every open runs the quick one)."),
     ) -> None:
         """Write the run's reports; with no output option, print the terminal summary and write nothing."""
         from truthput.errors import StoreError
@@ -24,7 +25,7 @@ def register(app: typer.Typer) -> None:
 
         if not store.exists():
             raise StoreError(f"{store}: no results store here (give --store PATH)")
-        db = Store(store, read_only=True)
+        db = Store(store, read_only=True, full_check=check)
         try:
             rid = db.resolve_run(run_id)
             if not any((html, md, csv_dir, json_path)):

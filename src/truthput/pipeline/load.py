@@ -61,7 +61,9 @@ class LoadOptions:
             raise SpecError(f"--workers {self.workers}: must be >= 1")
         if any(c < 1 for c in self.concurrency):
             raise SpecError(f"--concurrency {self.concurrency}: every level must be >= 1")
-        if any(not r > 0 for r in self.rate):
+        if self.duration_s is not None and not 0 < self.duration_s < float("inf"):
+            raise SpecError(f"--duration {self.duration_s}: expected a finite number of seconds > 0")
+        if any(not 0 < r < float("inf") for r in self.rate):
             raise SpecError(f"--rate {self.rate}: every rate must be > 0 requests/s")
         if not 0 <= self.sample_interval_s < float("inf"):
             raise SpecError(f"--sample-interval {self.sample_interval_s}: must be a number of seconds >= 0")

@@ -116,7 +116,7 @@ class TrialKey:
 class Store:
     """A thin, typed wrapper over the SQLite file. One connection, used from one thread at a time."""
 
-    def __init__(self, path: str | Path, read_only: bool = False) -> None:
+    def __init__(self, path: str | Path, read_only: bool = False, full_check: bool = False) -> None:
         """Open (or, unless `read_only`, create) the store. A read-only open never writes (an
         archived, read-only file opens as it is); every open runs SQLite's quick integrity check,
         so a damaged page is reported here, not as a wrong figure later."""
@@ -144,7 +144,7 @@ class Store:
                 self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
                                   (str(SCHEMA_VERSION),))
                 self.conn.commit()
-            self._quick_check()
+            self._quick_check(full_check)
         except sqlite3.OperationalError as exc:
             if "readonly" in str(exc) or "read-only" in str(exc):
                 raise StoreError(f"{self.path}: the results store is read-only here; commands that only read "
@@ -154,10 +154,11 @@ class Store:
             raise StoreError(f"{self.path}: not a truthput results store ({exc})") from None
         self.schema_version = self._stored_version() or SCHEMA_VERSION
 
-    def _quick_check(self) -> None:
-        rows = [r[0] for r in self.conn.execute("PRAGMA quick_check").fetchall()]
+    def _quick_check(self, full: bool = False) -> None:
+        pragma = "integrity_check" if full else "quick_check"
+        rows = [r[0] for r in self.conn.execute(f"PRAGMA {pragma}").fetchall()]
         if rows != ["ok"]:
-            raise StoreError(f"{self.path}: the results store is damaged (SQLite quick_check: "
+            raise StoreError(f"{self.path}: the results store is damaged (SQLite {pragma}: "
                              f"{'; '.join(map(str, rows[:3]))}); restore it from a copy, or read what is left "
                              "with the sqlite3 shell's .recover")
 
