@@ -599,3 +599,30 @@ def test_a_servers_daemon_child_in_its_own_session_is_stopped_too(tmp_path):
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert not left, "a server's setsid child outlived the run"
+
+
+def test_a_crash_under_load_ends_that_start_and_two_fail_the_variant(tmp_path):
+    """A variant whose server is killed (SIGKILL) a moment into its first trial: each such start ends
+    as `crash_under_load` with its own class, the other variant is unaffected, and after two crashes
+    the variant is failed instead of started a third time."""
+    sim = [sys.executable, "-m", "truthput.sim", "serve", "--host", "127.0.0.1", "--port", "{port}",
+           "--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b", "--sim-startup-s", "0.1"]
+    script = (" ".join(sim) + ' & s=$!; if [ -n "$CRASH_AFTER" ]; then sleep "$CRASH_AFTER"; kill -9 $s; fi; '
+              "wait $s")
+    variants = '[[variant]]\nname = "base"\n[[variant]]\nname = "crashy"\nenv = { CRASH_AFTER = "2.5" }\n'
+    exp = tmp_path / "crash.toml"
+    exp.write_text(experiment_text(variants, concurrency=(1,), duration=3.0, starts=3, engine="command",
+                                   command=["bash", "-c", script]))
+    db = tmp_path / "c.db"
+    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],
+                         capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    store = Store(db, read_only=True)
+    run_id = store.resolve_run("latest")
+    starts = {(s["variant"], s["start_index"]): s for s in store.starts(run_id)}
+    crashed = [k for k, s in starts.items() if s["failure_class"] == "crash_under_load"]
+    assert crashed == [("crashy", 0), ("crashy", 1)], {k: (s["status"], s["failure_class"]) for k, s in starts.items()}
+    assert all(starts[k]["status"] == "failed" for k in crashed)
+    assert ("crashy", 2) not in starts  # not started a third time
+    assert [k for k in starts if k[0] == "base"] == [("base", 0), ("base", 1), ("base", 2)]
+    assert "crashy: failed" in " ".join(json.loads(store.run(run_id)["summary_json"])["verdict_lines"])
