@@ -60,3 +60,30 @@ def test_the_full_check_passes_a_sound_store(tmp_path):
     db = tmp_path / "ok.db"
     _store_with_rows(db)
     Store(db, read_only=True, full_check=True).close()
+
+
+def test_failed_requests_beyond_the_cap_are_counted_not_stored(tmp_path):
+    """A trial with 500 failed requests stores 200 of them as rows and the rest as a count; the
+    trial's ok requests are all stored."""
+    from truthput.load.records import RequestRecord
+    from truthput.load.schedule import LoadResult
+    from truthput.load.selfcheck import SelfCheck
+    from truthput.measure.model import TrialResults
+    from truthput.pipeline.trial import FAILED_ROWS_STORED, TrialRun, commit
+    from truthput.store.db import TrialKey
+
+    recs = [RequestRecord(idx=i, t_start=float(i), t_end=float(i) + 0.5, completion_tokens=4) for i in range(50)]
+    recs += [RequestRecord(idx=50 + i, t_start=float(i), t_end=float(i), status="error", error="HTTP 500")
+             for i in range(500)]
+    load = LoadResult(records=recs, t_start=0.0, t_window_start=1.0, t_window_end=2.0, t_end=3.0,
+                      never_settled=False, selfcheck=SelfCheck(0.0, 0.0, 0.0, 0.0, False, None))
+    run = TrialRun(results=TrialResults(), load=load, scrapes=[], t0_wall=0.0, t0_mono=0.0, t_end=3.0,
+                   status="failed", error="request_errors")
+    store = Store(tmp_path / "f.db")
+    run_id = store.create_run("x", "sim", True, None, "", 1, {})
+    trial_id = commit(store, run_id, "v", None, TrialKey("v", 0, 1, 0), run)
+    rows = store.requests(trial_id)
+    assert sum(1 for r in rows if r["status"] == "ok") == 50
+    assert sum(1 for r in rows if r["status"] != "ok") == FAILED_ROWS_STORED == 200
+    (t,) = store.trial_results(run_id)
+    assert t.results.requests.failed_not_stored == 300

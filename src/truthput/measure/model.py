@@ -120,6 +120,8 @@ class Requests(Section):
     failed_mid_stream: int = 0
     continuous_usage: int = 0
     errors: list[ErrorCount] = Field(default_factory=list)
+    failed_not_stored: int = 0
+    """Failed requests beyond the per-trial cap of stored rows (counted here, not stored one by one)."""
 
 
 class Integrity(Section):

@@ -247,10 +247,22 @@ def _failure_rule(run: TrialRun, setup: TrialSetup) -> None:
         run.status, run.error, run.crashed = "failed", f"{crash.failure_kind}: {crash.reason}", True
 
 
+FAILED_ROWS_STORED = 200
+"""Failed requests stored one row each per trial; beyond them only their count is kept
+(`requests.failed_not_stored`), while the whole-trial identity keeps every failure's partial
+tokens (`integrity.failed_partial_tokens`), so it can still be checked from the store."""
+
+
 def commit(store: Any, run_id: str, variant: str, start_id: int | None, key: Any, run: TrialRun) -> int:
     """Write the trial and everything it saw in one transaction."""
+    records = run.load.records
+    failed = [r for r in records if r.status != "ok"]
+    if len(failed) > FAILED_ROWS_STORED:
+        keep = {id(r) for r in failed[:FAILED_ROWS_STORED]}
+        records = [r for r in records if r.status == "ok" or id(r) in keep]
+        run.results.requests.failed_not_stored = len(failed) - FAILED_ROWS_STORED
     return int(store.commit_trial(run_id, variant, start_id, key, run.status, run.t0_wall, run.t0_mono, run.window,
-                                  run.t_end, run.results, run.load.records, run.scrapes,
+                                  run.t_end, run.results, records, run.scrapes,
                                   telemetry=run.telemetry_rows, error=run.error))
 
 
