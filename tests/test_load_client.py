@@ -532,9 +532,9 @@ def test_a_dead_server_ends_the_load_at_once_within_the_error_budget() -> None:
             return res, time.monotonic() - t0, loop.error_budget
 
     res, elapsed, budget = asyncio.run(go())
-    assert res.stopped_early is not None and "requests failed (error budget" in res.stopped_early
+    assert res.stopped_early is not None and "refused 4 connections in a row" in res.stopped_early
     assert "127.0.0.1:9" in res.stopped_early
-    assert budget <= len(res.records) <= budget + 4  # the other streams' requests in flight at the stop
+    assert 4 <= len(res.records) <= 4 + 4 < budget  # the other streams' requests in flight at the stop
     assert all(r.status == "error" for r in res.records)
     assert elapsed < 10.0, elapsed
     assert res.t_window_start is None and any("load ended early" in n for n in res.notes)
@@ -570,3 +570,20 @@ def test_a_dead_server_ends_an_open_loop_at_its_error_budget() -> None:
     res, elapsed = asyncio.run(go())
     assert res.stopped_early is not None and "error budget" in res.stopped_early
     assert len(res.records) < 400 and elapsed < 15.0, (len(res.records), elapsed)
+
+
+def test_a_server_rejecting_every_request_ends_the_load_at_its_error_budget() -> None:
+    """The server answers, but every request fails (HTTP 404 here): the load ends after its error
+    budget of failures, with the server's answer as the reason, well before its duration."""
+    async def go(server: StubServer):
+        async with StreamClient(ClientConfig(server.url, model="m")) as client:
+            client.url = server.url + "/v1/nowhere"
+            loop = ClosedLoop(client, Workload(WorkloadSpec(input_tokens=4, output_tokens=4), seed=0), 2,
+                              duration_s=60.0, settle_timeout_s=60.0)
+            t0 = time.monotonic()
+            return await loop.run(), time.monotonic() - t0, loop.error_budget
+
+    res, elapsed, budget = asyncio.run(with_stub(StubConfig(), go))
+    assert res.stopped_early is not None and "requests failed (error budget" in res.stopped_early
+    assert "HTTP 404" in res.stopped_early and budget <= len(res.records) <= budget + 2
+    assert elapsed < 20.0, elapsed

@@ -124,8 +124,10 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
         # in-window samples: the server's own running-requests gauge saw the intended concurrency
         assert phases.count("periodic") >= 1
         samples = r["server_samples"]
-        assert samples["n"] >= 3 and samples["running_min"]["value"] >= 1
-        assert 0.5 * t.concurrency <= samples["running_mean"]["value"] <= t.concurrency
+        # (a sample can fall between one request's end and the next one's scheduling: max, not min)
+        assert samples["n"] >= 3 and samples["running_max"]["value"] >= t.concurrency
+        # (the simulator reports a request in prefill as waiting: a few samples may read below N)
+        assert 0.25 * t.concurrency <= samples["running_mean"]["value"] <= t.concurrency
         # a clean simulated run: no validity flag on any figure
         assert t.results.flagged_figures() == [], t.results.flagged_figures()
         host = t.results.interference.host_other_cores  # the sim's process group is the server's
@@ -375,7 +377,14 @@ def test_sighup_inherited_as_ignored_stays_ignored(tmp_path):
 
 @pytest.mark.slow
 def test_a_server_dies_with_truthput_even_after_kill_9(tmp_path):
-    proc, db = _start_run(tmp_path, "kill9", 1)
+    """kill -9 of truthput mid-run with a pinned port: the server dies with it (parent-death signal),
+    the resume can bind the same port again, marks the dead start lost, measures the rest of that
+    round on a new server (a replicate of its own) and finishes."""
+    from truthput.engines.ports import free_port
+
+    port = free_port("127.0.0.1")
+    text = experiment_text(BASE_VARIANTS, concurrency=(1, 2), duration=0.8, starts=2, extra=f"port = {port}")
+    proc, db = _start_run(tmp_path, "kill9", 1, text=text)
     with sqlite3.connect(db) as c:
         pids = [r[0] for r in c.execute("SELECT pid FROM starts WHERE pid IS NOT NULL")]
     os.kill(proc.pid, signal.SIGKILL)
@@ -396,7 +405,22 @@ def test_a_server_dies_with_truthput_even_after_kill_9(tmp_path):
     store = Store(db, read_only=True)
     statuses = [s["status"] for s in store.starts(run_id)]
     assert "lost" in statuses and not {"starting", "ready"} & set(statuses)
-    assert len(store.trial_results(run_id)) >= kept and store.run(run_id)["status"] == "done"
+    trials = store.trial_results(run_id)
+    assert len(trials) >= kept and store.run(run_id)["status"] == "done"
+    assert "port_in_use" not in out.stderr and all(s["port"] == port for s in store.starts(run_id))
+    lost = {s["id"]: (s["variant"], s["start_index"]) for s in store.starts(run_id) if s["status"] == "lost"}
+    for t in trials:  # a trial belongs to the server it ran on; none of the resume's runs on a lost one
+        start = next(s for s in store.starts(run_id) if s["id"] == t.start_id)
+        assert (start["variant"], start["start_index"]) == (t.variant, t.start_index)
+    resumed = [t for t in trials if (t.variant, t.start_index) in lost.values() and t.start_id not in lost]
+    if resumed:  # the round's rest ran on a new server: the cell counts it as a replicate of its own
+        from truthput.analyze.cells import build_cells
+
+        cells = {c.key: c for c in build_cells(trials)}
+        t = resumed[0]
+        assert len(cells[(t.variant, t.concurrency)].per_start) == len({x.start_id for x in trials
+                                                                        if (x.variant, x.concurrency) ==
+                                                                        (t.variant, t.concurrency)})
 
 
 SAME_VARIANTS = """

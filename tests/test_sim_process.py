@@ -155,3 +155,42 @@ def test_sigterm_with_open_streams_exits_0_within_a_second():
         if proc.poll() is None:
             proc.kill()
     assert rc == 0 and took < 1.0
+
+
+def _outward_address() -> str | None:
+    """A non-loopback IPv4 address of this machine, if it has one."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET: nothing is sent, the kernel picks the route's source
+            addr = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if addr.startswith("127.") else addr
+
+
+@pytest.mark.parametrize("host", ["0", "0.0.0.0", "::"])
+def test_sim_serve_with_an_all_interfaces_host_listens_on_loopback_only(host):
+    """`--host 0` (or 0.0.0.0, ::) without --allow-remote: the simulator says so and listens on
+    127.0.0.1 only; the machine's outward address refuses the connection."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "truthput.sim", "serve", "--sim-gpu", "H100 SXM",
+                             "--sim-model", "llama-3.1-8b", "--sim-startup-s", "0", "--host", host, "--port",
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        up = False
+        while time.monotonic() < deadline and not up:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                up = True
+            except OSError:
+                time.sleep(0.1)
+        assert up, "the simulator never answered on 127.0.0.1"
+        outward = _outward_address()
+        if outward is not None:
+            with pytest.raises(OSError):
+                socket.create_connection((outward, port), timeout=2).close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    assert f"binding 127.0.0.1 instead of {host!r}" in out and "--allow-remote" in out

@@ -94,6 +94,17 @@ def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float |
     return sd, f"the start CV of {len(runs)} earlier run(s) here: {sd:.1%} ({df} df)"
 
 
+def checked_plan(exp, engine: str | None, path: Path):
+    """The plan, with a refusal naming the experiment file as well as the section or variant."""
+    from truthput.errors import SpecError
+    from truthput.runner import build_plan
+
+    try:
+        return build_plan(exp, engine)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+
+
 def stop_signals() -> list[int]:
     """The signals that stop a run: SIGTERM, and SIGHUP unless it was inherited as ignored (so
     `nohup truthput run ...` keeps running when its terminal closes)."""
@@ -154,9 +165,7 @@ def register(app: typer.Typer) -> None:
         if not resume and experiment is not None:
             # a bad file or an impossible plan fails before a store is created
             exp, text = load_experiment(experiment)
-            from truthput.runner import build_plan
-
-            build_plan(exp, engine)
+            checked_plan(exp, engine, experiment)
         elif resume and not store.exists():
             raise SpecError(f"--resume {resume}: no results store at {store}")
         db = Store(store)
@@ -234,11 +243,10 @@ def register(app: typer.Typer) -> None:
         from truthput.report.terminal import make_console
         from rich.table import Table
 
-        from truthput.runner import build_plan
         from truthput.spec.experiment import load_experiment
 
         exp, _ = load_experiment(experiment)
-        p = build_plan(exp, engine)
+        p = checked_plan(exp, engine, experiment)
         con = make_console()
         con.print(f"[bold]{exp.experiment.name}[/bold]: engine {p.engine}"
                   + (" (embedded simulator: every figure will be SIMULATED)" if p.engine == "sim" else ""))

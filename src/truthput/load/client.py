@@ -25,6 +25,10 @@ from truthput.load.chunks import MalformedChunk, decode_chunk
 from truthput.load.records import RequestRecord
 from truthput.load.sse import EventTooLarge, SSEParser, single_event_payload
 
+MAX_CHUNKS_PER_RESPONSE = 2_000_000
+"""Chunks one response may stream (about 130 MB of recorded times, counts and texts): far above any
+max_tokens, it bounds a server that streams forever."""
+
 _READ_BUFSIZE = 4 * 1024 * 1024  # long prompts / long chunks must not trip aiohttp's line limits
 _DONE = b"[DONE]"
 
@@ -349,6 +353,11 @@ class StreamClient:
                         texts_append(text or "")
                         if ct > last_ct:
                             last_ct = ct
+                if len(rec.chunk_times) > MAX_CHUNKS_PER_RESPONSE:  # once per read, not per chunk
+                    rec.status, rec.t_end = "error", t
+                    rec.error = (f"request {rec.idx}: more than {MAX_CHUNKS_PER_RESPONSE} chunks from {url}: "
+                                 "the response is cut here to bound the client's memory")
+                    return True
             rec.t_end = now()
             if not got_done:
                 for payload in parser.flush():

@@ -58,6 +58,11 @@ def _check_extent(what: str, duration_s: float | None, max_requests: int | None)
         raise SpecError(f"{what} max_requests {max_requests}: must be >= 1")
 
 
+def refused_connection(error: str | None) -> bool:
+    """Whether a request failed because nothing accepted the connection (aiohttp's wording)."""
+    return bool(error) and ("Cannot connect to host" in error or "Connection refused" in error)  # type: ignore[operator]
+
+
 ERROR_BUDGET_MIN = 20
 ERROR_BUDGET_PER_STREAM = 4
 
@@ -168,6 +173,14 @@ class ClosedLoop:
                 continue
             self._errors += 1
             self._consecutive += 1
+            refused = refused_connection(rec.error)
+            if refused and self._consecutive >= max(3, self.concurrency) and self.stopped_early is None:
+                # nothing listens any more: a dead server ends the load at once, no retry loop
+                self.stopped_early = (f"the server refused {self._consecutive} connections in a row (it is not "
+                                      f"listening: did it exit?); last: {rec.error}")
+                self._stop = True
+                self._abort.set()
+                return
             if self._errors >= self.error_budget and self._errors > self._ok and self.stopped_early is None:
                 self.stopped_early = (f"{self._errors} of {self._errors + self._ok} requests failed (error budget "
                                       f"{self.error_budget}); last: {rec.error}")
