@@ -188,13 +188,14 @@ class Store:
     def lock_run(self, run_id: str) -> Any:
         """Hold an exclusive lock on a run for this process's lifetime (or until the returned file
         is closed): a second truthput running or resuming the same run fails with one line instead
-        of both writing its trials."""
+        of both writing its trials. One lock file per store (`<store>.lock`), one byte per run in it."""
         import fcntl
+        import hashlib
 
-        path = f"{self.path}.{run_id}.lock"
-        handle = open(path, "a+")
+        handle = open(f"{self.path}.lock", "a+")
+        offset = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big")
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset, 0)
         except OSError:
             handle.close()
             raise StoreError(f"run {run_id} in {self.path} is being run or resumed by another truthput right now "
