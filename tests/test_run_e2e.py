@@ -322,6 +322,16 @@ guard_max_tokens = 8
     assert unit.get("Service", "Restart") == original.get("Service", "Restart")
 
 
+def _assert_interrupted_and_nothing_left(db, why: str) -> None:
+    """The stopped run is marked interrupted, and no server pid or port of it is left."""
+    store = Store(db, read_only=True)
+    run_id = store.resolve_run("latest")
+    assert store.run(run_id)["status"] == "interrupted"
+    starts = store.starts(run_id)
+    assert not _pids_alive([s["pid"] for s in starts if s["pid"]]), why
+    assert not any(_port_listening(s["port"]) for s in starts if s["port"])
+
+
 def _start_run(tmp_path, name: str, min_trials: int, preexec=None, text: str | None = None):
     """`truthput run` in a subprocess, returned once `min_trials` trials are committed (mid-run)."""
     exp = tmp_path / f"{name}.toml"
@@ -355,12 +365,7 @@ def test_sigterm_and_sighup_stop_the_servers_and_mark_the_run_interrupted(tmp_pa
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 128 + sig, out.decode()
     assert f"stopped by {sig.name}".encode() in out and b"--resume" in out
-    store = Store(db)
-    run_id = store.resolve_run("latest")
-    assert store.run(run_id)["status"] == "interrupted"
-    starts = store.starts(run_id)
-    assert not _pids_alive([s["pid"] for s in starts if s["pid"]]), "a server outlived the signal"
-    assert not any(_port_listening(s["port"]) for s in starts if s["port"])
+    _assert_interrupted_and_nothing_left(db, "a server outlived the signal")
 
 
 @pytest.mark.slow
@@ -562,12 +567,7 @@ def test_a_second_signal_during_teardown_kills_the_servers_and_still_records(tmp
     text = out.decode()
     assert proc.returncode == 128 + signal.SIGTERM, text[-2000:]
     assert "Traceback" not in text and "stopped by SIGTERM" in text and "--resume" in text
-    store = Store(db, read_only=True)
-    run_id = store.resolve_run("latest")
-    assert store.run(run_id)["status"] == "interrupted"
-    starts = store.starts(run_id)
-    assert not _pids_alive([s["pid"] for s in starts if s["pid"]]), "a server outlived two signals"
-    assert not any(_port_listening(s["port"]) for s in starts if s["port"])
+    _assert_interrupted_and_nothing_left(db, "a server outlived two signals")
 
 
 def test_a_leftover_server_is_stopped_only_when_it_is_the_recorded_process(tmp_path):

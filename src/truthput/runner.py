@@ -135,11 +135,8 @@ def max_num_seqs_warnings(exp: Experiment, plan: Plan) -> list[str]:
     for v in plan.variants:
         if v.argv.has("--max-num-seqs"):
             raw = v.argv.get("--max-num-seqs")
-            try:
-                cap = int(str(raw[-1] if isinstance(raw, list) else raw))
-            except ValueError:
-                continue
-            if top > cap:
+            cap = _whole_number(str(raw[-1] if isinstance(raw, list) else raw))
+            if cap is not None and top > cap:
                 out.append(f"{v.name}: concurrency {top} is above its --max-num-seqs {cap}: {top - cap} streams "
                            "will wait in the server's queue")
     return out

@@ -9,12 +9,12 @@ counted per start), else from a stated default; the effects are shown as a small
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from truthput.analyze.stats import shared_noise
 from truthput.analyze.stopping import StoppingRule, simulate_rule
 
 DEFAULT_START_CV = 0.10
@@ -32,15 +32,10 @@ class StoredNoise:
 
 
 def pooled_start_noise(cells: Iterable[Sequence[Sequence[float]]]) -> tuple[float, int] | None:
-    """(SD of per-start mean log values pooled over `cells`, its df) -- None without two starts anywhere."""
-    ss, df = 0.0, 0
-    for per_start in cells:
-        logs = [float(np.log(np.asarray(s, dtype=float)).mean()) for s in per_start if len(s)]
-        if len(logs) >= 2:
-            arr = np.asarray(logs)
-            ss += float(((arr - arr.mean()) ** 2).sum())
-            df += arr.size - 1
-    return (math.sqrt(ss / df), df) if df else None
+    """(SD of per-start mean log values pooled over `cells`, its df) -- None without two starts anywhere.
+    The verdict's own noise model (`shared_noise`), with the cells as its arms."""
+    noise = shared_noise([c for c in cells if len(c) >= 2])
+    return (float(noise.sd_log), noise.df) if noise.df and noise.sd_log is not None else None
 
 
 @dataclass(frozen=True)

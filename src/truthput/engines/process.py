@@ -45,13 +45,17 @@ def _kill_leftovers() -> None:
 atexit.register(_kill_leftovers)
 
 
+def _stat_fields(pid: int | str) -> list[bytes]:
+    """/proc/<pid>/stat after the "(comm)" field (index 0 = state, 1 = ppid, 19 = starttime)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
+
+
 def process_started_at(pid: int) -> float | None:
     """When process `pid` started (epoch seconds, from /proc), or None when it does not exist or
     /proc cannot say."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        ticks = int(fields[19])  # field 22 of stat: starttime, after the "(comm)" field
+        ticks = int(_stat_fields(pid)[19])
         with open("/proc/stat", "rb") as f:
             btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
         return btime + ticks / os.sysconf("SC_CLK_TCK")
@@ -119,8 +123,7 @@ def _children(pid: int) -> list[int]:
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            ppid = int(_stat_fields(name)[1])
         except (OSError, ValueError, IndexError):
             continue
         if ppid == pid:
