@@ -54,7 +54,7 @@ def test_scaled_run_ratio_equals_factor(db_a, tmp_path):
     b = _scaled_copy(db_a, tmp_path / "b.db", 1.25, drop_variant="spec1")
     res = compare_runs(Store(db_a), "latest", Store(b), "latest")
     assert len(res["rows"]) == 4  # spec1's cells exist only in A
-    assert sorted(map(tuple, res["only_a"])) == [("spec1", 1), ("spec1", 8)]
+    assert sorted(map(tuple, res["only_a"])) == [("spec1", "c=1"), ("spec1", "c=8")]
     same = compare_runs(Store(db_a), "latest", Store(db_a), "latest")
     width = {(r["variant"], r["concurrency"]): math.log(r["ratio"]["hi"] / r["ratio"]["lo"]) for r in same["rows"]}
     for r in res["rows"]:

@@ -40,7 +40,7 @@ def test_json_round_trip_equals_store(store, doc, tmp_path):
         r = rows[(c["variant"], c["concurrency"])]
         assert c["tokps"]["value"] == r.estimate.mean
         assert (c["tokps"]["lo"], c["tokps"]["hi"]) == (r.estimate.lo, r.estimate.hi)
-        comp = summary.comparison(r.variant, r.concurrency)
+        comp = summary.comparison(r.variant, r.level)
         if comp is not None:
             assert c["delta_pct"]["value"] == comp.estimate.pct
     # raw trials: every trial's counter figure, exactly as stored

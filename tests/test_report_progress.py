@@ -17,7 +17,7 @@ def test_plain_lines_count_trials_and_time_left():
 
     buf = io.StringIO()
     p = LiveProgress(console=Console(file=buf, width=200), live=False)
-    plan = types.SimpleNamespace(order=[("a", 0), ("b", 0)], concurrency=[1, 8], repeats=2, estimate_s=100.0)
+    plan = types.SimpleNamespace(order=[("a", 0), ("b", 0)], levels=[1, 8], repeats=2, estimate_s=100.0)
     p.set_plan(plan)
     assert p.state.total_trials == 8 and p.state.remaining_s == 100.0
     p.handle(StartLaunching("a", 0, "sim"))

@@ -181,7 +181,7 @@ def test_table_verdict_and_report_show_one_interval(store):
     for cv in summary.verdict.per_concurrency:
         for comp in cv.comparisons:
             e = comp.estimate
-            cell = next(c for c in doc["cells"] if c["variant"] == comp.variant and c["concurrency"] == cv.concurrency)
+            cell = next(c for c in doc["cells"] if c["variant"] == comp.variant and c["concurrency"] == cv.level)
             assert (cell["delta_pct"]["lo"], cell["delta_pct"]["hi"]) == pytest.approx((e.pct_lo, e.pct_hi))
             assert f"{e.pct:+.1f}% ({e.pct_lo:+.1f}..{e.pct_hi:+.1f})" in text
             assert comp.line in doc["verdict"]["lines"]
@@ -244,7 +244,7 @@ def test_audit_matrix_gives_each_cell_its_own_cause(store):
         if r.cause not in ("reference",) and r.error_pct_vs_counter is not None:
             assert f"{r.error_pct_vs_counter:+.1f}% {r.cause}" in text
     # the variant order of the throughput table, then concurrency
-    keys = list(dict.fromkeys((r.variant, r.concurrency) for r in rows))
+    keys = list(dict.fromkeys((r.variant, r.level) for r in rows))
     assert keys == [("base", 1), ("base", 4), ("spec1", 1), ("spec1", 4), ("nospec", 1), ("nospec", 4)]
 
 

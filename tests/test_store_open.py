@@ -87,3 +87,57 @@ def test_failed_requests_beyond_the_cap_are_counted_not_stored(tmp_path):
     assert sum(1 for r in rows if r["status"] != "ok") == FAILED_ROWS_STORED == 200
     (t,) = store.trial_results(run_id)
     assert t.results.requests.failed_not_stored == 300
+
+
+def _version_2_store(path) -> tuple[str, list[int]]:
+    """A store as truthput wrote it before trials had a rate column: made with this version, then
+    its trials table put back to the version 2 layout (same columns less `rate`, the old key)."""
+    import sqlite3
+    import time
+
+    from truthput.measure.model import LoadLevel, TrialResults
+    from truthput.store.db import TrialKey
+
+    s = Store(path)
+    run_id = s.create_run("old", "sim", True, None, "", 1, {"hostname": "h"})
+    ids = []
+    for k, level in enumerate((1, 4)):
+        ids.append(s.commit_trial(run_id, "v", None, TrialKey("v", 0, level, 0), "ok", time.time(), 0.0, (0.0, 1.0),
+                                  1.0, TrialResults(), [], []))
+    # an open-loop `truthput load` trial of version 2: concurrency held the in-flight cap, the rate
+    # was only in its results
+    res = TrialResults()
+    res.load = LoadLevel(mode="open", level=2.5, unit="req/s")
+    ids.append(s.commit_trial(run_id, "load", None, TrialKey("load", 0, 3, 7), "ok", time.time(), 0.0, (0.0, 1.0),
+                              1.0, res, [], []))
+    s.close()
+    con = sqlite3.connect(path)
+    cols = [r[1] for r in con.execute("PRAGMA table_info(trials)") if r[1] != "rate"]
+    con.executescript(f"""
+        CREATE TABLE trials_v2 AS SELECT {', '.join(cols)} FROM trials;
+        DROP TABLE trials;
+        ALTER TABLE trials_v2 RENAME TO trials;
+        CREATE UNIQUE INDEX trials_key ON trials(run_id, variant, start_index, concurrency, trial_index);
+        UPDATE meta SET value = '2' WHERE key = 'schema_version';
+    """)
+    con.commit()
+    con.close()
+    return run_id, ids
+
+
+def test_a_version_2_store_reads_as_it_is_and_gains_the_rate_column_when_written(tmp_path):
+    from truthput.spec.levels import Rate
+
+    db = tmp_path / "old.db"
+    run_id, ids = _version_2_store(db)
+    ro = Store(db, read_only=True)
+    levels = {t.id: t.level for t in ro.trial_results(run_id)}
+    ro.close()
+    assert levels == {ids[0]: 1, ids[1]: 4, ids[2]: Rate(2.5)}
+    rw = Store(db)
+    assert rw.schema_version == 3
+    trials = {t.id: t for t in rw.trial_results(run_id)}
+    assert {i: t.level for i, t in trials.items()} == levels  # the same trials, the same ids
+    assert trials[ids[2]].rate == 2.5 and trials[ids[2]].concurrency == 0
+    assert trials[ids[0]].rate is None
+    rw.close()

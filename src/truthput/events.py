@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Union
 
+from truthput.spec.levels import Level, level_label
+
 
 @dataclass(frozen=True)
 class RunStarted:
@@ -24,7 +26,7 @@ class RunStarted:
 
     def text(self) -> str:
         sim = " (SIMULATED)" if self.simulated else ""
-        head = f"run {self.run_id}: {self.variants} variants x {self.levels} concurrency levels, engine {self.engine}{sim}"
+        head = f"run {self.run_id}: {self.variants} variants x {self.levels} load levels, engine {self.engine}{sim}"
         if self.resumed:
             head += f"; resumed, {self.kept_trials} finished trial{'s' if self.kept_trials != 1 else ''} kept"
         return head
@@ -65,7 +67,8 @@ class StartFailed:
 class TrialDone:
     variant: str
     start_index: int
-    concurrency: int
+    level: Level
+    """Streams, or a `Rate` (open loop)."""
     trial_index: int
     tokps: float | None
     source: str
@@ -76,7 +79,7 @@ class TrialDone:
     def text(self) -> str:
         sim = ", simulated" if self.simulated else ""
         shown = f"{self.tokps:.1f} tok/s [{self.source}{sim}]" if self.tokps is not None else "no throughput figure"
-        return (f"{self.variant} start {self.start_index + 1} c={self.concurrency} trial {self.trial_index + 1}: "
+        return (f"{self.variant} start {self.start_index + 1} {level_label(self.level)} trial {self.trial_index + 1}: "
                 f"{shown} {self.status}")
 
 

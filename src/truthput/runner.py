@@ -32,6 +32,7 @@ from truthput.events import (
 from truthput.spec.argv import ServerArgv, argv_diff, speculative_settings, variant_argv
 from truthput.spec.engines import SIMULATED_KINDS, metric_family
 from truthput.spec.experiment import Experiment
+from truthput.spec.levels import Level, is_rate
 from truthput.store.db import Store, TrialKey
 
 SIMULATED_ENGINES = SIMULATED_KINDS
@@ -54,7 +55,8 @@ class Plan:
     engine: str
     variants: list[VariantPlan]
     order: list[tuple[str, int]]
-    concurrency: list[int]
+    levels: list[Level]
+    """Streams per closed-loop level, or a `Rate` per open-loop level."""
     repeats: int
     estimate_s: float
     max_estimate_s: float
@@ -130,7 +132,9 @@ INT_FLAGS = ("--max-num-seqs", "--max-model-len", "--max-num-batched-tokens", "-
 def max_num_seqs_warnings(exp: Experiment, plan: Plan) -> list[str]:
     """Concurrency levels above a variant's --max-num-seqs: the extra streams queue in the server
     (TTFT grows, tok/s does not), a legitimate experiment but one a user should see coming."""
-    out = []
+    out: list[str] = []
+    if exp.workload.mode == "open":
+        return out
     top = max(exp.workload.concurrency)
     for v in plan.variants:
         if v.argv.has("--max-num-seqs"):
@@ -177,6 +181,14 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     if kind == "sim":
         sim_requirements(exp)
     _check_names(exp, kind)
+    from truthput.engines.cpus import check_cores
+
+    check_cores(exp.server.cpus, "[server].cpus")
+    check_cores(exp.workload.client_cpus, "[workload].client_cpus")
+    if exp.server.cpus and exp.workload.client_cpus and set(exp.server.cpus) & set(exp.workload.client_cpus):
+        raise SpecError("[server].cpus and [workload].client_cpus share core(s) "
+                        f"{sorted(set(exp.server.cpus) & set(exp.workload.client_cpus))}: pinning is for keeping "
+                        "them apart")
     base = ServerArgv.parse(exp.server.command, engine=metric_family(kind))
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
@@ -196,10 +208,10 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     wl = exp.workload
     # a trial is its window plus ramp-up, drain and scrapes (~3 s); a start is load + readiness
     restart_s = {"sim": 1.5 + exp.sim.startup_s, "external": 0.0}.get(kind, 60.0)
-    cost = estimate_plan_time(len(variants), len(wl.concurrency), exp.measure.starts, exp.measure.repeats,
+    cost = estimate_plan_time(len(variants), len(wl.levels), exp.measure.starts, exp.measure.repeats,
                               restart_s=restart_s, trial_s=(wl.duration_s or 30.0) + 3.0, warmup_s=wl.warmup_s,
                               max_starts=exp.measure.planned_max_starts)
-    return Plan(engine=kind, variants=variants, order=order, concurrency=list(wl.concurrency),
+    return Plan(engine=kind, variants=variants, order=order, levels=wl.levels,
                 repeats=exp.measure.repeats, estimate_s=cost.total_s, max_estimate_s=cost.max_total_s)
 
 
@@ -289,17 +301,34 @@ def load_tokenizer(exp: Experiment):
     return None
 
 
-async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_index: int, concurrency: int,
+def _level_seed(level: Level, index: int) -> int:
+    """A seed part per level: the streams, or the level's place in the rate list."""
+    return index + 1_000 if is_rate(level) else int(level)
+
+
+async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_index: int, level: Level,
                      trial_index: int, tokenizer, lead_s: float = 0.0):
-    from truthput.load.schedule import ClosedLoop
+    from truthput.load.schedule import ClosedLoop, OpenLoop
+    from truthput.measure.model import LoadLevel
     from truthput.measure.names import metric_names
     from truthput.pipeline.trial import TrialSetup, commit, run_trial
 
     exp = ctx.exp
-    seed = exp.experiment.seed * 1_000_003 + start_index * 10_007 + concurrency * 101 + trial_index
+    wl = exp.workload
+    seed = (exp.experiment.seed * 1_000_003 + start_index * 10_007
+            + _level_seed(level, ctx.plan.levels.index(level)) * 101 + trial_index)
     workload = _workload(exp, seed, tokenizer)
-    loop = ClosedLoop(client, workload, concurrency, duration_s=exp.workload.duration_s,
-                      max_requests=exp.workload.requests, lead_s=lead_s)
+    loop: Any
+    if is_rate(level):
+        loop = OpenLoop(client, workload, float(level), wl.arrival, wl.max_in_flight, duration_s=wl.duration_s,
+                        max_requests=wl.requests, seed=seed, lead_s=lead_s)
+    else:
+        loop = ClosedLoop(client, workload, int(level), duration_s=wl.duration_s, max_requests=wl.requests,
+                          lead_s=lead_s)
+
+    def in_flight(result: Any) -> int:
+        # an open loop's streams are what the server made of the offered rate
+        return int(level) if not is_rate(level) else max(1, wl.max_in_flight or result.max_in_flight)
 
     def logs(t_from: float, t_to: float) -> list[tuple[float, str]]:
         return [(t, line) for (t, _s, line) in ctx.log_buffer if t_from <= t <= t_to]
@@ -309,8 +338,11 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
         engine=metric_family(ctx.plan.engine), speculative=vp.speculative, tokenizer=tokenizer,
         simulated=ctx.simulated, sample_gpu=not ctx.simulated, error_threshold=exp.measure.request_error_threshold,
         log_lines=logs, crashed=engine.crashed if hasattr(engine, "crashed") else None,
-        server_pgids={engine.pid} if getattr(engine, "pid", None) else set())
-    trial = await run_trial(setup, lambda ws, we: loop.run(on_window_start=ws, on_window_end=we), concurrency)
+        server_pgids={engine.pid} if getattr(engine, "pid", None) else set(), open_loop=is_rate(level))
+    trial = await run_trial(setup, lambda ws, we: loop.run(on_window_start=ws, on_window_end=we), in_flight)
+    if is_rate(level):
+        trial.results.load = LoadLevel(mode="open", level=float(level), unit="req/s", arrival=wl.arrival,
+                                       max_in_flight_seen=trial.load.max_in_flight)
     if exp.slo is not None and (exp.slo.ttft_ms or exp.slo.itl_ms):
         from truthput.load.goodput import SLO, goodput
         from truthput.measure.model import Goodput
@@ -320,18 +352,23 @@ async def _run_trial(ctx: RunContext, engine, client, vp: VariantPlan, start_ind
             trial.load.records, SLO(ttft_ms=exp.slo.ttft_ms, itl_ms=exp.slo.itl_ms),
             (start, end) if start is not None and end is not None else None))
     _flush_logs(ctx)
-    commit(ctx.store, ctx.run_id, vp.name, ctx.start_id, TrialKey(vp.name, start_index, concurrency, trial_index),
-           trial)
+    commit(ctx.store, ctx.run_id, vp.name, ctx.start_id, TrialKey(vp.name, start_index, level, trial_index), trial)
     return trial
 
 
-async def _warmup(ctx: RunContext, client, concurrency: int, tokenizer) -> None:
-    from truthput.load.schedule import ClosedLoop
+async def _warmup(ctx: RunContext, client, level: Level, tokenizer) -> None:
+    from truthput.load.schedule import ClosedLoop, OpenLoop
 
-    if ctx.exp.workload.warmup_s <= 0:
+    wl = ctx.exp.workload
+    if wl.warmup_s <= 0:
         return
-    workload = _workload(ctx.exp, 999_999 + concurrency, tokenizer)
-    loop = ClosedLoop(client, workload, concurrency, duration_s=ctx.exp.workload.warmup_s, drain=False)
+    workload = _workload(ctx.exp, 999_999 + _level_seed(level, ctx.plan.levels.index(level)), tokenizer)
+    loop: Any
+    if is_rate(level):
+        loop = OpenLoop(client, workload, float(level), wl.arrival, wl.max_in_flight, duration_s=wl.warmup_s,
+                        seed=999_999)
+    else:
+        loop = ClosedLoop(client, workload, int(level), duration_s=wl.warmup_s, drain=False)
     await loop.run()
 
 
@@ -381,7 +418,7 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
     from truthput.load.client import ClientConfig, StreamClient
 
     exp, store = ctx.exp, ctx.store
-    todo = [(c, t) for c in ctx.plan.concurrency for t in range(ctx.plan.repeats)
+    todo = [(c, t) for c in ctx.plan.levels for t in range(ctx.plan.repeats)
             if TrialKey(vp.name, start_index, c, t) not in done]
     need_guard = exp.measure.output_guard and vp.name not in ctx.guard_texts
     if not todo and not need_guard:
@@ -416,15 +453,17 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
             ctx.simulated = True
             store.mark_simulated(ctx.run_id)
             ctx.emit(Note("the server reports itself as the truthput SIMULATOR: figures are simulated", "warning"))
+        info = dict(outcome.info or {})
+        if exp.server.cpus or exp.workload.client_cpus:
+            info["cpus"] = {"server": getattr(engine, "cpus", None), "client": exp.workload.client_cpus}
         store.update_start(ctx.start_id, status="ready", ready_s=outcome.ready_s, pid=outcome.pid,
-                           engine_version=await _engine_version(ctx.plan.engine, launched),
-                           info_json=outcome.info or {})
+                           engine_version=await _engine_version(ctx.plan.engine, launched), info_json=info)
         ctx.emit(StartReady(vp.name, start_index, outcome.ready_s))
         wl = exp.workload
         cfg = ClientConfig(base_url=engine.base_url, endpoint=wl.endpoint, model=wl.model, api_key_env=wl.api_key_env)
         async with StreamClient(cfg) as client:
             await client.resolve_model()
-            for c in ctx.plan.concurrency:
+            for c in ctx.plan.levels:
                 trials = [t for (cc, t) in todo if cc == c]
                 if not trials:
                     continue
@@ -513,6 +552,9 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
         store.set_run_status(run_id, "running")
         store.event(run_id, "resumed", "run resumed")
     plan = build_plan(exp, engine)
+    from truthput.engines.cpus import cpu_string, pin_client, unpin_client
+
+    pinned = pin_client(exp.workload.client_cpus)
     if resume:
         _stop_leftovers(store, run_id, emit)
     if hasattr(progress, "set_plan"):
@@ -530,8 +572,13 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
         prev = store.run(run_id)["summary_json"]
         if prev:
             ctx.guard_texts = json.loads(prev).get("guard_texts") or {}
+    if pinned or exp.server.cpus:
+        where = (f"client on core(s) {cpu_string(pinned) if pinned else 'any'}, servers on "
+                 f"{cpu_string(exp.server.cpus) if exp.server.cpus else 'all of the host'}")
+        store.event(run_id, "pinning", where)
+        emit(Note(f"CPU pinning: {where}"))
     done = store.done_trials(run_id)
-    emit(RunStarted(run_id, len(plan.variants), len(plan.concurrency), plan.engine,
+    emit(RunStarted(run_id, len(plan.variants), len(plan.levels), plan.engine,
                     plan.engine in SIMULATED_ENGINES, resumed=bool(resume), kept_trials=len(done)))
     tokenizer = load_tokenizer(exp)
     status = "failed"
@@ -557,6 +604,8 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
             store.set_run_status(run_id, status, summary)
         finally:
             run_lock.close()
+            if pinned:
+                unpin_client()
     return run_id
 
 

@@ -34,15 +34,22 @@ def toml_str(s: str) -> str:
 
 def experiment_toml(name: str, model: Path, env: dict[str, str], variants: list[tuple[str, dict]],
                     concurrency: list[int], duration_s: float,
-                    measure: str = "starts = 1\nsequential = false", output_tokens: int = 64) -> str:
+                    measure: str = "starts = 1\nsequential = false", output_tokens: int = 64,
+                    pin: bool = False) -> str:
+    """`pin`: the server on the host's last core, the client on the others (where there are two)."""
     command = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--max-model-len", "1024", "--dtype", "bfloat16", "--enforce-eager"]
     lines = [
         "[experiment]", f"name = {toml_str(name)}", f"baseline = {toml_str(variants[0][0])}", "seed = 1", "",
         "[server]", 'engine = "vllm"', f"command = [{', '.join(toml_str(a) for a in command)}]",
         "env = { " + ", ".join(f"{k} = {toml_str(v)}" for k, v in env.items()) + " }",
-        "ready_timeout_s = 240", "stop_grace_s = 15", "",
+        "ready_timeout_s = 240", "stop_grace_s = 15",
     ]
+    cores = sorted(os.sched_getaffinity(0))
+    pinned = pin and len(cores) >= 2
+    if pinned:
+        lines.append(f"cpus = [{cores[-1]}]")
+    lines.append("")
     for vname, sets in variants:
         lines += ["[[variant]]", f"name = {toml_str(vname)}"]
         if sets:
@@ -50,7 +57,8 @@ def experiment_toml(name: str, model: Path, env: dict[str, str], variants: list[
         lines.append("")
     lines += ["[workload]", f"concurrency = {json.dumps(concurrency)}", f"duration_s = {duration_s}",
               "warmup_s = 0.5", 'endpoint = "completions"', "input_tokens = 64", f"output_tokens = {output_tokens}",
-              "ignore_eos = true", "", "[measure]", measure, "repeats = 1", "output_guard = false", ""]
+              "ignore_eos = true", *([f"client_cpus = {json.dumps(cores[:-1])}"] if pinned else []), "",
+              "[measure]", measure, "repeats = 1", "output_guard = false", ""]
     return "\n".join(lines)
 
 
@@ -283,7 +291,7 @@ def test_sequential_rule_on_real_vllm_stops_within_max_starts_and_says_why(tiny_
     costs. Runtime: 12 vLLM starts at ~20-50 s each on 2 cores, about 9 minutes."""
     exp = tmp_path / "seq.toml"
     exp.write_text(experiment_toml("real-vllm-sequential", tiny_model, vllm_env, [("nospec", {}), ("ngram", NGRAM)],
-                                   [4], 3.0, measure="starts = 3\nmax_starts = 6", output_tokens=192))
+                                   [4], 3.0, measure="starts = 3\nmax_starts = 6", output_tokens=192, pin=True))
     db_path = tmp_path / "seq.db"
     t0 = time.monotonic()
     proc = subprocess.run([*truthput_argv, "run", str(exp), "--store", str(db_path), "--reports", str(tmp_path / "r")],

@@ -17,6 +17,7 @@ from typing import Any
 
 from truthput.analyze.cells import TrialLike
 from truthput.measure.model import Check, MethodRow, TrialResults
+from truthput.spec.levels import Level, level_cell, level_header, level_json, level_of
 
 CAUSE_ORDER = ("reference", "agrees", "unit", "window", "definition", "missing data")
 
@@ -24,7 +25,7 @@ CAUSE_ORDER = ("reference", "agrees", "unit", "window", "definition", "missing d
 @dataclass
 class AuditRow:
     variant: str
-    concurrency: int
+    level: Level
     method: str
     tokps: float | None
     error_pct_vs_counter: float | None
@@ -39,13 +40,15 @@ class AuditRow:
     """Validity flag codes on this method's figure in any of the cell's trials."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        doc = dataclasses.asdict(self)
+        doc.pop("level")
+        return {"variant": self.variant, **level_json(self.level), **doc}
 
 
 @dataclass
 class IntegrityRow:
     variant: str
-    concurrency: int
+    level: Level
     trials: int
     identity_held: int
     identity_failed: list[str] = field(default_factory=list)
@@ -54,20 +57,22 @@ class IntegrityRow:
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        doc = dataclasses.asdict(self)
+        doc.pop("level")
+        return {"variant": self.variant, **level_json(self.level), **doc}
 
 
-def group_trials(items: Iterable[TrialLike]) -> dict[tuple[str, int], list[TrialResults]]:
-    """Ok trials' results with method rows, grouped by (variant, concurrency), in first-seen order."""
-    groups: dict[tuple[str, int], list[TrialResults]] = defaultdict(list)
+def group_trials(items: Iterable[TrialLike]) -> dict[tuple[str, Level], list[TrialResults]]:
+    """Ok trials' results with method rows, grouped by (variant, level), in first-seen order."""
+    groups: dict[tuple[str, Level], list[TrialResults]] = defaultdict(list)
     for t in items:
         if t.status != "ok" or not t.results.methods:
             continue
-        groups[(t.variant, t.concurrency)].append(t.results)
+        groups[(t.variant, level_of(t))].append(t.results)
     return dict(groups)
 
 
-def _ordered(groups: dict[tuple[str, int], list[TrialResults]]) -> list[tuple[str, int]]:
+def _ordered(groups: dict[tuple[str, Level], list[TrialResults]]) -> list[tuple[str, Level]]:
     variants = list(dict.fromkeys(v for v, _c in groups))
     return sorted(groups, key=lambda k: (variants.index(k[0]), k[1]))
 
@@ -88,7 +93,7 @@ def audit_rows(trials: Sequence[TrialLike], simulated: bool = False) -> list[Aud
             causes = Counter(r.cause for r in rs)
             notes = [r.note for r in rs if r.note]
             rows.append(AuditRow(
-                variant=variant, concurrency=conc, method=method,
+                variant=variant, level=conc, method=method,
                 tokps=mean(vals) if vals else None, error_pct_vs_counter=mean(errs) if errs else None,
                 cause=causes.most_common(1)[0][0], causes=dict(causes),
                 source="simulator" if simulated else rs[0].source, measured_source=rs[0].source,
@@ -110,7 +115,7 @@ def integrity_rows(trials: Sequence[TrialLike]) -> list[IntegrityRow]:
                 if interval is not None:
                     checks.extend(interval.checks.values())
         rows.append(IntegrityRow(
-            variant=key[0], concurrency=key[1], trials=len(results),
+            variant=key[0], level=key[1], trials=len(results),
             identity_held=sum(1 for r in results if r.integrity.holds is True),
             identity_failed=[r.integrity.message for r in results if r.integrity.holds is False],
             identity_unchecked=sum(1 for r in results if r.integrity.holds is None),
@@ -126,12 +131,13 @@ def render_audit(rows: list[AuditRow], title: str, simulated: bool = False) -> A
     from rich.text import Text
 
     table = Table(title=Text(title), show_lines=False)
-    for col in ("variant", "conc", "method", "tok/s", "vs counter", "cause", "trials"):
-        table.add_column(col, justify="right" if col in ("conc", "tok/s", "vs counter", "trials") else "left")
+    header = level_header(r.level for r in rows)
+    for col in ("variant", header, "method", "tok/s", "vs counter", "cause", "trials"):
+        table.add_column(col, justify="right" if col in (header, "tok/s", "vs counter", "trials") else "left")
     tag = " (simulated)" if simulated else ""
-    prev: tuple[str, int] | None = None
+    prev: tuple[str, Level] | None = None
     for r in rows:
-        key = (r.variant, r.concurrency)
+        key = (r.variant, r.level)
         if prev is not None and key != prev:
             table.add_section()
         prev = key
@@ -141,5 +147,5 @@ def render_audit(rows: list[AuditRow], title: str, simulated: bool = False) -> A
         cause = Text(r.cause, style=style)
         if r.flags:
             cause.append(" !" + ",".join(r.flags), style="bold red")
-        table.add_row(Text(r.variant), str(r.concurrency), Text(r.method), tok, err, cause, str(r.n_trials))
+        table.add_row(Text(r.variant), level_cell(r.level), Text(r.method), tok, err, cause, str(r.n_trials))
     return table

@@ -1,6 +1,6 @@
 """Trials -> cells: the one place that decides a trial's headline figure and a cell's figures.
 
-A cell is one variant at one concurrency level; its replicates are server starts (the unit of
+A cell is one variant at one load level (streams, or an offered rate); its replicates are server starts (the unit of
 replication), each holding one or more trials. Every view (run and `load` tables, verdict,
 audit, claims, compare, HTML, markdown, CSV, JSON) renders cells built here, so they cannot
 disagree about which figure a cell is judged by or where it came from.
@@ -15,6 +15,7 @@ from typing import Protocol
 
 from truthput.analyze.stats import CellEstimate, cell_estimate, noise_warnings
 from truthput.measure.model import Figure, TrialResults
+from truthput.spec.levels import Level, is_rate, level_label, level_of
 
 HEADLINE_SOURCES = {"server_counter": "server counter", "usage": "usage placed in time"}
 
@@ -55,7 +56,8 @@ def trial_warnings(trial: TrialLike) -> list[str]:
     out = []
     client = trial.results.client
     if client.never_settled:
-        out.append(f"the {trial.concurrency} streams never all generated at once (no steady state)")
+        out.append(f"the {trial.concurrency} streams never all generated at once (no steady state)"
+                   if not is_rate(level_of(trial)) else "the load never reached a steady state (no window)")
     check = client.selfcheck
     if check is not None and check.client_bound:
         out.append(f"client-bound ({check.reason}): the load generator may have distorted it")
@@ -91,10 +93,11 @@ def _collect(flags: list[CellFlag], figure: str, fig: Figure | None, of: int) ->
 
 @dataclass
 class Cell:
-    """One variant at one concurrency: the headline figures of its trials, grouped by server start."""
+    """One variant at one load level: the headline figures of its trials, grouped by server start."""
 
     variant: str
-    concurrency: int
+    level: Level
+    """Streams (closed loop) or a `Rate` (open loop)."""
     baseline: bool
     status: str
     """"ok", "failed: <class>: <reason>" or "no data"."""
@@ -127,8 +130,19 @@ class Cell:
         return self.status == "ok" and self.estimate is not None
 
     @property
-    def key(self) -> tuple[str, int]:
-        return (self.variant, self.concurrency)
+    def key(self) -> tuple[str, Level]:
+        return (self.variant, self.level)
+
+    @property
+    def label(self) -> str:
+        """"c=4" or "2 req/s"."""
+        return level_label(self.level)
+
+    @property
+    def concurrency(self) -> int | None:
+        """The closed loop's streams; None for an open loop (its in-flight count is what the
+        server made of the offered rate, not a setting)."""
+        return None if is_rate(self.level) else int(self.level)
 
     @property
     def source(self) -> str:
@@ -196,21 +210,21 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
     """
     failed = failed or {}
     names = list(variants) if variants is not None else list(dict.fromkeys(t.variant for t in trials))
-    levels = sorted({t.concurrency for t in trials})
-    by_key: dict[tuple[str, int], list[TrialLike]] = {}
+    levels = sorted({level_of(t) for t in trials})
+    by_key: dict[tuple[str, Level], list[TrialLike]] = {}
     for t in trials:
-        by_key.setdefault((t.variant, t.concurrency), []).append(t)
+        by_key.setdefault((t.variant, level_of(t)), []).append(t)
     cells = []
     for v in names:
         for c in levels:
             ts = sorted(by_key.get((v, c), []), key=lambda t: (t.start_index, t.trial_index))
-            cell = Cell(variant=v, concurrency=c, baseline=v == baseline, status="no data", trials=list(ts))
+            cell = Cell(variant=v, level=c, baseline=v == baseline, status="no data", trials=list(ts))
             # one replicate per server process: a start resumed after truthput died is a new server
             # (a new start_id) in the same round (start_index)
             starts: dict[tuple[int, int], list[float]] = {}
             sources: list[str] = []
             for t in ts:
-                cell.warnings.extend(f"{v} c={c} start {t.start_index + 1} trial {t.trial_index + 1}: {w}"
+                cell.warnings.extend(f"{v} {level_label(c)} start {t.start_index + 1} trial {t.trial_index + 1}: {w}"
                                      for w in trial_warnings(t))
                 if t.status != "ok":
                     continue
@@ -245,14 +259,14 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
     return cells
 
 
-def cell_groups(cells: Iterable[Cell]) -> dict[tuple[str, int], list[list[float]]]:
-    """(variant, concurrency) -> per-start headline tok/s, for the statistics."""
+def cell_groups(cells: Iterable[Cell]) -> dict[tuple[str, Level], list[list[float]]]:
+    """(variant, level) -> per-start headline tok/s, for the statistics."""
     return {c.key: c.per_start for c in cells if c.per_start}
 
 
-def metric_groups(cells: Iterable[Cell], metric: str) -> tuple[dict[tuple[str, int], list[list[float]]],
-                                                               dict[tuple[str, int], list[int]]]:
-    """(variant, concurrency) -> per-start values of `metric`, and -> their rounds."""
+def metric_groups(cells: Iterable[Cell], metric: str) -> tuple[dict[tuple[str, Level], list[list[float]]],
+                                                               dict[tuple[str, Level], list[int]]]:
+    """(variant, level) -> per-start values of `metric`, and -> their rounds."""
     values, rounds = {}, {}
     for c in cells:
         vals, ids = c.series(metric)

@@ -20,6 +20,7 @@ from typing import Any
 from truthput.analyze.audit import group_trials
 from truthput.analyze.cells import TrialLike, headline
 from truthput.spec.claims import Claim
+from truthput.spec.levels import Level, level_value
 
 NOISE_FLOOR_PCT = 3.0  # below this a difference vs the counter is noise even with one trial
 WORDS_PER_TOKEN = 0.75  # English prose, typical BPE tokenizers
@@ -56,10 +57,11 @@ class ClaimResult:
 
 @dataclass
 class _Cell:
-    """Pooled trials of one variant x concurrency."""
+    """Pooled trials of one variant x load level."""
 
     variant: str
-    concurrency: int
+    concurrency: Level
+    """Streams; a `Rate` for an open loop (never equal to a claim's concurrency)."""
     spec_tokens: int
     counter: float | None
     counter_cv_pct: float
@@ -279,7 +281,7 @@ def _check_throughput(claim: Claim, cells: list[_Cell], bounds: dict[str, Any]) 
     m = matches[0]
     err = _pct(value, m.counter)
     noise = max(NOISE_FLOOR_PCT, 2 * m.counter_cv_pct)
-    measured = {"counter_tps": m.counter, "variant": m.variant, "concurrency": m.concurrency,
+    measured = {"counter_tps": m.counter, "variant": m.variant, "concurrency": level_value(m.concurrency),
                 "error_pct_vs_counter": err, "noise_pct": noise, "source": "server_counter" + _tag(m)}
     if abs(err) <= noise:
         return ClaimResult(claim.text, "plausible",

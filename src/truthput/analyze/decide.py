@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from truthput.analyze.stats import RatioEstimate, at_level, difference_p, equivalence_p
 from truthput.errors import SpecError
 from truthput.spec.experiment import VERDICT_METRICS
+from truthput.spec.levels import Level
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ def metric(key: str) -> MetricSpec:
 @dataclass(frozen=True)
 class ComparisonKey:
     metric: str
-    level: int
+    level: Level
+    """Streams, or a `Rate` (-1 where the cells are keyed by variant alone)."""
     variant: str
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from truthput.errors import SpecError
+from truthput.text import plural
 
 
 def interleaved_order(
@@ -50,7 +51,7 @@ class PlanTime:
 
     def line(self) -> str:
         return (
-            f"{self.n_server_starts} server starts, {self.n_trials} trials: ~{self.total_s / 60:.1f} min "
+            f"{plural(self.n_server_starts, 'server start')}, {plural(self.n_trials, 'trial')}: ~{self.total_s / 60:.1f} min "
             f"({self.restart_s / 60:.1f} min restarts + {self.trials_s / 60:.1f} min trials); "
             f"up to {self.max_total_s / 60:.1f} min at max starts (estimate from the given timings)"
         )

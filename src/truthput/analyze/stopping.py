@@ -30,6 +30,7 @@ import numpy as np
 from truthput.analyze.decide import ComparisonKey, Decision, decide_family
 from truthput.analyze.stats import RatioEstimate, clean_starts, ratio_estimate, shared_noise, start_log_means
 from truthput.errors import MeasurementError, SpecError
+from truthput.spec.levels import Level, level_label
 
 SPENDING_FUNCTIONS = ("linear", "pocock", "obrien-fleming")
 
@@ -58,14 +59,14 @@ class StopDecision:
     decisions: dict[str, Decision] = field(default_factory=dict)
 
 
-def _cell_key(key: Hashable) -> tuple[str, int | None]:
+def _cell_key(key: Hashable) -> tuple[str, Level | None]:
     if isinstance(key, tuple) and len(key) == 2:
         return str(key[0]), key[1]
     return str(key), None
 
 
-def comparison_label(variant: str, concurrency: int | None) -> str:
-    return variant if concurrency is None else f"{variant}@c={concurrency}"
+def comparison_label(variant: str, level: Level | None) -> str:
+    return variant if level is None else f"{variant}@{level_label(level)}"
 
 
 def family_estimates(
@@ -73,7 +74,7 @@ def family_estimates(
 ) -> dict[ComparisonKey, RatioEstimate]:
     """Each variant against `baseline` at each level of `cells` (keyed by variant or
     (variant, level)), with the level's shared noise model; raw estimates for `decide_family`."""
-    groups: dict[int | None, dict[str, Hashable]] = {}
+    groups: dict[Level | None, dict[str, Hashable]] = {}
     for key, data in cells.items():
         variant, conc = _cell_key(key)
         if clean_starts(data):
@@ -81,7 +82,7 @@ def family_estimates(
     out: dict[ComparisonKey, RatioEstimate] = {}
     for conc, by_variant in groups.items():
         if baseline not in by_variant:
-            where = "" if conc is None else f" at c={conc}"
+            where = "" if conc is None else f" at {level_label(conc)}"
             raise MeasurementError(f"stopping rule: baseline {baseline!r} has no cell{where}: nothing to compare with")
         names = [baseline, *[v for v in by_variant if v != baseline]]
         keys = [by_variant[v] for v in names]
@@ -366,7 +367,7 @@ def fixed_design_starts(
 ) -> int:
     """Starts per variant a fixed design would have needed for the same precision on every
     comparison, using the observed between-start SDs (for reporting server time saved)."""
-    groups: dict[int | None, dict[str, Sequence[Sequence[float]]]] = {}
+    groups: dict[Level | None, dict[str, Sequence[Sequence[float]]]] = {}
     for key, data in cells.items():
         variant, conc = _cell_key(key)
         groups.setdefault(conc, {})[variant] = data

@@ -18,6 +18,7 @@ from truthput.analyze.guard import GuardResult, compare_outputs
 from truthput.analyze.stopping import StoppingRule
 from truthput.analyze.verdict import ComparisonVerdict, Verdict, make_verdict
 from truthput.spec.experiment import MeasureSection
+from truthput.spec.levels import Level
 
 
 @dataclass
@@ -29,16 +30,16 @@ class RunSummary:
     guard_texts: dict[str, list[str]] = field(default_factory=dict)
     stopping: dict[str, Any] | None = None
 
-    def comparison(self, variant: str, concurrency: int) -> ComparisonVerdict | None:
-        """The verdict's comparison of `variant` with the baseline at `concurrency`."""
+    def comparison(self, variant: str, level: Level) -> ComparisonVerdict | None:
+        """The verdict's comparison of `variant` with the baseline at `level`."""
         for cv in self.verdict.per_concurrency:
-            if cv.concurrency == concurrency and cv.metric == "tok/s":
+            if cv.level == level and cv.metric == "tok/s":
                 return next((c for c in cv.comparisons if c.variant == variant), None)
         return None
 
     def flag_lines(self) -> list[str]:
         """One line per validity flag on a cell's figures: where, which figure, why, how often."""
-        return [f"{c.variant} c={c.concurrency}: {f.text()}" for c in self.cells for f in c.flags]
+        return [f"{c.variant} {c.label}: {f.text()}" for c in self.cells for f in c.flags]
 
     def warnings(self) -> list[str]:
         """Every trial warning of the run (each names its trial)."""
@@ -59,9 +60,9 @@ def _mark_flagged(verdict: Verdict, cells: list[Cell], baseline: str) -> None:
             continue
         for comp in cv.comparisons:
             for name in (comp.variant, baseline):
-                cell = by_key.get((name, cv.concurrency))
+                cell = by_key.get((name, cv.level))
                 if cell is not None:
-                    comp.flagged += [f"{name} c={cv.concurrency}: {f.code}" for f in cell.flags_on("tok/s")]
+                    comp.flagged += [f"{name} {cv.label}: {f.code}" for f in cell.flags_on("tok/s")]
             if comp.flagged:
                 old = comp.line
                 comp.line += f"; rests on flagged figures ({', '.join(dict.fromkeys(comp.flagged))}: see the flags)"
@@ -106,7 +107,7 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
                 stopping["fixed_design_note"] = str(exc)
     verdict = make_verdict(values, baseline, failed=failed, guard=guard, confidence=m.confidence,
                            simulated=simulated, stopping_rule=rule, look=look, min_effect=m.min_effect_rel,
-                           rounds=rounds, metrics=extra)
+                           rounds=rounds, metrics=extra, decide_throughput="tok/s" in m.verdicts)
     _mark_flagged(verdict, cells, baseline)
     return RunSummary(cells=cells, verdict=verdict, failed=failed, guard=guard, guard_texts=texts,
                       stopping=stopping)

@@ -1,4 +1,4 @@
-"""The verdict: per concurrency, which variant (if any) beats the baseline, in plain text.
+"""The verdict: per load level, which variant (if any) beats the baseline, in plain text.
 
 Rules (why they exist):
 - every comparison of the run (each variant against the baseline, at each level, on each verdict
@@ -23,11 +23,13 @@ from truthput.analyze.decide import ComparisonKey, Decision, decide_family, metr
 from truthput.analyze.guard import GuardResult
 from truthput.analyze.stats import RatioEstimate, cell_estimate, clean_starts, ratio_estimate, shared_noise
 from truthput.analyze.stopping import StoppingRule
+from truthput.spec.levels import Level, level_json, level_label
+from truthput.text import plural
 
 
 @dataclass
 class ComparisonVerdict:
-    """One variant against the baseline at one concurrency."""
+    """One variant against the baseline at one load level."""
 
     variant: str
     outcome: str
@@ -58,7 +60,8 @@ class ComparisonVerdict:
 class ConcurrencyVerdict:
     """The comparisons at one level on one metric."""
 
-    concurrency: int
+    level: Level
+    """Streams (closed loop) or a `Rate` (open loop)."""
     baseline: str
     baseline_mean: float | None
     comparisons: list[ComparisonVerdict]
@@ -68,6 +71,10 @@ class ConcurrencyVerdict:
     lines: list[str]
     metric: str = "tok/s"
     noise: str = ""
+
+    @property
+    def label(self) -> str:
+        return level_label(self.level)
 
 
 @dataclass
@@ -93,7 +100,11 @@ class Verdict:
                 return [clean(v) for v in x]
             return x
 
-        return clean(asdict(self))
+        doc = clean(asdict(self))
+        for cv, out in zip(self.per_concurrency, doc["per_concurrency"]):
+            out.pop("level", None)
+            out.update(level_json(cv.level))
+        return doc
 
     def comparisons(self) -> list[ComparisonVerdict]:
         return [c for cv in self.per_concurrency for c in cv.comparisons]
@@ -128,7 +139,8 @@ def _change(e: RatioEstimate, up: str, down: str) -> tuple[str, str]:
 
 def _counts(e: RatioEstimate) -> str:
     def arm(s: int, t: int) -> str:
-        return f"{s} starts x {t // s} trials" if s and t % s == 0 else f"{s} starts, {t} trials"
+        return (f"{plural(s, 'start')} x {plural(t // s, 'trial')}" if s and t % s == 0
+                else f"{plural(s, 'start')}, {plural(t, 'trial')}")
 
     v = arm(e.n_starts_variant, e.n_trials_variant)
     b = arm(e.n_starts_baseline, e.n_trials_baseline)
@@ -144,8 +156,8 @@ def _adjustments(family: int, sequential: bool) -> str:
     return "".join(f", {a}" for a in adj)
 
 
-Cells = Mapping[tuple[str, int], Sequence[Sequence[float]]]
-Rounds = Mapping[tuple[str, int], Sequence[int]]
+Cells = Mapping[tuple[str, Level], Sequence[Sequence[float]]]
+Rounds = Mapping[tuple[str, Level], Sequence[int]]
 
 
 def make_verdict(
@@ -161,12 +173,14 @@ def make_verdict(
     min_effect: float = 0.02,
     rounds: Rounds | None = None,
     metrics: Mapping[str, tuple[Cells, Rounds | None]] | None = None,
+    decide_throughput: bool = True,
 ) -> Verdict:
     """Build the verdict from per-cell per-start values.
 
-    ``cells[(variant, concurrency)]`` = per-start lists of trial tok/s; ``rounds`` the round of
+    ``cells[(variant, level)]`` = per-start lists of trial tok/s; ``rounds`` the round of
     each of those starts (for pairing in time); ``metrics`` more verdict metrics, each with its
-    own cells and rounds. ``failed`` maps a variant to why it produced nothing.
+    own cells and rounds; ``decide_throughput=False`` leaves tok/s out of the family (an open loop
+    at a set rate, where tok/s follows the offered rate). ``failed`` maps a variant to why it produced nothing.
     ``guard[variant]`` is that variant's output comparison with the baseline. With
     ``stopping_rule`` the family's error is the look's share (the look = ``look`` or the largest
     number of starts in any cell), so ``confidence`` is then the rule's 1 - alpha.
@@ -183,20 +197,26 @@ def make_verdict(
         alpha = stopping_rule.look_alpha(stopping_rule.clamp(look))
     else:
         alpha = 1.0 - confidence
-    by_metric: dict[str, tuple[Cells, Rounds | None]] = {"tok/s": (cells, rounds), **dict(metrics or {})}
+    by_metric: dict[str, tuple[Cells, Rounds | None]] = {
+        **({"tok/s": (cells, rounds)} if decide_throughput else {}), **dict(metrics or {})}
     notes: list[str] = []
     raw: dict[ComparisonKey, RatioEstimate] = {}
-    groups: list[tuple[str, int, dict[str, Sequence[Sequence[float]]], list[str], str]] = []
+    groups: list[tuple[str, Level, dict[str, Sequence[Sequence[float]]], list[str], str]] = []
     for mkey, (mcells, mrounds) in by_metric.items():
-        by_conc: dict[int, dict[str, Sequence[Sequence[float]]]] = {}
+        by_conc: dict[Level, dict[str, Sequence[Sequence[float]]]] = {}
+        zeros: dict[Level, dict[str, Sequence[Sequence[float]]]] = {}
         for (variant, conc), data in mcells.items():
             if _positive(data):
                 by_conc.setdefault(conc, {})[variant] = data
+            elif any(x == 0 for s in data for x in s):
+                zeros.setdefault(conc, {})[variant] = data
+        for conc, group in zeros.items():
+            notes.extend(_zero_notes(metric(mkey), conc, group, by_conc.get(conc, {}), baseline))
         for conc in sorted(by_conc):
             group = by_conc[conc]
             if baseline not in group:
                 if mkey == "tok/s":
-                    notes.append(f"c={conc}: baseline {baseline} has no measurements; no comparison possible")
+                    notes.append(f"{level_label(conc)}: baseline {baseline} has no measurements; no comparison possible")
                 continue
             others = sorted(v for v in group if v != baseline and v not in failed)
             names = [baseline, *others]
@@ -234,19 +254,19 @@ def make_verdict(
                 if all(ratio_estimate(group[best.variant], group[c.variant], confidence=best.estimate.level).significant
                        for c in rivals):
                     winner = best.variant
-                    lines.append(f"{tag}c={conc}: winner {winner}")
+                    lines.append(f"{tag}{level_label(conc)}: winner {winner}")
                 else:
                     beat = ", ".join(c.variant for c in qualifiers)
                     lines.append(
-                        f"{tag}c={conc}: {beat} all beat {baseline}; their intervals overlap, so no single winner")
+                        f"{tag}{level_label(conc)}: {beat} all beat {baseline}; their intervals overlap, so no single winner")
             elif comps:
-                lines.append(f"{tag}c={conc}: no winner: {baseline} stays")
+                lines.append(f"{tag}{level_label(conc)}: no winner: {baseline} stays")
             if base_est.noisy and base_est.warning:
-                lines.append(f"{tag}c={conc}: {baseline} is noisy: {base_est.warning}")
+                lines.append(f"{tag}{level_label(conc)}: {baseline} is noisy: {base_est.warning}")
         if comps and noise_note:
-            where = f"c={conc}" if mkey == "tok/s" else f"c={conc} {spec.label}"
+            where = level_label(conc) if mkey == "tok/s" else f"{level_label(conc)} {spec.label}"
             lines.append(f"{tag}{where}: noise: {noise_note}")
-        out.append(ConcurrencyVerdict(concurrency=conc, baseline=baseline, baseline_mean=base_mean,
+        out.append(ConcurrencyVerdict(level=conc, baseline=baseline, baseline_mean=base_mean,
                                       comparisons=comps, winner=winner, lines=lines, metric=mkey, noise=noise_note))
     method_notes = [
         "unit of replication: the server start; each start's trials are averaged (mean log value)",
@@ -268,13 +288,35 @@ def make_verdict(
                    confidence=confidence, notes=notes, family=family)
 
 
+def _zero_notes(spec, level: Level, zeroed: Mapping[str, Sequence[Sequence[float]]],
+                measured: Mapping[str, Sequence[Sequence[float]]], baseline: str) -> list[str]:
+    """Cells with a zero (goodput when no request met the SLOs): no ratio exists on the log scale,
+    so say what was seen instead of leaving the comparison out without a word."""
+    out = []
+    for v, data in zeroed.items():
+        vals = [x for s in data for x in s]
+        n0 = sum(1 for x in vals if x == 0)
+        head = f"{level_label(level)}: {v}'s {spec.label}"
+        base = measured.get(baseline)
+        if n0 == len(vals) and base is not None and v != baseline:
+            bvals = [x for s in base for x in s]
+            word = spec.down if spec.higher_is_better else spec.up
+            out.append(f"{head} is 0 in all {plural(len(vals), 'trial')}, {baseline}'s above 0 in every start (mean "
+                       f"{sum(bvals) / len(bvals):.3g}): {word} than {baseline}'s, with no interval (a ratio to zero "
+                       "has none)")
+        else:
+            out.append(f"{head} is 0 in {n0} of {len(vals)} trials: not compared (a ratio to zero has no interval "
+                       "on the log scale)")
+    return out
+
+
 def _positive(data: Sequence[Sequence[float]]) -> bool:
     """Whether a cell can enter a ratio: some start with values, all positive and finite."""
     vals = [x for s in data for x in s]
     return bool(vals) and all(math.isfinite(x) and x > 0 for x in vals)
 
 
-def _comparison(d: Decision, v: str, baseline: str, conc: int, spec, guard: Mapping[str, GuardResult],
+def _comparison(d: Decision, v: str, baseline: str, conc: Level, spec, guard: Mapping[str, GuardResult],
                 expected_divergence: Collection[str], confidence: float, family: int, sequential: bool,
                 min_effect: float, tag: str) -> ComparisonVerdict:
     est = d.estimate
@@ -285,7 +327,7 @@ def _comparison(d: Decision, v: str, baseline: str, conc: int, spec, guard: Mapp
     adj = _adjustments(family, sequential)
     ci = f"{confidence:.0%} CI {_pct(est.pct_lo)}..{_pct(est.pct_hi)}{adj}"
     counts = _counts(est)
-    head = f"{tag}c={conc}: "
+    head = f"{tag}{level_label(conc)}: "
     throughput = spec.key == "tok/s"
     subject = v if throughput else f"{v}'s {spec.label}"
     other = baseline if throughput else f"{baseline}'s"

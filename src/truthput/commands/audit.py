@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
 
         from truthput.analyze.audit import audit_rows, integrity_rows, render_audit
         from truthput.errors import StoreError
+        from truthput.spec.levels import level_label
         from truthput.store.db import Store
 
         if not Path(store).exists():
@@ -44,7 +45,7 @@ def register(app: typer.Typer) -> None:
         console = make_console()
         console.print(render_audit(rows, title, simulated))
         for c in checks:
-            head = f"{c.variant} @ {c.concurrency}: counter == usage identity held in {c.identity_held}/{c.trials} trial(s)"
+            head = f"{c.variant} {level_label(c.level)}: counter == usage identity held in {c.identity_held}/{c.trials} trial(s)"
             if c.identity_unchecked:
                 head += f", {c.identity_unchecked} unchecked (no counter)"
             console.print(head, markup=False)

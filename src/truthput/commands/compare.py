@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
             None, "--fail-if-slower", metavar="PCT",
             help="Exit 1 when B is decided slower than A by more than PCT (e.g. 3%) in any shared cell (for CI)."),
     ) -> None:
-        """Per shared variant x concurrency: A and B tok/s (server counter) and B/A with a corrected interval."""
+        """Per shared variant x load level: A and B tok/s (server counter) and B/A with a corrected interval."""
         import json
 
         from truthput.report.terminal import make_console
@@ -55,7 +55,9 @@ def register(app: typer.Typer) -> None:
             ver = ", ".join(h["engine_versions"]) or "engine version not reported"
             con.print(f"{tag}: {h['id']} ({h['store']}) engine {h['engine']} {ver}{sim}", highlight=False)
         t = Table(title="B vs A, output tok/s \\[headline: server counter, else usage placed in time]")
-        for col in ("variant", "conc.", "A tok/s (95% CI)", "B tok/s (95% CI)", "B/A (CI)", "decided", "same argv"):
+        from truthput.spec.levels import row_header, row_level
+
+        for col in ("variant", row_header(result["rows"]), "A tok/s (95% CI)", "B tok/s (95% CI)", "B/A (CI)", "decided", "same argv"):
             t.add_column(col, justify="left" if col in ("variant", "same argv") else "right")
 
         def cell(f: dict) -> Text:
@@ -75,7 +77,7 @@ def register(app: typer.Typer) -> None:
             ratio += f" ({q['pct_lo']:+.1f}..{q['pct_hi']:+.1f})" if q.get("pct_lo") is not None else " (no interval)"
             if q["significant"]:
                 ratio = f"[bold]{ratio}[/bold]"
-            t.add_row(Text(r["variant"]), str(r["concurrency"]), cell(r["a"]), cell(r["b"]), ratio,
+            t.add_row(Text(r["variant"]), row_level(r), cell(r["a"]), cell(r["b"]), ratio,
                       q.get("outcome") or "", "yes" if r["same_argv"] else "[yellow]no[/yellow]")
         con.print(t)
         if result["rows"]:
@@ -84,7 +86,7 @@ def register(app: typer.Typer) -> None:
             con.print(Text(note, style="yellow"))
         for name, keys in (("only in A", result["only_a"]), ("only in B", result["only_b"])):
             if keys:
-                con.print(f"{name}: " + ", ".join(f"{v} c={c}" for v, c in keys), highlight=False)
+                con.print(f"{name}: " + ", ".join(f"{v} {label}" for v, label in keys), highlight=False)
         _gate(result, threshold)
 
 
@@ -109,7 +111,7 @@ def slower_cells(result: dict, threshold: float) -> list[str]:
     for r in result["rows"]:
         q = r["ratio"]
         if q.get("hi") is not None and q["hi"] < 1.0 - threshold:
-            out.append(f"{r['variant']} c={r['concurrency']} ({q['pct']:+.1f}%, CI {q['pct_lo']:+.1f}..{q['pct_hi']:+.1f})")
+            out.append(f"{r['variant']} {r['level']} ({q['pct']:+.1f}%, CI {q['pct_lo']:+.1f}..{q['pct_hi']:+.1f})")
     return out
 
 

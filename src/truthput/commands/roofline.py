@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         gpu: str = typer.Option(..., "--gpu", help="GPU name from the catalog, e.g. 'RTX 3090', 'H100 SXM'."),
         gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs serving the model (defaults to --tp)."),
         model: str = typer.Option(..., "--model", help="Named profile (e.g. qwen3.6-27b-5.5bit) or a model directory."),
-        tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
+        tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree (defaults to --gpus, else 1)."),
         kv_dtype: str = typer.Option("auto", "--kv-dtype", help="KV cache dtype: auto/bf16/fp16/fp8 or bytes."),
         context: int = typer.Option(2048, "--context", help="Context tokens held by each stream."),
         concurrency: str = typer.Option("1", "--concurrency", help="Comma-separated stream counts, e.g. 1,8."),
@@ -65,6 +65,7 @@ def register(app: typer.Typer) -> None:
 
         card = get_gpu(gpu)
         profile = get_model(model)
+        tp = tp if tp is not None else (gpus or 1)
         n_gpus = tp if gpus is None else gpus
         if n_gpus != tp:
             raise SpecError(f"--gpus {n_gpus} with --tp {tp}: only one tensor-parallel replica (gpus == tp) is modelled")

@@ -20,10 +20,10 @@ def write_winner_units(db, store_path: Path, run_id: str, folder: Path) -> list[
     run = db.run(run_id)
     summary = json.loads(run["summary_json"] or "{}")
     per = (summary.get("verdict") or {}).get("per_concurrency") or []
-    winners: dict[str, list[int]] = {}
+    winners: dict[str, list[str]] = {}
     for cv in per:
         if cv.get("winner"):
-            winners.setdefault(cv["winner"], []).append(cv.get("concurrency"))
+            winners.setdefault(cv["winner"], []).append(cv.get("level"))
     if not winners or "systemd_unit" not in (run["experiment_toml"] or ""):
         return []
     out = []
@@ -56,8 +56,8 @@ def _starts_forecast(exp, plan, store_path: Path) -> list[str]:
     if noise is None:
         source = f"no earlier run of engine {plan.engine} on this host in {store_path}: a default start CV of " \
                  f"{DEFAULT_START_CV:.0%}"
-    family = max(0, len(plan.variants) - 1) * len(plan.concurrency) * len(m.verdicts)
-    rows = forecast(rule, len(plan.variants), len(plan.concurrency) * len(m.verdicts), cv)
+    family = max(0, len(plan.variants) - 1) * len(plan.levels) * len(m.verdicts)
+    rows = forecast(rule, len(plan.variants), len(plan.levels) * len(m.verdicts), cv)
     out = [f"stopping rule: first look at {rule.min_starts} starts per variant, at most {rule.max_starts}; "
            f"{family} comparisons decided together (Holm); expected starts per variant if every variant differs by "
            f"(simulated with {source}):"]
@@ -172,6 +172,10 @@ def register(app: typer.Typer) -> None:
         if resume:
             run_id = db.resolve_run(resume)
             row = db.run(run_id)
+            if row["status"] == "done":
+                typer.echo(f"run {run_id} is complete (status done): nothing to resume; its summary follows")
+                print_run(db, run_id)
+                return
             exp = parse_experiment(row["experiment_toml"], f"{row['experiment_path'] or 'stored experiment'} (run {run_id})")
             text, path = row["experiment_toml"], row["experiment_path"]
         elif experiment is None:
@@ -244,6 +248,8 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from truthput.spec.experiment import load_experiment
+        from truthput.spec.levels import level_label
+        from truthput.text import plural
 
         exp, _ = load_experiment(experiment)
         p = checked_plan(exp, engine, experiment)
@@ -263,9 +269,13 @@ def register(app: typer.Typer) -> None:
         wl = exp.workload
         window = f"{wl.duration_s:g} s window" if wl.duration_s else f"{wl.requests} requests"
         con.print(f"order of server starts: {' '.join(f'{n}#{i + 1}' for n, i in p.order)}")
-        con.print(f"per start: concurrency {', '.join(map(str, p.concurrency))}; each level {wl.warmup_s:g} s warm-up "
-                  f"+ {p.repeats} trials x {window}")
-        trials = len(p.order) * len(p.concurrency) * p.repeats
+        if wl.mode == "open":
+            cap = f", at most {wl.max_in_flight} in flight" if wl.max_in_flight else ""
+            levels = f"an open loop ({wl.arrival} arrivals{cap}) at {', '.join(level_label(x) for x in p.levels)}"
+        else:
+            levels = f"concurrency {', '.join(map(str, p.levels))}"
+        con.print(f"per start: {levels}; each level {wl.warmup_s:g} s warm-up + {plural(p.repeats, 'trial')} x {window}")
+        trials = len(p.order) * len(p.levels) * p.repeats
         m = exp.measure
         con.print(f"{len(p.order)} server starts, {trials} timed trials; estimated time {p.estimate_s / 60:.1f} min"
                   + (f"; the stopping rule may add starts up to {m.planned_max_starts} per variant"

@@ -73,7 +73,7 @@ def make_engine(exp: Experiment, engine_kind: str, argv: ServerArgv, env: dict[s
         ready = (srv.ready_url,)
     engine = ProcessEngine(engine_kind, launched, host, port, env=env, ready_paths=ready,
                            ready_timeout_s=srv.ready_timeout_s, stop_grace_s=srv.stop_grace_s,
-                           log_sink=log_sink, port_pinned=srv.port is not None)
+                           log_sink=log_sink, port_pinned=srv.port is not None, cpus=srv.cpus)
     return engine, launched
 
 

@@ -181,7 +181,7 @@ class ProcessEngine:
     def __init__(self, kind: str, argv: Sequence[str], host: str, port: int, env: Mapping[str, str] | None = None,
                  ready_paths: Sequence[str] = ("/health", "/v1/models"), ready_timeout_s: float = 600.0,
                  stop_grace_s: float = 30.0, log_sink: LogSink | None = None, port_pinned: bool = False,
-                 cwd: str | None = None) -> None:
+                 cwd: str | None = None, cpus: Sequence[int] | None = None) -> None:
         self.kind = kind
         self.argv = list(argv)
         self.host = host
@@ -194,6 +194,8 @@ class ProcessEngine:
         self.stop_grace_s = stop_grace_s
         self.port_pinned = port_pinned
         self.cwd = cwd
+        self.cpus = list(cpus) if cpus is not None else None
+        """The cores the server runs on (None: the host's)."""
         self._sink = log_sink
         self._lines: deque[str] = deque(maxlen=400)
         self._proc: asyncio.subprocess.Process | None = None
@@ -223,13 +225,22 @@ class ProcessEngine:
             where = "pinned in [server].port" if self.port_pinned else "chosen free a moment ago"
             reason = f"port {self.port} on {self.host} is already in use ({where})"
             return StartOutcome(ok=False, failure_kind="port_in_use", reason=reason, root_cause_line=reason)
-        env = {**os.environ, **self.env}
+        from truthput.engines.cpus import server_affinity, server_env
+
+        env = {**os.environ, **server_env(self.kind, self.cpus, self.env)}
+        affinity = server_affinity(self.cpus)
+
+        def before_exec() -> None:
+            die_with_parent()
+            if affinity is not None:
+                affinity()
+
         t0 = time.monotonic()
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True, env=env, cwd=self.cwd, limit=1 << 20,
-                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
+                preexec_fn=before_exec if sys.platform.startswith("linux") else None)
         except (FileNotFoundError, PermissionError) as exc:
             reason = f"cannot execute {self.argv[0]!r}: {exc.strerror}"
             return StartOutcome(ok=False, failure_kind="invalid_config", reason=reason, root_cause_line=reason)

@@ -372,7 +372,8 @@ class OpenLoop:
     the offered rate was then not what the server received.
 
     Window: opens when the first request has finished (the system has gone through one full request
-    lifetime, so the in-flight mix is near its steady state) and ends when the arrivals end
+    lifetime, so the in-flight mix is near its steady state), and no sooner than `lead_s` after the
+    first arrival (a warm-up inside the same load, so the queue the rate builds is there), and ends when the arrivals end
     (`max_requests` issued) or `duration_s` after it opened; after that the offered load falls.
     """
 
@@ -386,6 +387,7 @@ class OpenLoop:
         duration_s: float | None = None,
         max_requests: int | None = None,
         seed: int = 0,
+        lead_s: float = 0.0,
     ) -> None:
         if not rate > 0:
             raise SpecError(f"open loop rate {rate}: must be > 0 requests/s")
@@ -402,6 +404,7 @@ class OpenLoop:
         self.duration_s = duration_s
         self.max_requests = max_requests
         self.seed = seed
+        self.lead_s = max(0.0, float(lead_s))
         self.delayed_arrivals = 0
         self.max_in_flight = 0
         self._in_flight = 0
@@ -500,6 +503,9 @@ class OpenLoop:
         never_settled = False
         try:
             await _wait_first(first_done.wait(), asyncio.shield(arr), timeout=None)
+            lead_left = t_start + self.lead_s - time.monotonic()
+            if first_done.is_set() and not arr.done() and lead_left > 0:
+                await _wait_first(asyncio.shield(arr), aborted.wait(), timeout=lead_left)
             if first_done.is_set() and not arr.done():
                 t_ws = await _timed(on_window_start)
                 remaining = None if self.duration_s is None else max(0.0, self.duration_s - (time.monotonic() - t_ws))

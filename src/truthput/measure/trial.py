@@ -550,7 +550,7 @@ def _server_samples(sc: _Scrapes, names: EngineMetricNames, win: tuple[float, fl
 
 def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Counts, engine: str, concurrency: int,
            records: Sequence[RequestRecord], d_win: CounterDelta, d_trial: CounterDelta, ws_s: ParsedScrape | None,
-           we_s: ParsedScrape | None) -> None:
+           we_s: ParsedScrape | None, open_loop: bool = False) -> None:
     """The validity checks (`truthput.measure.validity`) on the figures computed so far."""
     intervals: list[tuple[float, float, float | None, int]] = []
     if counts.win is not None and emitted:
@@ -567,7 +567,8 @@ def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Cou
                            d_win.resets, d_win.went_backwards_without_reset, d_trial.resets,
                            usage_tokens=usage_tokens, max_tokens_per_chunk=int(known.max()) if known.size else 1,
                            window_rise=d_win.value if counts.win_from_scrapes else None)
-    validity.check_load(result, concurrency)
+    if not open_loop:
+        validity.check_load(result, concurrency)
     validity.check_timestamps(result, records, concurrency)
 
 
@@ -652,8 +653,13 @@ def measure_trial(
     speculative: dict[str, Any] | None = None,
     tokenizer: Any = None,
     names: EngineMetricNames | None = None,
+    open_loop: bool = False,
 ) -> TrialResults:
-    """All figures of one trial, built once, section by section (see the module docstring)."""
+    """All figures of one trial, built once, section by section (see the module docstring).
+
+    `concurrency` is the streams a closed loop held, or the most requests an open loop had in
+    flight; an open loop sets `open_loop`, since its level is a rate and requests waiting in the
+    server's queue are what it measures, not a load that was never reached."""
     names = names or metric_names(engine)
     sc = _Scrapes(scrapes)
     table = build_chunk_table(records)
@@ -700,7 +706,7 @@ def measure_trial(
     result.per_stream = _per_stream(records, counter_tps)
     result.latency = _latency(records, sc, names, counts, ws_s, we_s)
     result.server_samples = _server_samples(sc, names, win)
-    _check(result, sc, emitted, counts, engine, concurrency, records, d_win, d_trial, ws_s, we_s)
+    _check(result, sc, emitted, counts, engine, concurrency, records, d_win, d_trial, ws_s, we_s, open_loop)
 
     rows = _methods(result, emitted, d_win, counter_tps, k, d_dt_w, d_acc_w)
     if d_win.resets:

@@ -289,7 +289,7 @@ async def _one_trial(opts: LoadOptions, base: str, client: StreamClient, pool: W
         return int(level) if not opts.rate else (opts.max_in_flight or result.max_in_flight)
 
     setup = TrialSetup(base_url=base, names=names, engine=opts.engine, tokenizer=tokenizer, simulated=simulated,
-                       error_threshold=ALL_FAILED, sample_interval_s=opts.sample_interval_s)
+                       error_threshold=ALL_FAILED, sample_interval_s=opts.sample_interval_s, open_loop=bool(opts.rate))
     trial = await run_trial(setup, drive, concurrency)
     res = trial.results
     window = trial.window
@@ -309,9 +309,11 @@ def _commit(store: Any, run_id: str, start_id: int | None, opts: LoadOptions, ou
             key_type: Any) -> int:
     from truthput.pipeline.trial import commit
 
-    # The store keys trials by concurrency: a closed loop's level; an open loop's cap on requests
-    # in flight (0: uncapped); trial_index k keeps every level of a run distinct.
-    level_key = int(out.level) if not opts.rate else (opts.max_in_flight or 0)
+    # the store keys trials by level: a closed loop's streams or an open loop's rate; trial_index k
+    # keeps a sweep's repeated levels distinct
+    from truthput.spec.levels import Rate
+
+    level_key = Rate(out.level) if opts.rate else int(out.level)
     return commit(store, run_id, "load", start_id, key_type("load", 0, level_key, k), out.trial)
 
 

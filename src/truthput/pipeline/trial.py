@@ -56,6 +56,8 @@ class TrialSetup:
     crashed: Callable[[], Crashed | None] | None = None
     server_pgids: set[int] = field(default_factory=set)
     """Process groups of the server's processes (empty: unknown, e.g. a server someone else runs)."""
+    open_loop: bool = False
+    """Requests arrive at a rate: a queue in the server is what is measured, not a load not reached."""
 
 
 @dataclass
@@ -177,7 +179,7 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     results = measure_trial(result.records, scrapes, logs,
                             (window[0], window[1]) if window[0] is not None and window[1] is not None else None,
                             level, engine=setup.engine, speculative=setup.speculative, tokenizer=setup.tokenizer,
-                            names=setup.names)
+                            names=setup.names, open_loop=setup.open_loop)
     results.simulated = setup.simulated
     results.client = ClientCheck(
         selfcheck=SelfCheckFigures.model_validate(dataclasses.asdict(result.selfcheck)) if result.selfcheck else None,

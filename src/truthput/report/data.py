@@ -27,6 +27,7 @@ from truthput.analyze.cells import Cell
 from truthput.measure.model import Goodput
 from truthput.analyze.summary import RunSummary
 from truthput.report.runsummary import run_summary
+from truthput.spec.levels import Level, level_json, level_label
 from truthput.store.db import Store, StoredTrial
 
 SCHEMA = "truthput-report/1"
@@ -164,7 +165,7 @@ def _cells(summary: RunSummary, simulated: bool) -> list[dict[str, Any]]:
     """The summary's cells as document rows; the interval of `delta_pct` is the verdict's."""
     out = []
     for cell in summary.cells:
-        c: dict[str, Any] = {"variant": cell.variant, "concurrency": cell.concurrency, "baseline": cell.baseline,
+        c: dict[str, Any] = {"variant": cell.variant, **level_json(cell.level), "baseline": cell.baseline,
                              "status": cell.status, "warnings": list(cell.warnings)}
         est = cell.estimate
         if cell.ok and est is not None:
@@ -193,7 +194,7 @@ def _cells(summary: RunSummary, simulated: bool) -> list[dict[str, Any]]:
                     if key not in c:
                         c[key] = figure(cell.quantile(name, q), "s", "client_clock", simulated,
                                         note="median over the cell's trials of each trial's quantile")
-            comp = summary.comparison(cell.variant, cell.concurrency)
+            comp = summary.comparison(cell.variant, cell.level)
             if comp is not None:
                 e = comp.estimate
                 c["delta_pct"] = figure(e.pct, "%", source, simulated, lo=e.pct_lo, hi=e.pct_hi,
@@ -221,12 +222,12 @@ def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict | No
                          simulated: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     from truthput.load.goodput import SLO, goodput, request_itl_ms, request_ttft_ms
 
-    per_cell: dict[tuple[str, int], dict[str, Any]] = {}
+    per_cell: dict[tuple[str, Level], dict[str, Any]] = {}
     slo_obj = SLO(slo.get("ttft_ms"), slo.get("itl_ms")) if slo else None
-    good_rows: dict[tuple[str, int], list[Goodput]] = defaultdict(list)
+    good_rows: dict[tuple[str, Level], list[Goodput]] = defaultdict(list)
     for t in trials:
-        key = (t.variant, t.concurrency)
-        cell = per_cell.setdefault(key, {"variant": key[0], "concurrency": key[1], "ttft_ms": [], "itl_ms": [],
+        key = (t.variant, t.level)
+        cell = per_cell.setdefault(key, {"variant": key[0], **level_json(key[1]), "ttft_ms": [], "itl_ms": [],
                                          "n_requests": 0, "n_failed": 0, "from_results": []})
         records = [_record(r) for r in store.requests(t.id)]
         cell["n_requests"] += len(records)
@@ -250,7 +251,7 @@ def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict | No
             if any(v is not None for v in stored.slo.values()):
                 good_rows[key].append(stored)
     latency = []
-    for cell in per_cell.values():
+    for _key, cell in sorted(per_cell.items(), key=lambda kv: kv[0]):
         cell["ttft_ms"] = sorted(cell["ttft_ms"])
         cell["itl_ms"] = sorted(cell["itl_ms"])
         cell["source"] = "simulator" if simulated else "client_clock"
@@ -266,7 +267,7 @@ def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict | No
             tps = [r.good_tokens_per_s.number() if r.good_tokens_per_s else None for r in rows]
             frac = [r.good_fraction.number() if r.good_fraction else None for r in rows]
             good.append({
-                "variant": variant, "concurrency": conc, "slo": slo,
+                "variant": variant, **level_json(conc), "slo": slo,
                 "goodput_rps": figure(mean([v for v in rps if v is not None]) if any(v is not None for v in rps) else None,
                                       "req/s", "client_clock", simulated),
                 "good_tokens_per_s": figure(mean([v for v in tps if v is not None]) if any(v is not None for v in tps) else None,
@@ -275,11 +276,11 @@ def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict | No
                                         "fraction", "client_clock", simulated),
                 "n_trials": len(rows),
             })
-    return sorted(latency, key=lambda c: (c["variant"], c["concurrency"])), good
+    return latency, good
 
 
 # ---- spec decode ------------------------------------------------------------------------------
-def _spec_decode(by_cell: dict[tuple[str, int], list[StoredTrial]], simulated: bool) -> list[dict[str, Any]]:
+def _spec_decode(by_cell: dict[tuple[str, Level], list[StoredTrial]], simulated: bool) -> list[dict[str, Any]]:
     out = []
     for (variant, conc), trials in sorted(by_cell.items()):
         blocks = [t.results.spec_decode for t in trials if t.ok and t.results.spec_decode is not None]
@@ -299,7 +300,7 @@ def _spec_decode(by_cell: dict[tuple[str, int], list[StoredTrial]], simulated: b
             if w.acceptance_rate is not None and w.acceptance_rate.value is not None:
                 rate.append(float(w.acceptance_rate.value))
         out.append({
-            "variant": variant, "concurrency": conc, "k": blocks[0].k, "method": blocks[0].method,
+            "variant": variant, **level_json(conc), "k": blocks[0].k, "method": blocks[0].method,
             "note": blocks[0].note,
             "per_position": [figure(mean(v), "ratio", "server_counter", simulated, position=p, n_trials=len(v))
                              for p, v in sorted(pos.items())],
@@ -355,10 +356,16 @@ def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
     except Exception as exc:
         return {"available": False, "reason": f"roofline inputs: {exc}"}
     context, context_basis = _context_tokens(exp.get("workload"))
-    spec_by_cell = {(s["variant"], s["concurrency"]): s for s in doc["spec_decode"]}
+    spec_by_cell = {(s["variant"], s["level"]): s for s in doc["spec_decode"]}
     rows, notes = [], []
     for c in doc["cells"]:
         if c.get("status") != "ok" or not c["tokps"].get("value"):
+            continue
+        if c.get("concurrency") is None:
+            note = ("open-loop levels are not placed against the roofline: their streams are what the server "
+                    "made of the offered rate, not a setting")
+            if note not in notes:
+                notes.append(note)
             continue
         v = next((x for x in exp["variants"] if x["name"] == c["variant"]), None)
         argv = v["argv"] if v else []
@@ -370,10 +377,10 @@ def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
         k = int(spec.get("num_speculative_tokens") or 0) if isinstance(spec, dict) else 0
         acc = None
         if k:
-            s = spec_by_cell.get((c["variant"], c["concurrency"]))
+            s = spec_by_cell.get((c["variant"], c["level"]))
             acc = s["mean_acceptance_length"]["value"] if s else None
             if acc is not None and not 1.0 <= acc <= k + 1:
-                notes.append(f"{c['variant']} c={c['concurrency']}: measured acceptance length {acc:.3f} outside "
+                notes.append(f"{c['variant']} {c['level']}: measured acceptance length {acc:.3f} outside "
                              f"[1, {k + 1}]; the ceiling uses k+1")
                 acc = None
         try:
@@ -382,13 +389,13 @@ def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
                        measured_source="simulator" if simulated else "server_counter",
                        model_bits=getattr(profile, "bits_per_weight", None))
         except Exception as exc:
-            notes.append(f"{c['variant']} c={c['concurrency']}: {exc}")
+            notes.append(f"{c['variant']} {c['level']}: {exc}")
             continue
         if hw.get("count") and int(hw["count"]) != tp:
             notes.append(f"{c['variant']}: [hardware].count = {hw['count']} but TP = {tp}; one TP replica modelled")
         tight = roof.tightest_ceiling
         rows.append({
-            "variant": c["variant"], "concurrency": c["concurrency"], "tp": tp, "kv_cache_dtype": kv_text,
+            "variant": c["variant"], "concurrency": c["concurrency"], "rate": None, "level": c["level"], "tp": tp, "kv_cache_dtype": kv_text,
             "kv_dtype_bytes": kv_bytes, "spec_k": k, "acceptance_length": acc,
             "measured": figure(c["tokps"]["value"], "tok/s", "server_counter", simulated),
             "tightest_ceiling": {"value": roof.concurrency * pl.tokens_per_step_per_stream / tight.step_floor_s,
@@ -429,7 +436,7 @@ def _failures(store: Store, run_id: str, trials: list[StoredTrial]) -> list[dict
     for t in trials:
         if not t.ok:
             out.append({"kind": "trial", "variant": t.variant, "start_index": t.start_index,
-                        "concurrency": t.concurrency, "trial_index": t.trial_index,
+                        **level_json(t.level), "trial_index": t.trial_index,
                         "failure_class": (t.error or "failed").split(":", 1)[0], "reason": t.error,
                         "line": None, "log_excerpt": "", "source": "client_clock"})
     return out
@@ -443,11 +450,11 @@ def _telemetry(store: Store, trials: list[StoredTrial]) -> dict[str, Any]:
     if not rows:
         return {"available": False, "note": "no GPU telemetry recorded for this run", "util_note": GPU_UTIL_NOTE,
                 "rows": [], "samples": 0}
-    groups: dict[tuple[str, int, int], list[Any]] = defaultdict(list)
+    groups: dict[tuple[str, Level, int], list[Any]] = defaultdict(list)
     for r in rows:
         t = by_id.get(r["trial_id"])
         if t is not None:
-            groups[(t.variant, t.concurrency, r["gpu"])].append(r)
+            groups[(t.variant, t.level, r["gpu"])].append(r)
 
     def avg(xs: list[Any], key: str, fn=mean) -> float | None:
         vals = [x[key] for x in xs if x[key] is not None]
@@ -455,7 +462,7 @@ def _telemetry(store: Store, trials: list[StoredTrial]) -> dict[str, Any]:
 
     out = []
     for (variant, conc, gpu), xs in sorted(groups.items()):
-        out.append({"variant": variant, "concurrency": conc, "gpu": gpu, "samples": len(xs),
+        out.append({"variant": variant, **level_json(conc), "gpu": gpu, "samples": len(xs),
                     "util_pct_mean": {"value": avg(xs, "util_pct"), "unit": "%", "source": "nvml",
                                       "note": "time busy, not capacity used"},
                     "mem_used_gb_max": {"value": (avg(xs, "mem_used_bytes", max) or 0) / 1e9 if avg(xs, "mem_used_bytes") is not None else None,
@@ -475,7 +482,7 @@ def _trial_table(trials: list[StoredTrial], simulated: bool) -> list[dict[str, A
         h = headline(r)
         out.append({
             "trial_id": t.id, "variant": t.variant, "start_index": t.start_index,
-            "concurrency": t.concurrency, "trial_index": t.trial_index, "status": t.status,
+            **level_json(t.level), "trial_index": t.trial_index, "status": t.status,
             "error": t.error,
             "t0_utc": datetime.fromtimestamp(t.t0_wall, timezone.utc).isoformat() if t.t0_wall else None,
             "window_s": r.window.seconds,
@@ -502,7 +509,7 @@ def nospec_ceilings(roof: dict[str, Any]) -> dict[int, float]:
     ceilings: dict[int, float] = {}
     for row in roof.get("cells") or []:
         nospec = _get(row, "roofline", "ceilings", "no_spec", "aggregate", "value")
-        if nospec is not None:
+        if nospec is not None and row.get("concurrency") is not None:
             ceilings[int(row["concurrency"])] = float(nospec)
     return ceilings
 
@@ -535,9 +542,9 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
     exp, exp_error = _experiment(run)
     machine = _loads(run["machine_json"], {})
     trials = store.trial_results(run_id)
-    by_cell: dict[tuple[str, int], list[StoredTrial]] = defaultdict(list)
+    by_cell: dict[tuple[str, Level], list[StoredTrial]] = defaultdict(list)
     for t in trials:
-        by_cell[(t.variant, t.concurrency)].append(t)
+        by_cell[(t.variant, t.level)].append(t)
     starts = store.starts(run_id)
     engine_versions = sorted({s["engine_version"] for s in starts if s["engine_version"]})
     summary = run_summary(store, run_id)
@@ -583,8 +590,8 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
 
 
 # ---- comparing two runs -----------------------------------------------------------------------
-def run_cells(store: Store, run_id: str) -> dict[tuple[str, int], Cell]:
-    """(variant, concurrency) -> the run's cell (headline figures per server start)."""
+def run_cells(store: Store, run_id: str) -> dict[tuple[str, Level], Cell]:
+    """(variant, level) -> the run's cell (headline figures per server start)."""
     from truthput.analyze.cells import build_cells
 
     return {c.key: c for c in build_cells(store.trial_results(run_id)) if c.per_start}
@@ -617,7 +624,7 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
         r = d.estimate
         outcome = {"different": "faster" if r.ratio > 1 else "slower"}.get(d.kind, d.kind)
         rows.append({
-            "variant": key[0], "concurrency": key[1],
+            "variant": key[0], **level_json(key[1]),
             "a": figure(ea.mean, "tok/s", cells_a[key].source, sim_a, lo=ea.lo, hi=ea.hi, n_starts=ea.n_starts,
                         n_trials=ea.n_trials, flags=[dataclasses.asdict(f) for f in cells_a[key].flags_on("tok/s")]),
             "b": figure(eb.mean, "tok/s", cells_b[key].source, sim_b, lo=eb.lo, hi=eb.hi, n_starts=eb.n_starts,
@@ -634,7 +641,7 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
     for key in shared:
         for side, cells in (("A", cells_a), ("B", cells_b)):
             for f in cells[key].flags_on("tok/s"):
-                notes.append(f"{side} {key[0]} c={key[1]}: flagged {f.code} ({f.trials} of {f.of} trials): "
+                notes.append(f"{side} {key[0]} {level_label(key[1])}: flagged {f.code} ({f.trials} of {f.of} trials): "
                              f"{f.reason}; the ratio rests on it")
     if sim_a != sim_b:
         notes.append("one run is SIMULATED and the other is not: the ratio compares a model with a measurement")
@@ -643,7 +650,7 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
     only_a = sorted(set(ca) - set(cb))
     only_b = sorted(set(cb) - set(ca))
     if not shared:
-        notes.append("the runs share no variant x concurrency cell (same variant name and concurrency)")
+        notes.append("the runs share no variant x level cell (same variant name and load level)")
 
     def head(store: Store, run_id: str, row: Any) -> dict[str, Any]:
         machine = _loads(row["machine_json"], {})
@@ -653,7 +660,8 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
                 "truthput": machine.get("truthput_version"), "host": machine.get("hostname")}
 
     return clean({"a": head(store_a, run_a, ra), "b": head(store_b, run_b, rb), "rows": rows,
-                  "only_a": [list(k) for k in only_a], "only_b": [list(k) for k in only_b], "notes": notes,
+                  "only_a": [[k[0], level_label(k[1])] for k in only_a],
+                  "only_b": [[k[0], level_label(k[1])] for k in only_b], "notes": notes,
                   "confidence": confidence})
 
 
@@ -664,9 +672,9 @@ def roofline_for_run(store: Store, run_id: str) -> dict[str, Any]:
     run = store.run(run_id)
     simulated = bool(run["simulated"])
     exp, exp_error = _experiment(run)
-    by_cell: dict[tuple[str, int], list[StoredTrial]] = defaultdict(list)
+    by_cell: dict[tuple[str, Level], list[StoredTrial]] = defaultdict(list)
     for t in store.trial_results(run_id):
-        by_cell[(t.variant, t.concurrency)].append(t)
+        by_cell[(t.variant, t.level)].append(t)
     part = {"experiment": _experiment_block(store, run_id, run, exp, exp_error),
             "cells": _cells(run_summary(store, run_id), simulated), "spec_decode": _spec_decode(by_cell, simulated)}
     return clean(_roofline(part, simulated))
@@ -680,7 +688,7 @@ def roofline_lines(roof: dict[str, Any]) -> list[str]:
            "tokens per stream; ceilings are physics-model figures at peak datasheet numbers, not measurements):"]
     for r in roof["cells"]:
         kind = "SIMULATED" if r["measured"].get("source") == "simulator" else "measured"
-        out.append(f"  {r['variant']} c={r['concurrency']}: {kind} {r['measured']['value']:.1f} tok/s, "
+        out.append(f"  {r['variant']} {r['level']}: {kind} {r['measured']['value']:.1f} tok/s, "
                    f"{r['measured_step_ms']['value']:.1f} ms/step; {r['sentence']}")
     out += [f"  note: {n}" for n in roof.get("notes") or []]
     return out

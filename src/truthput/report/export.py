@@ -99,7 +99,8 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     for c in doc.get("latency") or []:
         for kind in ("ttft_ms", "itl_ms"):
             for value in c[kind]:
-                req_rows.append({"variant": c["variant"], "concurrency": c["concurrency"], "kind": kind,
+                req_rows.append({"variant": c["variant"], "concurrency": c["concurrency"], "rate": c.get("rate"),
+                                 "level": c.get("level"), "kind": kind,
                                  "value": value, "source": c["source"]})
     variants = [{"name": v["name"], "baseline": v["baseline"], "diff": " ; ".join(v["diff_lines"]),
                  "argv": " ".join(v["argv"]), "speculative": v["speculative"]}

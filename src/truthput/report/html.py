@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from truthput.spec.levels import row_header, row_level
 from truthput.store.db import Store
 
 SECTIONS = (
@@ -81,7 +82,8 @@ def render_html(doc: dict[str, Any], plots: dict[str, str | None] | None = None)
         absent["roofline"] = f"no roofline: {(doc.get('roofline') or {}).get('reason')}"
     template = _environment().get_template("report.html.j2")
     return template.render(doc=doc, plots={k: safe_svg(v) for k, v in plots.items()}, sections=SECTIONS,
-                           plot_sections=PLOT_SECTIONS, absent=absent)
+                           plot_sections=PLOT_SECTIONS, absent=absent, level_header=row_header(doc.get("cells") or []),
+                           level_cell=row_level)
 
 
 def write_html(store: Store, run_id: str, path: str | Path) -> Path:

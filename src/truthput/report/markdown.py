@@ -10,6 +10,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from truthput.spec.levels import row_header, row_level
 from truthput.store.db import Store
 
 
@@ -68,7 +69,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     for c in doc["cells"]:
         name = md_text(c["variant"]) + (" *" if c["baseline"] else "")
         if c.get("status") != "ok":
-            rows.append([name, str(c["concurrency"]), md_text(c["status"]), "", "", "", ""])
+            rows.append([name, row_level(c), md_text(c["status"]), "", "", "", ""])
             continue
         t = c["tokps"]
         ci = f"{t['lo']:.1f}..{t['hi']:.1f}" if t.get("lo") is not None else "– (1 start)"
@@ -79,9 +80,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         mark = " !" + ",".join(dict.fromkeys(f["code"] for f in t.get("flags") or [])) if t.get("flags") else ""
         ps = c.get("per_stream") or {}
         ps_mark = " !" + ",".join(dict.fromkeys(f["code"] for f in ps.get("flags") or [])) if ps.get("flags") else ""
-        rows.append([name, str(c["concurrency"]), _num(t) + mark, ci, delta, _num(c.get("per_stream")) + ps_mark,
+        rows.append([name, row_level(c), _num(t) + mark, ci, delta, _num(c.get("per_stream")) + ps_mark,
                      f"{_num(c.get('ttft_p50'), 1000, '{:.0f}')} / {_num(c.get('ttft_p99'), 1000, '{:.0f}')}"])
-    lines += _table(["variant", "conc.", "tok/s", "95% CI", "vs baseline (CI)", f"per stream [usage{tag}]",
+    lines += _table(["variant", row_header(doc["cells"]), "tok/s", "95% CI", "vs baseline (CI)", f"per stream [usage{tag}]",
                      f"TTFT p50/p99 ms [client clock{tag}]"], rows)
     lines += ["", "\\* baseline. tok/s = emitted-token counter delta over the steady-state window / its wall time; "
                   "the interval is over server starts."]
@@ -92,23 +93,23 @@ def render_markdown(doc: dict[str, Any]) -> str:
                       f"{md_text(roof['model'])}; ceilings are model figures, not measurements)", ""]
         lines += _table(["variant", "conc.", "measured tok/s", "tightest ceiling", "% of it", "unexplained ms/step",
                          "reading"],
-                        [[md_text(r["variant"]), str(r["concurrency"]), _num(r["measured"]),
+                        [[md_text(r["variant"]), row_level(r), _num(r["measured"]),
                           _num(r["tightest_ceiling"]), _num(r["pct_of_tightest"], 1, "{:.0f}%"),
                           _num(r["unexplained_ms"]), md_text(r["sentence"])] for r in roof["cells"]])
 
     spec = doc.get("spec_decode") or []
     if spec:
         lines += ["", f"### Speculative decoding (server counter{tag})", ""]
-        lines += _table(["variant", "conc.", "k", "mean acceptance length", "per position"],
-                        [[md_text(s["variant"]), str(s["concurrency"]), md_text(s["k"]),
+        lines += _table(["variant", row_header(spec), "k", "mean acceptance length", "per position"],
+                        [[md_text(s["variant"]), row_level(s), md_text(s["k"]),
                           _num(s["mean_acceptance_length"], 1, "{:.3f}"),
                           ", ".join(_num(p, 1, "{:.3f}") for p in s["per_position"])] for s in spec])
 
     audit = [a for a in doc.get("audit") or [] if a["cause"] not in ("reference",)]
     if audit:
         lines += ["", "### Audit: other ways of counting vs the counter", ""]
-        lines += _table(["variant", "conc.", "method", "tok/s", "vs counter", "cause"],
-                        [[md_text(a["variant"]), str(a["concurrency"]), md_text(a["method"]),
+        lines += _table(["variant", row_header(audit), "method", "tok/s", "vs counter", "cause"],
+                        [[md_text(a["variant"]), row_level(a), md_text(a["method"]),
                           "–" if a["tokps"] is None else f"{a['tokps']:.1f}",
                           "–" if a["error_pct_vs_counter"] is None else f"{a['error_pct_vs_counter']:+.1f}%",
                           md_text(a["cause"])] for a in audit])

@@ -56,24 +56,33 @@ def _ok_cells(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in doc["cells"] if c.get("status") == "ok" and c["tokps"].get("value") is not None]
 
 
+def _x(row: dict[str, Any]) -> float:
+    """A row's level on the x axis: streams, or the offered rate."""
+    return float(row["rate"] if row.get("rate") is not None else row["concurrency"])
+
+
+def _x_label(rows: list[dict[str, Any]]) -> str:
+    return ("offered rate (req/s)" if any(r.get("rate") is not None for r in rows) else "concurrency (streams)")
+
+
 def throughput(doc: dict[str, Any]) -> str | None:
     cells = _ok_cells(doc)
     if not cells:
         return None
     fig, (ax,) = _figure()
     for name in _variants(doc):
-        rows = sorted((c for c in cells if c["variant"] == name), key=lambda c: c["concurrency"])
+        rows = sorted((c for c in cells if c["variant"] == name), key=_x)
         if not rows:
             continue
-        x = [c["concurrency"] for c in rows]
+        x = [_x(c) for c in rows]
         y = [c["tokps"]["value"] for c in rows]
         lo = [c["tokps"]["value"] - c["tokps"]["lo"] if c["tokps"].get("lo") is not None else 0 for c in rows]
         hi = [c["tokps"]["hi"] - c["tokps"]["value"] if c["tokps"].get("hi") is not None else 0 for c in rows]
         ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=4, label=name, color=_colour(doc, name))
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (streams)")
+    ax.set_xlabel(_x_label(cells))
     ax.set_ylabel("output tok/s")
-    ax.set_title(f"Output throughput vs concurrency, 95% CI [server counter{_tag(doc)}]")
+    ax.set_title(f"Output throughput vs load level, 95% CI [server counter{_tag(doc)}]")
     ax.legend(fontsize=8)
     return _svg(fig, "throughput")
 
@@ -108,7 +117,7 @@ def tradeoff(doc: dict[str, Any]) -> str | None:
         drawn = True
         for (x, y), c in zip(pts, meta):
             ax.scatter([x], [y], color=_colour(doc, c["variant"]), s=30, zorder=3)
-            ax.annotate(f"{c['variant']} c={c['concurrency']}", (x, y), fontsize=7, xytext=(3, 3),
+            ax.annotate(f"{c['variant']} {c['level']}", (x, y), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
         front = sorted((pts[i] for i in pareto_front(pts)), key=lambda p: p[0])
         ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=1, label="Pareto front", zorder=2)
@@ -125,12 +134,12 @@ def tradeoff(doc: dict[str, Any]) -> str | None:
 def _line_per_variant(ax, doc: dict[str, Any], rows: list[dict[str, Any]], value) -> None:
     """One line per variant over concurrency (log2 axis), in the variant's colour."""
     for name in _variants(doc):
-        rs = sorted((r for r in rows if r["variant"] == name), key=lambda r: r["concurrency"])
+        rs = sorted((r for r in rows if r["variant"] == name), key=_x)
         if rs:
-            ax.plot([r["concurrency"] for r in rs], [value(r) for r in rs], marker="o",
+            ax.plot([_x(r) for r in rs], [value(r) for r in rs], marker="o",
                     label=name, color=_colour(doc, name))
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (streams)")
+    ax.set_xlabel(_x_label(rows))
 
 
 def per_stream(doc: dict[str, Any]) -> str | None:
@@ -168,7 +177,7 @@ def latency_distributions(doc: dict[str, Any]) -> str | None:
 
     fig, axes = _figure(width=9.0, height=3.8, ncols=2)
     styles = ("-", "--", ":", "-.")
-    levels = sorted({c["concurrency"] for c in cells})
+    levels = sorted({_x(c) for c in cells})
     for ax, key, label in ((axes[0], "ttft_ms", "TTFT per request (ms)"),
                            (axes[1], "itl_ms", "mean ITL per request (ms)")):
         for c in cells:
@@ -177,8 +186,8 @@ def latency_distributions(doc: dict[str, Any]) -> str | None:
                 continue
             y = np.arange(1, vals.size + 1) / vals.size
             ax.step(np.sort(vals), y, where="post", color=_colour(doc, c["variant"]),
-                    linestyle=styles[levels.index(c["concurrency"]) % len(styles)],
-                    label=f"{c['variant']} c={c['concurrency']}")
+                    linestyle=styles[levels.index(_x(c)) % len(styles)],
+                    label=f"{c['variant']} {c['level']}")
         ax.set_xscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("share of requests ≤ x")
@@ -193,14 +202,14 @@ def acceptance(doc: dict[str, Any]) -> str | None:
         return None
     fig, (ax,) = _figure()
     styles = ("-", "--", ":", "-.")
-    levels = sorted({s["concurrency"] for s in rows})
+    levels = sorted({_x(s) for s in rows})
     for s in rows:
         x = [p["position"] + 1 for p in s["per_position"]]
         y = [p["value"] for p in s["per_position"]]
         mal = s["mean_acceptance_length"].get("value")
         ax.plot(x, y, marker="o", color=_colour(doc, s["variant"]),
-                linestyle=styles[levels.index(s["concurrency"]) % len(styles)],
-                label=f"{s['variant']} c={s['concurrency']}" + (f" (mean length {mal:.2f})" if mal else ""))
+                linestyle=styles[levels.index(_x(s)) % len(styles)],
+                label=f"{s['variant']} {s['level']}" + (f" (mean length {mal:.2f})" if mal else ""))
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1.05)
@@ -216,7 +225,7 @@ def roofline(doc: dict[str, Any]) -> str | None:
     if not rows:
         return None
     fig, axes = _figure(width=9.0, height=3.8, ncols=2)
-    labels = [f"{r['variant']}\nc={r['concurrency']}" for r in rows]
+    labels = [f"{r['variant']}\n{r['level']}" for r in rows]
     colours = [_colour(doc, r["variant"]) for r in rows]
     pct = [r["pct_of_tightest"]["value"] for r in rows]
     axes[0].bar(range(len(rows)), pct, color=colours)

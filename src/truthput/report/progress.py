@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from truthput.events import Event, StartLaunching, TrialDone, style_of
+from truthput.events import Event, RunStarted, StartLaunching, TrialDone, style_of
+from truthput.spec.levels import Level, level_label
 
 
 @dataclass
@@ -23,14 +24,16 @@ class ProgressState:
     total_trials: int | None = None
     estimate_s: float | None = None
     done_trials: int = 0
+    kept_trials: int = 0
+    """Trials a resumed run already had (counted as done; the pace comes from this session's)."""
     variant: str | None = None
     start: int | None = None
-    concurrency: int | None = None
+    level: Level | None = None
     trial: int | None = None
     last_tokps: float | None = None
     last_source: str = "server counter"
     simulated: bool = False
-    seen: set[tuple[str, int, int, int]] = field(default_factory=set)
+    seen: set[tuple[str, int, Level, int]] = field(default_factory=set)
     t0: float = field(default_factory=time.monotonic)
 
     @property
@@ -42,7 +45,7 @@ class ProgressState:
         """From the pace so far; before the first trial, from the plan's estimate."""
         if self.total_trials is None:
             return None
-        left = max(self.total_trials - self.done_trials, 0)
+        left = max(self.total_trials - self.kept_trials - self.done_trials, 0)
         if self.done_trials:
             return self.elapsed_s / self.done_trials * left
         return self.estimate_s
@@ -53,8 +56,8 @@ class ProgressState:
             parts.append(self.variant)
         if self.start is not None:
             parts.append(f"start {self.start}")
-        if self.concurrency is not None:
-            parts.append(f"c={self.concurrency}")
+        if self.level is not None:
+            parts.append(level_label(self.level))
         if self.trial is not None:
             parts.append(f"trial {self.trial}")
         return " ".join(parts) or "starting"
@@ -64,11 +67,11 @@ class ProgressState:
             return "–"
         return f"{self.last_tokps:.1f} tok/s [{self.last_source}{', simulated' if self.simulated else ''}]"
 
-    def record_trial(self, variant: str, start: int, concurrency: int, trial: int, tokps: float | None,
+    def record_trial(self, variant: str, start: int, level: Level, trial: int, tokps: float | None,
                      simulated: bool = False, source: str = "server counter") -> bool:
         """Count a finished trial once (starts and trials 1-based); False when already counted."""
-        key = (variant, start, concurrency, trial)
-        self.variant, self.start, self.concurrency, self.trial = key
+        key = (variant, start, level, trial)
+        self.variant, self.start, self.level, self.trial = key
         if tokps is not None:
             self.last_tokps, self.simulated, self.last_source = tokps, simulated, source
         if key in self.seen:
@@ -94,7 +97,7 @@ class LiveProgress:
     def set_plan(self, plan: Any = None, *, total_trials: int | None = None, estimate_s: float | None = None) -> None:
         """From runner.Plan (starts x levels x repeats), or the numbers directly."""
         if plan is not None:
-            total_trials = len(plan.order) * len(plan.concurrency) * plan.repeats
+            total_trials = len(plan.order) * len(plan.levels) * plan.repeats
             estimate_s = plan.estimate_s
         self.state.total_trials, self.state.estimate_s = total_trials, estimate_s
         if self._bar is not None and self._task is not None:
@@ -103,24 +106,26 @@ class LiveProgress:
     def start(self, variant: str, start_index: int) -> None:
         """A server start begins (start_index 0-based, as in the runner)."""
         self.state.variant, self.state.start = variant, start_index + 1
-        self.state.concurrency = self.state.trial = None
+        self.state.level = self.state.trial = None
         self._refresh()
 
-    def trial_done(self, variant: str, start_index: int, concurrency: int, trial_index: int,
+    def trial_done(self, variant: str, start_index: int, level: Level, trial_index: int,
                    tokps: float | None, simulated: bool = False) -> None:
         """A trial committed (indices 0-based, as in the runner); tokps = its server-counter figure."""
-        self.state.record_trial(variant, start_index + 1, concurrency, trial_index + 1, tokps, simulated)
+        self.state.record_trial(variant, start_index + 1, level, trial_index + 1, tokps, simulated)
         self._refresh()
 
     # ---- events and plain lines --------------------------------------------------------------
     def handle(self, event: Event) -> None:
         """One runner event: update the state from its fields, then print its text."""
         if isinstance(event, TrialDone):
-            self.state.record_trial(event.variant, event.start_index + 1, event.concurrency, event.trial_index + 1,
+            self.state.record_trial(event.variant, event.start_index + 1, event.level, event.trial_index + 1,
                                     event.tokps, event.simulated, event.source)
         elif isinstance(event, StartLaunching):
             self.state.variant, self.state.start = event.variant, event.start_index + 1
-            self.state.concurrency = self.state.trial = None
+            self.state.level = self.state.trial = None
+        elif isinstance(event, RunStarted) and event.resumed:
+            self.state.kept_trials = event.kept_trials
         self._print(event.text(), style_of(event))
 
     def __call__(self, msg: str) -> None:
@@ -140,7 +145,7 @@ class LiveProgress:
         head = f"{st.elapsed_s:7.1f}s"
         if st.total_trials:
             rem = st.remaining_s
-            head += f" {st.done_trials}/{st.total_trials} trials"
+            head += f" {st.kept_trials + st.done_trials}/{st.total_trials} trials"
             if rem is not None:
                 head += f", ~{rem:.0f} s left"
         self.console.print(Text(head + " ", style="dim") + line)
@@ -161,7 +166,7 @@ class LiveProgress:
     def _refresh(self) -> None:
         if self._bar is None:
             return
-        self._bar.update(self._task, completed=self.state.done_trials, description=self.state.where(),
+        self._bar.update(self._task, completed=self.state.kept_trials + self.state.done_trials, description=self.state.where(),
                          tokps=self.state.tokps_text())
 
     def close(self) -> None:

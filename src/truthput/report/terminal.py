@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from truthput.spec.levels import level_cell, level_header, level_label
 from truthput.store.db import Store
 
 
@@ -60,7 +61,7 @@ def print_run(store: Store, run_id: str, console: Any = None) -> None:
     level = f"{summary.verdict.confidence:.0%}"
     t = Table(title=Text(f"run {run_id} ({run['status']})"))
     t.add_column("variant")
-    t.add_column("conc.", justify="right")
+    t.add_column(level_header(c.level for c in summary.cells), justify="right")
     t.add_column(Text(f"output tok/s (95% CI)\n[server counter{tag}]"), justify="right")
     t.add_column(Text(f"tok/s per stream\n[usage{tag}]"), justify="right")
     t.add_column(Text(f"TTFT p50 ms\n[client clock{tag}]"), justify="right")
@@ -69,7 +70,7 @@ def print_run(store: Store, run_id: str, console: Any = None) -> None:
     for cell in summary.cells:
         name = Text(cell.variant + (" *" if cell.baseline else ""))
         if not cell.ok or cell.estimate is None:
-            t.add_row(name, str(cell.concurrency), Text(cell.status, style="red"), "-", "-", "-", "-")
+            t.add_row(name, level_cell(cell.level), Text(cell.status, style="red"), "-", "-", "-", "-")
             continue
         est = cell.estimate
         tokps = Text(_f(est.mean))
@@ -79,18 +80,18 @@ def print_run(store: Store, run_id: str, console: Any = None) -> None:
         tokps.append(flag_mark(cell.flags_on("tok/s")), style="bold red")
         per_stream = Text(_f(cell.per_stream))
         per_stream.append(flag_mark(cell.flags_on("per stream")), style="bold red")
-        comparison = summary.comparison(cell.variant, cell.concurrency)
+        comparison = summary.comparison(cell.variant, cell.level)
         delta = "baseline" if cell.baseline else (delta_text(comparison) if comparison is not None else "-")
         per_start = est.n_trials / max(est.n_starts, 1)
-        t.add_row(name, str(cell.concurrency), tokps, per_stream,
+        t.add_row(name, level_cell(cell.level), tokps, per_stream,
                   _f(cell.ttft_p50 * 1000 if cell.ttft_p50 is not None else None), Text(delta),
                   f"{est.n_starts} x {per_start:g}")
     con.print(t)
     for line in summary.flag_lines():
         con.print(Text("! flagged", style="bold red") + Text(f" {line}"))
-    noisy = [(c.variant, c.concurrency, w) for c in summary.cells for w in c.noise]
-    for v, c, w in noisy[:8]:
-        con.print(Text("noise", style="yellow") + Text(f" {v} c={c}: {w}"))
+    noisy = [(c.variant, c.label, w) for c in summary.cells for w in c.noise]
+    for v, label, w in noisy[:8]:
+        con.print(Text("noise", style="yellow") + Text(f" {v} {label}: {w}"))
     con.print("* baseline. Output tok/s = delta of the server's emitted-token counter over the steady-state window "
               "(all N streams in flight) / the window's wall time (usage placed in time where there is no counter, "
               "marked). Per-stream rates leave out TTFT and the gaps between requests, so at c=1 a per-stream rate "
@@ -131,13 +132,13 @@ def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
     if not items:
         return
     rows = audit_rows(items, simulated=sim)
-    cells = list(dict.fromkeys((r.variant, r.concurrency) for r in rows))
+    cells = list(dict.fromkeys((r.variant, r.level) for r in rows))
     methods: list[str] = list(dict.fromkeys(r.method for r in rows))
-    by = {(r.method, r.variant, r.concurrency): r for r in rows}
+    by = {(r.method, r.variant, r.level): r for r in rows}
     t = Table(title="Audit: every counting method vs the server counter (error %, cause)" + (", simulated" if sim else ""))
     t.add_column("method")
     for v, c in cells:
-        t.add_column(Text(f"{v}\nc={c}"), justify="right")
+        t.add_column(Text(f"{v}\n{level_label(c)}"), justify="right")
     for m in methods:
         vals = []
         for v, c in cells:

@@ -15,10 +15,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from truthput.errors import SpecError
 
 from truthput.spec.engines import EngineKind
+from truthput.spec.levels import Level, Rate
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+def _core_list(v: list[int] | None) -> list[int] | None:
+    """A non-empty list of CPU core numbers (checked against this host when the plan is built)."""
+    if v is None:
+        return None
+    if not v or any(c < 0 for c in v):
+        raise ValueError("expected a non-empty list of CPU core numbers (0, 1, ...)")
+    return sorted(set(v))
 
 
 class ExperimentSection(_Strict):
@@ -48,6 +58,12 @@ class ServerSection(_Strict):
     metric_names: dict[str, str] = Field(default_factory=dict)  # engine = "command": map onto vLLM's roles
     systemd_unit: SystemdUnitRef | None = None
     user: bool = False  # engine = "systemd": use `systemctl --user`
+    cpus: list[int] | None = None  # CPU cores the server may run on (affinity; vLLM-CPU's threads bound there)
+
+    @field_validator("cpus")
+    @classmethod
+    def _cores(cls, v: list[int] | None) -> list[int] | None:
+        return _core_list(v)
 
     @model_validator(mode="after")
     def _needs_what_it_runs(self) -> "ServerSection":
@@ -101,6 +117,9 @@ MAX_CONCURRENCY = 8192
 
 class WorkloadSection(_Strict):
     concurrency: list[int] = Field(default_factory=lambda: [1])
+    rates: list[float] | None = None  # requests/s offered: an open loop at each rate instead of streams
+    arrival: Literal["poisson", "constant"] = "poisson"  # open loop: exponential or even gaps
+    max_in_flight: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)  # open loop: cap on requests open at once
     duration_s: float | None = Field(30.0, gt=0, allow_inf_nan=False)
     requests: int | None = Field(None, gt=0)
     warmup_s: float = Field(5.0, ge=0, allow_inf_nan=False)
@@ -115,6 +134,12 @@ class WorkloadSection(_Strict):
     model: str | None = None  # served model name; default: first of /v1/models
     api_key_env: str | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    client_cpus: list[int] | None = None  # CPU cores the load generator runs on (apart from the server's)
+
+    @field_validator("client_cpus")
+    @classmethod
+    def _cores(cls, v: list[int] | None) -> list[int] | None:
+        return _core_list(v)
 
     @field_validator("concurrency")
     @classmethod
@@ -125,6 +150,34 @@ class WorkloadSection(_Strict):
             raise ValueError(f"{max(v)} streams: at most {MAX_CONCURRENCY} (each open stream holds its records "
                              "and a connection in this one client process)")
         return v
+
+    @field_validator("rates")
+    @classmethod
+    def _rates(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and (not v or any(not 0 < r < float("inf") for r in v)):
+            raise ValueError("expected a non-empty list of request rates > 0 (requests per second)")
+        return None if v is None else sorted(dict.fromkeys(float(r) for r in v))
+
+    @model_validator(mode="after")
+    def _one_loop(self) -> "WorkloadSection":
+        if self.rates is not None and "concurrency" in self.model_fields_set:
+            raise ValueError("give concurrency = [...] (a closed loop: streams) or rates = [...] (an open loop: "
+                             "requests per second), not both")
+        if self.rates is None and ("max_in_flight" in self.model_fields_set or "arrival" in self.model_fields_set):
+            raise ValueError("arrival and max_in_flight shape an open loop: give rates = [...] too")
+        return self
+
+    @property
+    def mode(self) -> str:
+        """"open" (requests arrive at a rate) or "closed" (a fixed number of streams)."""
+        return "open" if self.rates is not None else "closed"
+
+    @property
+    def levels(self) -> list[Level]:
+        """The load levels every server start is measured at, in order."""
+        if self.rates is not None:
+            return [Rate(r) for r in self.rates]
+        return list(self.concurrency)
 
     @field_validator("input_tokens", "output_tokens")
     @classmethod
@@ -227,6 +280,15 @@ class Experiment(_Strict):
     measure: MeasureSection = Field(default_factory=MeasureSection)
     slo: SloSection | None = None
     claim: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _open_loop_verdicts(self) -> "Experiment":
+        """At a set rate, tok/s follows the offered rate whatever the server; an open loop is decided
+        on latency (and goodput, where [slo] sets targets) unless `verdicts` says otherwise."""
+        if self.workload.mode == "open" and "verdicts" not in self.measure.model_fields_set:
+            slo = self.slo is not None and bool(self.slo.ttft_ms or self.slo.itl_ms)
+            self.measure.verdicts = (["goodput"] if slo else []) + ["ttft_p99", "itl_p99"]
+        return self
 
     @model_validator(mode="after")
     def _goodput_needs_slo(self) -> "Experiment":

@@ -23,11 +23,15 @@ import orjson
 
 from truthput.errors import StoreError
 from truthput.measure.model import TrialResults
+from truthput.spec.levels import Level, Rate, level_label, level_of
 
-SCHEMA_VERSION = 2
-"""2: trial results are the typed results model's documents (`truthput.measure.model`, results
-schema 2); version 1 stores hold results schema 1, converted when read. Nothing else changed in
-the tables, so a version 1 store opens as it is and is marked version 2 once truthput writes to it."""
+SCHEMA_VERSION = 3
+"""3: trials have a `rate` column (an open loop's offered requests/s; 0 for a closed loop) and
+their key includes it; 2: trial results are the typed results model's documents
+(`truthput.measure.model`, results schema 2). Version 1 stores hold results schema 1, converted
+when read. An older store is read as it is; opened for writing, its trials table is rebuilt with
+the rate column (every row a closed loop, or an open loop named in its results) and it is marked
+version 3."""
 
 
 def _dumps(obj: Any) -> str:
@@ -89,10 +93,16 @@ class StoredTrial:
     t_end: float | None
     error: str | None
     results: TrialResults
+    rate: float | None = None
+    """An open loop's offered requests/s (None: a closed loop of `concurrency` streams)."""
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def level(self) -> Level:
+        return level_of(self)
 
     @property
     def window(self) -> tuple[float, float] | None:
@@ -102,15 +112,23 @@ class StoredTrial:
 
     def where(self) -> str:
         """How a person names this trial."""
-        return f"{self.variant} c={self.concurrency} start {self.start_index + 1} trial {self.trial_index + 1}"
+        return f"{self.variant} {level_label(self.level)} start {self.start_index + 1} trial {self.trial_index + 1}"
 
 
 @dataclass(frozen=True)
 class TrialKey:
     variant: str
     start_index: int
-    concurrency: int
+    level: Level
+    """Streams (closed loop) or a `Rate` (open loop)."""
     trial_index: int
+
+    @property
+    def columns(self) -> tuple[int, float]:
+        """(concurrency, rate) as stored: the one that does not apply is 0."""
+        if isinstance(self.level, Rate):
+            return 0, float(self.level)
+        return int(self.level), 0.0
 
 
 class Store:
@@ -141,6 +159,7 @@ class Store:
             if not read_only:
                 schema = resources.files("truthput.store").joinpath("schema.sql").read_text()
                 self.conn.executescript(schema)
+                self._add_rate_column()
                 self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
                                   (str(SCHEMA_VERSION),))
                 self.conn.commit()
@@ -153,6 +172,29 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a truthput results store ({exc})") from None
         self.schema_version = self._stored_version() or SCHEMA_VERSION
+
+    def _add_rate_column(self) -> None:
+        """Rebuild a version 1-2 trials table with the rate column and the key that includes it
+        (SQLite cannot change a table's UNIQUE constraint in place); row ids, and so every
+        request, scrape and telemetry row that points at them, stay as they were."""
+        cols = [r[1] for r in self.conn.execute("PRAGMA table_info(trials)").fetchall()]
+        if "rate" in cols:
+            return
+        schema = resources.files("truthput.store").joinpath("schema.sql").read_text()
+        start = schema.index("CREATE TABLE IF NOT EXISTS trials")
+        create = schema[start:schema.index(");", start) + 2].replace("IF NOT EXISTS trials", "trials_rebuilt")
+        with self.conn:
+            self.conn.execute(create)
+            self.conn.execute(f"INSERT INTO trials_rebuilt({', '.join(cols)}) SELECT {', '.join(cols)} FROM trials")
+            self.conn.execute("DROP TABLE trials")
+            self.conn.execute("ALTER TABLE trials_rebuilt RENAME TO trials")
+        for row in self.conn.execute("SELECT id, results_json FROM trials WHERE instr(results_json, '\"mode\":\"open\"')"
+                                     ).fetchall():
+            load = (orjson.loads(row[1]) or {}).get("load") or {}
+            if load.get("mode") == "open" and load.get("level"):
+                self.conn.execute("UPDATE trials SET rate=?, concurrency=0 WHERE id=?", (float(load["level"]), row[0]))
+        self.conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+        self.conn.commit()
 
     def _quick_check(self, full: bool = False) -> None:
         pragma = "integrity_check" if full else "quick_check"
@@ -320,9 +362,10 @@ class Store:
         with self._lock, self.conn:
             self._mark_current()
             cur = self.conn.execute(
-                "INSERT INTO trials(run_id, variant, start_id, start_index, concurrency, trial_index, status, t0_wall,"
-                " t0_mono, window_start, window_end, t_end, results_json, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (run_id, variant, start_id, key.start_index, key.concurrency, key.trial_index, status, t0_wall, t0_mono,
+                "INSERT INTO trials(run_id, variant, start_id, start_index, concurrency, rate, trial_index, status,"
+                " t0_wall, t0_mono, window_start, window_end, t_end, results_json, error)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (run_id, variant, start_id, key.start_index, *key.columns, key.trial_index, status, t0_wall, t0_mono,
                  window[0], window[1], t_end, _dumps(results.to_json_dict()), error),
             )
             trial_id = int(cur.lastrowid or 0)
@@ -347,14 +390,13 @@ class Store:
         return trial_id
 
     def done_trials(self, run_id: str) -> set[TrialKey]:
-        rows = self.conn.execute(
-            "SELECT variant, start_index, concurrency, trial_index FROM trials WHERE run_id=?", (run_id,)).fetchall()
-        return {TrialKey(r["variant"], r["start_index"], r["concurrency"], r["trial_index"]) for r in rows}
+        return {TrialKey(t.variant, t.start_index, t.level, t.trial_index) for t in self.trial_results(run_id)}
 
     def trials(self, run_id: str) -> list[sqlite3.Row]:
         return self.conn.execute(
             "SELECT * FROM trials WHERE run_id=? ORDER BY (SELECT position FROM variants v WHERE v.run_id = trials.run_id"
-            " AND v.name = trials.variant), variant, concurrency, start_index, trial_index", (run_id,)
+            " AND v.name = trials.variant), variant, concurrency, "
+            + ("rate, " if self._has_rate() else "") + "start_index, trial_index", (run_id,)
         ).fetchall()
 
     def trial_results(self, run_id: str) -> list[StoredTrial]:
@@ -367,8 +409,12 @@ class Store:
                 start_index=row["start_index"], concurrency=row["concurrency"], trial_index=row["trial_index"],
                 status=row["status"], t0_wall=row["t0_wall"], t0_mono=row["t0_mono"],
                 window_start=row["window_start"], window_end=row["window_end"], t_end=row["t_end"],
-                error=row["error"], results=TrialResults.from_stored(doc)))
+                error=row["error"], results=TrialResults.from_stored(doc),
+                rate=(row["rate"] or None) if "rate" in row.keys() else None))
         return out
+
+    def _has_rate(self) -> bool:
+        return any(r[1] == "rate" for r in self.conn.execute("PRAGMA table_info(trials)").fetchall())
 
     def requests(self, trial_id: int) -> list[sqlite3.Row]:
         return self.conn.execute("SELECT * FROM requests WHERE trial_id=? ORDER BY idx", (trial_id,)).fetchall()

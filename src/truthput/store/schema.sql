@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS trials (
   variant TEXT NOT NULL,
   start_id INTEGER REFERENCES starts(id),
   start_index INTEGER NOT NULL,
-  concurrency INTEGER NOT NULL,
+  concurrency INTEGER NOT NULL,      -- closed loop: streams (0 for an open loop)
+  rate REAL NOT NULL DEFAULT 0,      -- open loop: requests/s offered (0 for a closed loop)
   trial_index INTEGER NOT NULL,
   status TEXT NOT NULL,              -- ok | failed
   t0_wall REAL NOT NULL,             -- epoch seconds at t0_mono
@@ -67,7 +68,7 @@ CREATE TABLE IF NOT EXISTS trials (
   t_end REAL,                        -- monotonic: after the drain
   results_json TEXT NOT NULL,        -- every figure with its provenance (see truthput.measure)
   error TEXT,
-  UNIQUE (run_id, variant, start_index, concurrency, trial_index)
+  UNIQUE (run_id, variant, start_index, concurrency, rate, trial_index)
 );
 
 CREATE TABLE IF NOT EXISTS requests (
