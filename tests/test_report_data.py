@@ -119,7 +119,7 @@ def test_roofline_matches_hand_computation(doc):
     assert r["pct_of_tightest"]["value"] == pytest.approx(measured / (8 / floor) * 100)
     assert r["measured_step_ms"]["value"] == pytest.approx(8 / measured * 1e3)
     assert r["unexplained_ms"]["value"] == pytest.approx((8 / measured - floor) * 1e3)
-    assert 700 < r["tightest_ceiling"]["value"] < 900  # issue 7: "near 800 tok/s at 8 streams"
+    assert 700 < r["tightest_ceiling"]["value"] < 900  # the worked roofline: "near 800 tok/s at 8 streams"
     assert r["binding"] is None and r["sentence"].startswith("no modelled resource binds")
     assert r["measured"]["source"] == "simulator" and r["tightest_ceiling"]["source"] == "model"
 

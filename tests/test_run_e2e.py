@@ -270,6 +270,18 @@ def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path
     assert len(after) == 3 * 2 * 2  # every planned trial, once
     assert all(after[k] == v for k, v in before.items()), "finished trials were redone"
     assert all(t.results.to_json_dict()["integrity"]["holds"] for t in store.trial_results(run_id))
+    # the resume's progress counted the kept trials (not "0/12" from scratch)
+    progress = done.stderr.decode()
+    assert f"resumed, {len(before)} finished trial" in progress
+    assert f" {len(before)}/12 trials" in progress or f" {len(before) + 1}/12 trials" in progress, progress[-2000:]
+    # resuming a finished run says so and starts nothing
+    n_starts = len(store.starts(run_id))
+    store.close()
+    again = subprocess.run([*TRUTHPUT, "run", "--resume", run_id, "--store", str(db)], capture_output=True, text=True,
+                           env=env, cwd=tmp_path, timeout=120)
+    assert again.returncode == 0 and f"run {run_id} is complete (status done): nothing to resume" in again.stdout
+    store = Store(db)
+    assert len(store.trial_results(run_id)) == 12 and len(store.starts(run_id)) == n_starts
 
 
 def test_the_winner_is_written_back_as_a_unit_that_imports_to_its_argv(tmp_path):
@@ -280,7 +292,10 @@ def test_the_winner_is_written_back_as_a_unit_that_imports_to_its_argv(tmp_path)
     unit_path = ROOT / "tests" / "fixtures" / "units" / "gwen-original-config.service"
     text = import_unit(str(unit_path))
     text = text.replace('engine = "vllm"', 'engine = "sim"')
-    # the imported file leaves [hardware]/[model] and the variants to the user: fill them in
+    # the imported file names the unit's model directory; the simulator needs a GPU and a profile
+    # (what `run --sim-gpu --sim-model` sets), and the variants are the user's
+    model_line = next(line for line in text.splitlines() if line.startswith("path = ") and "snapshots" in line)
+    text = text.replace("[model]\n" + model_line + "\n", "")
     text = text.split("[[variant]]")[0] + """
 [hardware]
 gpu = "RTX 3090"

@@ -148,22 +148,28 @@ def test_words_per_token_ratio():
 
 
 def test_too_long_request_gets_vllms_400_and_unknown_model_404():
+    """As recorded from vLLM 0.32: max_tokens beyond what the context leaves is clamped (200, the
+    whole context used); max_tokens above max-model-len itself is a 400; an unknown model a 404."""
     async def go():
         async with running_sim(BASE, eff=FAST_FAKE) as server:
             url = f"http://127.0.0.1:{server.port}"
             async with aiohttp.ClientSession() as s:
-                async with s.post(url + "/v1/completions", json={"prompt": "a b c", "max_tokens": 4095}) as r:
+                async with s.post(url + "/v1/completions",
+                                  json={"prompt": "a b c", "max_tokens": 4095, "ignore_eos": True}) as r:
+                    clamped = r.status, await r.json()
+                async with s.post(url + "/v1/completions", json={"prompt": "a b c", "max_tokens": 4097}) as r:
                     status, body = r.status, await r.json()
                 async with s.post(url + "/v1/completions",
                                   json={"prompt": "a", "max_tokens": 2, "model": "nope"}) as r:
                     status2 = r.status
                 async with s.get(url + "/v1/models") as r:
                     models = await r.json()
-            return status, body, status2, models
+            return clamped, status, body, status2, models
 
-    status, body, status2, models = run(go())
-    assert status == 400
-    assert "maximum context length is 4096 tokens" in body["error"]["message"]
+    clamped, status, body, status2, models = run(go())
+    assert clamped[0] == 200 and clamped[1]["usage"]["total_tokens"] == 4096
+    assert status == 400 and body["error"]["param"] == "max_tokens"
+    assert "max_tokens=4097 cannot be greater than max_model_len=4096" in body["error"]["message"]
     assert status2 == 404
     assert models["data"][0]["id"] == "llama-3.1-8b" and models["data"][0]["max_model_len"] == 4096
 

@@ -31,9 +31,14 @@ def test_three_speculation_spellings_agree():
     assert a.spec_k == 3 and a.spec_method == "ngram"
 
 
-def test_same_value_twice_is_fine_but_a_conflict_is_an_error():
-    cfg = parse_serve_args([*SIM, "--spec-tokens", "2", "--speculative-config", '{"num_speculative_tokens":2}'])
-    assert cfg.spec_k == 2
+def test_a_key_given_two_ways_is_refused_as_vllm_refuses_it():
+    """vLLM 0.32 rejects a speculative key given by a --spec-* flag and by --speculative-config,
+    even with the same value; the simulator parses speculation with truthput's own argv rules."""
+    with pytest.raises(SpecError, match="conflicting speculative settings"):
+        parse_serve_args([*SIM, "--spec-tokens", "2", "--speculative-config", '{"num_speculative_tokens":2}'])
+    cfg = parse_serve_args([*SIM, "--spec-method", "ngram", "--spec-tokens", "3",
+                            "--speculative-config.prompt_lookup_max", "4"])
+    assert cfg.spec_k == 3 and cfg.speculative["prompt_lookup_max"] == 4
     with pytest.raises(SpecError, match="conflicting speculative settings"):
         parse_serve_args([*SIM, "--spec-tokens", "3", "--speculative-config", '{"num_speculative_tokens":2}'])
     with pytest.raises(SpecError, match="not valid JSON"):
@@ -42,10 +47,10 @@ def test_same_value_twice_is_fine_but_a_conflict_is_an_error():
 
 def test_unknown_flags_are_listed_and_their_values_not_taken_for_the_model():
     cfg = parse_serve_args(["--model", "/m", "--weird-flag", "7", "--switch", "--enforce-eager", *SIM,
-                            "--tool-call-parser", "qwen3_xml"])
+                            "--reasoning-parser", "qwen3"])
     assert cfg.model == "/m"
     assert "--weird-flag" in cfg.ignored and "--switch" in cfg.ignored
-    assert "--tool-call-parser" in cfg.ignored and "--enforce-eager" in cfg.ignored
+    assert "--reasoning-parser" in cfg.ignored and "--enforce-eager" in cfg.ignored
     assert "--sim-gpu" not in cfg.ignored and "--model" not in cfg.ignored
 
 

@@ -99,7 +99,7 @@ def test_log_line_generation_throughput_equals_counter_rate_over_its_interval(mo
     gen = [float(m.group(1)) for ln in lines if (m := re.search(r"Avg generation throughput: ([\d.]+) tokens/s", ln))]
     spec = [ln for ln in lines if "SpecDecoding metrics:" in ln]
     assert len(gen) >= 3 and len(gen) == len(history)
-    assert re.match(r"INFO \d\d-\d\d \d\d:\d\d:\d\d \[loggers\.py:\d+\] Engine 000: Avg prompt throughput: "
+    assert re.match(r"\(APIServer pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[loggers\.py:\d+\] Engine 000: Avg prompt throughput: "
                     r"[\d.]+ tokens/s, Avg generation throughput: [\d.]+ tokens/s, Running: \d+ reqs, "
                     r"Waiting: \d+ reqs, GPU KV cache usage: [\d.]+%, Prefix cache hit rate: [\d.]+%$", lines[0])
     by_end = {t: c for t, c in samples}

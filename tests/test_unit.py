@@ -1,4 +1,4 @@
-"""systemd units in and out (issue 5), checked against the seed unit and systemd's own syntax rules."""
+"""systemd units in and out, checked against the seed unit and systemd's own syntax rules."""
 
 from __future__ import annotations
 
@@ -175,10 +175,13 @@ def test_import_unit_makes_a_valid_experiment(tmp_path: Path) -> None:
     assert exp.server.systemd_unit.path == str(SEED_PATH.resolve())
     assert exp.experiment.name == "gwen-original-config" and exp.experiment.baseline == "baseline"
     assert [v.name for v in exp.variant] == ["baseline"]
-    assert exp.workload.concurrency == [1, 8] and exp.workload.duration_s == 30 and exp.workload.warmup_s == 5
+    assert exp.workload.concurrency == [1, 8] and exp.workload.duration_s == 20 and exp.workload.warmup_s == 5
     assert exp.workload.endpoint == "chat"  # the unit sets a chat template kwarg
     assert exp.workload.input_tokens == 256 and exp.workload.output_tokens == 256 and exp.workload.ignore_eos
-    assert exp.measure.repeats == 3
+    assert exp.measure.repeats == 1 and exp.measure.starts == 3 and exp.measure.sequential
+    # what the unit says is filled in: the model directory, and the GPU count (the GPU itself it cannot say)
+    assert exp.model is not None and exp.model.path == SEED_ARGV[SEED_ARGV.index("--model") + 1]
+    assert exp.hardware is None and "# count = 2" in toml_text and "--sim-gpu" in toml_text
     assert "# WARNING:" in toml_text and "spec=5" in toml_text
     # round trip: import -> argv -> render -> parse gives back the same argv and env
     unit = parse_unit(exp.server.systemd_unit.text, exp.server.systemd_unit.path)

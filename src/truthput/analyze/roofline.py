@@ -273,15 +273,18 @@ def place(roof: Roofline, measured_tokps: float, acceptance_length: float | None
     compute_key = "compute_verify" if roof.spec_k > 0 else "compute"
     nearest = "memory bandwidth" if mem >= overlap[compute_key].seconds_per_step else "compute"
     pct = f"{fraction * 100:.0f}%"
+    # on the simulator the time beyond the floor is its own modelled overhead, not a mystery
+    rest = "of the simulator's modelled overhead" if measured_source == "simulator" else "unexplained"
     if fraction >= BIND_THRESHOLD:
         binding: str | None = nearest
         sentence = (f"{nearest} binds: {pct} of the {ceil.name} ceiling "
-                    f"({ceiling_tokps:.1f} tok/s); {unexplained * 1e3:.1f} ms/step unexplained")
+                    f"({ceiling_tokps:.1f} tok/s); {unexplained * 1e3:.1f} ms/step {rest}")
     else:
         binding = None
         sentence = (f"no modelled resource binds: {pct} of the tightest ceiling "
-                    f"({ceiling_tokps:.1f} tok/s, {nearest}); {unexplained * 1e3:.0f} ms/step unexplained"
-                    f" — candidates: {', '.join(_candidates(roof, model_bits))}")
+                    f"({ceiling_tokps:.1f} tok/s, {nearest}); {unexplained * 1e3:.0f} ms/step {rest}"
+                    + ("" if measured_source == "simulator"
+                       else f" — candidates: {', '.join(_candidates(roof, model_bits))}"))
     return Placement(
         measured_tokps=measured_tokps, measured_source=measured_source, tokens_per_step_per_stream=tokens,
         tokens_per_step_basis=basis, measured_step_s=step, bound_shares=shares, ceiling_name=ceil.name,

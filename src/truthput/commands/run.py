@@ -144,8 +144,12 @@ def register(app: typer.Typer) -> None:
         store: Path = typer.Option(Path("truthput.db"), "--store", help=STORE_HELP),
         resume: Optional[str] = typer.Option(None, "--resume", help="Continue an interrupted run (id or 'latest') without redoing finished trials."),
         reports: Optional[Path] = typer.Option(Path("reports"), "--reports", help="Folder for the HTML and markdown reports."),
+        sim_gpu: Optional[str] = typer.Option(None, "--sim-gpu", help="With the simulator: model this GPU (a catalog "
+                                              "name), as many as the command's TP x PP, instead of the file's [hardware]."),
+        sim_model: Optional[str] = typer.Option(None, "--sim-model", help="With the simulator: model this profile "
+                                                "instead of the file's [model]."),
     ) -> None:
-        """Run every variant x concurrency level, measure from server counters, print the verdict."""
+        """Run every variant x load level, measure from server counters, print the verdict."""
         import asyncio
         import signal
 
@@ -162,9 +166,14 @@ def register(app: typer.Typer) -> None:
 
         if engine is not None and engine not in ENGINE_KINDS:
             raise SpecError(f"--engine {engine!r}: expected one of {', '.join(ENGINE_KINDS)}")
+        overrides: list[str] = []
         if not resume and experiment is not None:
             # a bad file or an impossible plan fails before a store is created
             exp, text = load_experiment(experiment)
+            if sim_gpu or sim_model:
+                if (engine or exp.server.engine) != "sim":
+                    raise SpecError("--sim-gpu / --sim-model shape the simulator: give --engine sim too")
+                overrides = exp.simulate_on(sim_gpu, sim_model)
             checked_plan(exp, engine, experiment)
         elif resume and not store.exists():
             raise SpecError(f"--resume {resume}: no results store at {store}")
@@ -178,6 +187,7 @@ def register(app: typer.Typer) -> None:
                 return
             exp = parse_experiment(row["experiment_toml"], f"{row['experiment_path'] or 'stored experiment'} (run {run_id})")
             text, path = row["experiment_toml"], row["experiment_path"]
+            db.apply_sim_target(run_id, exp)
         elif experiment is None:
             raise SpecError("give an experiment file (truthput run EXP.toml) or --resume RUN_ID")
         else:
@@ -198,7 +208,9 @@ def register(app: typer.Typer) -> None:
             task = asyncio.current_task()
             for sig in (*stop_signals(), signal.SIGINT):
                 loop.add_signal_handler(sig, _stop_task, task, sig, received)
-            return await run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress)
+            return await run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress,
+                                        sim_target={"gpu": sim_gpu, "model": sim_model, "said": overrides}
+                                        if overrides else None)
 
         if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C works even when inherited ignored
@@ -241,6 +253,8 @@ def register(app: typer.Typer) -> None:
         store: Path = typer.Option(Path("truthput.db"), "--store",
                                    help="Results store whose earlier runs on this host give the expected noise "
                                         "(read only; not created)."),
+        sim_gpu: Optional[str] = typer.Option(None, "--sim-gpu", help="As for run: the simulator's GPU."),
+        sim_model: Optional[str] = typer.Option(None, "--sim-model", help="As for run: the simulator's model profile."),
     ) -> None:
         """Print the trial plan, each variant's argv diff, the starts the stopping rule will likely
         need and a time estimate; runs nothing."""
@@ -251,12 +265,20 @@ def register(app: typer.Typer) -> None:
         from truthput.spec.levels import level_label
         from truthput.text import plural
 
+        from truthput.errors import SpecError
+
         exp, _ = load_experiment(experiment)
+        if sim_gpu or sim_model:
+            if (engine or exp.server.engine) != "sim":
+                raise SpecError("--sim-gpu / --sim-model shape the simulator: give --engine sim too")
+            exp.simulate_on(sim_gpu, sim_model)
         p = checked_plan(exp, engine, experiment)
         con = make_console()
         con.print(f"[bold]{exp.experiment.name}[/bold]: engine {p.engine}"
                   + (" (embedded simulator: every figure will be SIMULATED)" if p.engine == "sim" else ""))
-        con.print(f"base command: {' '.join(exp.server.command) or '(none)'}")
+        import shlex
+
+        con.print(f"base command: {shlex.join(exp.server.command) or '(none)'}", markup=False, highlight=False)
         t = Table(title="variants (argv diff vs the baseline's command)")
         t.add_column("variant")
         t.add_column("diff")

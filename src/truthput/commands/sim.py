@@ -172,7 +172,7 @@ def calibration_points(store, run_ids: list[str]) -> StorePoints:
 
 def register(app: typer.Typer) -> None:
     sim_app = typer.Typer(name="sim", help="The embedded vLLM SIMULATOR (speeds from the physics model).",
-                          no_args_is_help=True, add_completion=False)
+                          no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
     @sim_app.command("serve", context_settings=_PASSTHROUGH, add_help_option=False)
     def serve(ctx: typer.Context) -> None:
@@ -193,7 +193,7 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--out", help="Write the profile JSON here (for \\[sim] profile / --sim-profile); its metadata keeps the fit's covariance and every --predict with its band."),
         start_spread: Optional[float] = typer.Option(None, "--start-spread", help="Relative spread of throughput from one server start to the next (default: the simulator's noise for simulated runs, else 0.02): trials of one start share it, so the fit weighs start-to-start differences less."),
         keep_outliers: bool = typer.Option(False, "--keep-outliers", help="Fit every trial, even windows far off the others (host stalls); by default they are left out and listed."),
-        seed_case: bool = typer.Option(False, "--seed-case", help="Print the seed case: calibrate on 66.9 tok/s at 1 stream, predict 8 streams."),
+        worked_example: bool = typer.Option(False, "--worked-example", help="Print the worked example (2x RTX 3090, Qwen 27B): calibrate on 66.9 tok/s at 1 stream, predict 8 streams."),
     ) -> None:
         """Fit the simulator's free constants to measured runs; predict other configs with a band.
 
@@ -217,11 +217,11 @@ def register(app: typer.Typer) -> None:
         from truthput.report.terminal import make_console
 
         from truthput.errors import SpecError
-        from truthput.sim.calibrate import fit, parse_point, seed_case_report
+        from truthput.sim.calibrate import fit, parse_point, worked_example_report
 
         con = make_console()
-        if seed_case:
-            con.print(seed_case_report(), highlight=False, markup=False)
+        if worked_example:
+            con.print(worked_example_report(), highlight=False, markup=False)
             return
         points = [parse_point(p) for p in (point or [])]
         simulated_runs = []

@@ -55,6 +55,8 @@ def export_variant_unit(
     argv = json.loads(stored["argv_json"])
     env = json.loads(stored["env_json"] or "{}")
 
+    base_command: list[str] | None = None
+    notes: list[str] = []
     if template is not None:
         try:
             unit_text, unit_path = template.read_text(encoding="utf-8"), str(template)
@@ -71,20 +73,29 @@ def export_variant_unit(
         if not unit_text and unit_path and Path(unit_path).exists():
             unit_text = Path(unit_path).read_text(encoding="utf-8")
         if not unit_text:
-            raise SpecError(
-                f"{where} has no [server.systemd_unit] text; give --template UNIT.service "
-                "(experiments made by `truthput import` carry it)"
-            )
+            # no unit to start from (the experiment gave a command): a minimal one, said so
+            base_command = [str(w) for w in experiment.get("server", {}).get("command") or []]
+            if not base_command:
+                raise SpecError(f"{where} has neither a [server.systemd_unit] nor a command; give --template "
+                                "UNIT.service")
+            unit_text = (f"[Unit]\nDescription={experiment.get('experiment', {}).get('name', 'truthput')}: "
+                         f"{variant} (written by truthput)\nAfter=network.target\n\n[Service]\nType=simple\n"
+                         "Restart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n")
+            notes.append(f"{where} came from a command, not a unit: this is a minimal unit (add User=, "
+                         "WorkingDirectory= and the like, or give --template UNIT.service)")
     unit = parse_unit(unit_text, unit_path)
 
-    original_argv, _, _ = unwrap_shell(unit.exec_start_argv(), unit.where)
+    if base_command is not None:
+        original_argv = base_command
+    else:
+        original_argv, _, _ = unwrap_shell(unit.exec_start_argv(), unit.where)
     engine = guess_engine(argv)
     original = ServerArgv.parse(original_argv, engine=engine)
     server = ServerArgv.parse(argv, engine=engine)
     for name in ("--host", "--port"):
         server = server.with_set({name: original.get(name)}) if original.has(name) else server.without([name])
     text = render_unit(unit, server.to_argv(), env=env, experiment_mode=experiment_mode, description=description)
-    warnings = consistency_warnings(parse_unit(text, unit_path))
+    warnings = notes + consistency_warnings(parse_unit(text, unit_path))
     return text, warnings
 
 

@@ -1,7 +1,7 @@
 """What the runner needs from any server, local or not: a URL, a start, a stop, and its log.
 
 A failed start is not an exception that ends the experiment: `start()` returns a `StartOutcome`
-with the failure class, and the runner records it and moves on (issue 5).
+with the failure class, and the runner records it and moves on.
 """
 
 from __future__ import annotations

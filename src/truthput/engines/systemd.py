@@ -1,4 +1,4 @@
-"""A server that runs as a systemd unit, started and stopped with `systemctl [--user]` (issue 5).
+"""A server that runs as a systemd unit, started and stopped with `systemctl [--user]`.
 
 Why: users keep their inference server in a unit (User=, limits, Environment=, journald logging),
 and a variant measured outside that unit is not the config they run. For each server start truthput

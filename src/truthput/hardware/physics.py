@@ -1,4 +1,4 @@
-"""First-order physics of LLM decoding (see /work/shared/reference/physics.md).
+"""First-order physics of LLM decoding.
 
 Shared by the roofline (which reports each bound) and the simulator (which sleeps for the step time),
 so both tell the same story. Every figure this module produces is a MODEL figure, never a

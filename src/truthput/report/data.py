@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 import tomllib
 from collections import defaultdict
 from datetime import datetime, timezone
@@ -142,6 +143,8 @@ def _experiment_block(store: Store, run_id: str, run: Any, exp: Any, exp_error: 
         "name": run["name"], "path": run["experiment_path"], "toml": run["experiment_toml"],
         "parse_error": exp_error,
         "base_command": list(exp.server.command) if exp else list(_get(raw, "server", "command") or []),
+        "base_command_shell": shlex.join(str(w) for w in (exp.server.command if exp else
+                                                          (_get(raw, "server", "command") or []))),
         "baseline": exp.experiment.baseline if exp else _get(raw, "experiment", "baseline"),
         "variants": variants,
         "hardware": exp.hardware.model_dump() if exp and exp.hardware else raw.get("hardware"),
@@ -251,7 +254,7 @@ def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict | No
             if any(v is not None for v in stored.slo.values()):
                 good_rows[key].append(stored)
     latency = []
-    for _key, cell in sorted(per_cell.items(), key=lambda kv: kv[0]):
+    for cell in per_cell.values():  # the throughput table's order: variant order, then level
         cell["ttft_ms"] = sorted(cell["ttft_ms"])
         cell["itl_ms"] = sorted(cell["itl_ms"])
         cell["source"] = "simulator" if simulated else "client_clock"
@@ -261,7 +264,7 @@ def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict | No
     good = None
     if good_rows:
         good = []
-        for (variant, conc), rows in sorted(good_rows.items()):
+        for (variant, conc), rows in good_rows.items():
             slo = slo or rows[0].slo
             rps = [r.goodput_rps.number() if r.goodput_rps else None for r in rows]
             tps = [r.good_tokens_per_s.number() if r.good_tokens_per_s else None for r in rows]
@@ -282,7 +285,7 @@ def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict | No
 # ---- spec decode ------------------------------------------------------------------------------
 def _spec_decode(by_cell: dict[tuple[str, Level], list[StoredTrial]], simulated: bool) -> list[dict[str, Any]]:
     out = []
-    for (variant, conc), trials in sorted(by_cell.items()):
+    for (variant, conc), trials in by_cell.items():
         blocks = [t.results.spec_decode for t in trials if t.ok and t.results.spec_decode is not None]
         if not blocks:
             continue
@@ -412,8 +415,12 @@ def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
                                  "additive": b.additive, "detail": b.detail} for name, b in roof.bounds.items()},
             "weight_passes_per_s": {"value": roof.weight_passes_per_s, "unit": "1/s", "source": "model"},
             "binding": pl.binding, "sentence": pl.sentence,
+            "reading": pl.sentence.partition(" — candidates: ")[0],
             "roofline": roof.to_dict(), "placement": pl.to_dict(),
         })
+    candidates = sorted({r["sentence"].partition(" — candidates: ")[2] for r in rows} - {""})
+    if candidates:
+        notes.append("where no modelled resource binds, candidates for the rest of the step: " + "; ".join(candidates))
     return {"available": bool(rows), "reason": None if rows else "no cell could be placed", "gpu": gpu.name,
             "gpu_count": hw.get("count"), "model": profile.name, "context_tokens": context,
             "context_basis": context_basis, "cells": rows, "notes": notes,
@@ -451,6 +458,7 @@ def _telemetry(store: Store, trials: list[StoredTrial]) -> dict[str, Any]:
         return {"available": False, "note": "no GPU telemetry recorded for this run", "util_note": GPU_UTIL_NOTE,
                 "rows": [], "samples": 0}
     groups: dict[tuple[str, Level, int], list[Any]] = defaultdict(list)
+    order = list(dict.fromkeys((t.variant, t.level) for t in trials))
     for r in rows:
         t = by_id.get(r["trial_id"])
         if t is not None:
@@ -461,7 +469,7 @@ def _telemetry(store: Store, trials: list[StoredTrial]) -> dict[str, Any]:
         return fn(vals) if vals else None
 
     out = []
-    for (variant, conc, gpu), xs in sorted(groups.items()):
+    for (variant, conc, gpu), xs in sorted(groups.items(), key=lambda kv: (order.index(kv[0][:2]), kv[0][2])):
         out.append({"variant": variant, **level_json(conc), "gpu": gpu, "samples": len(xs),
                     "util_pct_mean": {"value": avg(xs, "util_pct"), "unit": "%", "source": "nvml",
                                       "note": "time busy, not capacity used"},
@@ -540,6 +548,8 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
     run = store.run(run_id)
     simulated = bool(run["simulated"])
     exp, exp_error = _experiment(run)
+    if exp is not None:
+        store.apply_sim_target(run_id, exp)
     machine = _loads(run["machine_json"], {})
     trials = store.trial_results(run_id)
     by_cell: dict[tuple[str, Level], list[StoredTrial]] = defaultdict(list)
@@ -672,6 +682,8 @@ def roofline_for_run(store: Store, run_id: str) -> dict[str, Any]:
     run = store.run(run_id)
     simulated = bool(run["simulated"])
     exp, exp_error = _experiment(run)
+    if exp is not None:
+        store.apply_sim_target(run_id, exp)
     by_cell: dict[tuple[str, Level], list[StoredTrial]] = defaultdict(list)
     for t in store.trial_results(run_id):
         by_cell[(t.variant, t.level)].append(t)
@@ -689,6 +701,6 @@ def roofline_lines(roof: dict[str, Any]) -> list[str]:
     for r in roof["cells"]:
         kind = "SIMULATED" if r["measured"].get("source") == "simulator" else "measured"
         out.append(f"  {r['variant']} {r['level']}: {kind} {r['measured']['value']:.1f} tok/s, "
-                   f"{r['measured_step_ms']['value']:.1f} ms/step; {r['sentence']}")
+                   f"{r['measured_step_ms']['value']:.1f} ms/step; {r['reading']}")
     out += [f"  note: {n}" for n in roof.get("notes") or []]
     return out

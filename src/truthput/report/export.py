@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -103,7 +104,7 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                                  "level": c.get("level"), "kind": kind,
                                  "value": value, "source": c["source"]})
     variants = [{"name": v["name"], "baseline": v["baseline"], "diff": " ; ".join(v["diff_lines"]),
-                 "argv": " ".join(v["argv"]), "speculative": v["speculative"]}
+                 "argv": shlex.join(v["argv"]), "speculative": v["speculative"]}
                 for v in doc["experiment"]["variants"]]
     return {
         "cells": doc.get("cells") or [],

@@ -68,7 +68,18 @@ def _environment():
                       autoescape=select_autoescape(default=True, default_for_string=True),
                       trim_blocks=True, lstrip_blocks=True)
     del StrictUndefined  # lenient: an absent optional key renders as empty
+    env.filters["plain"] = plain_value
     return env
+
+
+def plain_value(value: Any) -> str:
+    """A metadata value as a person reads it: a mapping as "key value, ...", a list comma-separated,
+    never a Python repr."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {plain_value(v)}" for k, v in value.items() if v not in (None, "", [], {}))
+    if isinstance(value, (list, tuple)):
+        return ", ".join(plain_value(v) for v in value) or "none"
+    return "" if value is None else str(value)
 
 
 def render_html(doc: dict[str, Any], plots: dict[str, str | None] | None = None) -> str:

@@ -6,7 +6,7 @@ Why its own escaping: GitHub renders inline HTML in markdown, so text from serve
 
 from __future__ import annotations
 
-import html
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,9 @@ from truthput.store.db import Store
 
 
 def md_text(text: Any) -> str:
-    """One table cell / inline span: HTML-escaped, pipes and newlines neutralised."""
-    s = html.escape("" if text is None else str(text), quote=False)
+    """One table cell / inline span: no HTML tag can open ("<" escaped; "->" and "a & b" stay as
+    written), pipes and newlines neutralised."""
+    s = ("" if text is None else str(text)).replace("<", "&lt;")
     return s.replace("|", "\\|").replace("\r", " ").replace("\n", " ").replace("`", "'")
 
 
@@ -26,8 +27,16 @@ def _num(f: dict[str, Any] | None, scale: float = 1.0, fmt: str = "{:.1f}") -> s
     return fmt.format(f["value"] * scale)
 
 
+_NUMBER = re.compile(r"^[+\-–]?(\d|–$)")
+
+
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(head))) + "|"]
+    """A pipe table; a column of figures is right-aligned, a column of words left-aligned."""
+    def numeric(i: int) -> bool:
+        cells = [r[i].strip() for r in rows if i < len(r) and r[i].strip()]
+        return bool(cells) and all(_NUMBER.match(c) for c in cells)
+
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if numeric(i) else "---" for i in range(len(head))) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out
 
@@ -91,11 +100,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if roof.get("available"):
         lines += ["", f"### Roofline ({md_text(roof.get('gpu_count'))} × {md_text(roof['gpu'])}, "
                       f"{md_text(roof['model'])}; ceilings are model figures, not measurements)", ""]
-        lines += _table(["variant", "conc.", "measured tok/s", "tightest ceiling", "% of it", "unexplained ms/step",
+        lines += _table(["variant", row_header(roof["cells"]), "measured tok/s", "tightest ceiling", "% of it",
+                         "simulator overhead ms/step" if sim else "unexplained ms/step",
                          "reading"],
                         [[md_text(r["variant"]), row_level(r), _num(r["measured"]),
                           _num(r["tightest_ceiling"]), _num(r["pct_of_tightest"], 1, "{:.0f}%"),
-                          _num(r["unexplained_ms"]), md_text(r["sentence"])] for r in roof["cells"]])
+                          _num(r["unexplained_ms"]), md_text(r["reading"])] for r in roof["cells"]])
+        lines += [f"- {md_text(n)}" for n in roof.get("notes") or []]
 
     spec = doc.get("spec_decode") or []
     if spec:

@@ -23,7 +23,10 @@ def _figure(width: float = 7.0, height: float = 3.6, ncols: int = 1):
     matplotlib.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
     from matplotlib.figure import Figure
 
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)  # a canvas to measure text on (labels are placed by their drawn size)
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     return fig, list(axes)
 
@@ -65,6 +68,60 @@ def _x_label(rows: list[dict[str, Any]]) -> str:
     return ("offered rate (req/s)" if any(r.get("rate") is not None for r in rows) else "concurrency (streams)")
 
 
+def _level_axis(ax, rows: list[dict[str, Any]]) -> None:
+    """A log2 level axis with ticks at the measured levels only, in plain numbers ("1", "8", "2.5")."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    levels = sorted({_x(r) for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(levels))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(levels, [f"{v:g}" for v in levels])
+    if len(levels) == 1:
+        ax.set_xlim(levels[0] / 1.5, levels[0] * 1.5)
+    ax.set_xlabel(_x_label(rows))
+
+
+def _plain_log_axis(axis) -> None:
+    """A log axis labelled in plain numbers (300, not 3x10^2)."""
+    from matplotlib.ticker import FuncFormatter
+
+    fmt = FuncFormatter(lambda v, _pos: f"{v:g}")
+    axis.set_major_formatter(fmt)
+    axis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))
+
+
+def place_labels(ax, points: list[tuple[float, float]], texts: list[str]) -> list[Any]:
+    """Annotations next to their points, none overlapping another or a point's marker: each tries
+    offsets around its point and keeps the first whose box is clear (else the least crowded)."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    offsets = [(4, 4), (4, -12), (-4, 4), (-4, -12), (4, 14), (-4, 14), (4, -22), (-4, -22), (12, -4), (-12, -4)]
+    placed: list[Any] = []
+    boxes: list[Any] = []
+    for (x, y), text in zip(points, texts):
+        best, best_hits = None, None
+        for dx, dy in offsets:
+            ann = ax.annotate(text, (x, y), fontsize=7, xytext=(dx, dy), textcoords="offset points",
+                              ha="left" if dx >= 0 else "right", va="bottom")
+            ann.set_in_layout(False)  # the layout is fixed before labels are placed
+            box = ann.get_window_extent(renderer)
+            hits = sum(1 for b in boxes if b.overlaps(box))
+            if hits == 0:
+                best, best_hits = ann, 0
+                break
+            if best_hits is None or hits < best_hits:
+                if best is not None:
+                    best.remove()
+                best, best_hits = ann, hits
+            else:
+                ann.remove()
+        if best is not None:
+            placed.append(best)
+            boxes.append(best.get_window_extent(renderer))
+    return placed
+
+
 def throughput(doc: dict[str, Any]) -> str | None:
     cells = _ok_cells(doc)
     if not cells:
@@ -78,9 +135,10 @@ def throughput(doc: dict[str, Any]) -> str | None:
         y = [c["tokps"]["value"] for c in rows]
         lo = [c["tokps"]["value"] - c["tokps"]["lo"] if c["tokps"].get("lo") is not None else 0 for c in rows]
         hi = [c["tokps"]["hi"] - c["tokps"]["value"] if c["tokps"].get("hi") is not None else 0 for c in rows]
-        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=4, label=name, color=_colour(doc, name))
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel(_x_label(cells))
+        # points at the measured levels only: a line would claim the levels in between
+        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=4, label=name, color=_colour(doc, name),
+                    linestyle="none")
+    _level_axis(ax, cells)
     ax.set_ylabel("output tok/s")
     ax.set_title(f"Output throughput vs load level, 95% CI [server counter{_tag(doc)}]")
     ax.legend(fontsize=8)
@@ -117,14 +175,14 @@ def tradeoff(doc: dict[str, Any]) -> str | None:
         drawn = True
         for (x, y), c in zip(pts, meta):
             ax.scatter([x], [y], color=_colour(doc, c["variant"]), s=30, zorder=3)
-            ax.annotate(f"{c['variant']} {c['level']}", (x, y), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
         front = sorted((pts[i] for i in pareto_front(pts)), key=lambda p: p[0])
         ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=1, label="Pareto front", zorder=2)
         ax.scatter([p[0] for p in front], [p[1] for p in front], facecolors="none", edgecolors="k", s=90, zorder=4)
         ax.set_xlabel(f"{label} [client clock]")
         ax.set_ylabel("output tok/s [server counter]")
         ax.legend(fontsize=7, loc="lower right")
+        fig.canvas.draw()  # lay the axes out, then place labels where they do not collide
+        place_labels(ax, pts, [f"{c['variant']} {c['level']}" for c in meta])
     if not drawn:
         return None
     fig.suptitle(f"Throughput-latency trade-off per variant x concurrency (Pareto front circled){_tag(doc)}")
@@ -136,10 +194,9 @@ def _line_per_variant(ax, doc: dict[str, Any], rows: list[dict[str, Any]], value
     for name in _variants(doc):
         rs = sorted((r for r in rows if r["variant"] == name), key=_x)
         if rs:
-            ax.plot([_x(r) for r in rs], [value(r) for r in rs], marker="o",
+            ax.plot([_x(r) for r in rs], [value(r) for r in rs], marker="o", linestyle="none",
                     label=name, color=_colour(doc, name))
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel(_x_label(rows))
+    _level_axis(ax, rows)
 
 
 def per_stream(doc: dict[str, Any]) -> str | None:
@@ -189,6 +246,7 @@ def latency_distributions(doc: dict[str, Any]) -> str | None:
                     linestyle=styles[levels.index(_x(c)) % len(styles)],
                     label=f"{c['variant']} {c['level']}")
         ax.set_xscale("log")
+        _plain_log_axis(ax.xaxis)
         ax.set_xlabel(label)
         ax.set_ylabel("share of requests ≤ x")
     axes[1].legend(fontsize=7)
@@ -237,7 +295,8 @@ def roofline(doc: dict[str, Any]) -> str | None:
     floor = [r["measured_step_ms"]["value"] - r["unexplained_ms"]["value"] for r in rows]
     unexplained = [r["unexplained_ms"]["value"] for r in rows]
     axes[1].bar(range(len(rows)), floor, color="#999999", label="tightest step floor (model)")
-    axes[1].bar(range(len(rows)), unexplained, bottom=floor, color=colours, alpha=0.6, label="unexplained")
+    axes[1].bar(range(len(rows)), unexplained, bottom=floor, color=colours, alpha=0.6,
+                label="simulator's modelled overhead" if doc.get("simulated") else "unexplained")
     axes[1].set_xticks(range(len(rows)), labels, fontsize=7)
     axes[1].set_ylabel("ms per decode step")
     axes[1].legend(fontsize=7)

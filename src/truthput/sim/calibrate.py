@@ -1,4 +1,4 @@
-"""Calibrate the physics model's efficiency knobs to measured throughput (issue 3, calibration part).
+"""Calibrate the physics model's efficiency knobs to measured throughput.
 
 The physics model (truthput.hardware.physics) has a few constants no datasheet gives: achieved
 bandwidth and FLOP fractions, a fixed per-step overhead, and the per-collective TP latency. Given
@@ -696,10 +696,10 @@ def _fit(
     )
 
 
-# --- the seed case -------------------------------------------------------------------------------
+# --- the worked example (a published 2-GPU case) -------------------------------------------------------------------------------
 
-SEED_ACCEPTANCE_LENGTH = 1.95  # assumption: MTP k=1 on chat text; the seed did not record it
-SEED_CONTEXT = 2048  # assumption: mean context per stream during the seed's runs
+EXAMPLE_ACCEPTANCE_LENGTH = 1.95  # assumption: MTP k=1 on chat text; the example's notes did not record it
+EXAMPLE_CONTEXT = 2048  # assumption: mean context per stream during the example's runs
 
 
 def _solve_alternative(result: CalibrationResult, target: CalibrationPoint, name: str,
@@ -735,22 +735,22 @@ def _solve_alternative(result: CalibrationResult, target: CalibrationPoint, name
     return None
 
 
-def seed_case_report() -> str:
-    """Calibrate on the seed's 1-stream figure, predict 8 streams, and compare with the measurement."""
+def worked_example_report() -> str:
+    """Calibrate on the worked example's 1-stream figure, predict 8 streams, and compare with the measurement."""
     gpu, model = get_gpu("RTX 3090"), get_model("qwen3.6-27b-5.5bit")
     c1 = CalibrationPoint(tp=2, concurrency=1, spec_k=1, spec_method="qwen3_5_mtp",
-                          acceptance_length=SEED_ACCEPTANCE_LENGTH, context_tokens=SEED_CONTEXT,
+                          acceptance_length=EXAMPLE_ACCEPTANCE_LENGTH, context_tokens=EXAMPLE_CONTEXT,
                           measured_tokps=66.9, kv_dtype_bytes=1.0)
     c8 = replace(c1, concurrency=8, measured_tokps=339.9)
     result = fit([c1], gpu, model)
     value, lo, hi = result.predict(c8)
     eff = result.efficiency
     lines = [
-        "Seed case: Qwen3.6-27B 5.5-bit on 2x RTX 3090, TP=2, MTP spec-tokens 1, KV fp8 (model figures, "
+        "Worked example: Qwen3.6-27B 5.5-bit on 2x RTX 3090, TP=2, MTP spec-tokens 1, KV fp8 (model figures, "
         "calibrated to the measured 1-stream counter figure).",
-        f"Assumptions: mean acceptance length {SEED_ACCEPTANCE_LENGTH} (not recorded in the seed), "
-        f"{SEED_CONTEXT} context tokens per stream, priors bw_frac={eff.bw_frac}, flops_frac={eff.flops_frac}, "
-        f"TP alpha={eff.tp_latency_s * 1e6:.0f} us (estimate). The seed's figures are whole-run counter deltas "
+        f"Assumptions: mean acceptance length {EXAMPLE_ACCEPTANCE_LENGTH} (not recorded in the example), "
+        f"{EXAMPLE_CONTEXT} context tokens per stream, priors bw_frac={eff.bw_frac}, flops_frac={eff.flops_frac}, "
+        f"TP alpha={eff.tp_latency_s * 1e6:.0f} us (estimate). The example's figures are whole-run counter deltas "
         "(read, run load, read, divide) with unrecorded prompt lengths, so the steady-decode model is used: any "
         "prefill and ramp time in them is absorbed by the fitted step overhead.",
         f"Fit: {', '.join(result.fitted)} = {eff.step_overhead_s * 1e3:.1f} ms/step from 1 point "
@@ -759,8 +759,8 @@ def seed_case_report() -> str:
         f"Predicted at 8 streams: {value:.0f} tok/s (95% band {lo:.0f}-{hi:.0f}); measured (server counter): 339.9 tok/s "
         f"({339.9 / value:.0%} of the prediction).",
     ]
-    step_pred = 8 * SEED_ACCEPTANCE_LENGTH / value
-    step_meas = 8 * SEED_ACCEPTANCE_LENGTH / 339.9
+    step_pred = 8 * EXAMPLE_ACCEPTANCE_LENGTH / value
+    step_meas = 8 * EXAMPLE_ACCEPTANCE_LENGTH / 339.9
     lines.append(f"Per step: predicted {step_pred * 1e3:.1f} ms, measured {step_meas * 1e3:.1f} ms: "
                  f"{(step_meas - step_pred) * 1e3:.1f} ms/step that grows with the batch and the model does not have.")
     lines.append("What would have to change (each alone, refitted through both points):")
@@ -830,11 +830,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="tp=2,concurrency=8,spec_k=1,spec_method=mtp,acceptance=1.95,context=2048,tokps=339.9,kv=1")
     parser.add_argument("--free", default=",".join(DEFAULT_FREE), help="constants to fit (comma-separated)")
     parser.add_argument("--out", help="write the profile JSON here")
-    parser.add_argument("--seed-case", action="store_true", help="print the seed case report and exit")
+    parser.add_argument("--worked-example", action="store_true", help="print the worked example report and exit")
     args = parser.parse_args(argv)
     try:
-        if args.seed_case:
-            print(seed_case_report())
+        if args.worked_example:
+            print(worked_example_report())
             return 0
         if not args.gpu or not args.model or not args.point:
             raise SpecError("calibrate: give --gpu, --model and at least one --point")

@@ -31,8 +31,8 @@ _SPEC_INT_KEYS = {"num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_
 NOT_MODELLED = frozenset({
     "--data-parallel-size", "-dp", "--dtype", "--quantization", "-q", "--enable-prefix-caching",
     "--no-enable-prefix-caching", "--enforce-eager", "--no-enforce-eager", "--swap-space",
-    "--cpu-offload-gb", "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
-    "--chat-template", "--default-chat-template-kwargs", "--trust-remote-code", "--tokenizer",
+    "--cpu-offload-gb", "--enable-auto-tool-choice", "--reasoning-parser",
+    "--chat-template", "--default-chat-template-kwargs", "--trust-remote-code",
     "--revision", "--download-dir", "--load-format", "--uvicorn-log-level", "--api-key",
     "--max-logprobs",
 })
@@ -67,6 +67,8 @@ class SimServeConfig:
     seed: int
     startup_s: float
     disable_log_stats: bool = False
+    tokenizer: str | None = None
+    tool_call_parser: str | None = None
     ignored: list[str] = field(default_factory=list)
     allow_remote: bool = False
     argv: list[str] = field(default_factory=list)
@@ -162,12 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--spec-tokens", type=int, default=None,
                    help="Number of speculative tokens k.")
     v.add_argument("--enable-auto-tool-choice", action=bo, default=False, help="Accepted.")
-    v.add_argument("--tool-call-parser", default=None, help="Accepted.")
+    v.add_argument("--tool-call-parser", default=None, help="Named tool choices need it, as in vLLM (the sim "
+                   "produces the calls itself, whichever parser is named).")
     v.add_argument("--reasoning-parser", default=None, help="Accepted.")
     v.add_argument("--chat-template", default=None, help="Accepted (the sim has its own).")
     v.add_argument("--default-chat-template-kwargs", default=None, help="Accepted (JSON).")
     v.add_argument("--trust-remote-code", action=bo, default=False, help="Accepted.")
-    v.add_argument("--tokenizer", default=None, help="Accepted (the sim counts with its own).")
+    v.add_argument("--tokenizer", default=None, help="A folder with tokenizer.json: prompt counts, /tokenize and "
+                   "/detokenize use it (default: the model directory's, else the sim's estimate).")
     v.add_argument("--revision", default=None, help="Accepted.")
     v.add_argument("--download-dir", default=None, help="Accepted.")
     v.add_argument("--load-format", default="auto", help="Accepted.")
@@ -271,36 +275,13 @@ def _is_number(tok: str) -> bool:
         return False
 
 
-def _merge_speculative(ns: argparse.Namespace, dotted: dict[str, Any]) -> dict[str, Any] | None:
-    """One speculative dict from the three spellings; a key given two values is an error."""
-    merged: dict[str, Any] = {}
-    origin: dict[str, str] = {}
+def _merge_speculative(argv: list[str]) -> dict[str, Any] | None:
+    """One speculative dict from every spelling, by the same rules (and refusals) as truthput's
+    own argv model (`truthput.spec.argv.speculative_settings`, which mirrors vLLM's): the simulator
+    accepts exactly the speculative flags vLLM does."""
+    from truthput.spec.argv import ServerArgv, speculative_settings
 
-    def put(key: str, value: Any, where: str) -> None:
-        if value is None:
-            return
-        if key in merged and merged[key] != value:
-            raise SpecError(
-                f"conflicting speculative settings: {origin[key]} gives {key}={merged[key]!r} "
-                f"but {where} gives {key}={value!r}"
-            )
-        merged[key] = value
-        origin[key] = where
-
-    if ns.speculative_config:
-        try:
-            js = json.loads(ns.speculative_config)
-        except ValueError as exc:
-            raise SpecError(f"--speculative-config is not valid JSON: {exc}") from exc
-        if not isinstance(js, dict):
-            raise SpecError("--speculative-config must be a JSON object")
-        for k, val in js.items():
-            put(k, val, "--speculative-config")
-    for k, val in dotted.items():
-        put(k, val, f"--speculative-config.{k}")
-    put("method", ns.spec_method, "--spec-method")
-    put("model", ns.spec_model, "--spec-model")
-    put("num_speculative_tokens", ns.spec_tokens, "--spec-tokens")
+    merged = speculative_settings(ServerArgv.parse(list(argv), engine="vllm")) or {}
     if not merged:
         return None
     k = merged.get("num_speculative_tokens")
@@ -325,7 +306,7 @@ def parse_serve_args(argv: list[str]) -> SimServeConfig:
         if exc.code == 0:
             raise
         raise SpecError(f"bad sim serve arguments: {' '.join(argv)}") from exc
-    spec = _merge_speculative(ns, dotted)
+    spec = _merge_speculative(list(argv))
     model = ns.model or ns.model_tag
     if ns.model and ns.model_tag and ns.model != ns.model_tag:
         raise SpecError(f"two models given: positional {ns.model_tag!r} and --model {ns.model!r}")
@@ -370,6 +351,8 @@ def parse_serve_args(argv: list[str]) -> SimServeConfig:
         seed=ns.seed,
         startup_s=ns.sim_startup_s,
         disable_log_stats=ns.disable_log_stats,
+        tokenizer=ns.tokenizer,
+        tool_call_parser=ns.tool_call_parser,
         ignored=ignored,
         argv=list(argv),
     )

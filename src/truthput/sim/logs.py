@@ -9,19 +9,21 @@ notes got wrong, and the sim must reproduce it faithfully.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
-#: Pseudo source locations, as vLLM prints them (the parser only needs the shape).
-_LOC_STATS = "loggers.py:123"
-_LOC_SPEC = "metrics.py:96"
+#: Source locations as vLLM 0.32 prints them.
+_LOC_STATS = "loggers.py:335"
+_LOC_SPEC = "metrics.py:120"
 
 
-def vllm_prefix(level: str = "INFO", loc: str = "api_server.py:1") -> str:
-    """`INFO 11-30 10:10:26 [loggers.py:123] ` as vLLM's logger formats it (local time)."""
-    return f"{level} {time.strftime('%m-%d %H:%M:%S')} [{loc}] "
+def vllm_prefix(level: str = "INFO", loc: str = "api_server.py:1", process: str = "APIServer") -> str:
+    """`(APIServer pid=N) INFO 11-30 10:10:26 [loggers.py:335] ` as vLLM 0.32's logger formats it
+    (local time; the process tag names which of vLLM's processes wrote the line)."""
+    return f"({process} pid={os.getpid()}) {level} {time.strftime('%m-%d %H:%M:%S')} [{loc}] "
 
 
 def emit(line: str, out: TextIO | None = None) -> None:
@@ -32,13 +34,19 @@ def emit(line: str, out: TextIO | None = None) -> None:
 
 
 def throughput_line(engine: int, prompt_tps: float, gen_tps: float, running: int, waiting: int,
-                    kv_usage: float, prefix_hit_rate: float) -> str:
-    """The 'Engine 000: Avg prompt throughput ...' message (vLLM's %-formats)."""
-    return (
+                    kv_usage: float, prefix_hit_rate: float | None, preemptions: int = 0) -> str:
+    """The 'Engine 000: Avg prompt throughput ...' message (vLLM's %-formats): the prefix-cache
+    part only with prefix caching on (`prefix_hit_rate` not None), preemptions only when some."""
+    line = (
         "Engine %03d: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
-        "Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%"
-        % (engine, prompt_tps, gen_tps, running, waiting, kv_usage * 100, prefix_hit_rate * 100)
+        "Running: %d reqs, Waiting: %d reqs" % (engine, prompt_tps, gen_tps, running, waiting)
     )
+    if preemptions:
+        line += ", Preemptions: %d" % preemptions
+    line += ", GPU KV cache usage: %.1f%%" % (kv_usage * 100)
+    if prefix_hit_rate is not None:
+        line += ", Prefix cache hit rate: %.1f%%" % (prefix_hit_rate * 100)
+    return line
 
 
 def spec_line(drafts: int, draft_tokens: int, accepted: int, accepted_per_pos: list[int],
@@ -77,12 +85,17 @@ class StatsLogger:
     """
 
     def __init__(self, spec_k: int, clock: Callable[[], float] = time.monotonic,
-                 out: TextIO | None = None) -> None:
+                 out: TextIO | None = None, prefix_caching: bool = False) -> None:
         self.spec_k = spec_k
         self.clock = clock
         self.out = out
+        self.prefix_caching = prefix_caching
         self.stats = IntervalStats(accepted_per_pos=[0] * spec_k)
+        self.spec = IntervalStats(accepted_per_pos=[0] * spec_k)
+        """Spec-decode counts since the last SpecDecoding line: vLLM resets them only when it
+        prints one, and prints one only when there were drafts."""
         self.last_log_time = clock()
+        self.last_spec_time = self.last_log_time
         self.last_prompt_tps = 0.0
         self.last_gen_tps = 0.0
         self.history: list[tuple[float, float, int]] = []
@@ -94,12 +107,13 @@ class StatsLogger:
         s.prompt_tokens += prompt_tokens
         s.generation_tokens += generation_tokens
         if drafts:
-            s.drafts += drafts
-            s.draft_tokens += draft_tokens
-            s.accepted += accepted
-            if accepted_per_pos:
-                for i, a in enumerate(accepted_per_pos):
-                    s.accepted_per_pos[i] += a
+            for acc in (s, self.spec):
+                acc.drafts += drafts
+                acc.draft_tokens += draft_tokens
+                acc.accepted += accepted
+                if accepted_per_pos:
+                    for i, a in enumerate(accepted_per_pos):
+                        acc.accepted_per_pos[i] += a
 
     def log(self, running: int, waiting: int, kv_usage: float) -> list[str]:
         """Print the interval's lines (none when idle twice in a row, as vLLM logs those at debug)."""
@@ -111,10 +125,15 @@ class StatsLogger:
         lines: list[str] = []
         if any((prompt_tps, gen_tps, self.last_prompt_tps, self.last_gen_tps)):
             lines.append(vllm_prefix("INFO", _LOC_STATS)
-                         + throughput_line(0, prompt_tps, gen_tps, running, waiting, kv_usage, 0.0))
-            if s.drafts:
+                         + throughput_line(0, prompt_tps, gen_tps, running, waiting, kv_usage,
+                                           0.0 if self.prefix_caching else None))
+            sp = self.spec
+            if sp.drafts:
                 lines.append(vllm_prefix("INFO", _LOC_SPEC)
-                             + spec_line(s.drafts, s.draft_tokens, s.accepted, s.accepted_per_pos, elapsed))
+                             + spec_line(sp.drafts, sp.draft_tokens, sp.accepted, sp.accepted_per_pos,
+                                         now - self.last_spec_time))
+                self.spec = IntervalStats(accepted_per_pos=[0] * self.spec_k)
+                self.last_spec_time = now
             self.history.append((self.last_log_time, now, s.generation_tokens))
         self.last_prompt_tps, self.last_gen_tps = prompt_tps, gen_tps
         self.stats = IntervalStats(accepted_per_pos=[0] * self.spec_k)

@@ -181,6 +181,125 @@ def _error(status: int, message: str, err_type: str = "BadRequestError", param: 
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
+def _body_error(kind: str, loc: str, msg: str, got: str) -> web.Response:
+    """A request body that fails validation, worded as vLLM's (pydantic's) 400: `type: "Bad
+    Request"`, `param: "body.<loc>"`."""
+    detail = {"type": kind, "loc": loc, "msg": msg, "input": got}
+    return _error(400, f"1 validation error:\n  {detail!r}", "Bad Request", loc)
+
+
+def _param_error(name: str, value: Any, rule: str) -> web.Response:
+    return _error(400, f"{name} {rule}, got {value}. (parameter={name}, value={value})", param=name)
+
+
+@dataclass
+class Prompt:
+    """One prompt of a request: its token count, the text its output stream is keyed on, and the
+    text `echo` repeats (None for token-id prompts and chat)."""
+
+    tokens: int
+    key_text: str
+    text: str | None
+
+
+@dataclass
+class Shaping:
+    """How one choice's text is shown: cut before a stop string, the prompt echoed, a tool call."""
+
+    stop: str | None = None
+    cut: int | None = None
+    """Characters of the output kept (the stop string and what follows it are not sent)."""
+    echo: str | None = None
+    tool_call: str | None = None
+    """The function called (the text is then its arguments as JSON)."""
+
+
+class FixedStream:
+    """A constrained answer (JSON, a tool call) sent as `n` pieces of a known text."""
+
+    def __init__(self, text: str, n: int) -> None:
+        step = max(1, -(-len(text) // n))
+        self.parts = [text[i:i + step] for i in range(0, len(text), step)] or [""]
+        self.parts += [""] * (n - len(self.parts))
+
+    def piece(self, i: int) -> str:
+        return self.parts[i] if i < len(self.parts) else ""
+
+    def text(self, start: int, stop: int) -> str:
+        return "".join(self.parts[start:stop])
+
+
+def _first_stop(stream: Any, max_new: int, stops: list[str]) -> tuple[int, str, int] | None:
+    """(tokens up to and including the one that completes a stop string, that string, characters
+    kept before it) for the first stop string the output would contain, or None."""
+    text = ""
+    longest = max(len(x) for x in stops)
+    for i in range(max_new):
+        start = max(0, len(text) - longest)
+        text += stream.piece(i)
+        hits = [(text.find(x, start), x) for x in stops if text.find(x, start) >= 0]
+        if hits:
+            at, which = min(hits)
+            return i + 1, which, at
+    return None
+
+
+def _json_instance(schema: dict) -> Any:
+    """A minimal value valid under a JSON schema (required properties filled, defaults and enums
+    used): what a guided decoder's shortest answer looks like."""
+    if "default" in schema:
+        return schema["default"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties") or {}
+        return {k: _json_instance(props.get(k) or {}) for k in schema.get("required") or []}
+    if kind == "array":
+        return [_json_instance(schema.get("items") or {}) for _ in range(int(schema.get("minItems") or 0))]
+    return {"string": "", "integer": 0, "number": 0, "boolean": False, "null": None}.get(kind or "", {})
+
+
+def _completion_logprobs(stream: Any, start: int, stop: int, k: int, key: int) -> dict:
+    """Completions-style logprobs for tokens start..stop: each token's logprob and the top `k`
+    (the token itself among them), deterministic per request; the simulator has no model, so the
+    values are stand-ins of the right shape and range."""
+    tokens, lps, tops, offsets = [], [], [], []
+    offset = 0
+    for i in range(start, stop):
+        tok = stream.piece(i)
+        r = random.Random(key * 1_000_003 + i)
+        lp = -r.uniform(0.05, 8.0)
+        top = {tok: lp}
+        for j in range(1, max(1, k)):
+            top[stream.piece(i + 7919 * j) + ("" if j == 1 else str(j))] = lp - r.uniform(0.01, 2.0)
+        tokens.append(tok)
+        lps.append(lp)
+        tops.append(top)
+        offsets.append(offset)
+        offset += len(tok)
+    return {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens, "top_logprobs": tops}
+
+
+@web.middleware
+async def _json_http_errors(request: web.Request, handler):
+    """404 and 405 answer with a JSON body, as vLLM's FastAPI front does."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status in (404, 405):
+            return web.json_response({"detail": exc.reason}, status=exc.status)
+        raise
+
+
+def _fingerprint() -> str:
+    return f"truthput-sim-{uuid.uuid4().hex[:8]}"
+
+
 class SimServer:
     """The HTTP front and engine of one simulated server; usable in-process (tests) or via serve()."""
 
@@ -192,7 +311,7 @@ class SimServer:
         self.metrics = SimMetrics(self.model_name, self.max_model_len, cfg.spec_k)
         interval = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10") or 10)
         self.log_interval = interval
-        self.stats_logger = StatsLogger(cfg.spec_k, out=log_out)
+        self.stats_logger = StatsLogger(cfg.spec_k, out=log_out, prefix_caching=cfg.enable_prefix_caching)
         self.log_out = log_out
         limits = EngineLimits(
             max_num_seqs=cfg.max_num_seqs,
@@ -211,10 +330,16 @@ class SimServer:
         self._runner: web.AppRunner | None = None
         self._log_task: asyncio.Task | None = None
         self.port: int | None = None
+        from truthput.sim.tokenizer import load_tokenizer
+
+        model_dir = cfg.model if cfg.model and os.path.isdir(cfg.model) else None
+        self.tokenizer = load_tokenizer(cfg.tokenizer, model_dir)
+        self.fingerprint = _fingerprint()
+        self._shaping: dict[str, Shaping] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024**2)
+        app = web.Application(client_max_size=64 * 1024**2, middlewares=[_json_http_errors])
         app.router.add_get("/health", self.health)
         app.router.add_get("/ping", self.health)
         app.router.add_get("/version", self.version)
@@ -223,6 +348,8 @@ class SimServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_get("/load", self.load)
         return app
 
     async def start(self, host: str | None = None, port: int | None = None) -> int:
@@ -290,7 +417,12 @@ class SimServer:
                 "id": self.model_name, "object": "model", "created": self.created, "owned_by": "vllm",
                 "root": self.cfg.model or self.cfg.sim_model, "parent": None,
                 "max_model_len": self.max_model_len,
-                "permission": [],
+                "permission": [{
+                    "id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission", "created": self.created,
+                    "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                    "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                    "organization": "*", "group": None, "is_blocking": False,
+                }],
             }],
         }
         return web.Response(body=orjson.dumps(body), content_type="application/json")
@@ -304,20 +436,53 @@ class SimServer:
         body = await self._json(request)
         if isinstance(body, web.Response):
             return body
-        if "messages" in body:
-            n = textgen.count_chat_tokens(body["messages"])
-        else:
-            n = textgen.count_text_tokens(str(body.get("prompt", "")))
-        return web.json_response({"count": n, "max_model_len": self.max_model_len, "tokens": list(range(n))})
+        tok = self.tokenizer
+        if tok is not None:
+            text = tok.chat_text(body["messages"]) if "messages" in body else str(body.get("prompt", ""))
+            ids = tok.encode(text)
+        else:  # no tokenizer: the estimate's count, with stand-in ids
+            n = (textgen.count_chat_tokens(body["messages"]) if "messages" in body
+                 else textgen.count_text_tokens(str(body.get("prompt", ""))))
+            ids = list(range(n))
+        strs = (tok.token_strs(ids) if tok is not None else [str(i) for i in ids]) if body.get("return_token_strs") \
+            else None
+        return web.json_response({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
+                                  "token_strs": strs})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        if isinstance(body, web.Response):
+            return body
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            return _body_error("list_type", "body.tokens", "Input should be a valid list of integers", repr(ids))
+        text = self.tokenizer.decode(ids) if self.tokenizer is not None else " ".join("tok" for _ in ids)
+        return web.json_response({"prompt": text})
+
+    async def load(self, request: web.Request) -> web.Response:
+        eng = self.engine
+        return web.json_response({"server_load": (len(eng.running) + len(eng.waiting)) if eng is not None else 0})
+
+    def _prompt_ids(self, text: str, n: int) -> list[int]:
+        return self.tokenizer.encode(text) if self.tokenizer is not None else list(range(n))
+
+    def count_text(self, text: str) -> int:
+        return self.tokenizer.count_text(text) if self.tokenizer is not None else textgen.count_text_tokens(text)
+
+    def count_chat(self, messages: list) -> int:
+        return (self.tokenizer.count_chat(messages) if self.tokenizer is not None
+                else textgen.count_chat_tokens(messages))
 
     # ------------------------------------------------------------------ generation
     async def _json(self, request: web.Request):
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as exc:
-            return _error(400, f"request body is not valid JSON: {exc}")
+            return _body_error("json_invalid", f"body.{exc.pos}", "JSON decode error", "<dict of 0 items>")
         if not isinstance(body, dict):
-            return _error(400, "request body must be a JSON object")
+            what = f"<list of {len(body)} items>" if isinstance(body, list) else repr(body)
+            return _body_error("model_attributes_type", "body",
+                               "Input should be a valid dictionary or object to extract fields from", what)
         return body
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -325,115 +490,225 @@ class SimServer:
         if isinstance(body, web.Response):
             return body
         prompt = body.get("prompt")
-        if isinstance(prompt, list):
-            if len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            elif prompt and all(isinstance(t, int) for t in prompt):
-                prompt_tokens = len(prompt)
-                key_text = " ".join(map(str, prompt))
-                return await self._generate(request, body, prompt_tokens, key_text, chat=False)
-            else:
-                return _error(400, "the simulator serves one prompt per request (a string or a list of token ids)",
-                              param="prompt")
-        if not isinstance(prompt, str):
-            return _error(400, "'prompt' must be a string", param="prompt")
-        return await self._generate(request, body, textgen.count_text_tokens(prompt), prompt, chat=False)
+        if prompt is None:
+            return _body_error("missing", "body.prompt", "Field required", f"<dict of {len(body)} items>")
+        if isinstance(prompt, str):
+            prompts = [Prompt(self.count_text(prompt), prompt, prompt)]
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            prompts = [Prompt(len(prompt), " ".join(map(str, prompt)), None)]
+        elif isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
+            prompts = [Prompt(self.count_text(x), x, x) for x in prompt]  # a batch: one choice per prompt
+        else:
+            return _error(400, "'prompt' must be a string, a list of strings or a list of token ids", param="prompt")
+        return await self._generate(request, body, prompts, chat=False)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
         if isinstance(body, web.Response):
             return body
         messages = body.get("messages")
+        if messages is None:
+            return _body_error("missing", "body.messages", "Field required", f"<dict of {len(body)} items>")
         if not isinstance(messages, list) or not messages:
             return _error(400, "'messages' must be a non-empty list", param="messages")
-        return await self._generate(request, body, textgen.count_chat_tokens(messages),
-                                    textgen.chat_key_text(messages), chat=True)
+        return await self._generate(request, body, [Prompt(self.count_chat(messages), textgen.chat_key_text(messages),
+                                                           None)], chat=True)
 
-    async def _generate(self, request: web.Request, body: dict, prompt_tokens: int, key_text: str,
+    async def _generate(self, request: web.Request, body: dict, prompts: list["Prompt"],
                         chat: bool) -> web.StreamResponse:
+        prompt_tokens = max(p.tokens for p in prompts)
         model = body.get("model")
         if model is not None and model != self.model_name and model != self.cfg.model:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        if body.get("n", 1) not in (1, None):
-            return _error(400, "the simulator supports n=1 only", param="n")
         max_tokens = body.get("max_completion_tokens") if chat else None
         if max_tokens is None:
             max_tokens = body.get("max_tokens")
+        name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+        if isinstance(max_tokens, float):
+            if not max_tokens.is_integer():
+                return _body_error("int_from_float", f"body.{name}",
+                                   "Input should be a valid integer, got a number with a fractional part",
+                                   repr(max_tokens))
+            max_tokens = int(max_tokens)
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
+            return _body_error("int_type", f"body.{name}", "Input should be a valid integer", repr(max_tokens))
+        temperature = body.get("temperature")
+        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
+            return _body_error("float_type", "body.temperature", "Input should be a valid number", repr(temperature))
+        if temperature is not None and temperature < 0:
+            return _param_error("temperature", float(temperature), "must be non-negative")
+        top_p = body.get("top_p")
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))):
+            return _body_error("float_type", "body.top_p", "Input should be a valid number", repr(top_p))
+        if top_p is not None and not 0 < top_p <= 1:
+            return _param_error("top_p", float(top_p), "must be in (0, 1]")
+        n = body.get("n", 1)
+        greedy = temperature is not None and float(temperature) == 0.0
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            return _body_error("int_type", "body.n", "Input should be a valid integer >= 1", repr(n))
+        if n not in (1, None) and greedy:
+            return _error(400, f"n must be 1 when using greedy sampling, got {n}.")
+        if prompt_tokens > self.max_model_len:
+            return _error(400, f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                               f"prompt contains at least {self.max_model_len + 1} input tokens, which exceeds this "
+                               "limit even without any output tokens. Please reduce the length of the input prompt. "
+                               f"(parameter=input_tokens, value={self.max_model_len + 1})", param="input_tokens")
         room = self.max_model_len - prompt_tokens
         if max_tokens is None:
-            if room < 1:
-                return _error(400, self._too_long_message(prompt_tokens, 0), param="messages" if chat else "prompt")
-            max_tokens = room
-        try:
-            max_tokens = int(max_tokens)
-        except (TypeError, ValueError):
-            return _error(400, f"max_tokens must be an integer, got {max_tokens!r}", param="max_tokens")
+            # vLLM's defaults: 16 for completions, the rest of the context for chat
+            max_tokens = 16 if not chat else room
+        if max_tokens > self.max_model_len:
+            return _error(400, f"{name}={max_tokens} cannot be greater than max_model_len={self.max_model_len}. "
+                               f"Please request fewer output tokens. (parameter={name}, value={max_tokens})",
+                          param=name)
         if max_tokens < 1:
-            return _error(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
-        if prompt_tokens + max_tokens > self.max_model_len:
-            return _error(400, self._too_long_message(prompt_tokens, max_tokens), param="max_tokens")
-
-        temperature = body.get("temperature")
-        if temperature is not None and not isinstance(temperature, (int, float)):
-            return _error(400, f"temperature must be a number, got {temperature!r}", param="temperature")
-        greedy = temperature is not None and float(temperature) == 0.0
+            return _param_error(name, max_tokens, "must be at least 1")
+        if room < 1:
+            return _error(400, self._too_long_message(prompt_tokens, max_tokens), param="input_tokens")
+        max_tokens = min(max_tokens, room)  # as vLLM: asked beyond the context, clamped to what is left
         seed = body.get("seed")
         if seed is not None and not isinstance(seed, int):
             return _error(400, f"seed must be an integer, got {seed!r}", param="seed")
-        prompt_key = textgen.text_key(key_text)
-        skey = textgen.stream_key(prompt_key, greedy=greedy, seed=seed, fp8_kv=self.fp8_kv,
-                                  fallback=self.rng.getrandbits(64))
-        if body.get("ignore_eos"):
-            max_new, reason = max_tokens, "length"
-        else:
-            natural = textgen.natural_length(skey)
-            max_new, reason = (natural, "stop") if natural < max_tokens else (max_tokens, "length")
-
+        stops = body.get("stop")
+        stops = [stops] if isinstance(stops, str) else [x for x in (stops or []) if isinstance(x, str) and x]
+        fixed = self._fixed_output(body) if chat else None
+        if isinstance(fixed, web.Response):
+            return fixed
         loop = asyncio.get_running_loop()
-        rid = uuid.uuid4().hex
-        req = SimRequest(rid, prompt_tokens, max_new, reason, textgen.TokenStream(skey), loop.time())
+        reqs: list[SimRequest] = []
+        for p in prompts:
+            prompt_key = textgen.text_key(p.key_text)
+            for j in range(int(n or 1)):
+                skey = textgen.stream_key(prompt_key, greedy=greedy, seed=None if seed is None else seed + j,
+                                          fp8_kv=self.fp8_kv, fallback=self.rng.getrandbits(64))
+                room_p = self.max_model_len - p.tokens
+                limit = min(max_tokens, room_p)
+                if body.get("ignore_eos"):
+                    max_new, reason = limit, "length"
+                else:
+                    natural = textgen.natural_length(skey)
+                    max_new, reason = (natural, "stop") if natural < limit else (limit, "length")
+                stream: Any = textgen.TokenStream(skey)
+                shape = Shaping(echo=p.text if body.get("echo") and not chat else None)
+                if fixed is not None:
+                    text, tool = fixed
+                    max_new = max(1, min(limit, len(text) // 3 or 1))
+                    # the engine finishes it with "stop" (its metrics' reason); the API says tool_calls
+                    stream, reason = FixedStream(text, max_new), "stop"
+                    shape.tool_call = tool
+                elif stops:
+                    found = _first_stop(stream, max_new, stops)
+                    if found is not None:
+                        max_new, reason = found[0], "stop"
+                        shape.stop, shape.cut = found[1], found[2]
+                req = SimRequest(uuid.uuid4().hex, p.tokens, max_new, reason, stream, loop.time())
+                self._shaping[req.rid] = shape
+                reqs.append(req)
+        if body.get("stream") and len(reqs) > 1:
+            return _error(400, "the simulator streams one choice per request (n > 1 or several prompts: ask "
+                               "without stream)", param="n")
         assert self.engine is not None
-        self.engine.submit(req)
+        for req in reqs:
+            self.engine.submit(req)
         try:
             if body.get("stream"):
-                return await self._stream(request, body, req, chat)
-            return await self._whole(req, chat)
+                return await self._stream(request, body, reqs[0], chat)
+            return await self._whole(reqs, chat, body)
         finally:
-            if req.finish_reason is None:
-                self.engine.abort(req)
+            for req in reqs:
+                self._shaping.pop(req.rid, None)
+                if req.finish_reason is None:
+                    self.engine.abort(req)
+
+    def _fixed_output(self, body: dict) -> tuple[str, str | None] | web.Response | None:
+        """What a constrained chat answer must say: a tool call for a required or named tool, or
+        JSON under response_format (a minimal instance of the schema)."""
+        tools = body.get("tools") or []
+        choice = body.get("tool_choice")
+        named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        if tools and (choice == "required" or named):
+            if not self.cfg.tool_call_parser:
+                what = '"required"' if choice == "required" else f'function "{named}"'
+                return _error(400, f"tool_choice={what} requires --tool-call-parser to be set")
+            tool = next((t for t in tools if t.get("function", {}).get("name") == named), None) if named else tools[0]
+            if tool is None:
+                return _error(400, f"tool_choice names {named!r}, which is not among the tools", param="tool_choice")
+            fn = tool.get("function", {})
+            return json.dumps(_json_instance(fn.get("parameters") or {})), str(fn.get("name", ""))
+        fmt = body.get("response_format") or {}
+        if fmt.get("type") == "json_object":
+            return "{}", None
+        if fmt.get("type") == "json_schema":
+            schema = (fmt.get("json_schema") or {}).get("schema") or {}
+            return json.dumps(_json_instance(schema)), None
+        return None
 
     def _too_long_message(self, prompt_tokens: int, max_tokens: int) -> str:
         return (f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
                 f"completion). Please reduce the length of the messages or completion.")
 
-    async def _whole(self, req: SimRequest, chat: bool) -> web.Response:
-        while req.finish_reason is None:
-            await req.wait()
-        if req.finish_reason == "abort":
-            return _error(500, "request aborted", "InternalServerError")
-        text = req.stream.text(0, req.emitted)
-        usage = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.emitted,
-                 "completion_tokens": req.emitted, "prompt_tokens_details": None}
+    def _shown(self, req: SimRequest, start: int, stop: int) -> str:
+        """The text of tokens start..stop as the client sees it (cut before a stop string)."""
+        shape = self._shaping.get(req.rid)
+        if shape is None or shape.cut is None:
+            return req.stream.text(start, stop)
+        # nothing at or past the stop string is ever sent, in any chunk
+        before = len(req.stream.text(0, start)[:shape.cut]) if start else 0
+        return req.stream.text(0, stop)[:shape.cut][before:]
+
+    async def _whole(self, reqs: list[SimRequest], chat: bool, body: dict) -> web.Response:
+        for req in reqs:
+            while req.finish_reason is None:
+                await req.wait()
+            if req.finish_reason == "abort":
+                return _error(500, "request aborted", "InternalServerError")
+        p_total = sum(r.prompt_tokens for r in reqs[:: max(1, int(body.get("n") or 1))])  # once per prompt
+        c_total = sum(r.emitted for r in reqs)
+        usage = {"prompt_tokens": p_total, "total_tokens": p_total + c_total, "completion_tokens": c_total,
+                 "prompt_tokens_details": None, "completion_tokens_details": None}
+        # the key sets of vLLM 0.32's responses (tests/fixtures/conformance), unset fields as null
+        tail = {"service_tier": None, "system_fingerprint": self.fingerprint, "usage": usage,
+                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+        choices = []
+        for index, req in enumerate(reqs):
+            shape = self._shaping.get(req.rid) or Shaping()
+            text = self._shown(req, 0, req.emitted)
+            finish = "tool_calls" if shape.tool_call is not None and req.finish_reason == "stop" else req.finish_reason
+            choice_tail = {"finish_reason": finish, "stop_reason": shape.stop, "token_ids": None,
+                           "routed_experts": None}
+            if chat:
+                message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None,
+                                           "annotations": None, "audio": None, "function_call": None,
+                                           "reasoning": None}
+                if shape.tool_call is not None:
+                    message["content"] = None
+                    message["tool_calls"] = [{"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
+                                              "function": {"name": shape.tool_call, "arguments": text}}]
+                choices.append({"index": index, "message": message, "logprobs": None, **choice_tail})
+            else:
+                k = body.get("logprobs")
+                logprobs = (_completion_logprobs(req.stream, 0, req.emitted, int(k), req.stream.key)
+                            if isinstance(k, int) and not isinstance(k, bool) and hasattr(req.stream, "key")
+                            else None)
+                choices.append({"index": index, "text": (shape.echo or "") + text, "logprobs": logprobs,
+                                **choice_tail, "prompt_logprobs": None, "prompt_token_ids": None})
+        first = reqs[0]
         if chat:
-            body = {"id": f"chatcmpl-{req.rid}", "object": "chat.completion", "created": int(time.time()),
-                    "model": self.model_name,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                                 "logprobs": None, "finish_reason": req.finish_reason, "stop_reason": None}],
-                    "usage": usage}
+            out = {"id": f"chatcmpl-{first.rid}", "object": "chat.completion", "created": int(time.time()),
+                   "model": self.model_name, "choices": choices, **tail, "prompt_logprobs": None,
+                   "prompt_token_ids": None, "prompt_text": None}
         else:
-            body = {"id": f"cmpl-{req.rid}", "object": "text_completion", "created": int(time.time()),
-                    "model": self.model_name,
-                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason,
-                                 "stop_reason": None, "prompt_logprobs": None}],
-                    "usage": usage}
-        return web.Response(body=orjson.dumps(body), content_type="application/json")
+            out = {"id": f"cmpl-{first.rid}", "object": "text_completion", "created": int(time.time()),
+                   "model": self.model_name, "choices": choices, **tail}
+        return web.Response(body=orjson.dumps(out), content_type="application/json")
 
     async def _stream(self, request: web.Request, body: dict, req: SimRequest, chat: bool) -> web.StreamResponse:
         opts = body.get("stream_options") or {}
         include_usage = bool(opts.get("include_usage"))
         continuous = include_usage and bool(opts.get("continuous_usage_stats"))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache"})
         await resp.prepare(request)
         created = int(time.time())
         model_json = orjson.dumps(self.model_name)
@@ -441,25 +716,33 @@ class SimServer:
             head = (b'data: {"id":"chatcmpl-' + req.rid.encode() + b'","object":"chat.completion.chunk","created":'
                     + str(created).encode() + b',"model":' + model_json + b',"choices":[{"index":0,"delta":')
             tail_open = b',"logprobs":null,"finish_reason":'
-            tail_close = b"}]"
+            tail_more = b',"token_ids":null}]'
+            tail_last = b',"stop_reason":null,"token_ids":null}]'
         else:
             head = (b'data: {"id":"cmpl-' + req.rid.encode() + b'","object":"text_completion","created":'
                     + str(created).encode() + b',"model":' + model_json + b',"choices":[{"index":0,"text":')
             tail_open = b',"logprobs":null,"finish_reason":'
-            tail_close = b',"stop_reason":null}]'
+            tail_more = tail_last = b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
         p = req.prompt_tokens
         p_bytes = str(p).encode()
+        shape = self._shaping.get(req.rid) or Shaping()
+        if shape.stop is not None:
+            tail_last = tail_last.replace(b'"stop_reason":null', b'"stop_reason":' + orjson.dumps(shape.stop))
+        echo = shape.echo or ""
 
         def usage_part(n: int) -> bytes:
             if continuous:
                 return (b',"usage":{"prompt_tokens":' + p_bytes + b',"total_tokens":' + str(p + n).encode()
                         + b',"completion_tokens":' + str(n).encode() + b"}")
-            return b',"usage":null'  # as vLLM serialises an unset usage field
+            return b""  # vLLM leaves the key out when usage is not asked for per chunk
 
         write = resp.write
         if chat:
-            await write(head + b'{"role":"assistant","content":""}' + tail_open + b"null" + tail_close
-                        + usage_part(0) + b"}\n\n")
+            # vLLM sends the role with the first token, not on arrival (a client's TTFT starts there)
+            while req.emitted == 0 and req.finish_reason is None:
+                await req.wait()
+            await write(head + b'{"role":"assistant","content":""}' + tail_open + b"null}]"
+                        + usage_part(0) + b',"prompt_token_ids":null,"prompt_text":null}\n\n')
         sent = 0
         while True:
             n = req.emitted
@@ -468,11 +751,30 @@ class SimServer:
                     break
                 await req.wait()
                 continue
-            text = orjson.dumps(req.stream.text(sent, n))
+            text = orjson.dumps(echo + self._shown(req, sent, n))
+            if echo and not chat:
+                # the echoed first chunk carries the prompt's token ids, as vLLM's does
+                ids = self._prompt_ids(echo, req.prompt_tokens)
+                tail_first = tail_more.replace(b'"prompt_token_ids":null', b'"prompt_token_ids":' + orjson.dumps(ids))
+            else:
+                tail_first = None
+            echo = ""
             done = req.finish_reason is not None and req.finish_reason != "abort" and n >= req.emitted
-            reason = (b'"' + req.finish_reason.encode() + b'"') if done else b"null"
-            content = (b'{"content":' + text + b"}") if chat else text
-            await write(head + content + tail_open + reason + tail_close + usage_part(n) + b"}\n\n")
+            finish = "tool_calls" if shape.tool_call is not None and req.finish_reason == "stop" else req.finish_reason
+            reason = (b'"' + str(finish).encode() + b'"') if done else b"null"
+            if chat and shape.tool_call is not None:
+                # a tool call streams as tool-call deltas: id and name first, then the arguments
+                call: dict[str, Any] = {"index": 0, "function": {"arguments": orjson.loads(text)}}
+                if sent == 0:
+                    call = {"index": 0, "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
+                            "function": {"name": shape.tool_call, "arguments": orjson.loads(text)}}
+                content = orjson.dumps({"tool_calls": [call]})
+            else:
+                content = (b'{"content":' + text + b"}") if chat else text
+            # the last choices chunk carries the fingerprint, unless a usage chunk follows (then that does)
+            print_ = (b',"system_fingerprint":' + orjson.dumps(self.fingerprint)) if done and not include_usage else b""
+            await write(head + content + tail_open + reason
+                        + (tail_last if done else (tail_first or tail_more)) + usage_part(n) + print_ + b"}\n\n")
             sent = n
             if done:
                 break
@@ -480,7 +782,8 @@ class SimServer:
             final = {"id": ("chatcmpl-" if chat else "cmpl-") + req.rid,
                      "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": created, "model": self.model_name, "choices": [],
-                     "usage": {"prompt_tokens": p, "total_tokens": p + sent, "completion_tokens": sent}}
+                     "usage": {"prompt_tokens": p, "total_tokens": p + sent, "completion_tokens": sent},
+                     "system_fingerprint": self.fingerprint}
             await write(b"data: " + orjson.dumps(final) + b"\n\n")
         await write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -507,10 +810,9 @@ def startup_lines(cfg: SimServeConfig, setup: SimSetup) -> list[str]:
         + f"Model loading took {plan.weights_per_gpu / GiB:.4f} GiB and 0.000000 seconds",
         vllm_prefix("INFO", "gpu_worker.py:298")
         + f"Available KV cache memory: {plan.kv_bytes_per_gpu / GiB:.2f} GiB",
-        vllm_prefix("INFO", "kv_cache_utils.py:1000") + f"GPU KV cache size: {setup.kv_capacity_tokens:,} tokens",
-        vllm_prefix("INFO", "kv_cache_utils.py:1004")
-        + f"Maximum concurrency for {setup.max_model_len:,} tokens per request: "
-        f"{setup.kv_capacity_tokens / setup.max_model_len:.2f}x",
+        vllm_prefix("INFO", "kv_cache_utils.py:1301", "EngineCore_DP0")
+        + f"GPU KV cache size: {setup.kv_capacity_tokens:,} tokens, Maximum concurrency for "
+        f"{setup.max_model_len:,} tokens per request: {setup.kv_capacity_tokens / setup.max_model_len:.2f}x",
     ]
     return lines
 

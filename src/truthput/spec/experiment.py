@@ -311,6 +311,30 @@ class Experiment(_Strict):
             )
         return self
 
+    def simulate_on(self, gpu: str | None, model: str | None) -> list[str]:
+        """Point the simulator at a GPU and a model profile without editing the file (`run --sim-gpu
+        --sim-model`): `[hardware]` gets that GPU, as many as the base command's tensor x pipeline
+        parallel size (or the file's count, if larger), and `[model]` that profile. Returns what was
+        set, in words, for the run's record (a resume and the reports apply the same)."""
+        from truthput.spec.argv import ServerArgv
+
+        said = []
+        if gpu:
+            base = ServerArgv.parse(self.server.command, engine="vllm")
+            gpus = 1
+            for flag in ("--tensor-parallel-size", "--pipeline-parallel-size"):
+                value = base.get(flag) if base.has(flag) else None
+                text = value[-1] if isinstance(value, list) else value
+                if isinstance(text, str) and text.isdigit():
+                    gpus *= int(text)
+            count = max(gpus, self.hardware.count if self.hardware else 1)
+            self.hardware = HardwareSection(gpu=gpu, count=count)
+            said.append(f"[hardware] gpu = {gpu!r}, count = {count}")
+        if model:
+            self.model = ModelSection(profile=model)
+            said.append(f"[model] profile = {model!r}")
+        return said
+
     def variant_named(self, name: str) -> VariantSection:
         for v in self.variant:
             if v.name == name:

