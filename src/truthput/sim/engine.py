@@ -343,6 +343,8 @@ class SimEngine:
                 req.prompt_counted = True
                 prompt_tokens += req.prompt_tokens
                 m.request_prompt_tokens.observe(req.prompt_tokens)
+                m.prompt_by_source["local_compute"].inc(req.prompt_tokens)  # no prefix cache is simulated
+                m.prefill_kv_computed.observe(req.prompt_tokens)
             req.emitted += 1
             emitted_total += 1
             nodraft += 1
@@ -356,6 +358,8 @@ class SimEngine:
                 finished.append(req)
             req._wake()
         # counters, at the moment the tokens go out
+        if emitted_total or prompt_tokens:
+            m.iteration_tokens.observe(emitted_total + prompt_tokens)
         if emitted_total:
             m.generation_tokens.inc(emitted_total)
         if prompt_tokens:
@@ -382,6 +386,12 @@ class SimEngine:
             if req.emitted > 1 and req.first_token_time is not None:
                 m.tpot.observe((now - req.first_token_time) / (req.emitted - 1))
             m.request_generation_tokens.observe(req.emitted)
+            started = req.admit_time if req.admit_time is not None else req.arrival
+            if req.first_token_time is not None:
+                m.prefill_time.observe(max(0.0, req.first_token_time - started))
+                m.decode_time.observe(max(0.0, now - req.first_token_time))
+            m.inference_time.observe(max(0.0, now - started))
+            m.request_preemptions.observe(0)
         # shrink blocks of running decodes to what their KV needs (rejected draft slots)
         bs = self.limits.block_size
         for req, _ in decodes:
@@ -395,6 +405,7 @@ class SimEngine:
                                           accepted_total, per_pos)
         m.running.set(len(self.running))
         m.waiting.set(len(self.waiting))
+        m.waiting_capacity.set(len(self.waiting))
         m.kv_usage.set(self.kv_usage)
 
     async def _run(self) -> None:

@@ -16,7 +16,10 @@ _ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 10.0, 20.0, 40.0, 80.0]
 _E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+_ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+_N_BUCKETS = [1, 2, 5, 10, 20]
+_PREEMPTION_BUCKETS = [1, 2, 3, 4, 5, 10, 20]
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -35,7 +38,18 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 class SimMetrics:
     """The series the simulator exposes; label values are bound once for speed."""
 
-    def __init__(self, model_name: str, max_model_len: int, spec_k: int) -> None:
+    # per-request and per-step histograms declared from a table in __init__
+    iteration_tokens: Histogram
+    prefill_time: Histogram
+    decode_time: Histogram
+    inference_time: Histogram
+    params_max_tokens: Histogram
+    max_num_generation_tokens: Histogram
+    params_n: Histogram
+    request_preemptions: Histogram
+    prefill_kv_computed: Histogram
+
+    def __init__(self, model_name: str, max_model_len: int, spec_k: int, config: dict | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         labels = ["model_name", "engine"]
         lv = (model_name, "0")
@@ -78,6 +92,61 @@ class SimMetrics:
                                               "Number of generation tokens processed.", token_buckets)
         self.request_prompt_tokens = hist("vllm:request_prompt_tokens",
                                           "Number of prefill tokens processed.", token_buckets)
+        # the rest of vLLM 0.32's families, each with its meaning where the simulator has one
+        per_request = (
+            ("iteration_tokens", "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+             _ITERATION_BUCKETS),
+            ("prefill_time", "vllm:request_prefill_time_seconds",
+             "Histogram of time spent in PREFILL phase for request.", _E2E_BUCKETS),
+            ("decode_time", "vllm:request_decode_time_seconds",
+             "Histogram of time spent in DECODE phase for request.", _E2E_BUCKETS),
+            ("inference_time", "vllm:request_inference_time_seconds",
+             "Histogram of time spent in RUNNING phase for request.", _E2E_BUCKETS),
+            ("params_max_tokens", "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+             token_buckets),
+            ("max_num_generation_tokens", "vllm:request_max_num_generation_tokens",
+             "Histogram of maximum number of requested generation tokens.", token_buckets),
+            ("params_n", "vllm:request_params_n", "Histogram of the n request parameter.", _N_BUCKETS),
+            ("request_preemptions", "vllm:request_num_preemptions", "Number of preemptions per request.",
+             _PREEMPTION_BUCKETS),
+            ("prefill_kv_computed", "vllm:request_prefill_kv_computed_tokens",
+             "Histogram of new KV tokens computed during prefill (excluding cached).", token_buckets),
+        )
+        for attr, name, doc, buckets in per_request:
+            setattr(self, attr, hist(name, doc, buckets))
+        self.prompt_tokens_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens.")
+        by_source = Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                            labels + ["source"], registry=r)
+        self.prompt_by_source = {s: by_source.labels(*lv, s)
+                                 for s in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+        cached_by = Counter("vllm:prompt_tokens_cached_by_source", "Number of cached prompt tokens by source.",
+                            labels + ["source"], registry=r)
+        for s in ("device", "host", "p2p", "disk", "external_unspecified"):
+            cached_by.labels(*lv, s)
+        waiting_by = Gauge("vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason.",
+                           labels + ["reason"], registry=r)
+        self.waiting_capacity = waiting_by.labels(*lv, "capacity")
+        waiting_by.labels(*lv, "deferred")
+        sleep = Gauge("vllm:engine_sleep_state", "Engine sleep state.", labels + ["sleep_state"], registry=r)
+        for state, v in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
+            sleep.labels(*lv, state).set(v)
+        self.est_flops = counter("vllm:estimated_flops_per_gpu", "Estimated FLOPs per GPU (the physics model's).")
+        self.est_read = counter("vllm:estimated_read_bytes_per_gpu", "Estimated bytes read per GPU (the physics model's).")
+        self.est_write = counter("vllm:estimated_write_bytes_per_gpu",
+                                 "Estimated bytes written per GPU (the physics model's).")
+        for name, doc in (("vllm:external_prefix_cache_queries", "External prefix cache queries."),
+                          ("vllm:external_prefix_cache_hits", "External prefix cache hits."),
+                          ("vllm:mm_cache_queries", "Multi-modal cache queries."),
+                          ("vllm:mm_cache_hits", "Multi-modal cache hits.")):
+            counter(name, doc)
+        rejections = Counter("vllm:admission_rejections", "Requests rejected at admission, by reason.",
+                             ["model_name", "reason"], registry=r)
+        for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            rejections.labels(model_name, reason)
+        info = dict(config or {})
+        if info:
+            Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", ["engine", *sorted(info)],
+                  registry=r).labels("0", *[str(info[k]) for k in sorted(info)]).set(1)
         self.spec_k = spec_k
         if spec_k > 0:
             self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")

@@ -36,7 +36,7 @@ from truthput.sim.metrics import SimMetrics
 
 GiB = 1024**3
 SIM_VERSION = "0.0.0+truthput.sim"
-_PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_PROM_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"  # as vLLM 0.32 serves /metrics
 
 
 class StartupFailure(Exception):
@@ -143,7 +143,29 @@ def resolve_setup(cfg: SimServeConfig, eff=None) -> SimSetup:
                     kv_capacity_tokens=plan.kv_capacity_tokens, plan=plan, bw_factor=bw_factor)
 
 
-def make_pricer(cfg: SimServeConfig, setup: SimSetup):
+def _cache_config(cfg: SimServeConfig, setup: SimSetup) -> dict[str, Any]:
+    """vLLM 0.32's `vllm:cache_config_info` labels: the simulator's own values where it has them,
+    vLLM's defaults for what it does not model."""
+    blocks = setup.kv_capacity_tokens // max(cfg.block_size, 1)
+    return {
+        "_block_size_resolved": True, "block_size": cfg.block_size, "cache_dtype": cfg.kv_cache_dtype,
+        "cache_hit_alignment_tokens": None, "effective_attention_block_size": cfg.block_size,
+        "enable_mamba_shared_prefix_checkpoint": False, "enable_prefix_caching": cfg.enable_prefix_caching,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization, "hash_block_size": None, "is_attention_free": False,
+        "kv_cache_dtype_skip_layers": [], "kv_cache_layout": None,
+        "kv_cache_max_concurrency": round(setup.kv_capacity_tokens / max(setup.max_model_len, 1), 2),
+        "kv_cache_memory_bytes": int(setup.plan.kv_bytes_per_gpu), "kv_cache_size_tokens": setup.kv_capacity_tokens,
+        "kv_offloading_backend": "native", "kv_offloading_size": None, "kv_sharing_fast_prefill": False,
+        "mamba_block_size": None, "mamba_cache_dtype": "auto", "mamba_cache_mode": "none",
+        "mamba_page_size_padded": None, "mamba_ssm_cache_dtype": "float32", "num_cpu_blocks": None,
+        "num_gpu_blocks": blocks, "num_gpu_blocks_override": None, "prefix_cache_retention_interval": 0,
+        "prefix_caching_hash_algo": "sha256", "prefix_match_unit": None, "replayssm_buffer_len": 16,
+        "skip_page_size_padded": None, "sliding_window": None, "swa_bounded_replay": True,
+        "use_kda_recoverssm": False, "use_replayssm": False, "user_specified_block_size": False,
+    }
+
+
+def make_pricer(cfg: SimServeConfig, setup: SimSetup, metrics: SimMetrics | None = None):
     """Step time from decode_step (the one physics model; the simulator adds none of its own).
 
     Tensor parallelism is priced by decode_step (weights split, all-reduces per layer). Pipeline
@@ -168,10 +190,19 @@ def make_pricer(cfg: SimServeConfig, setup: SimSetup):
     gpu, model, eff, tp = setup.gpu, setup.model, setup.eff, cfg.tensor_parallel_size
     kv_bytes = cfg.kv_dtype_bytes
 
+    from truthput.hardware.physics import kv_bytes_per_token_per_gpu
+
+    kv_write = kv_bytes_per_token_per_gpu(model, kv_bytes, tp)
+
     def price(shape: StepShape) -> float:
-        return decode_step(gpu, model, tp, shape.decode_seqs, shape.context_tokens, spec_k=shape.spec_k,
+        step = decode_step(gpu, model, tp, shape.decode_seqs, shape.context_tokens, spec_k=shape.spec_k,
                            spec_method=method if shape.spec_k else None, kv_dtype_bytes=kv_bytes,
-                           prefill_tokens=shape.prefill_tokens, eff=eff, draft_model=draft).total
+                           prefill_tokens=shape.prefill_tokens, eff=eff, draft_model=draft)
+        if metrics is not None:  # vLLM's estimated_* counters, from the same physics as the step time
+            metrics.est_flops.inc(step.flops_per_gpu)
+            metrics.est_read.inc(step.weight_bytes_per_gpu + step.kv_bytes_per_gpu)
+            metrics.est_write.inc(kv_write * (shape.decode_seqs * (shape.spec_k + 1) + shape.prefill_tokens))
+        return step.total
 
     return price
 
@@ -308,7 +339,7 @@ class SimServer:
         self.setup = setup
         self.model_name = cfg.served_model_name
         self.max_model_len = setup.max_model_len
-        self.metrics = SimMetrics(self.model_name, self.max_model_len, cfg.spec_k)
+        self.metrics = SimMetrics(self.model_name, self.max_model_len, cfg.spec_k, config=_cache_config(cfg, setup))
         interval = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10") or 10)
         self.log_interval = interval
         self.stats_logger = StatsLogger(cfg.spec_k, out=log_out, prefix_caching=cfg.enable_prefix_caching)
@@ -320,7 +351,7 @@ class SimServer:
             block_size=cfg.block_size,
             kv_capacity_tokens=setup.kv_capacity_tokens,
         )
-        self.pricer = pricer or make_pricer(cfg, setup)
+        self.pricer = pricer or make_pricer(cfg, setup, self.metrics)
         self.engine: SimEngine | None = None
         self._limits = limits
         self.fp8_kv = cfg.kv_cache_dtype.startswith("fp8")
@@ -609,6 +640,9 @@ class SimServer:
                                "without stream)", param="n")
         assert self.engine is not None
         for req in reqs:
+            self.metrics.params_max_tokens.observe(max_tokens)
+            self.metrics.max_num_generation_tokens.observe(min(max_tokens, self.max_model_len - req.prompt_tokens))
+            self.metrics.params_n.observe(int(n or 1))
             self.engine.submit(req)
         try:
             if body.get("stream"):
