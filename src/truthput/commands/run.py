@@ -105,6 +105,18 @@ def checked_plan(exp, engine: str | None, path: Path):
         raise SpecError(f"{path}: {exc}") from None
 
 
+def simulate_on(exp, engine: str | None, gpu: str | None, model: str | None) -> list[str]:
+    """`--sim-gpu`/`--sim-model` applied to the experiment (run and plan alike); they shape the
+    simulator only, so they need it to be the engine."""
+    if not (gpu or model):
+        return []
+    from truthput.errors import SpecError
+
+    if (engine or exp.server.engine) != "sim":
+        raise SpecError("--sim-gpu / --sim-model shape the simulator: give --engine sim too")
+    return exp.simulate_on(gpu, model)
+
+
 def stop_signals() -> list[int]:
     """The signals that stop a run: SIGTERM, and SIGHUP unless it was inherited as ignored (so
     `nohup truthput run ...` keeps running when its terminal closes)."""
@@ -170,10 +182,7 @@ def register(app: typer.Typer) -> None:
         if not resume and experiment is not None:
             # a bad file or an impossible plan fails before a store is created
             exp, text = load_experiment(experiment)
-            if sim_gpu or sim_model:
-                if (engine or exp.server.engine) != "sim":
-                    raise SpecError("--sim-gpu / --sim-model shape the simulator: give --engine sim too")
-                overrides = exp.simulate_on(sim_gpu, sim_model)
+            overrides = simulate_on(exp, engine, sim_gpu, sim_model)
             checked_plan(exp, engine, experiment)
         elif resume and not store.exists():
             raise SpecError(f"--resume {resume}: no results store at {store}")
@@ -265,13 +274,8 @@ def register(app: typer.Typer) -> None:
         from truthput.spec.levels import level_label
         from truthput.text import plural
 
-        from truthput.errors import SpecError
-
         exp, _ = load_experiment(experiment)
-        if sim_gpu or sim_model:
-            if (engine or exp.server.engine) != "sim":
-                raise SpecError("--sim-gpu / --sim-model shape the simulator: give --engine sim too")
-            exp.simulate_on(sim_gpu, sim_model)
+        simulate_on(exp, engine, sim_gpu, sim_model)
         p = checked_plan(exp, engine, experiment)
         con = make_console()
         con.print(f"[bold]{exp.experiment.name}[/bold]: engine {p.engine}"

@@ -172,6 +172,8 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a truthput results store ({exc})") from None
         self.schema_version = self._stored_version() or SCHEMA_VERSION
+        self.has_rate = any(r[1] == "rate" for r in self.conn.execute("PRAGMA table_info(trials)").fetchall())
+        """Whether the trials table has the rate column (a version 1-2 store opened read-only has not)."""
 
     def _add_rate_column(self) -> None:
         """Rebuild a version 1-2 trials table with the rate column and the key that includes it
@@ -390,13 +392,18 @@ class Store:
         return trial_id
 
     def done_trials(self, run_id: str) -> set[TrialKey]:
-        return {TrialKey(t.variant, t.start_index, t.level, t.trial_index) for t in self.trial_results(run_id)}
+        if not self.has_rate:  # an older store: an open loop's rate is only in its results
+            return {TrialKey(t.variant, t.start_index, t.level, t.trial_index) for t in self.trial_results(run_id)}
+        rows = self.conn.execute("SELECT variant, start_index, concurrency, rate, trial_index FROM trials "
+                                 "WHERE run_id=?", (run_id,)).fetchall()
+        return {TrialKey(r["variant"], r["start_index"], Rate(r["rate"]) if r["rate"] else int(r["concurrency"]),
+                         r["trial_index"]) for r in rows}
 
     def trials(self, run_id: str) -> list[sqlite3.Row]:
         return self.conn.execute(
             "SELECT * FROM trials WHERE run_id=? ORDER BY (SELECT position FROM variants v WHERE v.run_id = trials.run_id"
             " AND v.name = trials.variant), variant, concurrency, "
-            + ("rate, " if self._has_rate() else "") + "start_index, trial_index", (run_id,)
+            + ("rate, " if self.has_rate else "") + "start_index, trial_index", (run_id,)
         ).fetchall()
 
     def trial_results(self, run_id: str) -> list[StoredTrial]:
@@ -412,9 +419,6 @@ class Store:
                 error=row["error"], results=TrialResults.from_stored(doc),
                 rate=(row["rate"] or None) if "rate" in row.keys() else None))
         return out
-
-    def _has_rate(self) -> bool:
-        return any(r[1] == "rate" for r in self.conn.execute("PRAGMA table_info(trials)").fetchall())
 
     def apply_sim_target(self, run_id: str, exp: Any) -> None:
         """Apply the GPU and model a run was simulated on (`run --sim-gpu/--sim-model`, kept as the
