@@ -1,15 +1,14 @@
-"""`truthput run` as an open loop: requests arrive at set rates, and the verdict is on goodput and
-latency at each rate.
+"""`truthput run` as an open loop (the README's `truthput run examples/open-loop.toml`, run here as
+written): requests arrive at set rates, and the verdict is on goodput and latency at each rate.
 
 Known truth: with constant arrivals at r requests/s and every request emitting exactly N tokens
 (ignore_eos), a server that keeps up emits r * N tokens per second, whatever its speed; a server
-that admits one request at a time (`--max-num-seqs 1`) queues arrivals that come faster than it
+that admits four requests at a time (`--max-num-seqs 4`) queues arrivals that come faster than it
 finishes them, so its time to first token grows with the rate while the other's does not.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -17,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from truthput.runner import run_experiment
 from truthput.spec.experiment import parse_experiment
 from truthput.spec.levels import Rate
 from truthput.store.db import Store
@@ -25,58 +23,25 @@ from truthput.store.db import Store
 ROOT = Path(__file__).resolve().parents[1]
 TRUTHPUT = [sys.executable, "-m", "truthput"]
 
-RATES = (4.0, 16.0)
-OUTPUT_TOKENS = 16
-
-EXPERIMENT = f"""
-[experiment]
-name = "open"
-baseline = "base"
-seed = 5
-[server]
-engine = "sim"
-command = ["vllm", "serve", "/models/llama", "--max-model-len", "4096", "--max-num-seqs", "64", "--port", "8080"]
-ready_timeout_s = 30
-stop_grace_s = 5
-[hardware]
-gpu = "RTX 3090"
-count = 1
-[model]
-profile = "llama-3.1-8b"
-[sim]
-noise = 0.02
-startup_s = 0.1
-[[variant]]
-name = "base"
-[[variant]]
-name = "one_at_a_time"
-set = {{ "--max-num-seqs" = 1 }}
-[workload]
-rates = {list(RATES)}
-arrival = "constant"
-duration_s = 2.5
-warmup_s = 0.5
-input_tokens = 32
-output_tokens = {OUTPUT_TOKENS}
-ignore_eos = true
-[slo]
-ttft_ms = 150
-[measure]
-starts = 2
-max_starts = 3
-repeats = 1
-verdicts = ["tok/s", "ttft_p99", "goodput"]
-output_guard = false
-"""
+EXAMPLE = ROOT / "examples" / "open-loop.toml"
+RATES = (4.0, 12.0)  # the example's [workload] rates
+OUTPUT_TOKENS = 32  # its output_tokens (ignore_eos: every request emits exactly these)
+SLOW = "few_seqs"  # its variant that admits 4 requests at a time
+BASE = "default"
 
 
 @pytest.fixture(scope="module")
 def open_run(tmp_path_factory):
+    """The README's open-loop command, as written, in a folder of its own (the store is the
+    default ./truthput.db there)."""
     folder = tmp_path_factory.mktemp("open")
-    db = folder / "r.db"
-    exp = parse_experiment(EXPERIMENT, "open.toml")
-    store = Store(db)
-    run_id = asyncio.run(run_experiment(exp, EXPERIMENT, "open.toml", store, progress=lambda m: None))
+    (folder / "examples").symlink_to(ROOT / "examples")
+    out = subprocess.run([*TRUTHPUT, "run", "examples/open-loop.toml"], capture_output=True, text=True, cwd=folder,
+                         timeout=600)
+    assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    db = folder / "truthput.db"
+    store = Store(db, read_only=True)
+    run_id = store.resolve_run("latest")
     store.close()
     return db, run_id
 
@@ -89,7 +54,7 @@ def test_each_rate_is_its_own_level_and_the_counter_sees_rate_times_tokens(open_
     assert {t.level for t in trials} == {Rate(r) for r in RATES}
     assert all(t.concurrency == 0 and t.rate in RATES for t in trials)
     for t in trials:
-        if t.variant != "base" or t.status != "ok":
+        if t.variant != BASE or t.status != "ok":
             continue
         tokps = t.results.headline().number()
         assert tokps is not None
@@ -107,13 +72,13 @@ def test_verdict_decides_latency_at_the_rate_the_queue_builds(open_run):
     # the table is keyed by offered rate, not streams
     assert "req/s" in text and "c=0" not in text
     high = f"{RATES[1]:g} req/s"
-    # one request at a time cannot keep up with the higher rate: its p99 TTFT is decided higher
-    assert f"{high}: one_at_a_time's p99 TTFT is" in text and "higher than base's" in text, text
-    # its goodput under the TTFT target is lower at that rate (none of its requests meets the target:
-    # zero, which no log-scale interval takes, and the line says so)
-    assert f"{high}: one_at_a_time's goodput is" in text, text
-    after = text.split(f"{high}: one_at_a_time's goodput is", 1)[1]
-    assert "lower than base's" in after.split("simulated:")[0]
+    # four requests at a time cannot keep up with the higher rate: its p99 TTFT is decided higher
+    assert f"{high}: {SLOW}'s p99 TTFT is" in text and f"higher than {BASE}'s" in text, text
+    # its goodput under the latency targets is lower at that rate (where none of its requests meets
+    # them it is zero, which no log-scale interval takes, and the line says so)
+    assert f"{high}: {SLOW}'s goodput is" in text, text
+    after = text.split(f"{high}: {SLOW}'s goodput is", 1)[1]
+    assert f"lower than {BASE}'s" in after.split("simulated:")[0]
 
 
 def test_exports_and_markdown_name_the_rate(open_run, tmp_path):
@@ -137,7 +102,7 @@ def test_exports_and_markdown_name_the_rate(open_run, tmp_path):
 
 
 def test_both_loop_kinds_at_once_is_refused():
-    text = EXPERIMENT.replace("rates = ", "concurrency = [1]\nrates = ")
+    text = EXAMPLE.read_text().replace("rates = ", "concurrency = [1]\nrates = ")
     with pytest.raises(Exception) as exc:
         parse_experiment(text, "open.toml")
     assert "not both" in str(exc.value)

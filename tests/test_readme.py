@@ -33,6 +33,9 @@ SKIPPED = {
     "truthput run  examples/seed-vllm.toml --engine sim":
         "40-100 minutes: the seed's long generations in real time (the README says so)",
     "truthput compare A B --fail-if-slower 3%": "A and B stand for two run ids (the test of `compare` runs it)",
+    "truthput run examples/open-loop.toml":
+        "run as written (its own folder, ./truthput.db there) by tests/test_open_loop_run.py, which checks its figures",
+    "truthput sim fit-ngram RUN": "RUN stands for a run with an n-gram variant (the by-hand form beside it is run)",
     "truthput load --sample-interval 0": "an option named in prose, not a whole command (`truthput load` needs a URL)",
     "truthput plan": "a command named in prose",
     "truthput load": "a command named in prose",
@@ -108,8 +111,8 @@ def test_every_readme_command_is_run_or_skipped_with_a_reason():
 
 @pytest.mark.slow
 def test_readme_commands_run_as_written(tmp_path):
-    """Runs the README's commands in order (about 3.5 minutes: the quickstart and the open-loop
-    example each run on the simulator). Prints the list of skipped lines and why."""
+    """Runs the README's commands in order (about 2 minutes: the quickstart runs on the simulator).
+    Prints the list of skipped lines and why."""
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
     env = {**os.environ, "COLUMNS": "160"}

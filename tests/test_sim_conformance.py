@@ -43,7 +43,7 @@ def recorded() -> dict:
 def sim_answers(tmp_path_factory) -> dict:
     port = _free_port()
     argv = [sys.executable, "-m", "truthput.sim", "serve", MODEL, "--max-model-len", str(conformance.MAX_MODEL_LEN),
-            "--port", str(port), "--host", "127.0.0.1", "--sim-gpu", "RTX 3090", "--sim-model", "llama-3.1-8b",
+            "--port", str(port), "--host", "127.0.0.1", "--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b",
             "--sim-startup-s", "0", "--tokenizer", str(TOKENIZER)]
     log = tmp_path_factory.mktemp("sim") / "sim.log"
     with open(log, "w") as out:

@@ -93,7 +93,7 @@ def test_no_speculation_one_token_per_chunk_and_per_step():
 def test_speculation_counter_identities(spec):
     async def go():
         async with running_sim(BASE + spec, eff=FAST_FAKE) as server:
-            res, b, a = await _load(server, 16, 120)
+            res, b, a = await _load(server, 16, 120, extra={"temperature": 0})  # greedy: n-gram finds repeats
             return res, b, a, server.engine
 
     res, b, a, eng = run(go())
@@ -129,8 +129,10 @@ def test_greedy_output_same_with_and_without_speculation_and_fp8_flips_a_few():
 
     plain = run(texts([]))
     spec = run(texts(["--spec-method", "mtp", "--spec-tokens", "2"]))
+    ngram = run(texts(["--spec-method", "ngram", "--spec-tokens", "3", "--speculative-config.prompt_lookup_min", "1",
+                       "--speculative-config.prompt_lookup_max", "3"]))
     fp8 = run(texts(["--kv-cache-dtype", "fp8"]))
-    assert plain == spec
+    assert plain == spec == ngram
     changed = sum(x != y for x, y in zip(plain, fp8))
     assert 2 <= changed <= 25  # a seeded FP8_PERTURBED_FRACTION (5%) of prompts
 

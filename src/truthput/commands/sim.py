@@ -284,4 +284,103 @@ def register(app: typer.Typer) -> None:
         if out:
             con.print(f"profile written to {result.save_profile(out, configs)}")
 
+    @sim_app.command("fit-ngram")
+    def fit_ngram(
+        run_id: Optional[str] = typer.Argument(None, help="A run with an n-gram variant (id or 'latest'); or give the counters by hand."),
+        store: Path = typer.Option(Path("truthput.db"), "--store", help="Results store (SQLite)."),
+        variant: Optional[str] = typer.Option(None, "--variant", help="The n-gram variant (default: the run's only one)."),
+        drafts: Optional[float] = typer.Option(None, "--drafts", help="By hand: vllm:spec_decode_num_drafts_total over the load."),
+        accepted: Optional[float] = typer.Option(None, "--accepted", help="By hand: vllm:spec_decode_num_accepted_tokens_total over the load."),
+        generated: Optional[float] = typer.Option(None, "--generated", help="By hand: vllm:generation_tokens_total over the load."),
+        spec_tokens: int = typer.Option(3, "--spec-tokens", help="By hand: num_speculative_tokens (k)."),
+        lookup: str = typer.Option("5,5", "--lookup", help="By hand: prompt_lookup_min,prompt_lookup_max."),
+        prompt_tokens: Optional[float] = typer.Option(None, "--prompt-tokens", help="Mean prompt tokens (default: the run's)."),
+        output_tokens: Optional[float] = typer.Option(None, "--output-tokens", help="Mean output tokens (default: the run's)."),
+        temperature: float = typer.Option(0.0, "--temperature", help="The load's sampling temperature (truthput's default: 0)."),
+        vocab: int = typer.Option(32000, "--vocab", help="The model's vocabulary size."),
+    ) -> None:
+        """Fit the simulator's text repetition to a real run's n-gram counters.
+
+        \b
+        n-gram speculation drafts only where the text repeats; the simulator's text copies a share
+        of its tokens in spans (--sim-repetition, --sim-copy-span; in an experiment \\[sim]
+        repetition and copy_span). This finds the pair whose replay gives the run's drafts per
+        generated token and mean acceptance length, so an n-gram A/B on the simulator finds what
+        the real engine found. Both figures are [server counter]; the fit is [model].
+        """
+        from truthput.errors import SpecError
+        from truthput.report.terminal import make_console
+        from truthput.sim.speculation import NgramCounters, fit_repetition
+
+        con = make_console()
+        if run_id:
+            from truthput.store.db import Store
+
+            counters, spec_tokens, window, p_mean, o_mean = ngram_counters_of_run(Store(store, read_only=True), run_id, variant)
+        else:
+            if drafts is None or accepted is None or generated is None:
+                raise SpecError("fit-ngram: give a RUN_ID, or --drafts, --accepted and --generated")
+            counters = NgramCounters(int(generated), int(drafts), 0, int(accepted))
+            try:
+                lo, hi = (int(v) for v in lookup.split(","))
+            except ValueError:
+                raise SpecError(f"--lookup {lookup!r}: expected MIN,MAX (e.g. 2,4)") from None
+            window, p_mean, o_mean = (lo, hi), None, None
+        p_mean = prompt_tokens if prompt_tokens is not None else p_mean
+        o_mean = output_tokens if output_tokens is not None else o_mean
+        if p_mean is None or o_mean is None:
+            raise SpecError("fit-ngram: give --prompt-tokens and --output-tokens (the load's mean lengths)")
+        if counters.generated <= 0:
+            raise SpecError("fit-ngram: no generated tokens in the counters")
+        rep, got = fit_repetition(counters.drafts_per_token, counters.mean_acceptance_length, spec_tokens, window,
+                                  int(round(p_mean)), max(2, int(round(o_mean))), temperature, vocab)
+        con.print(f"measured \\[server counter]: {counters.drafts_per_token:.3f} drafts per generated token, mean "
+                  f"acceptance length {counters.mean_acceptance_length:.2f} (k={spec_tokens}, lookup "
+                  f"{window[0]}..{window[1]}, {p_mean:.0f} prompt / {o_mean:.0f} output tokens, temperature "
+                  f"{temperature:g})", highlight=False)
+        con.print(f"replayed \\[model]: {got.drafts_per_token:.3f} drafts per token, mean acceptance length "
+                  f"{got.mean_acceptance_length:.2f}", highlight=False)
+        con.print(f"simulator flags: --sim-repetition {rep.share:g} --sim-copy-span {rep.span:g}", highlight=False)
+        con.print(f"in an experiment: \\[sim] repetition = {rep.share:g}, copy_span = {rep.span:g}", highlight=False)
+
     app.add_typer(sim_app, name="sim")
+
+
+def ngram_counters_of_run(store, run_id: str, variant: str | None):
+    """(counters, k, lookup window, mean prompt tokens, mean output tokens) summed over the ok
+    trials of a run's n-gram variant, from the spec-decode counter deltas each trial recorded."""
+    from truthput.errors import SpecError
+    from truthput.sim.speculation import NgramCounters, lookup_window
+
+    rid = store.resolve_run(run_id)
+    trials = [t for t in store.trial_results(rid) if t.ok and t.results.speculative
+              and "ngram" in str(t.results.speculative.get("method", "")).lower()]
+    names = sorted({t.variant for t in trials})
+    if variant is None and len(names) > 1:
+        raise SpecError(f"run {rid} has several n-gram variants {names}: give --variant")
+    if variant is not None:
+        trials = [t for t in trials if t.variant == variant]
+    if not trials:
+        raise SpecError(f"run {rid}: no ok trial of an n-gram variant{' ' + repr(variant) if variant else ''}")
+    drafts = accepted = emitted = 0.0
+    for t in trials:
+        sd = t.results.spec_decode
+        iv = sd.trial if sd is not None else None
+        if iv is None or iv.drafts is None or iv.accepted_tokens is None or iv.undrafted_steps is None:
+            continue
+        d, a, u = iv.drafts.value, iv.accepted_tokens.value, iv.undrafted_steps.value
+        if d is None or a is None or u is None:
+            continue
+        drafts, accepted, emitted = drafts + d, accepted + a, emitted + d + a + u
+    spec = trials[0].results.speculative or {}
+    k = int(spec.get("num_speculative_tokens") or 0)
+    prompts, outputs = [], []
+    for t in trials:
+        for row in store.requests(t.id):
+            if row["prompt_tokens"]:
+                prompts.append(float(row["prompt_tokens"]))
+            if row["completion_tokens"]:
+                outputs.append(float(row["completion_tokens"]))
+    mean = (lambda xs: sum(xs) / len(xs) if xs else None)
+    return (NgramCounters(int(emitted), int(drafts), 0, int(accepted)), k, lookup_window(spec),
+            mean(prompts), mean(outputs))

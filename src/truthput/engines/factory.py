@@ -45,6 +45,10 @@ def sim_argv(exp: Experiment, argv: ServerArgv, host: str, port: int, seed: int)
         extra += ["--sim-profile", exp.sim.profile]
     if exp.sim.acceptance:
         extra += ["--sim-acceptance", ",".join(str(a) for a in exp.sim.acceptance)]
+    if exp.sim.repetition is not None:
+        extra += ["--sim-repetition", repr(exp.sim.repetition)]
+    if exp.sim.copy_span is not None:
+        extra += ["--sim-copy-span", repr(exp.sim.copy_span)]
     return [sys.executable, "-m", "truthput.sim", "serve", *served, *extra]
 
 

@@ -8,9 +8,11 @@ step takes on the simulated hardware; (3) sleeps until the step's end on a drift
 (t_end = t_start + sum of step times, not now + dt); (4) emits the step's tokens to the streams
 and bumps the counters in the same event-loop turn.
 
-Speculation: per sequence per step a draft of length d (k for MTP/EAGLE/draft models; for n-gram
-sometimes none or shorter), position i accepted with probability a_i only if all earlier were;
-the step emits 1 + accepted. Each request's first token comes from prefill (no draft). Accepted
+Speculation: per sequence per step a draft of length d. MTP/EAGLE/draft models draft k tokens,
+position i accepted with probability a_i only if all earlier were. n-gram drafts by prompt lookup
+over the request's prompt + output and a draft token is accepted while it equals the token the
+model emits there (sim/speculation.py), so it drafts only where the text repeats. The step emits
+1 + accepted. Each request's first token comes from prefill (no draft). Accepted
 tokens beyond a request's remaining length are not counted as accepted, so
 emitted == drafts + accepted + steps-without-draft holds exactly.
 """
@@ -19,13 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import random
 from dataclasses import dataclass
 from typing import Callable
 
 from truthput.sim.logs import StatsLogger
 from truthput.sim.metrics import SimMetrics
+from truthput.sim.speculation import DEFAULT_LOOKUP, NgramProposer
 from truthput.sim.textgen import TokenStream
 
 #: Default per-position conditional acceptance by method family (last value repeats).
@@ -35,9 +37,6 @@ DEFAULT_ACCEPTANCE: dict[str, tuple[float, ...]] = {
     "draft_model": (0.7, 0.55, 0.45, 0.4, 0.35),
     "ngram": (0.6, 0.5, 0.4, 0.35, 0.3),
 }
-#: n-gram drafting: chance a step finds a match at all, and that the match is k tokens long.
-NGRAM_MATCH_PROB = 0.7
-NGRAM_FULL_LENGTH_PROB = 0.7
 
 
 def method_family(method: str | None) -> str | None:
@@ -73,7 +72,7 @@ class SimRequest:
 
     __slots__ = ("rid", "prompt_tokens", "max_new", "end_reason", "stream", "emitted", "computed",
                  "prefill_target", "blocks", "arrival", "first_token_time", "last_token_time",
-                 "finish_reason", "waiter", "prompt_counted", "admit_seq", "admit_time")
+                 "finish_reason", "waiter", "prompt_counted", "admit_seq", "admit_time", "proposer", "draft")
 
     def __init__(self, rid: str, prompt_tokens: int, max_new: int, end_reason: str,
                  stream: TokenStream, arrival: float) -> None:
@@ -94,6 +93,8 @@ class SimRequest:
         self.prompt_counted = False
         self.admit_seq = 0
         self.admit_time: float | None = None
+        self.proposer: NgramProposer | None = None
+        self.draft: list[int] = []
 
     def _wake(self) -> None:
         w = self.waiter
@@ -121,7 +122,8 @@ class SimEngine:
 
     def __init__(self, limits: EngineLimits, pricer: StepPricer, metrics: SimMetrics,
                  stats_logger: StatsLogger | None, *, spec_k: int = 0, spec_method: str | None = None,
-                 acceptance: list[float] | None = None, seed: int = 0, jitter: float = 0.0) -> None:
+                 acceptance: list[float] | None = None, seed: int = 0, jitter: float = 0.0,
+                 lookup: tuple[int, int] = DEFAULT_LOOKUP) -> None:
         self.limits = limits
         self.pricer = pricer
         self.metrics = metrics
@@ -130,6 +132,7 @@ class SimEngine:
         self.family = method_family(spec_method) if spec_k > 0 else None
         acc = acceptance or list(DEFAULT_ACCEPTANCE.get(self.family or "", (0.7,)))
         self.acceptance = [acc[min(i, len(acc) - 1)] for i in range(spec_k)]
+        self.lookup = lookup
         self.rng = random.Random(seed)
         self.jitter_rng = random.Random(seed ^ 0x5EED)
         self.jitter = jitter
@@ -214,17 +217,31 @@ class SimEngine:
         self.metrics.num_preemptions.inc()
         return victim
 
-    def _draft_len(self) -> int:
+    def _draft_len(self, req: SimRequest) -> int:
         k = self.spec_k
         if k == 0:
             return 0
         if self.family != "ngram":
             return k
-        if self.rng.random() >= NGRAM_MATCH_PROB:
-            return 0
-        if k == 1 or self.rng.random() < NGRAM_FULL_LENGTH_PROB:
-            return k
-        return self.rng.randint(1, k - 1)
+        proposer = req.proposer
+        if proposer is None:
+            tokens = req.stream.tokens
+            if tokens is None:  # a stream without ids (none is made so): nothing to look up
+                return 0
+            proposer = req.proposer = NgramProposer(tokens.prompt(), *self.lookup)
+            proposer.extend(tokens.upto(req.emitted))
+        req.draft = proposer.propose(k, self.limits.max_model_len)
+        return len(req.draft)
+
+    def _ngram_accepted(self, req: SimRequest, draft_len: int) -> int:
+        """Leading draft tokens equal to what the model emits next."""
+        draft, tokens = req.draft, req.stream.tokens
+        assert tokens is not None  # a draft is made only from a stream's ids
+        ids = tokens.upto(req.emitted + draft_len)
+        n, at = 0, req.emitted
+        while n < draft_len and draft[n] == ids[at + n]:
+            n += 1
+        return n
 
     def _accepted(self, draft_len: int) -> int:
         n = 0
@@ -247,7 +264,7 @@ class SimEngine:
             if req.computed < req.prefill_target:
                 i += 1
                 continue
-            d = self._draft_len()
+            d = self._draft_len(req)
             if budget < 1 + d:
                 i += 1
                 continue
@@ -313,7 +330,8 @@ class SimEngine:
                 continue
             remaining = req.max_new - req.emitted
             if d:
-                acc = min(self._accepted(d), remaining - 1)
+                acc = self._ngram_accepted(req, d) if self.family == "ngram" else self._accepted(d)
+                acc = min(acc, remaining - 1)
                 drafts += 1
                 draft_tokens += d
                 accepted_total += acc
@@ -323,6 +341,8 @@ class SimEngine:
                 acc = 0
                 nodraft += 1
             n = 1 + acc
+            if req.proposer is not None and req.stream.tokens is not None:
+                req.proposer.extend(req.stream.tokens.upto(req.emitted + n)[req.emitted:req.emitted + n])
             req.emitted += n
             req.computed += n
             emitted_total += n

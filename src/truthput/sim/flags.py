@@ -67,6 +67,8 @@ class SimServeConfig:
     seed: int
     startup_s: float
     disable_log_stats: bool = False
+    sim_repetition: float = 0.25
+    sim_copy_span: float = 8.0
     tokenizer: str | None = None
     tool_call_parser: str | None = None
     ignored: list[str] = field(default_factory=list)
@@ -92,6 +94,16 @@ class SimServeConfig:
         from truthput.hardware.dtypes import kv_dtype_bytes
 
         return kv_dtype_bytes(self.kv_cache_dtype)
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from exc
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"a share in [0, 1), got {text!r}")
+    return value
 
 
 def _float_list(text: str) -> list[float]:
@@ -194,6 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sim-acceptance", type=_float_list, default=None,
                    help="Per-position conditional acceptance, e.g. '0.8,0.6,0.5' "
                         "(last value repeats for further positions).")
+    s.add_argument("--sim-repetition", type=_share, default=0.25, metavar="SHARE",
+                   help="Share of greedy output tokens the simulated model copies from the prompt or its own "
+                        "recent output (default 0.25); what n-gram speculation can find. Sampled text copies "
+                        "less, at temperature >= 1 only by chance. `truthput sim fit-ngram` fits it to a real "
+                        "run's counters.")
+    s.add_argument("--sim-copy-span", type=float, default=8.0, metavar="TOKENS",
+                   help="Mean length of a copied span in tokens (default 8).")
     s.add_argument("--noise", type=float, default=0.0,
                    help="Per-start bandwidth variation and per-step jitter as a fraction "
                         "(0 = exactly deterministic step times).")
@@ -320,6 +339,8 @@ def parse_serve_args(argv: list[str]) -> SimServeConfig:
             raise SpecError(f"{name} must be >= 1, got {val}")
     if not 0.0 < ns.gpu_memory_utilization <= 1.0:
         raise SpecError(f"--gpu-memory-utilization must lie in (0, 1], got {ns.gpu_memory_utilization}")
+    if ns.sim_copy_span < 1:
+        raise SpecError(f"--sim-copy-span must be at least 1 token, got {ns.sim_copy_span}")
     if ns.noise < 0:
         raise SpecError(f"--noise must be >= 0, got {ns.noise}")
     if not 0 <= ns.port <= 65535:
@@ -347,6 +368,8 @@ def parse_serve_args(argv: list[str]) -> SimServeConfig:
         sim_model=ns.sim_model,
         sim_profile=ns.sim_profile,
         sim_acceptance=ns.sim_acceptance,
+        sim_repetition=ns.sim_repetition,
+        sim_copy_span=ns.sim_copy_span,
         noise=ns.noise,
         seed=ns.seed,
         startup_s=ns.sim_startup_s,

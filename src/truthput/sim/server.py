@@ -13,6 +13,7 @@ the engine wakes a stream once per step, not once per token.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -33,6 +34,7 @@ from truthput.sim.engine import EngineLimits, SimEngine, SimRequest, StepShape, 
 from truthput.sim.flags import SimServeConfig
 from truthput.sim.logs import StatsLogger, emit, vllm_prefix
 from truthput.sim.metrics import SimMetrics
+from truthput.sim.speculation import DEFAULT_VOCAB, OutputTokens, Repetition, lookup_window
 
 GiB = 1024**3
 SIM_VERSION = "0.0.0+truthput.sim"
@@ -231,6 +233,9 @@ class Prompt:
     tokens: int
     key_text: str
     text: str | None
+    #: the prompt's token ids where the request gave them; else read from the text when needed
+    ids: list[int] | None = None
+    messages: list | None = None
 
 
 @dataclass
@@ -252,12 +257,23 @@ class FixedStream:
         step = max(1, -(-len(text) // n))
         self.parts = [text[i:i + step] for i in range(0, len(text), step)] or [""]
         self.parts += [""] * (n - len(self.parts))
+        self.tokens = OutputTokens(textgen.text_key(text), (), 0.0, 1.0)  # fresh ids: nothing for n-gram to find
 
     def piece(self, i: int) -> str:
         return self.parts[i] if i < len(self.parts) else ""
 
     def text(self, start: int, stop: int) -> str:
         return "".join(self.parts[start:stop])
+
+
+async def _open_stream(request: web.Request, body: dict) -> tuple[web.StreamResponse, bool, bool]:
+    """An SSE response, started; and whether usage is asked for at the end, and in every chunk."""
+    opts = body.get("stream_options") or {}
+    include_usage = bool(opts.get("include_usage"))
+    continuous = include_usage and bool(opts.get("continuous_usage_stats"))
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    return resp, include_usage, continuous
 
 
 def _first_stop(stream: Any, max_new: int, stops: list[str]) -> tuple[int, str, int] | None:
@@ -307,7 +323,7 @@ def _completion_logprobs(stream: Any, start: int, stop: int, k: int, key: int) -
         lp = -r.uniform(0.05, 8.0)
         top = {tok: lp}
         for j in range(1, max(1, k)):
-            top[stream.piece(i + 7919 * j) + ("" if j == 1 else str(j))] = lp - r.uniform(0.01, 2.0)
+            top[stream.alternative(i, j) + ("" if j == 1 else str(j))] = lp - r.uniform(0.01, 2.0)
         tokens.append(tok)
         lps.append(lp)
         tops.append(top)
@@ -365,6 +381,8 @@ class SimServer:
 
         model_dir = cfg.model if cfg.model and os.path.isdir(cfg.model) else None
         self.tokenizer = load_tokenizer(cfg.tokenizer, model_dir)
+        self.vocab = self.tokenizer.vocab_size if self.tokenizer is not None else DEFAULT_VOCAB
+        self.repetition = Repetition(cfg.sim_repetition, cfg.sim_copy_span)
         self.fingerprint = _fingerprint()
         self._shaping: dict[str, Shaping] = {}
 
@@ -389,7 +407,7 @@ class SimServer:
         self.engine = SimEngine(self._limits, self.pricer, self.metrics, self.stats_logger,
                                 spec_k=cfg.spec_k, spec_method=cfg.spec_method,
                                 acceptance=cfg.sim_acceptance, seed=cfg.seed,
-                                jitter=cfg.noise / 3.0)
+                                jitter=cfg.noise / 3.0, lookup=lookup_window(cfg.speculative))
         self.engine.start()
         self._runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=0.1,
                                      handle_signals=False)
@@ -494,6 +512,18 @@ class SimServer:
         eng = self.engine
         return web.json_response({"server_load": (len(eng.running) + len(eng.waiting)) if eng is not None else 0})
 
+    def _ids_of(self, p: Prompt) -> list[int]:
+        """A prompt's token ids, for the output process to copy from and n-gram to look up in:
+        the model's when the simulator has its tokenizer, else one id per word."""
+        if p.ids is not None:
+            return p.ids
+        tok = self.tokenizer
+        if p.messages is not None:
+            text = tok.chat_text(p.messages) if tok is not None else p.key_text
+        else:
+            text = p.text or p.key_text
+        return tok.encode(text) if tok is not None else textgen.word_ids(text, self.vocab)
+
     def _prompt_ids(self, text: str, n: int) -> list[int]:
         return self.tokenizer.encode(text) if self.tokenizer is not None else list(range(n))
 
@@ -526,7 +556,7 @@ class SimServer:
         if isinstance(prompt, str):
             prompts = [Prompt(self.count_text(prompt), prompt, prompt)]
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            prompts = [Prompt(len(prompt), " ".join(map(str, prompt)), None)]
+            prompts = [Prompt(len(prompt), " ".join(map(str, prompt)), None, ids=prompt)]
         elif isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
             prompts = [Prompt(self.count_text(x), x, x) for x in prompt]  # a batch: one choice per prompt
         else:
@@ -543,7 +573,7 @@ class SimServer:
         if not isinstance(messages, list) or not messages:
             return _error(400, "'messages' must be a non-empty list", param="messages")
         return await self._generate(request, body, [Prompt(self.count_chat(messages), textgen.chat_key_text(messages),
-                                                           None)], chat=True)
+                                                           None, messages=messages)], chat=True)
 
     async def _generate(self, request: web.Request, body: dict, prompts: list["Prompt"],
                         chat: bool) -> web.StreamResponse:
@@ -607,6 +637,8 @@ class SimServer:
             return fixed
         loop = asyncio.get_running_loop()
         reqs: list[SimRequest] = []
+        # vLLM samples at temperature 1 unless told otherwise (this model has no generation_config)
+        copy_q = self.repetition.copy_start_prob(1.0 if temperature is None else float(temperature))
         for p in prompts:
             prompt_key = textgen.text_key(p.key_text)
             for j in range(int(n or 1)):
@@ -619,7 +651,9 @@ class SimServer:
                 else:
                     natural = textgen.natural_length(skey)
                     max_new, reason = (natural, "stop") if natural < limit else (limit, "length")
-                stream: Any = textgen.TokenStream(skey)
+                tokens = OutputTokens(skey, functools.partial(self._ids_of, p), copy_q, self.repetition.span,
+                                      self.vocab)
+                stream: Any = textgen.TokenStream(skey, tokens)
                 shape = Shaping(echo=p.text if body.get("echo") and not chat else None)
                 if fixed is not None:
                     text, tool = fixed
@@ -635,9 +669,6 @@ class SimServer:
                 req = SimRequest(uuid.uuid4().hex, p.tokens, max_new, reason, stream, loop.time())
                 self._shaping[req.rid] = shape
                 reqs.append(req)
-        if body.get("stream") and len(reqs) > 1:
-            return _error(400, "the simulator streams one choice per request (n > 1 or several prompts: ask "
-                               "without stream)", param="n")
         assert self.engine is not None
         for req in reqs:
             self.metrics.params_max_tokens.observe(max_tokens)
@@ -646,6 +677,8 @@ class SimServer:
             self.engine.submit(req)
         try:
             if body.get("stream"):
+                if len(reqs) > 1:
+                    return await self._stream_choices(request, body, reqs, chat, len(prompts))
                 return await self._stream(request, body, reqs[0], chat)
             return await self._whole(reqs, chat, body)
         finally:
@@ -738,12 +771,7 @@ class SimServer:
         return web.Response(body=orjson.dumps(out), content_type="application/json")
 
     async def _stream(self, request: web.Request, body: dict, req: SimRequest, chat: bool) -> web.StreamResponse:
-        opts = body.get("stream_options") or {}
-        include_usage = bool(opts.get("include_usage"))
-        continuous = include_usage and bool(opts.get("continuous_usage_stats"))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        resp, include_usage, continuous = await _open_stream(request, body)
         created = int(time.time())
         model_json = orjson.dumps(self.model_name)
         if chat:
@@ -824,6 +852,74 @@ class SimServer:
         return resp
 
 
+    async def _stream_choices(self, request: web.Request, body: dict, reqs: list[SimRequest], chat: bool,
+                              n_prompts: int) -> web.StreamResponse:
+        """Several choices in one stream (n > 1, or a list of prompts), as vLLM sends them: one id,
+        each chunk one choice with its index, in the order their tokens come out; in chat every
+        choice's role chunk with the first output of any; the final usage over all choices (each
+        prompt once)."""
+        resp, include_usage, continuous = await _open_stream(request, body)
+        rid = ("chatcmpl-" if chat else "cmpl-") + reqs[0].rid
+        base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model_name}
+        sent = [0] * len(reqs)
+        finished = [False] * len(reqs)
+
+        async def chunk(i: int, req: SimRequest, text: str | None, finish: str | None) -> None:
+            stop = (self._shaping.get(req.rid) or Shaping()).stop if finish is not None else None
+            extra: dict[str, Any] = {}
+            if chat and text is None:  # the role chunk: vLLM's keys for it
+                choice: dict[str, Any] = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                          "finish_reason": None}
+                extra = {"prompt_token_ids": None, "prompt_text": None}
+            elif chat:
+                choice = {"index": i, "delta": {"content": text}, "logprobs": None, "finish_reason": finish,
+                          **({"stop_reason": stop} if finish is not None else {}), "token_ids": None}
+            else:
+                choice = {"index": i, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": stop,
+                          "prompt_token_ids": None, "token_ids": None}
+            event: dict[str, Any] = {**base, "choices": [choice]}
+            if continuous:
+                event["usage"] = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + sent[i],
+                                  "completion_tokens": sent[i]}
+            await resp.write(b"data: " + orjson.dumps({**event, **extra}) + b"\n\n")
+
+        roles_sent = not chat
+        while not all(finished):
+            progressed = False
+            if not roles_sent and any(r.emitted > 0 or r.finish_reason is not None for r in reqs):
+                # vLLM sends every choice's role with the first output of any of them
+                roles_sent = True
+                for i, req in enumerate(reqs):
+                    await chunk(i, req, None, None)
+            for i, req in enumerate(reqs):
+                if finished[i] or not roles_sent:
+                    continue
+                n = req.emitted
+                done = req.finish_reason is not None and req.finish_reason != "abort"
+                if n > sent[i] or done:
+                    text = self._shown(req, sent[i], n)
+                    sent[i] = n
+                    finished[i] = done
+                    await chunk(i, req, text, req.finish_reason if done else None)
+                    progressed = True
+            if not progressed and not all(finished):
+                waits = [asyncio.ensure_future(r.wait()) for r, f in zip(reqs, finished) if not f]
+                _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for w in pending:
+                    w.cancel()
+        if include_usage:
+            prompt = sum(r.prompt_tokens for r in reqs[::max(1, len(reqs) // n_prompts)])
+            completion = sum(sent)
+            final: dict[str, Any] = {**base, "choices": [], "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                                                      "completion_tokens": completion},
+                     "system_fingerprint": self.fingerprint}
+            await resp.write(b"data: " + orjson.dumps(final) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
 def startup_lines(cfg: SimServeConfig, setup: SimSetup) -> list[str]:
     """vLLM-like start-up log, with a banner that names this a SIMULATOR."""
     plan = setup.plan
@@ -831,6 +927,10 @@ def startup_lines(cfg: SimServeConfig, setup: SimSetup) -> list[str]:
     spec = ""
     if cfg.spec_k:
         spec = f", speculation {cfg.spec_method} k={cfg.spec_k}"
+        if method_family(cfg.spec_method) == "ngram":
+            lo, hi = lookup_window(cfg.speculative)
+            spec += (f" (prompt lookup {lo}..{hi} over text that copies {cfg.sim_repetition:g} of its greedy tokens "
+                     f"in spans of {cfg.sim_copy_span:g}: --sim-repetition/--sim-copy-span)")
     lines = [
         vllm_prefix("INFO", "api_server.py:1800")
         + f"vLLM API server version {SIM_VERSION} -- truthput SIMULATOR (no GPU; speeds come from the "

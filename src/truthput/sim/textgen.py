@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import Protocol, Sequence
 
 #: Whitespace-separated words per generated token, exact over every 4-token block.
 WORDS_PER_TOKEN = 0.75
@@ -43,6 +44,12 @@ _CONTINUATIONS = tuple(
 )
 _N_START = len(_WORD_STARTS)
 _N_CONT = len(_CONTINUATIONS)
+
+
+def word_ids(text: str, vocab: int) -> list[int]:
+    """Token ids of a text when the simulator has no tokenizer: one per whitespace word, the same
+    id for the same word, so repeats in the text are repeats in the ids."""
+    return [text_key(w) % vocab for w in text.split()]
 
 
 def text_key(text: str) -> int:
@@ -90,24 +97,47 @@ def fp8_perturbs(key: int) -> bool:
 
 
 class TokenStream:
-    """The tokens of one request: token i is a pure function of (key, i)."""
+    """The text of one request: token i's id comes from `tokens` (the output process, which may
+    copy spans: see sim/speculation.py) and its piece from that id, while whether position i starts
+    a word stays a function of (key, i) alone, so WORDS_PER_TOKEN holds exactly whatever is copied.
+    Without `tokens` every id is fresh, a pure function of (key, i)."""
 
-    __slots__ = ("key",)
+    __slots__ = ("key", "tokens")
 
-    def __init__(self, key: int) -> None:
+    def __init__(self, key: int, tokens: "TokenIds | None" = None) -> None:
         self.key = key
+        self.tokens = tokens
+
+    def token_id(self, i: int) -> int:
+        if self.tokens is not None:
+            return self.tokens.upto(i + 1)[i]
+        return _mix(self.key ^ (i * 0x9E3779B1 + 0xC0C0))
 
     def piece(self, i: int) -> str:
         block, pos = divmod(i, TOKENS_PER_BLOCK)
         h = _mix(self.key ^ (block * 0x100000001B3))
         cont_pos = 1 + (h % (TOKENS_PER_BLOCK - 1))  # positions 1..3; position 0 always starts a word
-        hp = _mix(h + pos)
+        t = _mix(self.token_id(i))
         if pos == cont_pos:
-            return _CONTINUATIONS[hp % _N_CONT]
-        return _WORD_STARTS[hp % _N_START]
+            return _CONTINUATIONS[t % _N_CONT]
+        return _WORD_STARTS[t % _N_START]
+
+    def alternative(self, i: int, j: int) -> str:
+        """A piece the model might have said instead at position i (logprobs' other candidates)."""
+        return _WORD_STARTS[_mix(self.key ^ (i * 7919 + j)) % _N_START]
 
     def text(self, start: int, stop: int) -> str:
+        if self.tokens is not None:
+            self.tokens.upto(stop)
         return "".join([self.piece(i) for i in range(start, stop)])
+
+
+class TokenIds(Protocol):
+    """The output process a TokenStream renders (speculation.OutputTokens)."""
+
+    def upto(self, n: int) -> list[int]: ...
+
+    def prompt(self) -> Sequence[int]: ...
 
 
 def stream_key(prompt_key: int, *, greedy: bool, seed: int | None, fp8_kv: bool, fallback: int) -> int:

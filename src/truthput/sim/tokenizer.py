@@ -23,6 +23,10 @@ class ModelTokenizer:
         self.tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
         self.template = _chat_template(folder)
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tok.get_vocab_size())
+
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text).ids)
 

@@ -100,6 +100,10 @@ class SimSection(_Strict):
     profile: str | None = None  # calibration profile JSON (truthput sim calibrate)
     log_stats_interval_s: float = Field(10.0, gt=0.0)
     acceptance: list[float] | None = None
+    # how much the simulated model's greedy text repeats: what n-gram speculation can find
+    # (`truthput sim fit-ngram` fits both to a real run's counters)
+    repetition: float | None = Field(None, ge=0.0, lt=1.0)
+    copy_span: float | None = Field(None, ge=1.0)
 
 
 class VariantSection(_Strict):
