@@ -18,7 +18,7 @@ from truthput.errors import SpecError
 from truthput.hardware.gpus import GPU
 from truthput.hardware.models import ModelProfile
 from truthput.hardware.physics import (
-    ACTIVATION_BYTES, compute_peak_flops, kv_bytes_per_token_per_gpu,
+    ACTIVATION_BYTES, compute_peak_flops, kv_bytes_per_token_per_gpu, link_bandwidth,
 )
 
 SOURCE = "model"
@@ -131,7 +131,7 @@ def roofline(
         if tp <= 1:
             return 0.0
         nbytes = b * positions_per_seq * model.hidden * ACTIVATION_BYTES
-        return collectives * 2.0 * (tp - 1) / tp * nbytes / gpu.interconnect.bandwidth_Bps
+        return collectives * 2.0 * (tp - 1) / tp * nbytes / link_bandwidth(gpu, tp)
 
     t_ar_lat = collectives * gpu.interconnect.latency_s
     bounds = {

@@ -78,7 +78,24 @@ def _counter_before_and_inside(res: Any) -> tuple[float | None, float | None]:
     return before, None
 
 
-def calibration_points(store, run_ids: list[str]) -> StorePoints:
+def _served_model_dir(store, rid: str) -> str | None:
+    """The model directory the run's baseline served (its --model or positional model), when it
+    holds a config.json: a profile can be built from it (config.json and the safetensors sizes)."""
+    import json
+    import os
+
+    from truthput.spec.argv import ServerArgv
+
+    for v in store.variants(rid):
+        argv = ServerArgv.parse(json.loads(v["argv_json"]))
+        candidates = [argv.get("--model"), *argv.positionals]
+        for c in candidates:
+            if isinstance(c, str) and os.path.isfile(os.path.join(c, "config.json")):
+                return c
+    return None
+
+
+def calibration_points(store, run_ids: list[str], gpu: str | None = None, model: str | None = None) -> StorePoints:
     """One point per ok trial: its server-counter tok/s over the steady-state window, and the
     engine steps that produced it.
 
@@ -88,7 +105,9 @@ def calibration_points(store, run_ids: list[str]) -> StorePoints:
     tp, KV dtype and speculation come from the variant's stored argv; the acceptance length from
     the spec-decode counters of the trial (used for predictions, not for pricing observed steps).
     A simulated trial during which the simulator logged that the host CPU could not keep up is
-    left out: its window measures the host, not the physics.
+    left out: its window measures the host, not the physics. A run without [hardware]/[model]
+    takes `gpu`/`model` (the command's --gpu/--model), and a missing [model] the model directory
+    the run served, when it has a config.json.
     """
     import json
 
@@ -107,9 +126,13 @@ def calibration_points(store, run_ids: list[str]) -> StorePoints:
         rid = store.resolve_run(rid)
         run = store.run(rid)
         exp = parse_experiment(run["experiment_toml"], f"run {rid}")
-        if exp.hardware is None or exp.model is None:
-            raise SpecError(f"run {rid}: its experiment has no [hardware]/[model]; calibration needs both")
-        hw.add((exp.hardware.gpu, exp.model.ref))
+        run_gpu = exp.hardware.gpu if exp.hardware is not None else gpu
+        run_model = exp.model.ref if exp.model is not None else (model or _served_model_dir(store, rid))
+        if run_gpu is None or run_model is None:
+            missing = " and ".join(x for x, v in (("[hardware] (or --gpu)", run_gpu), ("[model] (or --model)", run_model))
+                                   if v is None)
+            raise SpecError(f"run {rid}: no {missing}; calibration needs the hardware and the model")
+        hw.add((run_gpu, run_model))
         if run["simulated"]:
             sim_noise[rid] = float(exp.sim.noise) if exp.sim is not None else 0.0
         wl = exp.workload
@@ -231,7 +254,7 @@ def register(app: typer.Typer) -> None:
             from truthput.store.db import Store
 
             db = Store(store)
-            pts, hw, lengths, sim_noise, skipped = calibration_points(db, list(run_ids))
+            pts, hw, lengths, sim_noise, skipped = calibration_points(db, list(run_ids), gpu, model)
             for label, why in skipped:
                 con.print(f"  left out {label}: {why}", highlight=False)
             points += pts

@@ -1,8 +1,10 @@
-"""GPU catalog: peak memory bandwidth, dense FLOP/s and interconnect per GPU, each with its source.
+"""Hardware catalog: peak memory bandwidth, dense FLOP/s and interconnect per GPU (and per CPU
+host, where vLLM-CPU runs), each with its source.
 
 The figures live in catalog.toml next to this file so a reviewer can check every number against
 the datasheet it names. Lookup is forgiving ("RTX 3090", "rtx3090", "3090", "h100-sxm") because
-users type GPU names from memory.
+users type GPU names from memory. A path to a TOML file with one such entry (what `truthput
+hardware probe` writes for the machine it ran on) is accepted wherever a catalog name is.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class Interconnect:
 
 @dataclass(frozen=True)
 class GPU:
-    """Peak figures of one accelerator. FLOP/s are dense (no 2:4 sparsity)."""
+    """Peak figures of one accelerator, or of a CPU host (`kind = "cpu"`: its DRAM bandwidth and
+    matmul FLOP/s, usually measured). FLOP/s are dense (no 2:4 sparsity)."""
 
     name: str
     memory_bytes: float
@@ -45,6 +48,8 @@ class GPU:
     interconnect: Interconnect
     sources: tuple[str, ...]
     aliases: tuple[str, ...] = ()
+    kind: str = "gpu"  # "gpu" | "cpu"
+    cores: int | None = None  # a CPU host's cores
 
     def to_dict(self) -> dict:
         return {
@@ -77,28 +82,43 @@ def _normalise(name: str) -> str:
 def _load_catalog() -> tuple[GPU, ...]:
     with _CATALOG_PATH.open("rb") as fh:
         raw = tomllib.load(fh)
-    gpus = []
-    for entry in raw["gpu"]:
-        ic = entry["interconnect"]
-        gpus.append(
-            GPU(
-                name=entry["name"],
-                memory_bytes=float(entry["memory_gib"]) * 2**30 if "memory_gib" in entry else float(entry["memory_bytes"]),
-                mem_bw_Bps=float(entry["mem_bw_Bps"]),
-                bf16_flops=float(entry["bf16_flops"]),
-                fp8_flops=float(entry["fp8_flops"]) if "fp8_flops" in entry else None,
-                int8_ops=float(entry["int8_ops"]) if "int8_ops" in entry else None,
-                interconnect=Interconnect(
-                    kind=ic["kind"],
-                    bandwidth_Bps=float(ic["bandwidth_Bps"]),
-                    latency_s=float(ic["latency_s"]),
-                    source=ic["source"],
-                ),
-                sources=tuple(entry["sources"]),
-                aliases=tuple(entry.get("aliases", ())),
-            )
-        )
-    return tuple(gpus)
+    return tuple(_entry(e) for e in raw["gpu"])
+
+
+def _entry(entry: dict) -> GPU:
+    ic = entry["interconnect"]
+    return GPU(
+        name=entry["name"],
+        memory_bytes=float(entry["memory_gib"]) * 2**30 if "memory_gib" in entry else float(entry["memory_bytes"]),
+        mem_bw_Bps=float(entry["mem_bw_Bps"]),
+        bf16_flops=float(entry["bf16_flops"]),
+        fp8_flops=float(entry["fp8_flops"]) if "fp8_flops" in entry else None,
+        int8_ops=float(entry["int8_ops"]) if "int8_ops" in entry else None,
+        interconnect=Interconnect(
+            kind=ic["kind"],
+            bandwidth_Bps=float(ic["bandwidth_Bps"]),
+            latency_s=float(ic["latency_s"]),
+            source=ic["source"],
+        ),
+        sources=tuple(entry["sources"]),
+        aliases=tuple(entry.get("aliases", ())),
+        kind=str(entry.get("kind", "gpu")),
+        cores=int(entry["cores"]) if "cores" in entry else None,
+    )
+
+
+def load_profile(path: str | Path) -> GPU:
+    """One hardware entry from a TOML file (a `[[gpu]]` table, as in the catalog)."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            raw = tomllib.load(fh)
+        entries = raw["gpu"]
+        if len(entries) != 1:
+            raise SpecError(f"{p}: a hardware profile holds one [[gpu]] entry, found {len(entries)}")
+        return _entry(entries[0])
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise SpecError(f"{p}: not a hardware profile ({type(exc).__name__}: {exc})") from None
 
 
 @lru_cache(maxsize=1)
@@ -118,6 +138,8 @@ def list_gpus() -> list[GPU]:
 def get_gpu(name: str) -> GPU:
     """Look a GPU up by name or alias; unknown names raise SpecError listing the known ones."""
     gpu = _alias_index().get(_normalise(name))
+    if gpu is None and name.endswith(".toml") and Path(name).is_file():
+        return load_profile(name)
     if gpu is None:
         known = ", ".join(g.name for g in _load_catalog())
         raise SpecError(f"unknown GPU {name!r} (hardware catalog): known GPUs are {known}")

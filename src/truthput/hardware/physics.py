@@ -94,8 +94,15 @@ def allreduce_time(gpu: GPU, tp: int, nbytes: float, eff: Efficiency) -> float:
     """One ring all-reduce: 2(t-1)/t x bytes / link bandwidth + alpha (0 without TP)."""
     if tp <= 1:
         return 0.0
+    return 2.0 * (tp - 1) / tp * nbytes / link_bandwidth(gpu, tp) + tp_latency(gpu, eff)
+
+
+def link_bandwidth(gpu: GPU, tp: int) -> float:
+    """The TP link's bandwidth; a profile without one (a CPU host) cannot be split over TP > 1."""
     link = gpu.interconnect.bandwidth_Bps
-    return 2.0 * (tp - 1) / tp * nbytes / link + tp_latency(gpu, eff)
+    if link <= 0:
+        raise SpecError(f"{gpu.name} has no tensor-parallel link in its profile: TP={tp} cannot be modelled on it")
+    return link
 
 
 def _normalise_method(spec_k: int, spec_method: str | None, model: ModelProfile) -> str | None:

@@ -347,6 +347,17 @@ class CalibrationResult:
         sd = math.sqrt(max(var, 0.0))
         return value, value * math.exp(-Z95 * sd), value * math.exp(Z95 * sd)
 
+    def predict_measurement(self, config: CalibrationPoint, starts: int = 1,
+                            start_spread: float = 0.0) -> tuple[float, float, float]:
+        """(tok/s, low, high) for what a measurement of `config` averaged over `starts` server
+        starts will read: the constants' uncertainty, plus the residual scatter of one window and
+        the start-to-start spread, each shrinking with the starts averaged. This is the band a
+        measured value is checked against; `predict`'s is the model's figure alone."""
+        value, lo, hi = self.predict(config)
+        sd_model = math.log(hi / value) / Z95 if value > 0 and hi > value else 0.0
+        sd = math.sqrt(sd_model ** 2 + (self.noise_log ** 2 + start_spread ** 2) / max(1, starts))
+        return value, value * math.exp(-Z95 * sd), value * math.exp(Z95 * sd)
+
     def band_95(self, name: str) -> float:
         """Half-width of a constant's ~95% band, relative to its value (inf at 0)."""
         value = getattr(self.efficiency, name)

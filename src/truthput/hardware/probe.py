@@ -1,0 +1,213 @@
+"""Measure this machine as a CPU host: memory bandwidth (a STREAM-style triad) and matmul FLOP/s.
+
+Why: real vLLM runs on CPUs too (vLLM-CPU), and a CPU host's ceilings are not on any datasheet a
+user has at hand: its decode step streams the weights from DRAM (bandwidth-bound), its prefill is
+matmuls (FLOP-bound). The probe measures both the way vLLM-CPU's kernels would see them: the triad
+runs on every core it is allowed (numpy releases the GIL, one thread per core, each on its own
+slice); the matmul runs in bf16 with torch when torch is importable (what vLLM-CPU computes in),
+else in float32 with numpy's BLAS, and says which, with the BLAS and its thread settings.
+
+The result is a hardware profile (a `[[gpu]]` entry with `kind = "cpu"`, TOML) that `--gpu`,
+`--sim-gpu` and `[hardware] gpu` accept as a path, read like a catalog GPU. Every figure is
+[measured] on this machine at probe time; the roofline's ceilings from it are model figures.
+
+This file runs standalone too (`python path/to/probe.py` prints JSON; stdlib + numpy, torch
+optional), so a probe can be taken with another interpreter (one that has torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+#: Bytes per triad array per thread: far beyond any CPU cache, small enough for any host.
+TRIAD_BYTES = 64 * 2**20
+REPEATS = 5
+
+
+def _cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _memory_bytes() -> float | None:
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def triad_bandwidth(threads: int, array_bytes: int = TRIAD_BYTES, repeats: int = REPEATS) -> dict[str, Any]:
+    """a = b + s*c on `threads` threads at once, each on its own arrays; bytes/s of the memory
+    traffic numpy really makes (copy c->a, a *= s, a += b: 2 + 2 + 3 array passes of 8-byte
+    elements), best of `repeats` (STREAM's convention: the best run is the one least disturbed)."""
+    import numpy as np
+
+    n = max(1024, array_bytes // 8)
+    arrays = [(np.zeros(n), np.full(n, 1.0), np.full(n, 2.0)) for _ in range(threads)]
+    passes = 7
+
+    def work(a, b, c) -> None:
+        np.copyto(a, c)
+        a *= 3.0
+        a += b
+
+    for a, b, c in arrays:  # touch every page once before timing
+        work(a, b, c)
+    times = []
+    for _ in range(repeats):
+        barrier = threading.Barrier(threads + 1)
+
+        def run(a, b, c) -> None:
+            barrier.wait()
+            work(a, b, c)
+
+        pool = [threading.Thread(target=run, args=arr) for arr in arrays]
+        for t in pool:
+            t.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for t in pool:
+            t.join()
+        times.append(time.perf_counter() - t0)
+    moved = passes * 8 * n * threads
+    assert all(float(a[0]) == 7.0 for a, _, _ in arrays)  # 1 + 3 * 2: the work was done
+    return {"bytes_per_s": moved / min(times), "median_bytes_per_s": moved / statistics.median(times),
+            "threads": threads, "bytes_per_run": moved, "method": f"numpy triad, {threads} threads x "
+            f"{n * 8 / 2**20:.0f} MiB arrays, {passes} array passes counted, best of {repeats}"}
+
+
+def matmul_flops(size: int = 2048, repeats: int = REPEATS, prefer_torch: bool = True) -> dict[str, Any]:
+    """FLOP/s of an n x n x n matmul (2 n^3 FLOPs), best of `repeats`: bf16 with torch when
+    importable, else float32 with numpy's BLAS."""
+    torch = None
+    if prefer_torch:
+        try:
+            import torch  # type: ignore[no-redef]
+        except Exception:
+            torch = None
+    flop = 2.0 * size**3
+    times = []
+    if torch is not None:
+        a = torch.randn(size, size, dtype=torch.bfloat16)
+        b = torch.randn(size, size, dtype=torch.bfloat16)
+        torch.matmul(a, b)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            times.append(time.perf_counter() - t0)
+        how = f"torch {torch.__version__} bf16 matmul, {torch.get_num_threads()} threads"
+        dtype = "bf16"
+    else:
+        import numpy as np
+
+        a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+        b = np.random.default_rng(1).standard_normal((size, size), dtype=np.float32)
+        a @ b
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t0)
+        how = f"numpy float32 matmul ({_blas_name()}; no torch here, so not bf16)"
+        dtype = "fp32"
+    return {"flops": flop / min(times), "median_flops": flop / statistics.median(times), "dtype": dtype,
+            "size": size, "method": f"{how}, {size}^3, best of {repeats}"}
+
+
+def _blas_name() -> str:
+    try:
+        import numpy as np
+
+        cfg = np.show_config(mode="dicts")  # numpy >= 1.25
+        blas = cfg.get("Build Dependencies", {}).get("blas", {})
+        return f"BLAS {blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:
+        return "BLAS unknown"
+
+
+def measure(prefer_torch: bool = True) -> dict[str, Any]:
+    """Everything the profile needs, measured now, with the settings that shaped it."""
+    cores = _cores()
+    flags = _cpu_flags()
+    threads_env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                               "VLLM_CPU_OMP_THREADS_BIND") if k in os.environ}
+    return {
+        "cpu_model": _cpu_model(),
+        "cores": len(cores),
+        "core_ids": cores,
+        "memory_bytes": _memory_bytes(),
+        "bf16_instructions": sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16", "amx_tile")),
+        "python": sys.executable,
+        "thread_settings": threads_env,
+        "blas": _blas_name(),
+        "triad": triad_bandwidth(len(cores)),
+        "matmul": matmul_flops(prefer_torch=prefer_torch),
+        "at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def profile_toml(facts: dict[str, Any], name: str | None = None) -> str:
+    """The measured host as a hardware entry: what `--gpu PATH` / `[hardware] gpu = PATH` read."""
+    cores = int(facts["cores"])
+    label = name or f"{facts['cpu_model']} ({cores} cores, probed)"
+    memory = facts.get("memory_bytes") or 0.0
+    source = (f"measured by `truthput hardware probe` on {facts['at']}: {facts['triad']['method']}; "
+              f"{facts['matmul']['method']}")
+    lines = [
+        "# A CPU host measured by `truthput hardware probe` (figures are [measured] on this machine).",
+        f"# python {facts['python']}; thread settings {json.dumps(facts['thread_settings'])}; "
+        f"bf16 instructions {', '.join(facts['bf16_instructions']) or 'none'}",
+        "[[gpu]]",
+        f"name = {json.dumps(label)}",
+        'kind = "cpu"',
+        f"cores = {cores}",
+        f"memory_bytes = {memory:.0f}",
+        f"mem_bw_Bps = {facts['triad']['bytes_per_s']:.4g}",
+        f"bf16_flops = {facts['matmul']['flops']:.4g}   # {facts['matmul']['dtype']} matmul",
+        f"sources = [{json.dumps(source)}]",
+        "[gpu.interconnect]",
+        'kind = "none"',
+        "bandwidth_Bps = 0",
+        "latency_s = 0",
+        'source = "one host: no tensor-parallel link"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(prefer_torch="--no-torch" not in sys.argv)))
