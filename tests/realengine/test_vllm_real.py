@@ -288,12 +288,12 @@ def test_sequential_rule_on_real_vllm_stops_within_max_starts_and_says_why(tiny_
     so. The server is pinned to the last core and the client to the others (unpinned on this 2-core
     host, start-to-start CVs of 18-38% left n-gram's +24-40% undecided at 6 starts; pinned, +46% was
     decided at 6 starts in 468 s, and at the first look, 3 starts, in 304 s); the test holds either
-    way. max_starts is 4 here (not the default 6) to bound CI time. Long outputs (192 tokens) so that
-    engine steps, where n-gram drafts act, weigh more than per-request costs. Runtime: 6-8 vLLM
-    starts at ~20-50 s each on 2 cores, 5-7 minutes."""
+    way. Here the first look is at 2 starts and max_starts is 4 (not the defaults 3 and 6), to bound
+    CI time. Long outputs (192 tokens) so that engine steps, where n-gram drafts act, weigh more than
+    per-request costs. Runtime: 4-8 vLLM starts at ~20-50 s each on 2 cores, 3-7 minutes."""
     exp = tmp_path / "seq.toml"
     exp.write_text(experiment_toml("real-vllm-sequential", tiny_model, vllm_env, [("nospec", {}), ("ngram", NGRAM)],
-                                   [4], 3.0, measure="starts = 3\nmax_starts = 4", output_tokens=192, pin=True))
+                                   [4], 3.0, measure="starts = 2\nmax_starts = 4", output_tokens=192, pin=True))
     db_path = tmp_path / "seq.db"
     t0 = time.monotonic()
     proc = subprocess.run([*truthput_argv, "run", str(exp), "--store", str(db_path), "--reports", str(tmp_path / "r")],
@@ -309,7 +309,7 @@ def test_sequential_rule_on_real_vllm_stops_within_max_starts_and_says_why(tiny_
     (cv,) = [c for c in summary["verdict"]["per_concurrency"] if c["metric"] == "tok/s"]
     (comp,) = cv["comparisons"]
     n = comp["estimate"]["n_starts_variant"]
-    assert 3 <= n <= 4 and comp["estimate"]["n_starts_baseline"] == n and set(starts.values()) == {n}
+    assert 2 <= n <= 4 and comp["estimate"]["n_starts_baseline"] == n and set(starts.values()) == {n}
     if comp["outcome"] == "not decided":
         assert n == 4 and comp["more_starts"] >= 1
         assert f"about {comp['more_starts']} more start" in comp["line"]
