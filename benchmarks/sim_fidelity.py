@@ -42,9 +42,11 @@ VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
 TRUTHPUT = [sys.executable, "-m", "truthput"]
 CACHE = Path(os.environ.get("TRUTHPUT_CACHE", Path.home() / ".cache" / "truthput"))
 #: What the fit is free to move. On a CPU host a decode step is weight streaming (bandwidth, which
-#: the probe measured) plus CPU time per step and per running sequence; flops_frac is left at its
-#: prior: prefills of these short prompts do not pin it (the fit reports it unidentified).
-FREE = ("step_overhead_s", "per_seq_overhead_s")
+#: the probe measured) plus CPU time per step, and with n-gram its CPU time per decoding sequence
+#: (the k=1 training points pin it); flops_frac stays at its prior (these short prompts never make
+#: a step compute-bound) and per_seq_overhead_s too (no-speculation steps were flat in the batch,
+#: so two runs of this design did not identify it).
+FREE = ("step_overhead_s", "ngram_s_per_seq")
 #: The probe measured the bandwidth this host achieves, so the prior for its fraction is 1, not a
 #: datasheet discount; bw_frac is fitted only when --free names it.
 PRIOR_BW_FRAC = 1.0

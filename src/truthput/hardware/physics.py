@@ -35,6 +35,9 @@ class Efficiency:
     step_overhead_s: float = 0.003
     tp_latency_s: float | None = None
     per_seq_overhead_s: float = 0.0  # CPU cost per running sequence per step (sampling, detokenising)
+    # n-gram speculation's CPU cost per decoding sequence per step (prompt lookup, draft bookkeeping,
+    # verification sampling); on a CPU host it is milliseconds, the same core's time as the kernels'
+    ngram_s_per_seq: float = NGRAM_CPU_S_PER_SEQ
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,7 +174,7 @@ def decode_step(
         pass_ar = 2 * allreduce_time(gpu, tp, batch * model.hidden * ACTIVATION_BYTES, eff)
         t_draft = k * (max((pass_bytes + pass_kv) / bw, pass_flops / peak) + pass_ar)
     elif method == "ngram":
-        t_draft = NGRAM_CPU_S_PER_SEQ * batch
+        t_draft = eff.ngram_s_per_seq * batch
     elif method == "draft_model":
         if draft_model is None:
             raise SpecError("decode_step: spec_method 'draft_model' needs draft_model= a ModelProfile")

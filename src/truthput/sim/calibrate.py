@@ -40,13 +40,14 @@ PROFILE_FORMAT = "truthput-sim-profile/1"
 DEFAULT_FREE = ("step_overhead_s", "bw_frac", "flops_frac", "tp_latency_s")
 # fitted in this order of preference when the data supports fewer constants than asked for:
 # a fixed per-step time is what one point can pin down; bandwidth next; TP latency; compute last.
-PRIORITY = ("step_overhead_s", "bw_frac", "tp_latency_s", "flops_frac", "per_seq_overhead_s")
+PRIORITY = ("step_overhead_s", "bw_frac", "tp_latency_s", "flops_frac", "per_seq_overhead_s", "ngram_s_per_seq")
 BOUNDS = {
     "bw_frac": (0.05, 1.0),
     "flops_frac": (0.01, 1.0),
     "step_overhead_s": (0.0, 1.0),
     "tp_latency_s": (0.0, 0.01),
     "per_seq_overhead_s": (0.0, 0.1),
+    "ngram_s_per_seq": (0.0, 0.1),
 }
 ASSUMED_REL_NOISE = 0.05  # used for bands when no degrees of freedom are left to estimate noise
 # How closely the window model reproduces a window's served tok/s when everything else is known:
