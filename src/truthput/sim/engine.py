@@ -27,7 +27,7 @@ from typing import Callable
 
 from truthput.sim.logs import StatsLogger
 from truthput.sim.metrics import SimMetrics
-from truthput.sim.speculation import DEFAULT_LOOKUP, NgramProposer
+from truthput.sim.speculation import DEFAULT_LOOKUP, NgramProposer, accepted_prefix
 from truthput.sim.textgen import TokenStream
 
 #: Default per-position conditional acceptance by method family (last value repeats).
@@ -235,13 +235,9 @@ class SimEngine:
 
     def _ngram_accepted(self, req: SimRequest, draft_len: int) -> int:
         """Leading draft tokens equal to what the model emits next."""
-        draft, tokens = req.draft, req.stream.tokens
+        tokens = req.stream.tokens
         assert tokens is not None  # a draft is made only from a stream's ids
-        ids = tokens.upto(req.emitted + draft_len)
-        n, at = 0, req.emitted
-        while n < draft_len and draft[n] == ids[at + n]:
-            n += 1
-        return n
+        return accepted_prefix(req.draft, tokens.upto(req.emitted + draft_len), req.emitted)
 
     def _accepted(self, draft_len: int) -> int:
         n = 0

@@ -158,6 +158,15 @@ class NgramProposer:
         return []
 
 
+def accepted_prefix(draft: Sequence[int], ids: Sequence[int], at: int) -> int:
+    """Leading draft tokens equal to the tokens the model emits from position `at` (ids holds at
+    least at + len(draft) of them, or the request's whole output)."""
+    n, limit = 0, min(len(draft), len(ids) - at)
+    while n < limit and draft[n] == ids[at + n]:
+        n += 1
+    return n
+
+
 def lookup_window(speculative: dict | None) -> tuple[int, int]:
     """(prompt_lookup_min, prompt_lookup_max) as vLLM fills them in: both 5 when neither is given,
     the given one for the other when only one is."""
@@ -206,9 +215,7 @@ def replay(prompts: Sequence[Sequence[int]], output_tokens: int, repetition: Rep
             draft = proposer.propose(k, max_model_len)
             acc = 0
             if draft:
-                while acc < len(draft) and emitted + acc < output_tokens and draft[acc] == ids[emitted + acc]:
-                    acc += 1
-                acc = min(acc, output_tokens - emitted - 1)
+                acc = min(accepted_prefix(draft, ids, emitted), output_tokens - emitted - 1)
                 drafts += 1
                 draft_tokens += len(draft)
                 accepted += acc

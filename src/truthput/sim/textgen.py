@@ -114,10 +114,13 @@ class TokenStream:
         return _mix(self.key ^ (i * 0x9E3779B1 + 0xC0C0))
 
     def piece(self, i: int) -> str:
+        return self._render(i, self.token_id(i))
+
+    def _render(self, i: int, token_id: int) -> str:
         block, pos = divmod(i, TOKENS_PER_BLOCK)
         h = _mix(self.key ^ (block * 0x100000001B3))
         cont_pos = 1 + (h % (TOKENS_PER_BLOCK - 1))  # positions 1..3; position 0 always starts a word
-        t = _mix(self.token_id(i))
+        t = _mix(token_id)
         if pos == cont_pos:
             return _CONTINUATIONS[t % _N_CONT]
         return _WORD_STARTS[t % _N_START]
@@ -127,9 +130,11 @@ class TokenStream:
         return _WORD_STARTS[_mix(self.key ^ (i * 7919 + j)) % _N_START]
 
     def text(self, start: int, stop: int) -> str:
-        if self.tokens is not None:
-            self.tokens.upto(stop)
-        return "".join([self.piece(i) for i in range(start, stop)])
+        if self.tokens is None:
+            return "".join([self.piece(i) for i in range(start, stop)])
+        ids = self.tokens.upto(stop)  # generated once for the span, not once per piece
+        render = self._render
+        return "".join([render(i, ids[i]) for i in range(start, stop)])
 
 
 class TokenIds(Protocol):
