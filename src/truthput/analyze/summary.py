@@ -69,6 +69,22 @@ def _mark_flagged(verdict: Verdict, cells: list[Cell], baseline: str) -> None:
                 cv.lines = [comp.line if x == old else x for x in cv.lines]
 
 
+def _block_by_node(cells: list[Cell], values: dict, extra: dict, placements: Mapping[int, Mapping[str, Any]]):
+    from truthput.analyze.blocks import NodeBlocks, remove_node_effects
+
+    node_of = {sid: str(p.get("node_id") or p.get("node")) for sid, p in placements.items()}
+    used = {sid for c in cells for sid in c.servers("tok/s")}
+    classes = sorted({str(placements[s].get("hardware_class")) for s in used if s in placements})
+
+    def labels(metric: str, keys) -> dict:
+        return {c.key: [node_of.get(s) for s in c.servers(metric)] for c in cells if c.key in keys}
+
+    values, factors, tests = remove_node_effects(values, labels("tok/s", values))
+    extra = {m: (remove_node_effects(v, labels(m, v))[0], r) for m, (v, r) in extra.items()}
+    return values, extra, NodeBlocks(len({node_of[s] for s in used if s in node_of}), classes, factors,
+                                     [f"tok/s {t}" for t in tests])
+
+
 def stopping_rule(m: MeasureSection) -> StoppingRule | None:
     """The experiment's sequential rule (None when `sequential = false`): first look at
     max(2, starts), at most max_starts per variant, equivalence within +-min_effect."""
@@ -80,8 +96,11 @@ def stopping_rule(m: MeasureSection) -> StoppingRule | None:
 
 def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapping[str, str], baseline: str,
               measure: MeasureSection, simulated: bool,
-              guard_texts: Mapping[str, list[str]] | None = None) -> RunSummary:
-    """Cells, verdict and guard of a run from its trials (`failed`: variant -> why it failed)."""
+              guard_texts: Mapping[str, list[str]] | None = None,
+              placements: Mapping[int, Mapping[str, Any]] | None = None) -> RunSummary:
+    """Cells, verdict and guard of a run from its trials (`failed`: variant -> why it failed).
+    `placements` (start id -> where a cluster executor ran it): the verdict says how many nodes
+    and hardware classes it rests on, and with several nodes the node is taken as a block."""
     failed = dict(failed)
     cells = build_cells(trials, variants, baseline, failed)
     texts = dict(guard_texts or {})
@@ -105,9 +124,14 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
                                                                       confidence=m.confidence)
             except Exception as exc:  # not enough data to size a fixed design
                 stopping["fixed_design_note"] = str(exc)
+    blocks = None
+    if placements:
+        values, extra, blocks = _block_by_node(cells, values, extra, placements)
     verdict = make_verdict(values, baseline, failed=failed, guard=guard, confidence=m.confidence,
                            simulated=simulated, stopping_rule=rule, look=look, min_effect=m.min_effect_rel,
                            rounds=rounds, metrics=extra, decide_throughput="tok/s" in m.verdicts)
     _mark_flagged(verdict, cells, baseline)
+    if blocks is not None:
+        verdict.notes.append(blocks.line())
     return RunSummary(cells=cells, verdict=verdict, failed=failed, guard=guard, guard_texts=texts,
                       stopping=stopping)

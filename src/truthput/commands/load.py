@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -78,7 +78,15 @@ def register(app: typer.Typer) -> None:
         thinking: Optional[str] = typer.Option(None, "--thinking", help="on|off: chat_template_kwargs.enable_thinking"),
         slo_ttft_ms: Optional[float] = typer.Option(None, "--slo-ttft-ms", help="Goodput target: time to first token"),
         slo_itl_ms: Optional[float] = typer.Option(None, "--slo-itl-ms", help="Goodput target: mean inter-token latency"),
-        workers: int = typer.Option(1, "--workers", help="Load processes (when one core is not enough)"),
+        workers: int = typer.Option(1, "--workers", help="Load processes (when one core is not enough); with "
+                                    "--executor ray, load workers spread over the cluster's nodes"),
+        executor: str = typer.Option("local", "--executor", help="local (load processes here) or ray (load "
+                                     "workers on the nodes of a Ray cluster; pip install 'truthput[ray]')"),
+        address: Optional[str] = typer.Option(None, "--address", help="With --executor ray: the cluster "
+                                              "('auto', the default, or HOST:PORT)"),
+        clock_skew: Optional[str] = typer.Option(None, "--inject-clock-skew", hidden=True,
+                                                 help="K:SECONDS: worker K reports times SECONDS off, as another "
+                                                      "machine's clock would be (checks the offset recovery)"),
         tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer.json (or its folder): exact prompt lengths"),
         engine: str = typer.Option("vllm", "--engine", help="Metric names to read: vllm, sglang, llamacpp"),
         sample_interval: float = typer.Option(0.5, "--sample-interval",
@@ -127,8 +135,23 @@ def register(app: typer.Typer) -> None:
             from truthput.store.db import Store
 
             db = Store(store)
-        pool = None
-        if workers > 1:
+        if executor not in ("local", "ray"):
+            raise SpecError(f"--executor {executor!r}: expected 'local' or 'ray'")
+        if executor == "local" and (address or clock_skew):
+            raise SpecError("--address and --inject-clock-skew are for --executor ray")
+        skews: dict[int, float] = {}
+        if clock_skew:
+            k_text, _, secs = clock_skew.partition(":")
+            try:
+                skews[int(k_text)] = float(secs)
+            except ValueError:
+                raise SpecError(f"--inject-clock-skew {clock_skew!r}: expected WORKER:SECONDS") from None
+        pool: Any = None
+        if executor == "ray":
+            from truthput.cluster import import_ray
+
+            import_ray()  # a missing extra is one line before anything starts
+        elif workers > 1:
             from truthput.load.workers import WorkerPool
 
             pool = WorkerPool(opts.client_config(), workers).start()  # forked before the event loop
@@ -149,6 +172,13 @@ def register(app: typer.Typer) -> None:
             # restores the SIGINT handler, and CPython's signal module then formats a repr of the
             # handler, whose partial holds the main task, whose repr includes its result: every
             # chunk of every record (0.2 CPU-s for 164k chunks, measured). A None result costs nothing.
+            nonlocal pool
+            if executor == "ray":
+                from truthput.load.cluster import RayLoadPool
+
+                pool = await RayLoadPool(opts.client_config(), workers, address, skews).start()
+                for line in pool.notes():
+                    err.print(line, markup=False)
             results.append(await run_load(opts, db, pool, progress=lambda m: err.print(m), tokenizer=tok))
 
         import signal

@@ -148,6 +148,28 @@ def _stop_task(task, signum: int, received: list[int]) -> None:
               "recording the run's state", file=sys.stderr, flush=True)
 
 
+EXECUTOR_HELP = ("Where server starts run: 'local' (this machine, one after another) or 'ray' (nodes of a Ray "
+                 "cluster, in parallel; pip install 'truthput[ray]').")
+ADDRESS_HELP = "With --executor ray: the cluster ('auto', the default: the one this machine is in; or HOST:PORT)."
+
+
+def make_executor(kind: str, address: str | None):
+    """The executor the --executor option names."""
+    from truthput.errors import SpecError
+
+    if kind == "local":
+        if address:
+            raise SpecError("--address is for --executor ray")
+        from truthput.executors.local import LocalExecutor
+
+        return LocalExecutor()
+    if kind == "ray":
+        from truthput.executors.ray_cluster import RayExecutor
+
+        return RayExecutor(address=address)
+    raise SpecError(f"--executor {kind!r}: expected 'local' or 'ray'")
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def run(
@@ -160,6 +182,8 @@ def register(app: typer.Typer) -> None:
                                               "name), as many as the command's TP x PP, instead of the file's [hardware]."),
         sim_model: Optional[str] = typer.Option(None, "--sim-model", help="With the simulator: model this profile "
                                                 "instead of the file's [model]."),
+        executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP),
+        address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
     ) -> None:
         """Run every variant x load level, measure from server counters, print the verdict."""
         import asyncio
@@ -202,6 +226,7 @@ def register(app: typer.Typer) -> None:
         else:
             path = str(experiment)
             run_id = None
+        placer = make_executor(executor, address)
         prepare_load_process()
         from truthput.engines.process import become_subreaper
 
@@ -219,7 +244,7 @@ def register(app: typer.Typer) -> None:
                 loop.add_signal_handler(sig, _stop_task, task, sig, received)
             return await run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress,
                                         sim_target={"gpu": sim_gpu, "model": sim_model, "said": overrides}
-                                        if overrides else None)
+                                        if overrides else None, executor=placer)
 
         if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C works even when inherited ignored
@@ -264,6 +289,9 @@ def register(app: typer.Typer) -> None:
                                         "(read only; not created)."),
         sim_gpu: Optional[str] = typer.Option(None, "--sim-gpu", help="As for run: the simulator's GPU."),
         sim_model: Optional[str] = typer.Option(None, "--sim-model", help="As for run: the simulator's model profile."),
+        executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP + " With ray: check the cluster's "
+                                     "nodes against the plan and name what cannot be placed."),
+        address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
     ) -> None:
         """Print the trial plan, each variant's argv diff, the starts the stopping rule will likely
         need and a time estimate; runs nothing."""
@@ -277,6 +305,8 @@ def register(app: typer.Typer) -> None:
         exp, _ = load_experiment(experiment)
         simulate_on(exp, engine, sim_gpu, sim_model)
         p = checked_plan(exp, engine, experiment)
+        placer = make_executor(executor, address)
+        placed = placer.prepare(exp, p) if hasattr(placer, "prepare") else []
         con = make_console()
         con.print(f"[bold]{exp.experiment.name}[/bold]: engine {p.engine}"
                   + (" (embedded simulator: every figure will be SIMULATED)" if p.engine == "sim" else ""))
@@ -295,6 +325,11 @@ def register(app: typer.Typer) -> None:
         wl = exp.workload
         window = f"{wl.duration_s:g} s window" if wl.duration_s else f"{wl.requests} requests"
         con.print(f"order of server starts: {' '.join(f'{n}#{i + 1}' for n, i in p.order)}")
+        for line in placed:
+            con.print(line, markup=False, highlight=False)
+        for w in getattr(placer, "wants", {}).values():
+            con.print(f"  {w.variant}: {w.describe()}, "
+                      f"{sum(1 for n in placer.nodes if w.fits(n))} node(s) can hold it", markup=False)
         if wl.mode == "open":
             cap = f", at most {wl.max_in_flight} in flight" if wl.max_in_flight else ""
             levels = f"an open loop ({wl.arrival} arrivals{cap}) at {', '.join(level_label(x) for x in p.levels)}"

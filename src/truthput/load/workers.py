@@ -276,77 +276,102 @@ class WorkerPool:
 
         for k, c in enumerate(conns):
             _watch(loop, c, reader(k))
-        settled: set[int] = set()
-        results: dict[int, LoadResult] = {}
-        window_end_seen = False
-        errors: list[str] = []
-        t_ws = t_we = None
-        timer_expired = False
-        notes: list[str] = []
 
-        def take(msg: tuple) -> None:
-            nonlocal window_end_seen
-            kind = msg[0]
-            if kind == "settled":
-                settled.add(msg[1])
-            elif kind == "window_end":
-                window_end_seen = True
-            elif kind == "result":
-                results[msg[1]] = msg[2]
-            else:  # error / died
-                errors.append(msg[2])
+        async def send_all(msg: tuple) -> None:
+            for c in conns:
+                c.send(msg)
 
-        async def next_msg(timeout: float | None) -> bool:
+        async def next_msg(timeout: float | None) -> tuple | None:
             try:
-                take(await asyncio.wait_for(inbox.get(), timeout))
-                return True
+                return await asyncio.wait_for(inbox.get(), timeout)
             except asyncio.TimeoutError:
-                return False
+                return None
 
         try:
             for k, c in enumerate(conns):
                 c.send(("trial", workload, parts[k], n_active))
-            while len(settled | set(results)) < n_active and not errors:
-                await next_msg(None)
-            window = not errors and len(settled) == n_active and not results
-            if window:
-                t0 = time.monotonic()
-                if on_window_start is not None:
-                    await on_window_start()
-                t_ws = (t0 + time.monotonic()) / 2
-            for c in conns:
-                c.send(("open",))
-            if window:
-                deadline = None if load.duration_s is None else t_ws + load.duration_s  # type: ignore[operator]
-                while not window_end_seen and not results and not errors:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        timer_expired = True
-                        break
-                    await next_msg(left)
-                t0 = time.monotonic()
-                if on_window_end is not None:
-                    await on_window_end()
-                t_we = (t0 + time.monotonic()) / 2
-            else:
-                notes.append("no window: a worker finished before every worker's streams were generating")
-            # A window ended by a worker that issued its last request must not stop the others:
-            # every request of a --requests run is sent. A timed window (or a timed run without a
-            # window) stops the issuing everywhere.
-            if timer_expired or load.max_requests is None:
-                for c in conns:
-                    c.send(("end",))
-            while len(results) + len(errors) < n_active:
-                await next_msg(None)
+            results, t_ws, t_we, notes = await coordinate(n_active, load, send_all, next_msg, on_window_start,
+                                                          on_window_end)
         finally:
             for c in conns:
                 try:
                     loop.remove_reader(c.fileno())
                 except (ValueError, OSError):
                     pass
-        if errors:
-            raise MeasurementError("; ".join(errors))
         return merge_results([results[k] for k in range(n_active)], t_ws, t_we, notes)
+
+
+async def coordinate(n_active: int, load: TrialLoad, send_all: Callable[[tuple], Awaitable[None]],
+                     next_msg: Callable[[float | None], Awaitable[tuple | None]],
+                     on_window_start: Callback | None, on_window_end: Callback | None
+                     ) -> tuple[dict[int, LoadResult], float | None, float | None, list[str]]:
+    """The window protocol between the parent and its active workers, whatever carries the messages
+    (pipes to forked processes, or calls to actors on other nodes): wait until every worker has
+    settled, open the window (`on_window_start`), end it after `duration_s` or when a worker has
+    issued its last request (`on_window_end`), tell the workers, collect every result. Messages in:
+    ("settled", k), ("window_end", k), ("result", k, LoadResult), ("error"|"died", k, text);
+    `next_msg(timeout)` gives None when the timeout passed. Messages out: ("open",), ("end",)."""
+    settled: set[int] = set()
+    results: dict[int, LoadResult] = {}
+    window_end_seen = False
+    errors: list[str] = []
+    t_ws = t_we = None
+    timer_expired = False
+    notes: list[str] = []
+
+    def take(msg: tuple) -> None:
+        nonlocal window_end_seen
+        kind = msg[0]
+        if kind == "settled":
+            settled.add(msg[1])
+        elif kind == "window_end":
+            window_end_seen = True
+        elif kind == "result":
+            results[msg[1]] = msg[2]
+        else:  # error / died
+            errors.append(msg[2])
+
+    async def wait(timeout: float | None) -> None:
+        msg = await next_msg(timeout)
+        if msg is not None:
+            take(msg)
+
+    while len(settled | set(results)) < n_active and not errors:
+        await wait(None)
+    window = not errors and len(settled) == n_active and not results
+    if window:
+        t0 = time.monotonic()
+        if on_window_start is not None:
+            await on_window_start()
+        t_ws = (t0 + time.monotonic()) / 2
+    await send_all(("open",))
+    if window:
+        deadline = None if load.duration_s is None else t_ws + load.duration_s  # type: ignore[operator]
+        while not window_end_seen and not results and not errors:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                timer_expired = True
+                break
+            await wait(left)
+        t0 = time.monotonic()
+        if on_window_end is not None:
+            await on_window_end()
+        t_we = (t0 + time.monotonic()) / 2
+    else:
+        notes.append("no window: a worker finished before every worker's streams were generating")
+    # A window ended by a worker that issued its last request must not stop the others: every
+    # request of a --requests run is sent. A timed window (or a timed run without a window) stops
+    # the issuing everywhere.
+    if timer_expired or load.max_requests is None:
+        await send_all(("end",))
+    while len(results) + len(errors) < n_active:
+        before = len(errors)
+        await wait(None)
+        if any(e.startswith("died:") for e in errors[before:]):
+            break  # a worker that is gone sends nothing more
+    if errors:
+        raise MeasurementError("; ".join(e.removeprefix("died: ") for e in errors))
+    return results, t_ws, t_we, notes
 
 
 def merge_results(parts: list[LoadResult], t_ws: float | None, t_we: float | None, notes: list[str]) -> LoadResult:

@@ -31,5 +31,11 @@ def run_summary(store: Store, run_id: str, guard_texts: dict[str, list[str]] | N
     except TruthputError:
         pass  # a `truthput load` run, or an experiment whose schema changed: defaults apply
     prev = json.loads(run["summary_json"]) if run["summary_json"] else {}
+    placements = {}
+    for s in store.starts(run_id):
+        info = json.loads(s["info_json"]) if s["info_json"] else {}
+        if info.get("placement"):
+            placements[int(s["id"])] = info["placement"]
     return summarize(store.trial_results(run_id), [v["name"] for v in variants], store.failed_variants(run_id),
-                     baseline, measure, bool(run["simulated"]), guard_texts or prev.get("guard_texts") or {})
+                     baseline, measure, bool(run["simulated"]), guard_texts or prev.get("guard_texts") or {},
+                     placements=placements or None)

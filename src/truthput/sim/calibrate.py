@@ -349,14 +349,20 @@ class CalibrationResult:
         return value, value * math.exp(-Z95 * sd), value * math.exp(Z95 * sd)
 
     def predict_measurement(self, config: CalibrationPoint, starts: int = 1,
-                            start_spread: float = 0.0) -> tuple[float, float, float]:
+                            replicate_spread: float | None = None) -> tuple[float, float, float]:
         """(tok/s, low, high) for what a measurement of `config` averaged over `starts` server
-        starts will read: the constants' uncertainty, plus the residual scatter of one window and
-        the start-to-start spread, each shrinking with the starts averaged. This is the band a
-        measured value is checked against; `predict`'s is the model's figure alone."""
+        starts (one window each) will read. This is the band a measured value is checked against;
+        `predict`'s is the model's figure alone.
+
+        replicate_spread: the spread of log tok/s of one window from one start to the next,
+        measured on repeated starts of the same configuration. It holds the start's own offset and
+        the window's noise together, so when given it replaces the fit's residual scatter (adding
+        both would count the window's noise twice). Noise shrinks with the starts averaged; the
+        constants' uncertainty does not."""
         value, lo, hi = self.predict(config)
         sd_model = math.log(hi / value) / Z95 if value > 0 and hi > value else 0.0
-        sd = math.sqrt(sd_model ** 2 + (self.noise_log ** 2 + start_spread ** 2) / max(1, starts))
+        noise = self.noise_log if replicate_spread is None else replicate_spread
+        sd = math.sqrt(sd_model ** 2 + noise ** 2 / max(1, starts))
         return value, value * math.exp(-Z95 * sd), value * math.exp(Z95 * sd)
 
     def band_95(self, name: str) -> float:

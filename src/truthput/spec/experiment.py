@@ -273,6 +273,16 @@ class SloSection(_Strict):
     e2e_ms: float | None = Field(None, gt=0)
 
 
+class ClusterSection(_Strict):
+    """Where starts may be placed with `--executor ray`: a GPU type (Ray's accelerator_type) and node
+    labels every server start's node must have, and how often a start lost with its node is run
+    again elsewhere."""
+
+    accelerator_type: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    max_reruns: int = Field(2, ge=0, le=20)
+
+
 class Experiment(_Strict):
     experiment: ExperimentSection
     server: ServerSection
@@ -283,6 +293,7 @@ class Experiment(_Strict):
     workload: WorkloadSection = Field(default_factory=WorkloadSection)
     measure: MeasureSection = Field(default_factory=MeasureSection)
     slo: SloSection | None = None
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
     claim: list[dict[str, Any]] = Field(default_factory=list)
 
     @model_validator(mode="after")
