@@ -85,7 +85,7 @@ def real_run(tiny_model, vllm_env, truthput_argv, tmp_path_factory):
     exp = work / "real.toml"
     exp.write_text(experiment_toml("real-vllm-tiny", tiny_model, vllm_env,
                                    [("nospec", {}), ("ngram", NGRAM), ("too-long", {"--max-model-len": 4096})],
-                                   [1, 4], 2.0))
+                                   [1, 4], 2.0, pin=True))
     db_path = work / "real.db"
     t0 = time.monotonic()
     proc = subprocess.run([*truthput_argv, "run", str(exp), "--store", str(db_path), "--reports", str(work / "reports")],

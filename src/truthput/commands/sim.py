@@ -102,8 +102,9 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
     The steps (decode seqs, their context, prefill tokens) are rebuilt from the trial's streamed
     chunks (calibrate.observed_steps), so the model prices exactly the work the window held:
     decodes, the prefills of requests that started in it, the steps a finished stream sat out.
-    tp, KV dtype and speculation come from the variant's stored argv; the acceptance length from
-    the spec-decode counters of the trial (used for predictions, not for pricing observed steps).
+    tp, KV dtype and speculation come from the variant's stored argv; the acceptance length (tokens
+    per engine step: generated / (generated - accepted) in the window) from the counters (used for
+    predictions, not for pricing observed steps).
     A simulated trial during which the simulator logged that the host CPU could not keep up is
     left out: its window measures the host, not the physics. A run without [hardware]/[model]
     takes `gpu`/`model` (the command's --gpu/--model), and a missing [model] the model directory
@@ -176,6 +177,14 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
             spec_window = res.spec_decode.window if res.spec_decode is not None else None
             acc = (spec_window.mean_acceptance_length.number()
                    if spec_window is not None and spec_window.mean_acceptance_length is not None else None)
+            accepted = (spec_window.accepted_tokens.number()
+                        if spec_window is not None and spec_window.accepted_tokens is not None else None)
+            if k and accepted is not None and inside and inside > accepted:
+                # tokens per engine step, every step counted: each step emits one token of its own
+                # plus the drafts it accepted, so steps = generated - accepted. The mean acceptance
+                # length (1 + accepted / drafts) counts only the steps that drafted: above this
+                # wherever the proposer found nothing to propose (n-gram outside repeated text).
+                acc = inside / (inside - accepted)
             if k and acc is None:
                 decoded = [c[4] for c in chunks if c[3] > 0]
                 acc = sum(decoded) / len(decoded) if decoded else None
