@@ -304,3 +304,11 @@ def test_load_from_two_nodes_counts_what_the_server_counted_and_recovers_a_known
     print(f"recovered clock offsets (s, ± s): {offsets}")
     assert abs(offsets[1][0] - skew) <= offsets[1][1] + 1e-4, offsets
     assert "clock offset" in out.stderr + out.stdout
+
+
+def test_no_cluster_at_the_address_is_one_line_and_starts_nothing(tmp_path):
+    out = _truthput("plan", str(_experiment(tmp_path)), "--executor", "ray", "--address", f"{NODE_IP}:{_free_port()}",
+                    timeout=60)
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert "no Ray cluster there" in line and "ray start --head" in line

@@ -43,6 +43,15 @@ def connect(address: str | None) -> Any:
         # a cluster on this host's loopback (127.0.0.2 and the like: Ray maps 127.0.0.1 itself onto
         # the host's outward address): the driver is that node too, at the same address
         kwargs["_node_ip_address"] = host
+    if host and where.rsplit(":", 1)[1].isdigit():
+        import socket
+
+        try:  # Ray itself retries an absent head for minutes, printing as it goes
+            socket.create_connection((host, int(where.rsplit(":", 1)[1])), timeout=5).close()
+        except OSError as exc:
+            raise SpecError(f"--executor ray --address {where}: no Ray cluster there ({exc.strerror or exc}); start "
+                            "one with `ray start --head` (and `ray start --address HEAD:6379` on each other "
+                            "node)") from None
     try:
         ray.init(address=where, namespace="truthput", log_to_driver=False, logging_level="ERROR",
                  configure_logging=True, **kwargs)
