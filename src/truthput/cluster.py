@@ -22,8 +22,12 @@ def import_ray() -> Any:
     return ray
 
 
-def _loopback(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
+    """localhost or an address in 127.0.0.0/8 (or ::1)."""
     import ipaddress
+
+    if host == "localhost":
+        return True
 
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -39,7 +43,7 @@ def connect(address: str | None) -> Any:
     where = address or "auto"
     kwargs: dict[str, Any] = {}
     host = where.rsplit(":", 1)[0] if ":" in where else ""
-    if _loopback(host):
+    if is_loopback_host(host):
         # a cluster on this host's loopback (127.0.0.2 and the like: Ray maps 127.0.0.1 itself onto
         # the host's outward address): the driver is that node too, at the same address
         kwargs["_node_ip_address"] = host
@@ -139,3 +143,12 @@ def actor_class(ray: Any, cls: type, **options: Any) -> Any:
     if cls not in _REMOTE:
         _REMOTE[cls] = ray.remote(**options)(cls)
     return _REMOTE[cls]
+
+
+def lost_errors(ray: Any) -> tuple[type[BaseException], ...]:
+    """Ray's errors that mean an actor (or its node) is gone, as opposed to an error raised by the
+    actor's own code."""
+    ex = ray.exceptions
+    return tuple(e for e in (getattr(ex, n, None) for n in (
+        "RayActorError", "NodeDiedError", "ObjectLostError", "WorkerCrashedError", "LocalRayletDiedError",
+        "OwnerDiedError", "ActorUnschedulableError")) if e is not None)

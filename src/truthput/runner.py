@@ -645,10 +645,17 @@ async def _run_order(ctx: RunContext, order: list[tuple[str, int]], done: set[Tr
 async def run_starts_here(ctx: RunContext, order: list[tuple[str, int]], done: set[TrialKey], tokenizer) -> None:
     """The starts of `order`, one after another, on this machine."""
     for name, start_index in order:
-        if name in ctx.failed:
-            ctx.emit(Note(f"{name} start {start_index + 1}: skipped (variant failed: {ctx.failed[name]})"))
+        if skipped(ctx, name, start_index):
             continue
         await _run_start(ctx, ctx.plan.variant(name), start_index, done, tokenizer)
+
+
+def skipped(ctx: RunContext, name: str, start_index: int) -> bool:
+    """A start of a failed variant is not made; the run says so (every executor asks here)."""
+    if name not in ctx.failed:
+        return False
+    ctx.emit(Note(f"{name} start {start_index + 1}: skipped (variant failed: {ctx.failed[name]})"))
+    return True
 
 
 @dataclass

@@ -155,6 +155,17 @@ class Cell:
         quantile such as "itl_p99" (each trial's own quantile, client clock)."""
         if metric == "tok/s":
             return self.per_start, self.start_ids
+        starts = self._by_server(metric)
+        keys = sorted(starts)
+        return [starts[k] for k in keys], [k[0] for k in keys]
+
+    def servers(self, metric: str) -> list[int]:
+        """The server start (start_id, -1 where unknown) of each entry of `series(metric)`."""
+        return [k[1] for k in sorted(self._by_server(metric))]
+
+    def _by_server(self, metric: str) -> dict[tuple[int, int], list[float]]:
+        """(round, server) -> the metric's values over the cell's ok trials (the grouping of
+        `per_start`, for any verdict metric)."""
         starts: dict[tuple[int, int], list[float]] = {}
         for t in self.trials:
             if t.status != "ok":
@@ -162,17 +173,7 @@ class Cell:
             v = trial_metric(t.results, metric)
             if v is not None:
                 starts.setdefault(_replicate(t), []).append(v)
-        keys = sorted(starts)
-        return [starts[k] for k in keys], [k[0] for k in keys]
-
-    def servers(self, metric: str) -> list[int]:
-        """The server start (start_id, -1 where unknown) of each entry of `series(metric)`."""
-        starts: set[tuple[int, int]] = set()
-        for t in self.trials:
-            if t.status == "ok" and (headline(t.results).value is not None if metric == "tok/s"
-                                     else trial_metric(t.results, metric) is not None):
-                starts.add(_replicate(t))
-        return [k[1] for k in sorted(starts)]
+        return starts
 
     def quantile(self, metric: str, q: str) -> float | None:
         """Median over the cell's ok trials of each trial's client-clock latency quantile."""

@@ -36,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from truthput.cluster import Node, nodes_from_ray, actor_class, cluster_nodes, connect
+from truthput.cluster import Node, actor_class, cluster_nodes, connect, lost_errors, nodes_from_ray
 from truthput.errors import SpecError
 
 POLL_S = 0.2
@@ -185,13 +185,6 @@ class StartActorImpl:
         return msgs
 
 
-def _lost_errors(ray: Any) -> tuple[type[BaseException], ...]:
-    ex = ray.exceptions
-    return tuple(e for e in (getattr(ex, n, None) for n in (
-        "RayActorError", "NodeDiedError", "ObjectLostError", "WorkerCrashedError", "LocalRayletDiedError",
-        "OwnerDiedError", "ActorUnschedulableError")) if e is not None)
-
-
 # ---- the executor -------------------------------------------------------------------------------
 @dataclass
 class _Job:
@@ -237,7 +230,7 @@ class RayExecutor:
         return {n.node_id for n in nodes_from_ray(self.ray)}
 
     async def run_order(self, ctx: Any, order: list[tuple[str, int]], done: set, tokenizer: Any) -> None:
-        from truthput.events import Note
+        from truthput.runner import skipped
 
         queue = deque(_Job(name, i) for name, i in order)
         used = {n.node_id: 0 for n in self.nodes}  # starts placed per node: the least used goes first
@@ -248,10 +241,8 @@ class RayExecutor:
             while queue or running:
                 while queue:
                     job = queue[0]
-                    if job.variant in ctx.failed:
+                    if skipped(ctx, job.variant, job.start_index):
                         queue.popleft()
-                        ctx.emit(Note(f"{job.variant} start {job.start_index + 1}: skipped (variant failed: "
-                                      f"{ctx.failed[job.variant]})"))
                         continue
                     need = self.wants[job.variant]
                     elsewhere = dead | job.avoid
@@ -327,7 +318,7 @@ class RayExecutor:
                     apply_outcome(ctx, job.variant, outcome)
                     return "ok"
                 await asyncio.sleep(POLL_S)
-        except _lost_errors(ray) as exc:
+        except lost_errors(ray) as exc:
             sid = next((v for k, v in applier.ids.items() if k.n == 1), None)
             why = f"lost: node died ({node.address}: {type(exc).__name__})"
             if sid is not None:

@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import ipaddress
 import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from truthput.cluster import lost_errors
 from truthput.errors import MeasurementError, SpecError
 from truthput.load.client import ClientConfig
 from truthput.load.schedule import LoadResult
@@ -38,13 +38,9 @@ POLL_S = 0.02
 
 
 def is_loopback(url: str) -> bool:
-    host = urlparse(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    from truthput.cluster import is_loopback_host
+
+    return is_loopback_host(urlparse(url).hostname or "")
 
 
 @dataclass(frozen=True)
@@ -178,7 +174,7 @@ class RayLoadPool:
     async def start(self) -> RayLoadPool:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from truthput.cluster import nodes_from_ray, actor_class, connect
+        from truthput.cluster import actor_class, connect, nodes_from_ray
 
         self.ray = connect(self.address)
         here = self.ray.util.get_node_ip_address()
@@ -226,7 +222,7 @@ class RayLoadPool:
         parts = share(load, self.n)
         n_active = len(parts)
         active = [w for w, _ in self.workers[:n_active]]
-        lost = _lost(self.ray)
+        lost = lost_errors(self.ray)
         pending: list[tuple] = []
 
         async def send_all(msg: tuple) -> None:
@@ -258,9 +254,3 @@ class RayLoadPool:
         merged = merge_results([results[k] for k in range(n_active)], t_ws, t_we, notes)
         merged.notes.extend(o.note() for o in self.offsets[:n_active])
         return merged
-
-
-def _lost(ray: Any) -> tuple[type[BaseException], ...]:
-    ex = ray.exceptions
-    return tuple(e for e in (getattr(ex, n, None) for n in ("RayActorError", "NodeDiedError", "ObjectLostError"))
-                 if e is not None)
