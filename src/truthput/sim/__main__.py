@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-USAGE = "usage: python -m truthput.sim {serve,calibrate} [args...]  (serve --help lists every flag)"
+USAGE = ("usage: python -m truthput.sim {serve,batch,calibrate} [args...]  (serve --help lists every flag; "
+         "batch evaluates JSON-lines configurations in virtual time)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         from truthput.sim.server import serve
 
         return serve(rest)
+    if cmd == "batch":
+        from truthput.sim.virtual import batch_main
+
+        return batch_main(rest)
     if cmd == "calibrate":
         from truthput.sim import calibrate  # written by the calibration module's owner
 

@@ -424,6 +424,28 @@ class SimEngine:
         m.waiting_capacity.set(len(self.waiting))
         m.kv_usage.set(self.kv_usage)
 
+    def plan_step(self, now: float) -> tuple[list, list, float] | None:
+        """The next step's work and its price in seconds, scheduled at `now`; None when there is
+        nothing to run. The real-time loop and the virtual-time driver both step through here."""
+        while True:
+            self._now = now
+            decodes, prefills, shape = self._schedule()
+            if decodes or prefills:
+                break
+            if not self.running:
+                return None
+            self._preempt_last()  # KV full of half-prefilled requests: free room by recompute
+        dt = self.pricer(shape)
+        if self.jitter > 0:
+            dt *= max(0.5, 1.0 + self.jitter_rng.gauss(0.0, self.jitter))
+        self.simulated_time += dt
+        return decodes, prefills, dt
+
+    def emit_step(self, decodes: list, prefills: list, now: float) -> None:
+        """Finish a planned step at `now`: its tokens go out and the counters move."""
+        self.steps += 1
+        self._emit(decodes, prefills, now)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         t_next = loop.time()
@@ -432,20 +454,13 @@ class SimEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 t_next = loop.time()
-            self._now = loop.time()
-            decodes, prefills, shape = self._schedule()
-            if not decodes and not prefills:
-                if self.running:  # KV full of half-prefilled requests: free room by recompute
-                    self._preempt_last()
-                    continue
+            planned = self.plan_step(loop.time())
+            if planned is None:
                 self._wake.clear()
                 await self._wake.wait()
                 t_next = loop.time()
                 continue
-            dt = self.pricer(shape)
-            if self.jitter > 0:
-                dt *= max(0.5, 1.0 + self.jitter_rng.gauss(0.0, self.jitter))
-            self.simulated_time += dt
+            decodes, prefills, dt = planned
             t_next += dt
             delay = t_next - loop.time()
             if delay > 0:
@@ -456,5 +471,4 @@ class SimEngine:
                     self.time_lost_s += -delay  # simulated speed understated by this much
                     t_next = loop.time()
                 await asyncio.sleep(0)
-            self.steps += 1
-            self._emit(decodes, prefills, loop.time())
+            self.emit_step(decodes, prefills, loop.time())

@@ -401,14 +401,23 @@ class SimServer:
         app.router.add_get("/load", self.load)
         return app
 
+    def make_engine(self, stats_logger: StatsLogger | None = None) -> SimEngine:
+        """This server's engine (not started: the real-time loop or the virtual-time driver runs it)."""
+        cfg = self.cfg
+        return SimEngine(self._limits, self.pricer, self.metrics, stats_logger,
+                         spec_k=cfg.spec_k, spec_method=cfg.spec_method,
+                         acceptance=cfg.sim_acceptance, seed=cfg.seed,
+                         jitter=cfg.noise / 3.0, lookup=lookup_window(cfg.speculative))
+
+    def engine_start(self) -> None:
+        """Start the engine loop on the running event loop (the HTTP front is separate)."""
+        self.engine = self.make_engine(self.stats_logger)
+        self.engine.start()
+
     async def start(self, host: str | None = None, port: int | None = None) -> int:
         """Start engine and HTTP site; returns the bound port (0 picks a free one)."""
         cfg = self.cfg
-        self.engine = SimEngine(self._limits, self.pricer, self.metrics, self.stats_logger,
-                                spec_k=cfg.spec_k, spec_method=cfg.spec_method,
-                                acceptance=cfg.sim_acceptance, seed=cfg.seed,
-                                jitter=cfg.noise / 3.0, lookup=lookup_window(cfg.speculative))
-        self.engine.start()
+        self.engine_start()
         self._runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=0.1,
                                      handle_signals=False)
         await self._runner.setup()
@@ -651,9 +660,7 @@ class SimServer:
                 else:
                     natural = textgen.natural_length(skey)
                     max_new, reason = (natural, "stop") if natural < limit else (limit, "length")
-                tokens = OutputTokens(skey, functools.partial(self._ids_of, p), copy_q, self.repetition.span,
-                                      self.vocab)
-                stream: Any = textgen.TokenStream(skey, tokens)
+                stream: Any = self.output_stream(p, skey, copy_q)
                 shape = Shaping(echo=p.text if body.get("echo") and not chat else None)
                 if fixed is not None:
                     text, tool = fixed
@@ -686,6 +693,11 @@ class SimServer:
                 self._shaping.pop(req.rid, None)
                 if req.finish_reason is None:
                     self.engine.abort(req)
+
+    def output_stream(self, p: Prompt, skey: int, copy_q: float) -> textgen.TokenStream:
+        """The token stream one choice's output is drawn from (keyed; copies from its prompt)."""
+        tokens = OutputTokens(skey, functools.partial(self._ids_of, p), copy_q, self.repetition.span, self.vocab)
+        return textgen.TokenStream(skey, tokens)
 
     def _fixed_output(self, body: dict) -> tuple[str, str | None] | web.Response | None:
         """What a constrained chat answer must say: a tool call for a required or named tool, or

@@ -283,6 +283,68 @@ class ClusterSection(_Strict):
     max_reruns: int = Field(2, ge=0, le=20)
 
 
+class TuneParam(_Strict):
+    """One dimension of the search space: a server flag and the values it may take, applied to the
+    baseline's argv like a variant's `set`. `values` lists choices ("off" removes the flag, and for
+    a speculative flag all speculation); `low`/`high` (with `step`, or `log`) give a range.
+    `with` is set alongside every value but "off" (e.g. the speculative method with its tokens)."""
+
+    flag: str
+    values: list[Any] | None = None
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "TuneParam":
+        if (self.values is None) == (self.low is None or self.high is None):
+            raise ValueError(f"[[tune.param]] {self.flag}: give either values = [...] or low and high")
+        if self.values is not None and not self.values:
+            raise ValueError(f"[[tune.param]] {self.flag}: values is empty")
+        if self.low is not None and self.high is not None and self.low >= self.high:
+            raise ValueError(f"[[tune.param]] {self.flag}: low must be below high")
+        return self
+
+
+class TuneSection(_Strict):
+    """`truthput tune`: the space, the objective, the constraints and the budget of a search."""
+
+    param: list[TuneParam] = Field(default_factory=list)
+    objective: Literal["tokps", "pareto"] = "tokps"
+    """tokps: counter tok/s at `level`; pareto: tok/s against p99 inter-token latency."""
+    level: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)
+    """The concurrency the objective is measured at (default: the workload's highest)."""
+    ttft_p99_ms: float | None = Field(None, gt=0)
+    itl_p99_ms: float | None = Field(None, gt=0)
+    allow_guard_change: list[str] = Field(default_factory=list)
+    """Flags known to change numerics (an fp8 KV cache, batch shape): a candidate that sets one of
+    these may differ from the baseline's greedy output without being refused."""
+    screen: int = Field(400, ge=1)
+    """Configurations the simulator evaluates (every one when the space is that small)."""
+    sim_starts: int = Field(1, ge=1)
+    candidates: int = Field(3, ge=1)
+    """Configurations measured on the real server per round (beside the baseline)."""
+    rounds: int = Field(2, ge=1)
+    budget_starts: int | None = Field(None, ge=1)
+    """Real server starts at most (all rounds, baseline included)."""
+    budget_server_minutes: float | None = Field(None, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _has_space(self) -> "TuneSection":
+        if not self.param:
+            raise ValueError("[tune] needs at least one [[tune.param]] (a flag and its values or range)")
+        flags = [p.flag for p in self.param]
+        dupes = sorted({f for f in flags if flags.count(f) > 1})
+        if dupes:
+            raise ValueError(f"[[tune.param]] flags must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+
 class Experiment(_Strict):
     experiment: ExperimentSection
     server: ServerSection
@@ -294,6 +356,7 @@ class Experiment(_Strict):
     measure: MeasureSection = Field(default_factory=MeasureSection)
     slo: SloSection | None = None
     cluster: ClusterSection = Field(default_factory=ClusterSection)
+    tune: TuneSection | None = None
     claim: list[dict[str, Any]] = Field(default_factory=list)
 
     @model_validator(mode="after")

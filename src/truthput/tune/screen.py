@@ -1,0 +1,111 @@
+"""Screening on the simulator: many configurations in virtual time, in a few subprocesses.
+
+The core launches the simulator, never imports it: each batch goes to `python -m truthput.sim
+batch` (JSON lines in, JSON lines out) with the same `sim serve` argv a real-time start would get,
+so a configuration is refused or priced exactly as it would be when served. Batches are split over
+the cores (one process per core), since each configuration costs CPU time, not wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from truthput.engines.factory import sim_argv, sim_requirements
+from truthput.errors import TruthputError
+from truthput.spec.argv import ServerArgv, variant_argv
+from truthput.spec.engines import metric_family
+from truthput.spec.experiment import Experiment
+from truthput.tune.search import Evaluation
+from truthput.tune.space import Space
+
+
+def mean_length(value: Any, what: str) -> int:
+    """A workload length (an int or a distribution table) as the fixed length the screen uses."""
+    if isinstance(value, int):
+        return value
+    from truthput.load.workload import _as_dist
+
+    return max(1, int(round(_as_dist(value, what).expected)))
+
+
+@dataclass
+class ScreenLoad:
+    """The closed-loop load every configuration is screened under (virtual seconds)."""
+
+    concurrency: int
+    input_tokens: int
+    output_tokens: int
+    duration_s: float
+    warmup_s: float
+
+    @classmethod
+    def of(cls, exp: Experiment, level: int) -> "ScreenLoad":
+        wl = exp.workload
+        return cls(concurrency=level, input_tokens=mean_length(wl.input_tokens, "input_tokens"),
+                   output_tokens=mean_length(wl.output_tokens, "output_tokens"),
+                   duration_s=max(float(wl.duration_s or 30.0), 10.0), warmup_s=max(wl.warmup_s, 2.0))
+
+
+def batch_lines(exp: Experiment, space: Space, configs: Sequence[dict[str, Any]], load: ScreenLoad,
+                starts: int, seed: int, extra_argv: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """One `sim batch` line per configuration: its `sim serve` argv and the load."""
+    sim_requirements(exp)
+    base = ServerArgv.parse(exp.server.command, engine=metric_family("sim"))
+    lines = []
+    for i, config in enumerate(configs):
+        v = space.variant(base, config)
+        argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[tune] {v.name!r}")
+        launched = sim_argv(exp, argv, "127.0.0.1", 0, seed)
+        serve_args = launched[launched.index("serve") + 1:]
+        lines.append({"id": i, "argv": [*serve_args, *extra_argv], "concurrency": load.concurrency,
+                      "input_tokens": load.input_tokens, "output_tokens": load.output_tokens,
+                      "duration_s": load.duration_s, "warmup_s": load.warmup_s, "starts": starts, "seed": seed})
+    return lines
+
+
+def run_batch(lines: Sequence[dict[str, Any]], workers: int | None = None,
+              python: str | None = None) -> list[dict[str, Any]]:
+    """Evaluate batch lines in `workers` simulator processes; results in the lines' order."""
+    if not lines:
+        return []
+    workers = max(1, min(workers or (os.cpu_count() or 1), len(lines)))
+    chunks = [list(lines[i::workers]) for i in range(workers)]
+
+    def one(chunk: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        text = "".join(json.dumps(x) + "\n" for x in chunk)
+        proc = subprocess.run([python or sys.executable, "-m", "truthput.sim", "batch"], input=text,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise TruthputError(f"simulator batch (python -m truthput.sim batch) failed: {last}")
+        return [json.loads(x) for x in proc.stdout.splitlines() if x.strip()]
+
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(one, chunks))
+    out: list[dict[str, Any]] = [{}] * len(lines)
+    for w, res in enumerate(results):
+        for j, r in enumerate(res):
+            out[w + j * workers] = r
+    return out
+
+
+def to_evaluation(config: dict[str, Any], result: dict[str, Any], source: str = "simulator") -> Evaluation:
+    if not result.get("ok"):
+        return Evaluation(config, source, False, failure=result.get("failure") or "failed",
+                          reason=result.get("reason") or "", starts=0)
+    return Evaluation(config, source, True, tokps=list(result.get("tokps") or []),
+                      ttft_p99_s=result.get("ttft_p99_s"), itl_p99_s=result.get("itl_p99_s"),
+                      starts=len(result.get("tokps") or []))
+
+
+def screen(exp: Experiment, space: Space, configs: Sequence[dict[str, Any]], load: ScreenLoad, starts: int = 1,
+           seed: int = 0, extra_argv: Sequence[str] = (), workers: int | None = None) -> list[Evaluation]:
+    """Each configuration on the simulator in virtual time."""
+    lines = batch_lines(exp, space, configs, load, starts, seed, extra_argv)
+    return [to_evaluation(c, r) for c, r in zip(configs, run_batch(lines, workers))]

@@ -1,0 +1,233 @@
+"""The search: rank the space on the simulator, measure only the best on the real server.
+
+One decision per question lives here, shared by `truthput tune` and the search benchmark:
+- `objective_value` / `feasible`: what a configuration scores and whether it meets the constraints;
+- `Correction`: how far the real server is from the simulator, learnt from every real measurement
+  (a ridge fit of log(real / simulated) on the configuration's features, so a model-form error that
+  grows with, say, the batch size is learnt as such, not as one scale factor);
+- `SimFirst.next_candidates`: the unmeasured configurations with the best corrected predictions,
+  skipping those next to a configuration that failed to start on the real server;
+- `SimFirst.done`: stop when no unmeasured configuration's corrected prediction, at its upper
+  bound, beats the best real measurement;
+- `spearman`: how well the simulator's ranking matched the real one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from truthput.spec.experiment import TuneSection
+from truthput.tune.space import Space
+
+#: How far (feature distance) a configuration may lie from one that failed on the real server before
+#: it is still proposed: a step of one value in one dimension stays inside.
+FAILURE_NEIGHBOURHOOD = 0.35
+PRIOR_LOG_SD = 0.15  # the simulator's error before any real measurement: about +-35% at 2 sd
+RIDGE = 1.0
+
+
+@dataclass
+class Evaluation:
+    """One configuration's figures from one source (the simulator, or the real server's counter)."""
+
+    config: dict[str, Any]
+    source: str
+    ok: bool
+    tokps: list[float] = field(default_factory=list)
+    """Per server start."""
+    ttft_p99_s: float | None = None
+    itl_p99_s: float | None = None
+    failure: str | None = None
+    reason: str = ""
+    starts: int = 0
+    server_s: float = 0.0
+
+    @property
+    def mean(self) -> float | None:
+        """Geometric mean over starts (the verdict's scale: per-start means of log tok/s)."""
+        vals = [v for v in self.tokps if v and v > 0]
+        if not self.ok or not vals:
+            return None
+        return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "source": self.source, "ok": self.ok, "tokps": self.tokps,
+                "ttft_p99_s": self.ttft_p99_s, "itl_p99_s": self.itl_p99_s, "failure": self.failure,
+                "reason": self.reason, "starts": self.starts, "server_s": self.server_s}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Evaluation":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def feasible(e: Evaluation, tune: TuneSection) -> bool:
+    """Started, measured, and inside the latency constraints."""
+    if not e.ok or e.mean is None:
+        return False
+    if tune.ttft_p99_ms is not None and e.ttft_p99_s is not None and e.ttft_p99_s * 1000 > tune.ttft_p99_ms:
+        return False
+    if tune.itl_p99_ms is not None and e.itl_p99_s is not None and e.itl_p99_s * 1000 > tune.itl_p99_ms:
+        return False
+    return True
+
+
+def objective_value(e: Evaluation, tune: TuneSection) -> float:
+    """What the search maximises: tok/s, or 0 for a configuration that failed or broke a constraint
+    (a result the search learns from, not a gap)."""
+    return float(e.mean or 0.0) if feasible(e, tune) else 0.0
+
+
+def pareto_front(evals: Sequence[Evaluation], tune: TuneSection) -> list[Evaluation]:
+    """Feasible configurations no other beats on both tok/s (higher) and p99 ITL (lower)."""
+    pts = [e for e in evals if feasible(e, tune) and e.itl_p99_s is not None]
+    front = []
+    for e in pts:
+        dominated = any((o.mean or 0) >= (e.mean or 0) and (o.itl_p99_s or 0) <= (e.itl_p99_s or 0)
+                        and ((o.mean or 0) > (e.mean or 0) or (o.itl_p99_s or 0) < (e.itl_p99_s or 0)) for o in pts)
+        if not dominated:
+            front.append(e)
+    return sorted(front, key=lambda e: e.itl_p99_s or 0.0)
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Rank correlation of two equally long series (None below three pairs)."""
+    if len(xs) < 3:
+        return None
+    from scipy.stats import spearmanr
+
+    rho = spearmanr(xs, ys).statistic
+    return None if rho is None or not math.isfinite(float(rho)) else float(rho)
+
+
+class Correction:
+    """log(real / simulated) as a ridge regression on the configuration's features."""
+
+    def __init__(self, space: Space) -> None:
+        self.space = space
+        self.intercept = 0.0
+        self.weights: np.ndarray | None = None
+        self.sd = PRIOR_LOG_SD
+        self.n = 0
+
+    def fit(self, pairs: Sequence[tuple[dict[str, Any], float, float]]) -> None:
+        """Pairs of (config, simulated tok/s, real tok/s), both measured and positive."""
+        pts = [(c, s, r) for c, s, r in pairs if s > 0 and r > 0]
+        self.n = len(pts)
+        if not pts:
+            self.intercept, self.weights, self.sd = 0.0, None, PRIOR_LOG_SD
+            return
+        y = np.array([math.log(r / s) for _, s, r in pts])
+        x = np.array([self.space.features(c) for c, _, _ in pts], dtype=float)
+        xm = x.mean(axis=0)
+        ym = float(y.mean())
+        xc = x - xm
+        w = np.linalg.solve(xc.T @ xc + RIDGE * np.eye(x.shape[1]), xc.T @ (y - ym))
+        self.weights = w
+        self.intercept = ym - float(xm @ w)
+        resid = y - (self.intercept + x @ w)
+        if len(pts) >= 3:
+            self.sd = max(0.02, float(np.sqrt((resid ** 2).sum() / (len(pts) - 1))))
+        else:  # too few to judge the fit's error: shrink the prior by what was seen
+            self.sd = max(0.05, PRIOR_LOG_SD / math.sqrt(len(pts) + 1))
+
+    def factor(self, config: dict[str, Any]) -> float:
+        if self.weights is None:
+            return math.exp(self.intercept)
+        return math.exp(self.intercept + float(np.array(self.space.features(config)) @ self.weights))
+
+
+@dataclass
+class Candidate:
+    config: dict[str, Any]
+    predicted: float
+    """Corrected prediction (simulator x correction)."""
+    simulated: float
+
+
+class SimFirst:
+    """The state of a simulator-first search: simulated and real evaluations keyed by config."""
+
+    def __init__(self, space: Space, tune: TuneSection) -> None:
+        self.space = space
+        self.tune = tune
+        self.sim: dict[str, Evaluation] = {}
+        self.real: dict[str, Evaluation] = {}
+        self.correction = Correction(space)
+        self._features: dict[str, np.ndarray] = {}
+
+    def add_sim(self, e: Evaluation) -> None:
+        self.sim[self.space.key(e.config)] = e
+
+    def add_real(self, e: Evaluation) -> None:
+        self.real[self.space.key(e.config)] = e
+        pairs = []
+        for k, r in self.real.items():
+            s = self.sim.get(k)
+            if s is not None and s.mean and r.mean and feasible(s, self.tune):
+                pairs.append((r.config, s.mean, r.mean))
+        self.correction.fit(pairs)
+
+    def _feat(self, key: str, config: dict[str, Any]) -> np.ndarray:
+        f = self._features.get(key)
+        if f is None:
+            f = self._features[key] = np.array(self.space.features(config))
+        return f
+
+    def _near_failure(self, key: str, config: dict[str, Any]) -> bool:
+        f = self._feat(key, config)
+        nearest, failed = math.inf, False
+        for k, r in self.real.items():
+            d = float(np.abs(self._feat(k, r.config) - f).sum())
+            if d < nearest:
+                nearest, failed = d, not r.ok
+        return failed and nearest <= FAILURE_NEIGHBOURHOOD
+
+    def ranked(self) -> list[Candidate]:
+        """Every simulated, feasible configuration by corrected prediction, best first."""
+        out = []
+        for k, e in self.sim.items():
+            if not feasible(e, self.tune):
+                continue
+            sim_v = float(e.mean or 0.0)
+            out.append(Candidate(e.config, sim_v * self.correction.factor(e.config), sim_v))
+        out.sort(key=lambda c: -c.predicted)
+        return out
+
+    def next_candidates(self, k: int, exclude: Callable[[dict[str, Any]], bool] | None = None) -> list[Candidate]:
+        out: list[Candidate] = []
+        for c in self.ranked():
+            key = self.space.key(c.config)
+            if key in self.real or self._near_failure(key, c.config) or (exclude and exclude(c.config)):
+                continue
+            out.append(c)
+            if len(out) >= k:
+                break
+        return out
+
+    def best_real(self) -> Evaluation | None:
+        ok = [e for e in self.real.values() if feasible(e, self.tune)]
+        return max(ok, key=lambda e: e.mean or 0.0) if ok else None
+
+    def done(self) -> bool:
+        """No unmeasured configuration could still beat the best real one (at 2 sd of the correction)."""
+        best = self.best_real()
+        if best is None:
+            return False
+        nxt = self.next_candidates(1)
+        if not nxt:
+            return True
+        return nxt[0].predicted * math.exp(2 * self.correction.sd) < (best.mean or 0.0)
+
+    def rank_agreement(self) -> tuple[float | None, int]:
+        """Spearman's rho between simulated and real tok/s over the configurations measured on both."""
+        xs, ys = [], []
+        for k, r in self.real.items():
+            s = self.sim.get(k)
+            if s is not None and s.mean and r.mean:
+                xs.append(s.mean)
+                ys.append(r.mean)
+        return spearman(xs, ys), len(xs)
