@@ -179,6 +179,7 @@ def run_start(argv: list[str], load: LoadSpec, seed: int) -> StartFigures:
 
 def evaluate(config: dict) -> dict:
     """One configuration (a batch line) -> its figures, or its start-up failure, as a JSON dict."""
+    import truthput.sim.flags  # noqa: F401  (imported before the clock starts: the first line's CPU is its own)
     from truthput.sim.server import StartupFailure
 
     load = LoadSpec(concurrency=int(config["concurrency"]), input_tokens=int(config.get("input_tokens", 256)),

@@ -23,9 +23,9 @@ import numpy as np
 from truthput.spec.experiment import TuneSection
 from truthput.tune.space import Space
 
-#: How far (feature distance) a configuration may lie from one that failed on the real server before
-#: it is still proposed: a step of one value in one dimension stays inside.
-FAILURE_NEIGHBOURHOOD = 0.35
+#: A configuration this many grid steps (or fewer) from one that failed to start on the server is not
+#: proposed: one value up or down in one dimension.
+FAILURE_STEPS = 1
 PRIOR_LOG_SD = 0.15  # the simulator's error before any real measurement: about +-35% at 2 sd
 RIDGE = 1.0
 
@@ -83,14 +83,11 @@ def objective_value(e: Evaluation, tune: TuneSection) -> float:
 
 def pareto_front(evals: Sequence[Evaluation], tune: TuneSection) -> list[Evaluation]:
     """Feasible configurations no other beats on both tok/s (higher) and p99 ITL (lower)."""
+    from truthput.report.plots import pareto_front as front_indices
+
     pts = [e for e in evals if feasible(e, tune) and e.itl_p99_s is not None]
-    front = []
-    for e in pts:
-        dominated = any((o.mean or 0) >= (e.mean or 0) and (o.itl_p99_s or 0) <= (e.itl_p99_s or 0)
-                        and ((o.mean or 0) > (e.mean or 0) or (o.itl_p99_s or 0) < (e.itl_p99_s or 0)) for o in pts)
-        if not dominated:
-            front.append(e)
-    return sorted(front, key=lambda e: e.itl_p99_s or 0.0)
+    idx = front_indices([(e.itl_p99_s or 0.0, e.mean or 0.0) for e in pts])
+    return sorted((pts[i] for i in idx), key=lambda e: e.itl_p99_s or 0.0)
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -148,6 +145,10 @@ class Candidate:
     simulated: float
 
 
+def _same(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return all(abs(x - y) <= 1e-3 * max(abs(x), abs(y), 1e-12) for x, y in zip(a, b))
+
+
 class SimFirst:
     """The state of a simulator-first search: simulated and real evaluations keyed by config."""
 
@@ -157,7 +158,6 @@ class SimFirst:
         self.sim: dict[str, Evaluation] = {}
         self.real: dict[str, Evaluation] = {}
         self.correction = Correction(space)
-        self._features: dict[str, np.ndarray] = {}
 
     def add_sim(self, e: Evaluation) -> None:
         self.sim[self.space.key(e.config)] = e
@@ -171,20 +171,9 @@ class SimFirst:
                 pairs.append((r.config, s.mean, r.mean))
         self.correction.fit(pairs)
 
-    def _feat(self, key: str, config: dict[str, Any]) -> np.ndarray:
-        f = self._features.get(key)
-        if f is None:
-            f = self._features[key] = np.array(self.space.features(config))
-        return f
-
-    def _near_failure(self, key: str, config: dict[str, Any]) -> bool:
-        f = self._feat(key, config)
-        nearest, failed = math.inf, False
-        for k, r in self.real.items():
-            d = float(np.abs(self._feat(k, r.config) - f).sum())
-            if d < nearest:
-                nearest, failed = d, not r.ok
-        return failed and nearest <= FAILURE_NEIGHBOURHOOD
+    def _near_failure(self, config: dict[str, Any]) -> bool:
+        """One grid step or less from a configuration that failed to start on the server."""
+        return any(not r.ok and self.space.steps(r.config, config) <= FAILURE_STEPS for r in self.real.values())
 
     def ranked(self) -> list[Candidate]:
         """Every simulated, feasible configuration by corrected prediction, best first."""
@@ -197,16 +186,32 @@ class SimFirst:
         out.sort(key=lambda c: -c.predicted)
         return out
 
+    def _signature(self, key: str) -> tuple[float, float] | None:
+        e = self.sim.get(key)
+        return (float(e.mean or 0.0), float(e.itl_p99_s or 0.0)) if e is not None else None
+
     def next_candidates(self, k: int, exclude: Callable[[dict[str, Any]], bool] | None = None) -> list[Candidate]:
+        """The best `k` unmeasured candidates. One the simulator cannot tell from a configuration
+        already measured or picked (the same tok/s and p99 ITL to 0.1%: a flag that changes nothing
+        at this load, such as --max-num-seqs above the concurrency) is left for later: measuring it
+        would spend server time on what is known."""
         out: list[Candidate] = []
+        seen = [sig for sig in (self._signature(k) for k in self.real) if sig is not None]
+        later: list[Candidate] = []
         for c in self.ranked():
             key = self.space.key(c.config)
-            if key in self.real or self._near_failure(key, c.config) or (exclude and exclude(c.config)):
+            if key in self.real or self._near_failure(c.config) or (exclude and exclude(c.config)):
+                continue
+            sig = self._signature(key)
+            if sig is not None and any(_same(sig, o) for o in seen):
+                later.append(c)
                 continue
             out.append(c)
+            if sig is not None:
+                seen.append(sig)
             if len(out) >= k:
-                break
-        return out
+                return out
+        return out + later[:k - len(out)]
 
     def best_real(self) -> Evaluation | None:
         ok = [e for e in self.real.values() if feasible(e, self.tune)]

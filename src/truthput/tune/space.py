@@ -69,6 +69,18 @@ class Space:
                             "listed (the search samples it instead)")
         return [dict(zip(self.flags, combo)) for combo in itertools.product(*lists)]  # type: ignore[arg-type]
 
+    def contains(self, config: dict[str, Any]) -> bool:
+        """Whether every value is one of the space's (a baseline may lie outside it)."""
+        for p in self.params:
+            v = config.get(p.flag)
+            ch = self.choices(p)
+            if ch is not None:
+                if v not in ch:
+                    return False
+            elif not isinstance(v, (int, float)) or not (p.low or 0) <= v <= (p.high or 0):
+                return False
+        return True
+
     def distributions(self) -> dict[str, Any]:
         """optuna distributions, one per flag (choices as categorical, ranges as numbers)."""
         import optuna
@@ -106,9 +118,27 @@ class Space:
                 out.extend(1.0 if v == c else 0.0 for c in ch or [])
         return out
 
+    def steps(self, a: dict[str, Any], b: dict[str, Any]) -> float:
+        """How many grid steps apart two configurations are (a changed choice is one step; a
+        continuous range counts tenths of its span)."""
+        n = 0.0
+        for p in self.params:
+            va, vb = a.get(p.flag), b.get(p.flag)
+            if va == vb:
+                continue
+            ch = self.choices(p)
+            numeric = ch is not None and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in ch)
+            if ch is not None and va in ch and vb in ch and numeric:
+                n += abs(ch.index(va) - ch.index(vb))
+            elif ch is None and isinstance(va, (int, float)) and isinstance(vb, (int, float)):
+                n += abs(va - vb) / (float(p.high or 0) - float(p.low or 0)) * 10
+            else:
+                n += 1
+        return n
+
     def label(self, config: dict[str, Any]) -> str:
-        """A variant name that says what it sets: "max-num-seqs=16 spec-tokens=off"."""
-        return " ".join(f"{f.lstrip('-')}={_show(config.get(f))}" for f in self.flags)
+        """A variant name that says what it sets: "max-num-seqs=16,spec-tokens=off"."""
+        return ",".join(f"{f.lstrip('-')}={_show(config.get(f))}" for f in self.flags)
 
     def variant(self, base: ServerArgv, config: dict[str, Any], name: str | None = None) -> VariantSection:
         """The configuration as a variant of the baseline (checked against its argv)."""

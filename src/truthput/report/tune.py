@@ -1,0 +1,82 @@
+"""The tune report: what the simulator ranked, what the server measured, the choice (a view only).
+
+Rendered from the document `truthput.tune.driver.outcome_document` builds. The plot sets each
+measured configuration's tok/s against its p99 inter-token latency, with the simulator's screen
+behind it in grey and the measured Pareto front drawn; figures from the simulator are labelled as
+such, and a tune whose "server" was itself the simulator says SIMULATED.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_TEMPLATE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>truthput tune: {{ d.name }}</title>
+<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:3px 6px;font-size:90%}td.n{text-align:right}</style></head><body>
+<h1>truthput tune: {{ d.name }}{% if d.server_simulated %} — SIMULATED server{% endif %}</h1>
+<p><b>Chosen:</b> {{ d.chosen }}<br>{{ d.chosen_line }}</p>
+<p>{{ d.screened }} configurations screened on the simulator ({{ d.screen_failed }} would not start) in
+{{ '%.1f' % d.screen_cpu_s }} CPU-s; {{ d.server_starts }} server starts, {{ '%.1f' % d.server_minutes }}
+server-minutes, over {{ d.rounds|length }} round(s); stopped: {{ d.stop_reason }}.<br>
+Simulator vs server ranking (Spearman's rho over {{ d.rank_pairs }} configurations):
+{{ 'n/a (fewer than 3)' if d.rank_correlation is none else '%.2f' % d.rank_correlation }}.</p>
+{{ plot }}
+<h2>Measured on the server (counter tok/s)</h2>
+<table><tr><th>configuration</th><th>simulator tok/s</th><th>corrected</th><th>server tok/s</th><th>starts</th>
+<th>server p99 ITL ms</th><th>failure</th></tr>
+{% for r in d.measured %}<tr><td>{{ r.config }}</td><td class=n>{{ f(r.simulated_tokps) }}</td>
+<td class=n>{{ f(r.corrected_tokps) }}</td><td class=n>{{ f(r.server_tokps) }}</td><td class=n>{{ r.server_starts }}</td>
+<td class=n>{{ ms(r.server_itl_p99_s) }}</td><td>{{ r.server_failure or '' }}</td></tr>{% endfor %}</table>
+<h2>Rounds (the A/B verdict of each)</h2>
+{% for r in d.rounds %}<h3>round {{ r.index }} (run {{ r.run }})</h3><ul>{% for ln in r.lines %}<li>{{ ln }}</li>{% endfor %}</ul>{% endfor %}
+<h2>Best by the simulator, corrected (SIMULATED figures)</h2>
+<table><tr><th>configuration</th><th>simulator tok/s</th><th>corrected</th><th>simulator p99 ITL ms</th></tr>
+{% for r in d.top_simulated %}<tr><td>{{ r.config }}</td><td class=n>{{ f(r.simulated_tokps) }}</td>
+<td class=n>{{ f(r.corrected_tokps) }}</td><td class=n>{{ ms(r.simulated_itl_p99_s) }}</td></tr>{% endfor %}</table>
+</body></html>
+"""
+
+
+def _f(v: Any) -> str:
+    return "missing" if v is None else f"{v:,.1f}"
+
+
+def _ms(v: Any) -> str:
+    return "missing" if v is None else f"{v * 1000:,.0f}"
+
+
+def tradeoff_plot(d: dict[str, Any]) -> str | None:
+    """tok/s against p99 ITL: the simulator's screen (grey), the server's measurements, the front."""
+    from truthput.report.plots import _figure, _svg, pareto_front
+
+    real = [(r["server_itl_p99_s"], r["server_tokps"], r["config"]) for r in d["measured"]
+            if r["server_tokps"] and r["server_itl_p99_s"]]
+    sim = [(p["itl_p99_s"], p["tokps"]) for p in d["simulator_points"] if p["itl_p99_s"]]
+    if not real and not sim:
+        return None
+    fig, (ax,) = _figure(7.0, 4.0)
+    if sim:
+        ax.scatter([x * 1000 for x, _ in sim], [y for _, y in sim], s=8, color="#bbbbbb",
+                   label="simulator screen (SIMULATED)")
+    if real:
+        ax.scatter([x * 1000 for x, _, _ in real], [y for _, y, _ in real], s=28, color="#1f77b4",
+                   label="server (counter tok/s)" + (" — SIMULATED server" if d.get("server_simulated") else ""))
+        idx = pareto_front([(x, y) for x, y, _ in real])
+        front = sorted((real[i] for i in idx), key=lambda p: p[0])
+        ax.plot([x * 1000 for x, _, _ in front], [y for _, y, _ in front], color="#d62728", label="measured Pareto front")
+        for x, y, name in front:
+            ax.annotate(name, (x * 1000, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("p99 inter-token latency (ms, client clock)")
+    ax.set_ylabel("tok/s")
+    ax.set_title("tok/s against p99 ITL")
+    ax.legend(fontsize=7)
+    return _svg(fig, "tune")
+
+
+def render_tune_html(d: dict[str, Any]) -> str:
+    import jinja2
+
+    env = jinja2.Environment(autoescape=True)
+    plot = tradeoff_plot(d)
+    return env.from_string(_TEMPLATE).render(d=d, f=_f, ms=_ms, plot=jinja2.utils.markupsafe.Markup(plot or ""))

@@ -1,0 +1,454 @@
+"""`truthput tune`: screen the space on the simulator, then decide among the best on the real server.
+
+1. Screen: every configuration of the space (or `screen` of them, proposed by optuna's TPE, or
+   NSGA-II for a Pareto objective) is evaluated on the simulator in virtual time. Each evaluation is
+   a trial of the optuna study `<name>/simulator`; one that cannot start (out of memory, an invalid
+   combination) is a result with objective 0 and a violated constraint, so TPE learns the region.
+2. Rounds on the real server: the best unmeasured candidates by corrected prediction, beside the
+   baseline, as one ordinary experiment run (the same trial pipeline, interleaved starts, sequential
+   stopping, Holm-adjusted verdict). Each measured configuration becomes a trial of the study
+   `<name>/server`, and the correction the simulator's ranking gets is refitted from them.
+3. Stop when the rounds or the budget are spent, or when no unmeasured configuration could still
+   beat the best one measured; the choice is the configuration the verdict decided faster than the
+   baseline by the most (the baseline, when none was).
+
+The studies live in optuna's own storage, a SQLite file beside the results store
+(`truthput.db` -> `truthput.optuna.db`); the rounds are runs of the results store. Killed at any
+point, the same command continues: screened configurations are not evaluated again, a round's run
+resumes without redoing its finished trials.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from truthput.errors import SpecError
+from truthput.spec.argv import ServerArgv
+from truthput.spec.engines import metric_family
+from truthput.spec.experiment import Experiment, TuneSection, parse_experiment
+from truthput.tune.screen import ScreenLoad, screen
+from truthput.tune.search import Evaluation, SimFirst, objective_value, pareto_front
+from truthput.tune.space import Space
+
+BATCH = 32  # configurations per optuna ask/tell batch when the space is sampled, not listed
+
+
+def study_storage_path(store_path: Path) -> Path:
+    """optuna's storage beside the results store (its schema has a `trials` table of its own)."""
+    return store_path.with_name(store_path.stem + ".optuna.db")
+
+
+def tune_name(exp: Experiment) -> str:
+    """The search's identity: the experiment's name and a digest of what defines it (the space,
+    the objective, the baseline command, the load), so a changed space starts a new study."""
+    assert exp.tune is not None
+    doc = {"tune": exp.tune.model_dump(mode="json", by_alias=True), "command": exp.server.command,
+           "workload": exp.workload.model_dump(mode="json"), "engine": exp.server.engine}
+    digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{exp.experiment.name}-tune-{digest}"
+
+
+def objective_level(exp: Experiment) -> int:
+    tune = exp.tune
+    assert tune is not None
+    if tune.level is not None:
+        return tune.level
+    if exp.workload.mode == "open":
+        raise SpecError("[tune] searches at a closed-loop concurrency: give [tune] level = N")
+    return max(exp.workload.concurrency)
+
+
+@dataclass
+class RoundResult:
+    index: int
+    run_id: str
+    candidates: list[dict[str, Any]]
+    predicted: dict[str, float]
+    simulated: dict[str, float]
+    lines: list[str] = field(default_factory=list)
+    winner: str | None = None
+
+
+@dataclass
+class TuneOutcome:
+    name: str
+    screened: int
+    screen_failed: int
+    screen_cpu_s: float
+    rounds: list[RoundResult]
+    search: SimFirst
+    chosen: dict[str, Any] | None
+    chosen_line: str
+    chosen_run: str | None
+    chosen_variant: str | None
+    server_s: float
+    starts: int
+    rho: float | None
+    rho_n: int
+    front: list[Evaluation]
+    stop_reason: str
+
+
+def _distributions(space: Space) -> dict[str, Any]:
+    return space.distributions()
+
+
+def _load_evaluations(study: Any, space: Space) -> list[Evaluation]:
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        raw = t.user_attrs.get("evaluation")
+        if raw:
+            out.append(Evaluation.from_dict(json.loads(raw)))
+    return out
+
+
+def _record(study: Any, space: Space, e: Evaluation, tune: TuneSection, attrs: dict[str, Any] | None = None) -> None:
+    import optuna
+
+    dists = _distributions(space)
+    values: Any
+    if tune.objective == "pareto":
+        values = [objective_value(e, tune), (e.itl_p99_s or 1e9) if e.ok else 1e9]
+    else:
+        values = [objective_value(e, tune)]
+    trial = optuna.trial.create_trial(
+        params={f: e.config[f] for f in space.flags}, distributions=dists, values=values,
+        user_attrs={"evaluation": json.dumps(e.to_dict()), "key": space.key(e.config), **(attrs or {})},
+        system_attrs={"constraints": [0.0 if e.ok else 1.0]})
+    study.add_trial(trial)
+
+
+def _study(storage: Any, name: str, tune: TuneSection, seed: int) -> Any:
+    import optuna
+
+    if tune.objective == "pareto":
+        sampler: Any = optuna.samplers.NSGAIISampler(seed=seed)
+        return optuna.create_study(storage=storage, study_name=name, directions=["maximize", "minimize"],
+                                   sampler=sampler, load_if_exists=True)
+    sampler = optuna.samplers.TPESampler(seed=seed)
+    return optuna.create_study(storage=storage, study_name=name, direction="maximize", sampler=sampler,
+                               load_if_exists=True)
+
+
+def run_screen(exp: Experiment, space: Space, study: Any, say: Callable[[str], None]) -> tuple[list[Evaluation], float]:
+    """The simulator's evaluations of the space (those already in the study are not redone)."""
+    import time
+
+    import optuna
+
+    tune = exp.tune
+    assert tune is not None
+    done = _load_evaluations(study, space)
+    seen = {space.key(e.config) for e in done}
+    sim_exp = exp.model_copy(deep=True)
+    sim_exp.sim.noise = 0.0  # screening ranks the model's figures, not one start's draw
+    load = ScreenLoad.of(exp, objective_level(exp))
+    t0 = time.process_time()
+    wall0 = time.time()
+    size = space.size()
+    if size is not None and size <= tune.screen:
+        todo = [c for c in space.grid() if space.key(c) not in seen]
+        if todo:
+            say(f"screening {len(todo)} of {size} configurations on the simulator (virtual time)")
+        for i in range(0, len(todo), 4 * BATCH):
+            chunk = todo[i:i + 4 * BATCH]
+            for e in screen(sim_exp, space, chunk, load, starts=tune.sim_starts, seed=tune.seed):
+                _record(study, space, e, tune)
+                done.append(e)
+    else:
+        left = tune.screen - len(done)
+        if left > 0:
+            say(f"screening {left} configurations sampled by optuna from a space of "
+                f"{size if size is not None else 'continuous'} on the simulator (virtual time)")
+        dists = _distributions(space)
+        while left > 0:
+            n = min(BATCH, left)
+            trials = [study.ask(dists) for _ in range(n)]
+            configs = [{f: t.params[f] for f in space.flags} for t in trials]
+            for t, e in zip(trials, screen(sim_exp, space, configs, load, starts=tune.sim_starts, seed=tune.seed)):
+                t.set_user_attr("evaluation", json.dumps(e.to_dict()))
+                t.set_user_attr("key", space.key(e.config))
+                t.set_constraint("failed to start", 0.0 if e.ok else 1.0)
+                if tune.objective == "pareto":
+                    study.tell(t, [objective_value(e, tune), (e.itl_p99_s or 1e9) if e.ok else 1e9])
+                else:
+                    study.tell(t, objective_value(e, tune))
+                done.append(e)
+            left -= n
+    cpu = time.process_time() - t0
+    if time.time() - wall0 > 0.5:
+        say(f"screened in {time.time() - wall0:.1f} s")
+    del optuna
+    return done, cpu
+
+
+def round_experiment(exp: Experiment, text: str, name: str, index: int, variants: list[Any]) -> tuple[Experiment, str]:
+    """One round as an ordinary experiment: the baseline and the candidates at the objective's level."""
+    import tomli_w
+
+    doc = tomllib.loads(text)
+    doc.pop("tune", None)
+    doc.setdefault("experiment", {})["name"] = f"{name}-round{index}"
+    doc["variant"] = [v.model_dump(exclude_defaults=True) for v in variants]
+    doc.setdefault("workload", {})["concurrency"] = [objective_level(exp)]
+    doc["workload"].pop("rates", None)
+    out = tomli_w.dumps(doc)
+    return parse_experiment(out, f"{name} round {index}"), out
+
+
+def _real_evaluation(summary: Any, trials: list[Any], variant: str, config: dict[str, Any], level: int,
+                     server_s: float) -> Evaluation:
+    """A measured configuration from its round's cells: per-start means, p99 latencies, failure."""
+    if variant in summary.failed:
+        reason = summary.failed[variant]
+        kind = "oom" if "memory" in reason.lower() or "oom" in reason.lower() else "failed"
+        return Evaluation(config, "server_counter", False, failure=kind, reason=reason, server_s=server_s)
+    cell = next((c for c in summary.cells if c.variant == variant and c.level == level), None)
+    if cell is None or not cell.per_start:
+        return Evaluation(config, "server_counter", False, failure="no data", reason=cell.status if cell else "no cell",
+                          server_s=server_s)
+    per_start = [math.exp(sum(math.log(v) for v in s) / len(s)) for s in cell.per_start if s and min(s) > 0]
+
+    def p99(name: str) -> float | None:
+        vals = sorted(v for t in trials if t.variant == variant and t.status == "ok"
+                      for v in [t.results.latency.metric(name).quantile("p99") if t.results.latency.metric(name) else None]
+                      if v is not None)
+        return vals[len(vals) // 2] if vals else None
+
+    return Evaluation(config, "server_counter", True, tokps=per_start, ttft_p99_s=p99("ttft"), itl_p99_s=p99("itl"),
+                      starts=len(per_start), server_s=server_s)
+
+
+def _server_seconds(store: Any, run_id: str) -> dict[str, float]:
+    """Seconds each variant's servers ran (start to stop), summed over its starts."""
+    out: dict[str, float] = {}
+    for st in store.starts(run_id):
+        if st["started_at"] and st["stopped_at"]:
+            out[st["variant"]] = out.get(st["variant"], 0.0) + max(0.0, st["stopped_at"] - st["started_at"])
+    return out
+
+
+def _round_run(store: Any, exp_name: str) -> Any:
+    """The newest run of this round's experiment in the store (the round to resume or read)."""
+    rows = [r for r in store.runs() if r["name"] == exp_name]
+    return rows[-1] if rows else None
+
+
+async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_path: Path, engine: str | None,
+               progress: Any, say: Callable[[str], None], executor: Any = None) -> TuneOutcome:
+    """Screen, then measure rounds of candidates until a stop rule holds; see the module docstring."""
+    import optuna
+
+    from truthput.report.runsummary import run_summary
+    from truthput.runner import run_experiment
+
+    tune_cfg = exp.tune
+    if tune_cfg is None:
+        raise SpecError(f"{path or 'experiment'}: no [tune] section (the space: [[tune.param]] flag = ..., values = [...])")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = Space.of(tune_cfg)
+    base = ServerArgv.parse(exp.server.command, engine=metric_family(engine or exp.server.engine))
+    baseline_name = exp.experiment.baseline
+    baseline_variant = next((v for v in exp.variant if v.name == baseline_name), None)
+    if baseline_variant is not None and (baseline_variant.set or baseline_variant.remove):
+        raise SpecError(f"[tune]: the baseline variant {baseline_name!r} must be the command as it is (no set/remove): "
+                        "the space is applied to the command")
+    baseline_config = _config_of(space, base)
+    name = tune_name(exp)
+    level = objective_level(exp)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{study_storage_path(store_path)}")
+    sim_study = _study(storage, f"{name}/simulator", tune_cfg, tune_cfg.seed)
+    real_study = _study(storage, f"{name}/server", tune_cfg, tune_cfg.seed)
+    if sim_study.trials:
+        say(f"continuing the search {name} ({len(sim_study.trials)} configurations already screened, "
+            f"{len(real_study.trials)} measured on the server)")
+    evals, cpu = run_screen(exp, space, sim_study, say)
+    search = SimFirst(space, tune_cfg)
+    for e in evals:
+        search.add_sim(e)
+    # the server's measurements are read back from the rounds' runs (the results store is the record;
+    # the server study mirrors them for optuna's tools)
+    failed = sum(1 for e in evals if not e.ok)
+    rounds: list[RoundResult] = []
+    starts_used = 0
+    server_s = 0.0
+    stop_reason = f"{tune_cfg.rounds} round(s) done"
+    m = exp.measure
+    per_variant = max(m.starts, 1)
+    for index in range(1, tune_cfg.rounds + 1):
+        round_name = f"{name}-round{index}"
+        row = _round_run(store, round_name)
+        if row is not None:
+            stored = parse_experiment(row["experiment_toml"], round_name)
+            configs = [json.loads(v.description.split("config=", 1)[1]) for v in stored.variant
+                       if v.name != baseline_name and "config=" in v.description]
+            cands = {space.key(c): c for c in configs}
+            round_exp, round_text = stored, row["experiment_toml"]
+            run_id: str | None = row["id"] if row["status"] != "done" else None
+            done_id = row["id"] if row["status"] == "done" else None
+        else:
+            if search.real and search.done():
+                stop_reason = "no unmeasured configuration can beat the best measured one (corrected prediction)"
+                break
+            k = tune_cfg.candidates
+            if tune_cfg.budget_starts is not None:
+                room = tune_cfg.budget_starts - starts_used
+                k = min(k, room // per_variant - 1)
+                if k < 1:
+                    stop_reason = f"the budget of {tune_cfg.budget_starts} server starts is spent"
+                    break
+            if tune_cfg.budget_server_minutes is not None and server_s / 60 >= tune_cfg.budget_server_minutes:
+                stop_reason = f"the budget of {tune_cfg.budget_server_minutes:g} server-minutes is spent"
+                break
+            picked = search.next_candidates(k, exclude=lambda c: space.key(c) == space.key(baseline_config))
+            if not picked:
+                stop_reason = "every feasible configuration the simulator ranks has been measured"
+                break
+            cands = {space.key(c.config): c.config for c in picked}
+            variants = [baseline_variant or _plain_baseline(baseline_name)]
+            for c in picked:
+                v = space.variant(base, c.config)
+                v.description = "a configuration proposed by truthput tune: config=" + json.dumps(c.config)
+                variants.append(v)
+            round_exp, round_text = round_experiment(exp, text, name, index, variants)
+            say(f"round {index}: measuring on the server, beside the baseline: "
+                + "; ".join(f"{space.label(c.config)} (simulator {c.simulated:.1f}, corrected {c.predicted:.1f} tok/s)"
+                            for c in picked))
+            run_id, done_id = None, None
+        if done_id is None:
+            done_id = await run_experiment(round_exp, round_text, path, store, engine=engine, resume=run_id,
+                                           progress=progress, executor=executor)
+        summary = run_summary(store, done_id)
+        trials = store.trial_results(done_id)
+        secs = _server_seconds(store, done_id)
+        starts_used += len(store.starts(done_id))
+        server_s += sum(secs.values())
+        names = {v.name: json.loads(v.description.split("config=", 1)[1]) for v in round_exp.variant
+                 if "config=" in v.description}
+        names[baseline_name] = baseline_config
+        known = {t.user_attrs.get("round_key") for t in real_study.get_trials(deepcopy=False)}
+        for vname, config in names.items():
+            e = _real_evaluation(summary, trials, vname, config, level, secs.get(vname, 0.0))
+            key = space.key(config)
+            if key in search.real and vname == baseline_name:
+                prev = search.real[key]  # the baseline is measured every round: its starts add up
+                e.tokps = prev.tokps + e.tokps
+                e.starts += prev.starts
+            search.add_real(e)
+            if f"{index}:{key}" not in known and space.contains(config):
+                _record(real_study, space, e, tune_cfg,
+                        {"run": done_id, "variant": vname, "round": index, "round_key": f"{index}:{key}"})
+        winner = next((cv.winner for cv in summary.verdict.per_concurrency if cv.metric == "tok/s" and cv.level == level),
+                      None)
+        rounds.append(RoundResult(index, done_id, list(cands.values()),
+                                  {k: search.sim[k].mean or 0.0 for k in cands if k in search.sim},
+                                  {k: search.sim[k].mean or 0.0 for k in cands if k in search.sim},
+                                  [ln for cv in summary.verdict.per_concurrency if cv.metric == "tok/s" for ln in cv.lines],
+                                  winner))
+    chosen, line, chosen_run, chosen_variant = _choose(store, rounds, search, space, baseline_name, baseline_config,
+                                                       level, tune_cfg)
+    rho, n = search.rank_agreement()
+    front = pareto_front(list(search.real.values()), tune_cfg) if tune_cfg.objective == "pareto" else []
+    return TuneOutcome(name, len(evals), failed, cpu, rounds, search, chosen, line, chosen_run, chosen_variant,
+                       server_s, starts_used, rho, n, front, stop_reason)
+
+
+def _plain_baseline(name: str) -> Any:
+    from truthput.spec.experiment import VariantSection
+
+    return VariantSection(name=name)
+
+
+def _config_of(space: Space, base: ServerArgv) -> dict[str, Any]:
+    """The baseline command's value of each searched flag ("off" where it lacks the flag)."""
+    from truthput.spec.argv import normalised_settings, speculative_settings
+
+    out: dict[str, Any] = {}
+    settings = normalised_settings(base)
+    spec = speculative_settings(base) or {}
+    for p in space.params:
+        canon = base.knowledge.canonical(p.flag)
+        if base.knowledge.is_spec_flag(canon):
+            raw: Any = spec.get("num_speculative_tokens") if "token" in canon else spec.get("method")
+            if not spec:
+                raw = "off"
+        else:
+            raw = settings.get(canon, base.get(canon))
+            if raw is None:
+                raw = "off"
+        choices = space.choices(p) or []
+        match = next((c for c in choices if str(c) == str(raw)), None)
+        if match is None:
+            try:
+                match = next((c for c in choices if isinstance(c, (int, float)) and float(c) == float(raw)), None)
+            except (TypeError, ValueError):
+                match = None
+        out[p.flag] = match if match is not None else raw
+    return out
+
+
+def _choose(store: Any, rounds: list[RoundResult], search: SimFirst, space: Space, baseline: str,
+            baseline_config: dict[str, Any], level: int, tune_cfg: TuneSection):
+    """The configuration decided faster than the baseline by the most, with its verdict line."""
+    from truthput.report.runsummary import run_summary
+
+    best: tuple[float, dict[str, Any], str, str, str] | None = None
+    for r in rounds:
+        summary = run_summary(store, r.run_id)
+        for c in r.candidates:
+            vname = space.label(c)
+            cmp = summary.comparison(vname, level)
+            if cmp is None or cmp.better is not True:
+                continue
+            e = search.real.get(space.key(c))
+            if e is None or objective_value(e, tune_cfg) <= 0:
+                continue
+            ratio = float(cmp.estimate.ratio)
+            if best is None or ratio > best[0]:
+                best = (ratio, c, cmp.line, r.run_id, vname)
+    if best is None:
+        return (baseline_config, "no candidate was decided faster than the baseline: keep the baseline",
+                rounds[-1].run_id if rounds else None, baseline)
+    return best[1], best[2], best[3], best[4]
+
+
+def outcome_document(outcome: TuneOutcome, tune_cfg: TuneSection, simulated_server: bool) -> dict[str, Any]:
+    """The search as plain data, for the terminal, the HTML report and `tune.json`."""
+    s = outcome.search
+    space = s.space
+
+    def row(key: str) -> dict[str, Any]:
+        sim = s.sim.get(key)
+        real = s.real.get(key)
+        cfg = (real or sim).config if (real or sim) else {}
+        return {"config": space.label(cfg), "simulated_tokps": sim.mean if sim else None,
+                "corrected_tokps": (sim.mean or 0.0) * s.correction.factor(cfg) if sim and sim.mean else None,
+                "simulated_itl_p99_s": sim.itl_p99_s if sim else None,
+                "server_tokps": real.mean if real else None, "server_itl_p99_s": real.itl_p99_s if real else None,
+                "server_starts": real.starts if real else 0, "server_failure": (real.reason or real.failure)
+                if real and not real.ok else None, "feasible_on_server": bool(real and objective_value(real, tune_cfg) > 0)}
+
+    measured = [row(k) for k in s.real]
+    ranked = [row(space.key(c.config)) for c in s.ranked()[:20]]
+    sim_points = [{"tokps": e.mean, "itl_p99_s": e.itl_p99_s} for e in s.sim.values() if e.ok and e.mean]
+    return {
+        "name": outcome.name, "objective": tune_cfg.objective, "screened": outcome.screened,
+        "screen_failed": outcome.screen_failed, "screen_cpu_s": outcome.screen_cpu_s,
+        "rounds": [{"index": r.index, "run": r.run_id, "candidates": [space.label(c) for c in r.candidates],
+                    "winner": r.winner, "lines": r.lines} for r in outcome.rounds],
+        "measured": measured, "top_simulated": ranked, "simulator_points": sim_points,
+        "front": [{"config": space.label(e.config), "tokps": e.mean, "itl_p99_s": e.itl_p99_s} for e in outcome.front],
+        "chosen": space.label(outcome.chosen) if outcome.chosen else None, "chosen_line": outcome.chosen_line,
+        "chosen_run": outcome.chosen_run, "chosen_variant": outcome.chosen_variant,
+        "server_minutes": outcome.server_s / 60, "server_starts": outcome.starts,
+        "rank_correlation": outcome.rho, "rank_pairs": outcome.rho_n, "stop_reason": outcome.stop_reason,
+        "correction": {"intercept": s.correction.intercept, "sd": s.correction.sd, "points": s.correction.n},
+        "server_simulated": simulated_server,
+    }

@@ -1,0 +1,186 @@
+"""`truthput tune`: the virtual-time simulator against the real-time one, the search's decisions
+against known truth, and a search killed mid-round that continues without redoing finished work."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from truthput.spec.argv import ServerArgv, speculative_settings, variant_argv
+from truthput.spec.experiment import TuneSection, load_experiment
+from truthput.tune.screen import ScreenLoad, batch_lines, run_batch, screen
+from truthput.tune.search import Evaluation, SimFirst, spearman
+from truthput.tune.space import Space
+
+ROOT = Path(__file__).resolve().parents[1]
+TRUTHPUT = [sys.executable, "-m", "truthput"]
+QUICKSTART = ROOT / "examples" / "quickstart.toml"
+
+
+def _space(params) -> tuple[TuneSection, Space]:
+    tune = TuneSection.model_validate({"param": params})
+    return tune, Space.of(tune)
+
+
+def test_off_removes_speculation_and_a_value_sets_the_flag():
+    exp, _ = load_experiment(QUICKSTART)
+    base = ServerArgv.parse(exp.server.command)
+    _, space = _space([{"flag": "--spec-tokens", "values": ["off", 1]}, {"flag": "--max-num-seqs", "values": [8, 64]}])
+    off = space.variant(base, {"--spec-tokens": "off", "--max-num-seqs": 8})
+    argv = variant_argv(base, off.set, off.remove)
+    assert speculative_settings(argv) is None and argv.get("--max-num-seqs") == "8"
+    one = space.variant(base, {"--spec-tokens": 1, "--max-num-seqs": 64})
+    spec = speculative_settings(variant_argv(base, one.set, one.remove))
+    assert spec is not None and int(spec["num_speculative_tokens"]) == 1 and spec["method"] == "qwen3_5_mtp"
+    assert len(space.grid()) == 4
+
+
+def test_virtual_time_matches_the_real_time_simulator(tmp_path):
+    """The same configuration and load: `sim batch` (virtual time) and a `truthput run` on the
+    real-time simulator (HTTP, counters, the whole trial pipeline) agree within the window's noise."""
+    exp_text = QUICKSTART.read_text()
+    exp_text = exp_text.replace("noise = 0.03", "noise = 0.0").replace("concurrency = [1, 8]", "concurrency = [8]")
+    exp_text = exp_text.replace("duration_s = 2\n", "duration_s = 4\n").replace("starts = 3 ", "starts = 1 ")
+    exp_text = exp_text.replace("max_starts = 3", "max_starts = 1").replace("sequential", "sequential")
+    head, _, tail = exp_text.partition("[[variant]]")
+    variants = '[[variant]]\nname = "original"\n\n[[variant]]\nname = "nospec"\nremove = ["--speculative-config"]\n\n'
+    tail = tail[tail.index("[workload]"):]
+    path = tmp_path / "same.toml"
+    path.write_text(head + variants + tail)
+    out = subprocess.run([*TRUTHPUT, "run", str(path), "--store", str(tmp_path / "r.db"), "--reports", ""],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    db = sqlite3.connect(tmp_path / "r.db")
+    rows = db.execute("SELECT variant, results_json FROM trials WHERE status = 'ok'").fetchall()
+    real = {}
+    for variant, results in rows:
+        real[variant] = json.loads(results)["throughput"]["steady_tokps"]["value"]
+    exp, _ = load_experiment(path)
+    _, space = _space([{"flag": "--spec-tokens", "values": ["off", 3]}])
+    load = ScreenLoad(concurrency=8, input_tokens=128, output_tokens=32, duration_s=60.0, warmup_s=5.0)
+    evals = screen(exp, space, [{"--spec-tokens": 3}, {"--spec-tokens": "off"}], load)
+    virtual = {"original": evals[0].mean, "nospec": evals[1].mean}
+    for name in ("original", "nospec"):
+        assert virtual[name] == pytest.approx(real[name], rel=0.06), (name, virtual, real)
+    assert virtual["original"] > virtual["nospec"] * 1.05  # speculation's effect is there in both
+
+
+def test_virtual_time_is_a_thousand_times_faster_than_real_time_on_the_quickstart_cells():
+    """Virtual seconds simulated per CPU second of the batch process, every quickstart cell."""
+    exp, _ = load_experiment(QUICKSTART)
+    _, space = _space([{"flag": "--spec-tokens", "values": ["off", 1, 3]}])
+    ratios = []
+    for c in (1, 8):
+        load = ScreenLoad(concurrency=c, input_tokens=128, output_tokens=32, duration_s=120.0, warmup_s=5.0)
+        lines = batch_lines(exp, space, [{"--spec-tokens": v} for v in ("off", 1, 3)], load, 1, 0)
+        for r in run_batch(lines, workers=1):
+            ratios.append(r["virtual_s"] / r["cpu_s"])
+    assert min(ratios) >= 1000, ratios
+
+
+def test_the_correction_learns_a_batch_dependent_error_and_reranks():
+    """Known truth: real = simulated x exp(-0.5 x batch feature); the simulator alone ranks the
+    largest batch first, the corrected ranking finds the true best after a few real points."""
+    tune, space = _space([{"flag": "--max-num-seqs", "values": [1, 2, 4, 8, 16, 32, 64]}])
+    search = SimFirst(space, tune)
+    truth = {}
+    for b in (1, 2, 4, 8, 16, 32, 64):
+        sim = 100.0 * math.log2(2 * b)  # rises with the batch
+        feat = space.features({"--max-num-seqs": b})[0]
+        truth[b] = sim * math.exp(-1.2 * feat)
+        search.add_sim(Evaluation({"--max-num-seqs": b}, "simulator", True, [sim]))
+    assert search.next_candidates(1)[0].config["--max-num-seqs"] == 64
+    best = max(truth, key=truth.get)
+    measured = []
+    for _ in range(4):
+        c = search.next_candidates(1)[0].config
+        measured.append(c["--max-num-seqs"])
+        search.add_real(Evaluation(c, "server_counter", True, [truth[c["--max-num-seqs"]]]))
+        if best in measured:
+            break
+    assert best in measured, (best, measured, truth)
+
+
+def test_a_failure_on_the_server_keeps_its_neighbours_out():
+    tune, space = _space([{"flag": "--max-num-seqs", "values": [8, 16, 32, 64, 128, 256, 512, 1024]}])
+    search = SimFirst(space, tune)
+    for b in (8, 16, 32, 64, 128, 256, 512, 1024):
+        search.add_sim(Evaluation({"--max-num-seqs": b}, "simulator", True, [float(b)]))
+    search.add_real(Evaluation({"--max-num-seqs": 1024}, "server_counter", False, failure="oom", reason="CUDA out of memory"))
+    nxt = [c.config["--max-num-seqs"] for c in search.next_candidates(3)]
+    assert nxt == [256, 128, 64]  # 512 is one step from the failure
+
+
+def test_spearman_of_known_orders():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    assert spearman([1, 2], [1, 2]) is None
+
+
+def _trials(db: Path) -> list[tuple]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT t.id, r.name, t.variant, t.start_index, t.concurrency, t.trial_index FROM trials t "
+                           "JOIN runs r ON r.id = t.run_id ORDER BY t.id").fetchall()
+    finally:
+        con.close()
+
+
+@pytest.mark.slow
+def test_tune_killed_mid_round_continues_without_redoing_finished_work(tmp_path):
+    """`truthput tune examples/tune.toml` as the README gives it, killed with SIGKILL once its first
+    round has committed trials; the same command then finishes the search. Screened configurations
+    are not evaluated again, the round's run is resumed (its kept trials are not measured twice), and
+    the search ends with a choice, its report and, when it beat the baseline, its unit."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [*TRUTHPUT, "tune", str(ROOT / "examples" / "tune.toml")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    db = tmp_path / "truthput.db"
+    deadline = time.time() + 240
+    before: list[tuple] = []
+    while time.time() < deadline and proc.poll() is None:
+        if db.exists():
+            try:
+                before = _trials(db)
+            except sqlite3.Error:
+                before = []
+            if len(before) >= 2:
+                break
+        time.sleep(0.2)
+    assert proc.poll() is None and len(before) >= 2, "the search finished or stalled before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    studies = tmp_path / "truthput.optuna.db"
+    con = sqlite3.connect(studies)
+    screened = con.execute("SELECT COUNT(*) FROM trials t JOIN studies s ON s.study_id = t.study_id "
+                           "WHERE s.study_name LIKE '%/simulator'").fetchone()[0]
+    con.close()
+    assert screened == 60  # the whole space was screened before the first real start
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "continuing the search" in done.stdout
+    assert "screening" not in done.stdout  # nothing was screened again
+    after = _trials(db)
+    kept = {row[0]: row for row in after}
+    for row in before:  # every trial committed before the kill is still there, unchanged
+        assert kept.get(row[0]) == row
+    keys = [row[1:] for row in after]
+    assert len(keys) == len(set(keys)), "a trial was measured twice"
+    rounds = {row[1] for row in after}
+    assert len(rounds) >= 1 and all("-round" in r for r in rounds)
+    con = sqlite3.connect(studies)
+    assert con.execute("SELECT COUNT(*) FROM trials t JOIN studies s ON s.study_id = t.study_id "
+                       "WHERE s.study_name LIKE '%/simulator'").fetchone()[0] == 60
+    con.close()
+    assert "chosen: " in done.stdout and "simulator vs server ranking" in done.stdout
+    report = next((tmp_path / "reports").glob("*.html"))
+    assert "<svg" in report.read_text() and "SIMULATED" in report.read_text()
