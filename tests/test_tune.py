@@ -63,7 +63,7 @@ def test_virtual_time_matches_the_real_time_simulator(tmp_path):
     rows = db.execute("SELECT variant, results_json FROM trials WHERE status = 'ok'").fetchall()
     real = {}
     for variant, results in rows:
-        real[variant] = json.loads(results)["throughput"]["steady_tokps"]["value"]
+        real[variant] = json.loads(results)["throughput"]["counter_window"]["value"]
     exp, _ = load_experiment(path)
     _, space = _space([{"flag": "--spec-tokens", "values": ["off", 3]}])
     load = ScreenLoad(concurrency=8, input_tokens=128, output_tokens=32, duration_s=60.0, warmup_s=5.0)
@@ -143,7 +143,8 @@ def test_tune_killed_mid_round_continues_without_redoing_finished_work(tmp_path)
     the search ends with a choice, its report and, when it beat the baseline, its unit."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [*TRUTHPUT, "tune", str(ROOT / "examples" / "tune.toml")]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = open(tmp_path / "first.log", "wb")  # a file, not a pipe nobody reads (its buffer would fill)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     db = tmp_path / "truthput.db"
     deadline = time.time() + 240
     before: list[tuple] = []
@@ -159,6 +160,7 @@ def test_tune_killed_mid_round_continues_without_redoing_finished_work(tmp_path)
     assert proc.poll() is None and len(before) >= 2, "the search finished or stalled before it could be killed"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
+    log.close()
     studies = tmp_path / "truthput.optuna.db"
     con = sqlite3.connect(studies)
     screened = con.execute("SELECT COUNT(*) FROM trials t JOIN studies s ON s.study_id = t.study_id "

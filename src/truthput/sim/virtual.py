@@ -54,6 +54,10 @@ class StartFigures:
     virtual_s: float = 0.0
 
 
+#: As the closed-loop client: a window opens after this long even if the streams never all generated.
+SETTLE_TIMEOUT_S = 120.0
+
+
 class _Uncounted:
     """Stands in for every Prometheus series in virtual time: nobody scrapes a virtual server, and
     the counters' bookkeeping would be most of a step's CPU cost."""
@@ -129,10 +133,20 @@ def _measure(server: Any, load: LoadSpec, seed: int) -> StartFigures:
         engine.submit(SimRequest(f"v{sent}", load.input_tokens, max_new, "length",
                                  server.output_stream(p, skey, copy_q), now))
 
-    w0, w1 = load.warmup_s, load.warmup_s + load.duration_s
+    # The window opens as a closed-loop trial's does: `warmup_s` after the first moment every
+    # stream has a token (so a loop whose streams move in step is cut at the same phase as on a
+    # served run), and closes `duration_s` later.
+    w0: float | None = None
+    w1 = math.inf
     now = 0.0
+    inflight: set[SimRequest] = set()
+
+    def send_tracked(t: float) -> None:
+        send(t)
+        inflight.add(engine.waiting[-1])
+
     for _ in range(load.concurrency):
-        send(now)
+        send_tracked(now)
     emitted_at_w0: int | None = None
     emitted_at_w1: int | None = None
     requests = 0
@@ -142,22 +156,23 @@ def _measure(server: Any, load: LoadSpec, seed: int) -> StartFigures:
             raise RuntimeError("virtual-time simulator: the engine went idle under a closed loop")
         decodes, prefills, dt = planned
         end = now + dt
-        if emitted_at_w0 is None and end > w0:
-            emitted_at_w0 = engine.total_emitted  # the window's start falls inside this step
-        inside = w0 < end <= w1
+        if w0 is not None and emitted_at_w0 is None and end > w0:
+            emitted_at_w0 = engine.total_emitted  # the counter as the window opens, inside this step
+        inside = w0 is not None and w0 < end <= w1
         metrics.ttft.on = metrics.itl.on = inside
         engine.emit_step(decodes, prefills, end)
         now = end
         if now <= w1:
             emitted_at_w1 = engine.total_emitted
-        for req, _ in decodes:
-            if req.finish_reason is not None:
+        for req, _ in (*decodes, *prefills):
+            if req.finish_reason is not None and req in inflight:
+                inflight.discard(req)
                 requests += inside
-                send(now)
-        for req, _ in prefills:
-            if req.finish_reason is not None:
-                requests += inside
-                send(now)
+                send_tracked(now)
+        if w0 is None and (all(r.emitted >= 1 for r in inflight) or now >= SETTLE_TIMEOUT_S):
+            # never settling (fewer sequences allowed than streams) opens it anyway, as a trial does
+            w0 = now + load.warmup_s
+            w1 = w0 + load.duration_s
     e0 = emitted_at_w0 or 0
     e1 = emitted_at_w1 if emitted_at_w1 is not None else e0
     return StartFigures(tokps=(e1 - e0) / load.duration_s, ttft_s=metrics.ttft.values, itl_s=metrics.itl.values,

@@ -35,7 +35,7 @@ from truthput.spec.engines import metric_family
 from truthput.spec.experiment import Experiment, TuneSection, parse_experiment
 from truthput.tune.screen import ScreenLoad, screen
 from truthput.tune.search import Evaluation, SimFirst, objective_value, pareto_front
-from truthput.tune.space import Space
+from truthput.tune.space import DEFAULT, Space
 
 BATCH = 32  # configurations per optuna ask/tell batch when the space is sampled, not listed
 
@@ -273,6 +273,13 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
     search = SimFirst(space, tune_cfg)
     for e in evals:
         search.add_sim(e)
+    # the baseline on the simulator too (it may lie outside the space): a pair for the correction
+    # and for the rank agreement, never a candidate
+    sim_exp = exp.model_copy(deep=True)
+    sim_exp.sim.noise = 0.0
+    search.add_sim(screen(sim_exp, space, [baseline_config], ScreenLoad.of(exp, level), starts=tune_cfg.sim_starts,
+                          seed=tune_cfg.seed)[0])
+    search.incumbent = space.key(baseline_config)
     # the server's measurements are read back from the rounds' runs (the results store is the record;
     # the server study mirrors them for optuna's tools)
     failed = sum(1 for e in evals if not e.ok)
@@ -307,7 +314,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
             if tune_cfg.budget_server_minutes is not None and server_s / 60 >= tune_cfg.budget_server_minutes:
                 stop_reason = f"the budget of {tune_cfg.budget_server_minutes:g} server-minutes is spent"
                 break
-            picked = search.next_candidates(k, exclude=lambda c: space.key(c) == space.key(baseline_config))
+            picked = search.next_candidates(k)
             if not picked:
                 stop_reason = "every feasible configuration the simulator ranks has been measured"
                 break
@@ -382,7 +389,7 @@ def _config_of(space: Space, base: ServerArgv) -> dict[str, Any]:
         else:
             raw = settings.get(canon, base.get(canon))
             if raw is None:
-                raw = "off"
+                raw = DEFAULT
         choices = space.choices(p) or []
         match = next((c for c in choices if str(c) == str(raw)), None)
         if match is None:

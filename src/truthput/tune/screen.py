@@ -36,7 +36,8 @@ def mean_length(value: Any, what: str) -> int:
 
 @dataclass
 class ScreenLoad:
-    """The closed-loop load every configuration is screened under (virtual seconds)."""
+    """The closed-loop load every configuration is screened under (virtual seconds): the
+    experiment's own warm-up and window, so the screen predicts what a trial will measure."""
 
     concurrency: int
     input_tokens: int
@@ -49,7 +50,7 @@ class ScreenLoad:
         wl = exp.workload
         return cls(concurrency=level, input_tokens=mean_length(wl.input_tokens, "input_tokens"),
                    output_tokens=mean_length(wl.output_tokens, "output_tokens"),
-                   duration_s=max(float(wl.duration_s or 30.0), 10.0), warmup_s=max(wl.warmup_s, 2.0))
+                   duration_s=float(wl.duration_s or 30.0), warmup_s=wl.warmup_s)
 
 
 def batch_lines(exp: Experiment, space: Space, configs: Sequence[dict[str, Any]], load: ScreenLoad,

@@ -158,6 +158,8 @@ class SimFirst:
         self.sim: dict[str, Evaluation] = {}
         self.real: dict[str, Evaluation] = {}
         self.correction = Correction(space)
+        self.incumbent: str | None = None
+        """The baseline's key: measured beside every round, never proposed."""
 
     def add_sim(self, e: Evaluation) -> None:
         self.sim[self.space.key(e.config)] = e
@@ -200,7 +202,8 @@ class SimFirst:
         later: list[Candidate] = []
         for c in self.ranked():
             key = self.space.key(c.config)
-            if key in self.real or self._near_failure(c.config) or (exclude and exclude(c.config)):
+            if key in self.real or key == self.incumbent or self._near_failure(c.config) \
+                    or (exclude and exclude(c.config)):
                 continue
             sig = self._signature(key)
             if sig is not None and any(_same(sig, o) for o in seen):

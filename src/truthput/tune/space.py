@@ -17,6 +17,8 @@ from truthput.spec.argv import ServerArgv, speculative_settings, variant_argv
 from truthput.spec.experiment import TuneParam, TuneSection, VariantSection
 
 OFF = "off"
+DEFAULT = "default"
+"""A baseline's value for a flag it does not give (the server's own default): never set."""
 SPECULATIVE_CONFIG = "--speculative-config"
 GRID_LIMIT = 100_000
 
@@ -146,6 +148,8 @@ class Space:
         remove: list[str] = []
         for p in self.params:
             v = config[p.flag]
+            if v == DEFAULT:
+                continue
             if v == OFF:
                 if base.knowledge.is_spec_flag(base.knowledge.canonical(p.flag)):
                     # speculation off: the whole speculative config goes, in whichever form it is spelt
