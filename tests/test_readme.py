@@ -46,6 +46,9 @@ SKIPPED = {
     "truthput load http://HOST:8000 -c 64 --duration 30 --executor ray --workers 4": "HOST stands for a server; "
         "tests/test_ray_cluster.py runs load --executor ray --workers 2 on a local cluster",
     ".venv/bin/pip install -e '.[ray]'": "installs Ray (~200 MB); .ci/run installs it",
+    "truthput tune examples/tune.toml": "run as written (its own folder) by tests/test_tune.py, which kills it "
+        "mid-round and checks that the same command continues without redoing finished work",
+    "truthput tune EXP.toml": "EXP.toml stands for an experiment with a [tune] section (examples/tune.toml is run)",
     "truthput plan": "a command named in prose",
     "truthput load": "a command named in prose",
     ".venv/bin/truthput": "a path named in prose",

@@ -97,7 +97,7 @@ class _Recorded(_Uncounted):
         self.values: list[float] = []
         self.on = False
 
-    def observe(self, value: float) -> None:  # type: ignore[override]
+    def observe(self, value: float) -> None:
         if self.on:
             self.values.append(value)
 

@@ -414,6 +414,9 @@ def _choose(store: Any, rounds: list[RoundResult], search: SimFirst, space: Spac
             cmp = summary.comparison(vname, level)
             if cmp is None or cmp.better is not True:
                 continue
+            tolerated = any(c.get(f) != baseline_config.get(f) for f in tune_cfg.allow_guard_change)
+            if cmp.vetoed and not tolerated:
+                continue  # faster, but its greedy output differs and no flag it sets is known to change numerics
             e = search.real.get(space.key(c))
             if e is None or objective_value(e, tune_cfg) <= 0:
                 continue
@@ -434,7 +437,8 @@ def outcome_document(outcome: TuneOutcome, tune_cfg: TuneSection, simulated_serv
     def row(key: str) -> dict[str, Any]:
         sim = s.sim.get(key)
         real = s.real.get(key)
-        cfg = (real or sim).config if (real or sim) else {}
+        either = real or sim
+        cfg = either.config if either is not None else {}
         return {"config": space.label(cfg), "simulated_tokps": sim.mean if sim else None,
                 "corrected_tokps": (sim.mean or 0.0) * s.correction.factor(cfg) if sim and sim.mean else None,
                 "simulated_itl_p99_s": sim.itl_p99_s if sim else None,

@@ -91,7 +91,7 @@ class Space:
         for p in self.params:
             if p.values is not None:
                 out[p.flag] = optuna.distributions.CategoricalDistribution(list(p.values))
-            elif p.step is not None and all(float(x).is_integer() for x in (p.low, p.high, p.step)):
+            elif p.step is not None and all(float(x or 0).is_integer() for x in (p.low, p.high, p.step)):
                 out[p.flag] = optuna.distributions.IntDistribution(int(p.low or 0), int(p.high or 0),
                                                                    step=int(p.step))
             elif p.step is not None:
