@@ -49,6 +49,7 @@ SKIPPED = {
     "truthput tune examples/tune.toml": "run as written (its own folder) by tests/test_tune.py, which kills it "
         "mid-round and checks that the same command continues without redoing finished work",
     "truthput tune EXP.toml": "EXP.toml stands for an experiment with a [tune] section (examples/tune.toml is run)",
+    "truthput tune": "a command named in prose",
     "truthput plan": "a command named in prose",
     "truthput load": "a command named in prose",
     ".venv/bin/truthput": "a path named in prose",
