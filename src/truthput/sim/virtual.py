@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from truthput.errors import SpecError
 from truthput.sim import textgen
 from truthput.sim.engine import SimRequest
@@ -81,13 +83,7 @@ _UNCOUNTED = _Uncounted()
 
 
 def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    return float(np.quantile(values, q)) if values else None
 
 
 class _Recorded(_Uncounted):

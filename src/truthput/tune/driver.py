@@ -70,8 +70,6 @@ class RoundResult:
     index: int
     run_id: str
     candidates: list[dict[str, Any]]
-    predicted: dict[str, float]
-    simulated: dict[str, float]
     lines: list[str] = field(default_factory=list)
     winner: str | None = None
 
@@ -96,11 +94,15 @@ class TuneOutcome:
     stop_reason: str
 
 
-def _distributions(space: Space) -> dict[str, Any]:
-    return space.distributions()
+def screening_experiment(exp: Experiment) -> Experiment:
+    """The experiment as the screen runs it: noise off, so it ranks the model's figures, not one
+    start's draw."""
+    out = exp.model_copy(deep=True)
+    out.sim.noise = 0.0
+    return out
 
 
-def _load_evaluations(study: Any, space: Space) -> list[Evaluation]:
+def _load_evaluations(study: Any) -> list[Evaluation]:
     out = []
     for t in study.get_trials(deepcopy=False):
         raw = t.user_attrs.get("evaluation")
@@ -112,7 +114,7 @@ def _load_evaluations(study: Any, space: Space) -> list[Evaluation]:
 def _record(study: Any, space: Space, e: Evaluation, tune: TuneSection, attrs: dict[str, Any] | None = None) -> None:
     import optuna
 
-    dists = _distributions(space)
+    dists = space.distributions()
     values: Any
     if tune.objective == "pareto":
         values = [objective_value(e, tune), (e.itl_p99_s or 1e9) if e.ok else 1e9]
@@ -141,14 +143,11 @@ def run_screen(exp: Experiment, space: Space, study: Any, say: Callable[[str], N
     """The simulator's evaluations of the space (those already in the study are not redone)."""
     import time
 
-    import optuna
-
     tune = exp.tune
     assert tune is not None
-    done = _load_evaluations(study, space)
+    done = _load_evaluations(study)
     seen = {space.key(e.config) for e in done}
-    sim_exp = exp.model_copy(deep=True)
-    sim_exp.sim.noise = 0.0  # screening ranks the model's figures, not one start's draw
+    sim_exp = screening_experiment(exp)
     load = ScreenLoad.of(exp, objective_level(exp))
     t0 = time.process_time()
     wall0 = time.time()
@@ -167,7 +166,7 @@ def run_screen(exp: Experiment, space: Space, study: Any, say: Callable[[str], N
         if left > 0:
             say(f"screening {left} configurations sampled by optuna from a space of "
                 f"{size if size is not None else 'continuous'} on the simulator (virtual time)")
-        dists = _distributions(space)
+        dists = space.distributions()
         while left > 0:
             n = min(BATCH, left)
             trials = [study.ask(dists) for _ in range(n)]
@@ -185,7 +184,6 @@ def run_screen(exp: Experiment, space: Space, study: Any, say: Callable[[str], N
     cpu = time.process_time() - t0
     if time.time() - wall0 > 0.5:
         say(f"screened in {time.time() - wall0:.1f} s")
-    del optuna
     return done, cpu
 
 
@@ -275,9 +273,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
         search.add_sim(e)
     # the baseline on the simulator too (it may lie outside the space): a pair for the correction
     # and for the rank agreement, never a candidate
-    sim_exp = exp.model_copy(deep=True)
-    sim_exp.sim.noise = 0.0
-    search.add_sim(screen(sim_exp, space, [baseline_config], ScreenLoad.of(exp, level), starts=tune_cfg.sim_starts,
+    search.add_sim(screen(screening_experiment(exp), space, [baseline_config], ScreenLoad.of(exp, level), starts=tune_cfg.sim_starts,
                           seed=tune_cfg.seed)[0])
     search.incumbent = space.key(baseline_config)
     # the server's measurements are read back from the rounds' runs (the results store is the record;
@@ -355,8 +351,6 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
         winner = next((cv.winner for cv in summary.verdict.per_concurrency if cv.metric == "tok/s" and cv.level == level),
                       None)
         rounds.append(RoundResult(index, done_id, list(cands.values()),
-                                  {k: search.sim[k].mean or 0.0 for k in cands if k in search.sim},
-                                  {k: search.sim[k].mean or 0.0 for k in cands if k in search.sim},
                                   [ln for cv in summary.verdict.per_concurrency if cv.metric == "tok/s" for ln in cv.lines],
                                   winner))
     chosen, line, chosen_run, chosen_variant = _choose(store, rounds, search, space, baseline_name, baseline_config,
