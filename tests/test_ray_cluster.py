@@ -184,6 +184,45 @@ def test_a_plan_run_on_the_cluster_has_the_trials_and_verdict_of_a_local_run(clu
     assert not [s for s in starts if s["status"] != "stopped"]
 
 
+TUNE = """
+[tune]
+level = 4
+candidates = 2
+rounds = 1
+
+[[tune.param]]
+flag = "--tensor-parallel-size"
+values = [1, 2]
+
+[[tune.param]]
+flag = "--spec-tokens"
+values = ["off", 1, 3]
+"""
+
+
+def test_a_tune_on_the_cluster_measures_on_both_nodes_what_a_local_tune_measures(cluster, tmp_path):
+    """`truthput tune --executor ray`: the same screen proposes the same candidates, the round's
+    starts run on both nodes, and each measured configuration's tok/s is the local tune's."""
+    exp = _experiment(tmp_path, variants='[[variant]]\nname = "base"\n', concurrency=(4,))
+    exp.write_text(exp.read_text() + TUNE)
+    docs = {}
+    for where, extra in (("local", []), ("ray", ["--executor", "ray", "--address", cluster.address])):
+        out = _truthput("tune", str(exp), "--store", str(tmp_path / f"{where}.db"), "--reports",
+                        str(tmp_path / where), *extra)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        docs[where] = json.loads(next((tmp_path / where).glob("*.json")).read_text())
+    local, on_ray = docs["local"], docs["ray"]
+    assert [r["candidates"] for r in local["rounds"]] == [r["candidates"] for r in on_ray["rounds"]]
+    assert len(on_ray["rounds"][0]["candidates"]) == 2
+    figures = {r["config"]: r["server"] for r in local["measured"]}
+    assert set(figures) == {r["config"] for r in on_ray["measured"]}
+    for r in on_ray["measured"]:
+        assert r["server"] == pytest.approx(figures[r["config"]], rel=0.1), (r, figures)
+    starts = _placements(tmp_path / "ray.db")
+    assert len({s["placement"]["node_id"] for s in starts}) == 2, "both nodes served the round's starts"
+    assert not [s for s in starts if s["status"] != "stopped"]
+
+
 def test_plan_refuses_what_the_cluster_cannot_place_and_names_it(cluster, tmp_path):
     variants = VARIANTS + '\n[[variant]]\nname = "tp4"\nset = { "--tensor-parallel-size" = 4 }\n'
     exp = _experiment(tmp_path, variants)

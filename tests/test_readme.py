@@ -48,6 +48,8 @@ SKIPPED = {
     ".venv/bin/pip install -e '.[ray]'": "installs Ray (~200 MB); .ci/run installs it",
     "truthput tune examples/tune.toml": "run as written (its own folder) by tests/test_tune.py, which kills it "
         "mid-round and checks that the same command continues without redoing finished work",
+    "truthput tune examples/tune-goodput.toml": "run as written (its own folder) by tests/test_tune.py, which checks "
+        "the goodput it measures and the configuration it chooses against known truth",
     "truthput tune EXP.toml": "EXP.toml stands for an experiment with a [tune] section (examples/tune.toml is run)",
     "truthput tune": "a command named in prose",
     "truthput plan": "a command named in prose",

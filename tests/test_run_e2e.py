@@ -406,7 +406,11 @@ def test_a_server_dies_with_truthput_even_after_kill_9(tmp_path):
     text = experiment_text(BASE_VARIANTS, concurrency=(1, 2), duration=0.8, starts=2, extra=f"port = {port}")
     proc, db = _start_run(tmp_path, "kill9", 1, text=text)
     with sqlite3.connect(db) as c:
-        pids = [r[0] for r in c.execute("SELECT pid FROM starts WHERE pid IS NOT NULL")]
+        spawned = c.execute("SELECT pid, info_json FROM starts WHERE pid IS NOT NULL").fetchall()
+    pids = [r[0] for r in spawned]
+    # each spawned server's identity (boot id / start ticks) is recorded with its pid: a resume tells
+    # it from a process that reuses the pid
+    assert spawned and all("/" in (json.loads(info or "{}").get("process") or "") for _, info in spawned)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 20
@@ -586,20 +590,27 @@ def test_a_second_signal_during_teardown_kills_the_servers_and_still_records(tmp
 
 
 def test_a_leftover_server_is_stopped_only_when_it_is_the_recorded_process(tmp_path):
-    """`stop_leftover_server` stops the recorded process (same start time, same program) and its group;
-    a pid whose process started at another time is a stranger and is left alone."""
-    from truthput.engines.process import process_started_at, stop_leftover_server
+    """`stop_leftover_server` stops the recorded process (same identity, same program) and its group;
+    a pid with another identity -- or, in a store without one, a start at another time -- is a
+    stranger and is left alone."""
+    from truthput.engines.process import process_identity, process_started_at, stop_leftover_server
 
     spawned = time.time()
     p = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
-        assert abs(process_started_at(p.pid) - spawned) < 2.0
+        identity = process_identity(p.pid)
+        assert identity and identity != process_identity(os.getpid())
+        assert abs(process_started_at(p.pid) - spawned) < 5.0
         assert stop_leftover_server(p.pid, spawned - 100.0, ["sleep"]) == "not ours"
+        assert stop_leftover_server(p.pid, spawned, ["sleep"], identity=identity.split("/")[0] + "/1") == "not ours"
         assert p.poll() is None
-        assert stop_leftover_server(p.pid, spawned, ["/usr/bin/python3"]) == "not ours"
-        assert stop_leftover_server(p.pid, spawned, ["/bin/sleep", "300"], grace_s=5) == "stopped"
+        assert stop_leftover_server(p.pid, spawned, ["/usr/bin/python3"], identity=identity) == "not ours"
+        assert p.poll() is None
+        # the wall clock may have moved since the spawn (a stepped clock, a paused VM): the identity holds
+        assert stop_leftover_server(p.pid, spawned + 3600.0, ["/bin/sleep", "300"], grace_s=5,
+                                    identity=identity) == "stopped"
         p.wait(timeout=10)
-        assert stop_leftover_server(p.pid, spawned, ["sleep"]) == "gone"
+        assert stop_leftover_server(p.pid, spawned, ["sleep"], identity=identity) == "gone"
     finally:
         if p.poll() is None:
             p.kill()

@@ -186,3 +186,67 @@ def test_tune_killed_mid_round_continues_without_redoing_finished_work(tmp_path)
     assert "chosen: " in done.stdout and "simulator vs server ranking" in done.stdout
     report = next((tmp_path / "reports").glob("*.html"))
     assert "<svg" in report.read_text() and "SIMULATED" in report.read_text()
+
+
+GOODPUT_TUNE = ROOT / "examples" / "tune-goodput.toml"
+
+
+
+def test_a_goodput_tune_at_a_rate_picks_the_server_that_meets_the_slo(tmp_path):
+    """Known truth: at 3.5 requests/s a server running one sequence at a time (its capacity is
+    about 4.7/s) queues, so many requests miss the 300 ms TTFT target; with room for two or more
+    every request meets it, and goodput is the offered load, 3.5 x 32 = 112 tok/s. The tune
+    screens goodput on the simulator in virtual time (an open loop, as the served trial runs it),
+    measures the best candidate beside the baseline at that rate, and chooses it on the goodput
+    verdict; the simulator's goodput for it is the served one's within 30% (a window's count of requests)."""
+    # `truthput tune examples/tune-goodput.toml` as the README gives it, in a folder of its own
+    out = subprocess.run([*TRUTHPUT, "tune", str(GOODPUT_TUNE)], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    doc = json.loads(next((tmp_path / "reports").glob("*.json")).read_text())
+    assert doc["figure"] == "goodput tok/s" and doc["level"] == "3.5 req/s"
+    assert "goodput tok/s at 3.5 req/s" in out.stdout
+    rows = {r["config"]: r for r in doc["measured"]}
+    base, (cand,) = rows.pop("max-num-seqs=1"), rows.values()
+    assert cand["config"] != "max-num-seqs=1" and doc["chosen"] == cand["config"], doc["chosen_line"]
+    # every request good: the offered load (a 12-s window holds ~42 Poisson arrivals: ~9% sd over 3 starts)
+    assert cand["server"] == pytest.approx(112.0, rel=0.3)
+    assert base["server"] < 0.8 * cand["server"]  # the queue behind one sequence misses the target
+    assert base["simulated"] < 0.8 * cand["simulated"]  # and the simulator's open loop saw it too
+    assert cand["simulated"] == pytest.approx(cand["server"], rel=0.3)
+    html = next((tmp_path / "reports").glob("*.html")).read_text()
+    assert "goodput tok/s" in html and next((tmp_path / "reports").glob("*-chosen.service")).exists()
+
+
+def test_the_virtual_open_loop_counts_goodput_against_known_truth():
+    """At a rate far below capacity every request is good, so goodput over a long window is the
+    offered load (rate x output tokens, to the Poisson count's ~3%); a TTFT target no request can
+    meet makes it 0; the offered arrivals are the rate's."""
+    from truthput.sim.virtual import arrival_times
+
+    exp, _ = load_experiment(GOODPUT_TUNE)
+    _, space = _space([{"flag": "--max-num-seqs", "values": [16]}])
+    figures = {}
+    for name, ttft_ms in (("met", 5000.0), ("never", 0.001)):
+        load = ScreenLoad(concurrency=0, input_tokens=64, output_tokens=32, duration_s=600.0, warmup_s=1.0, rate=2.0,
+                          slo_ttft_ms=ttft_ms)
+        (r,) = run_batch(batch_lines(exp, space, [{"--max-num-seqs": 16}], load, 1, 0), workers=1)
+        figures[name] = r
+    assert figures["met"]["goodput"][0] == pytest.approx(2.0 * 32, rel=0.1)
+    assert figures["met"]["tokps"][0] == pytest.approx(2.0 * 32, rel=0.1)
+    assert figures["never"]["goodput"] == [0.0]
+    times = arrival_times(2.0, "poisson", 0, 1000.0)
+    assert len(times) == pytest.approx(2000, rel=0.05) and times == sorted(times)
+
+
+def test_a_goodput_objective_needs_its_targets_and_a_rate():
+    text = GOODPUT_TUNE.read_text()
+    from truthput.errors import SpecError
+    from truthput.spec.experiment import parse_experiment
+
+    with pytest.raises(SpecError, match=r"\[slo\]"):
+        parse_experiment(text.replace("[slo]\nttft_ms = 300", "[slo]"), "x.toml")
+    with pytest.raises(SpecError, match="offered rate"):
+        parse_experiment(text.replace("rates = [3.5]", "concurrency = [4]"), "x.toml")
+    with pytest.raises(SpecError, match="rate is the offered rate"):
+        parse_experiment(text.replace('objective = "goodput"', 'objective = "tokps"\nrate = 2'), "x.toml")

@@ -434,10 +434,17 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
     ctx.log_seq = 0
     ctx.start_id = store.begin_start(ctx.run_id, vp.name, start_index, launched, getattr(engine, "port", None))
     if ctx.placement:
-        store.update_start(ctx.start_id, info_json={"placement": ctx.placement})
+        store.merge_start_info(ctx.start_id, {"placement": ctx.placement})
     if hasattr(engine, "on_spawn"):
         sid = ctx.start_id
-        engine.on_spawn = lambda pid: store.update_start(sid, pid=pid)
+
+        def record_spawn(pid: int) -> None:
+            from truthput.engines.process import process_identity
+
+            store.update_start(sid, pid=pid)
+            store.merge_start_info(sid, {"process": process_identity(pid)})
+
+        engine.on_spawn = record_spawn
     ctx.emit(StartLaunching(vp.name, start_index, ctx.plan.engine))
     start_failed = False
     try:
@@ -465,7 +472,8 @@ async def _run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: s
         if exp.server.cpus or exp.workload.client_cpus:
             info["cpus"] = {"server": getattr(engine, "cpus", None), "client": exp.workload.client_cpus}
         store.update_start(ctx.start_id, status="ready", ready_s=outcome.ready_s, pid=outcome.pid,
-                           engine_version=await _engine_version(ctx.plan.engine, launched), info_json=info)
+                           engine_version=await _engine_version(ctx.plan.engine, launched))
+        store.merge_start_info(ctx.start_id, info)
         ctx.emit(StartReady(vp.name, start_index, outcome.ready_s))
         wl = exp.workload
         cfg = ClientConfig(base_url=engine.base_url, endpoint=wl.endpoint, model=wl.model, api_key_env=wl.api_key_env)
@@ -525,7 +533,8 @@ def _stop_leftovers(store: Store, run_id: str, emit: Callable[[Event], None]) ->
         if s["status"] not in ("starting", "ready"):
             continue
         what = "no server was recorded"
-        placement = (json.loads(s["info_json"]) if s["info_json"] else {}).get("placement")
+        info = json.loads(s["info_json"]) if s["info_json"] else {}
+        placement = info.get("placement")
         if placement and placement.get("executor") == "ray":
             # its pid is on a cluster node: the server died with its actor (parent-death signal)
             what = f"its server ran on node {placement.get('node')}, and died with its actor"
@@ -534,7 +543,8 @@ def _stop_leftovers(store: Store, run_id: str, emit: Callable[[Event], None]) ->
             what = {"stopped": f"its server (pid {s['pid']}) was still running and was stopped",
                     "gone": "its server had already exited",
                     "not ours": f"pid {s['pid']} is now another process, left alone"}[
-                stop_leftover_server(int(s["pid"]), float(s["started_at"] or 0.0), argv)]
+                stop_leftover_server(int(s["pid"]), float(s["started_at"] or 0.0), argv,
+                                     identity=info.get("process"))]
         store.update_start(s["id"], status="lost", stopped_at=time.time(),
                            failure_reason=f"the truthput running this start stopped before it ended; {what}")
         emit(Note(f"{s['variant']} start {s['start_index'] + 1}: left by a stopped truthput; {what}", "warning"))

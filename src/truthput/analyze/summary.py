@@ -30,10 +30,10 @@ class RunSummary:
     guard_texts: dict[str, list[str]] = field(default_factory=dict)
     stopping: dict[str, Any] | None = None
 
-    def comparison(self, variant: str, level: Level) -> ComparisonVerdict | None:
-        """The verdict's comparison of `variant` with the baseline at `level`."""
+    def comparison(self, variant: str, level: Level, metric: str = "tok/s") -> ComparisonVerdict | None:
+        """The verdict's comparison of `variant` with the baseline at `level` on `metric`."""
         for cv in self.verdict.per_concurrency:
-            if cv.level == level and cv.metric == "tok/s":
+            if cv.level == level and cv.metric == metric:
                 return next((c for c in cv.comparisons if c.variant == variant), None)
         return None
 

@@ -75,11 +75,12 @@ def register(app: typer.Typer) -> None:
         doc = outcome_document(outcome, exp.tune, kind == "sim")
         typer.echo("")
         typer.echo(f"tune {outcome.name}: {outcome.screened} configurations screened on the simulator "
-                   f"({outcome.screen_failed} would not start), {outcome.screen_cpu_s:.1f} CPU-s")
+                   f"({outcome.screen_failed} would not start), {outcome.screen_cpu_s:.1f} CPU-s; objective: "
+                   f"{doc['figure']} at {doc['level']}")
         for r in doc["measured"]:
             server = "failed: " + r["server_failure"] if r["server_failure"] else (
-                f"{r['server_tokps']:.1f} tok/s over {r['server_starts']} start(s)" if r["server_tokps"] else "no data")
-            sim = f"{r['simulated_tokps']:.1f}" if r["simulated_tokps"] else "n/a"
+                f"{r['server']:.1f} {doc['figure']} over {r['server_starts']} start(s)" if r["server"] else "no data")
+            sim = f"{r['simulated']:.1f}" if r["simulated"] else "n/a"
             typer.echo(f"  {r['config']}: simulator {sim}, server {server}")
         rho = doc["rank_correlation"]
         typer.echo(f"simulator vs server ranking: Spearman's rho {rho:.2f} over {doc['rank_pairs']} configurations"

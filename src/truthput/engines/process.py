@@ -63,10 +63,25 @@ def process_started_at(pid: int) -> float | None:
         return None
 
 
-def stop_leftover_server(pid: int, spawned_at: float, argv: Sequence[str], grace_s: float = 10.0) -> str:
-    """Stop a server a dead truthput left running -- only when `pid` is that very process: it started
-    within 5 s of when the store recorded the spawn and runs the recorded program (never a stranger
-    that reused the pid). Returns "stopped", "gone" or "not ours"."""
+def process_identity(pid: int) -> str | None:
+    """What tells process `pid` apart from any later process that reuses the pid: this boot's id and
+    the process's start in clock ticks since boot. Unlike an epoch start time it does not move when
+    the wall clock is stepped or a paused VM resumes. None when /proc cannot say."""
+    try:
+        ticks = int(_stat_fields(pid)[19])
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except (OSError, ValueError, IndexError):
+        return None
+    return f"{boot}/{ticks}"
+
+
+def stop_leftover_server(pid: int, spawned_at: float, argv: Sequence[str], grace_s: float = 10.0,
+                         identity: str | None = None) -> str:
+    """Stop a server a dead truthput left running -- only when `pid` is that very process (never a
+    stranger that reused the pid): it runs the recorded program and has the `identity` recorded at
+    spawn (`process_identity`), or, for a store without one, started within 5 s of `spawned_at`.
+    Returns "stopped", "gone" or "not ours"."""
     started = process_started_at(pid)
     if started is None:
         return "gone"
@@ -75,8 +90,8 @@ def stop_leftover_server(pid: int, spawned_at: float, argv: Sequence[str], grace
             cmdline = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
     except OSError:
         return "gone"
-    if abs(started - spawned_at) > 5.0 or not argv or not cmdline or os.path.basename(cmdline[0]) != \
-            os.path.basename(str(argv[0])):
+    same_start = process_identity(pid) == identity if identity else abs(started - spawned_at) <= 5.0
+    if not same_start or not argv or not cmdline or os.path.basename(cmdline[0]) != os.path.basename(str(argv[0])):
         return "not ours"
     try:
         os.killpg(pid, signal.SIGTERM)

@@ -37,7 +37,7 @@ class RecordingStore:
     """The store's write methods the trial pipeline uses, recorded; anything else is refused (a
     node cannot read the driver's store, and code that tried would be wrong there)."""
 
-    WRITES = ("begin_start", "update_start", "add_logs", "event", "mark_simulated", "commit_trial")
+    WRITES = ("begin_start", "update_start", "merge_start_info", "add_logs", "event", "mark_simulated", "commit_trial")
 
     def __init__(self, sink: Callable[[StoreOp], None]) -> None:
         self._sink = sink
@@ -64,6 +64,9 @@ class RecordingStore:
 
     def update_start(self, *args: Any, **kwargs: Any) -> None:
         self._sink(StoreOp("update_start", args, kwargs))
+
+    def merge_start_info(self, *args: Any, **kwargs: Any) -> None:
+        self._sink(StoreOp("merge_start_info", args, kwargs))
 
     def event(self, *args: Any, **kwargs: Any) -> None:
         self._sink(StoreOp("event", args, kwargs))

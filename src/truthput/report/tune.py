@@ -1,7 +1,7 @@
 """The tune report: what the simulator ranked, what the server measured, the choice (a view only).
 
 Rendered from the document `truthput.tune.driver.outcome_document` builds. The plot sets each
-measured configuration's tok/s against its p99 inter-token latency, with the simulator's screen
+measured configuration's objective figure (counter tok/s, or goodput tok/s) against its p99 inter-token latency, with the simulator's screen
 behind it in grey and the measured Pareto front drawn; figures from the simulator are labelled as
 such, and a tune whose "server" was itself the simulator says SIMULATED.
 """
@@ -22,18 +22,18 @@ server-minutes, over {{ d.rounds|length }} round(s); stopped: {{ d.stop_reason }
 Simulator vs server ranking (Spearman's rho over {{ d.rank_pairs }} configurations):
 {{ 'n/a (fewer than 3)' if d.rank_correlation is none else '%.2f' % d.rank_correlation }}.</p>
 {{ plot }}
-<h2>Measured on the server (counter tok/s)</h2>
-<table><tr><th>configuration</th><th>simulator tok/s</th><th>corrected</th><th>server tok/s</th><th>starts</th>
+<h2>Measured on the server ({{ d.figure }} at {{ d.level }})</h2>
+<table><tr><th>configuration</th><th>simulator {{ d.figure }}</th><th>corrected</th><th>server {{ d.figure }}</th><th>starts</th>
 <th>server p99 ITL ms</th><th>failure</th></tr>
-{% for r in d.measured %}<tr><td>{{ r.config }}</td><td class=n>{{ f(r.simulated_tokps) }}</td>
-<td class=n>{{ f(r.corrected_tokps) }}</td><td class=n>{{ f(r.server_tokps) }}</td><td class=n>{{ r.server_starts }}</td>
+{% for r in d.measured %}<tr><td>{{ r.config }}</td><td class=n>{{ f(r.simulated) }}</td>
+<td class=n>{{ f(r.corrected) }}</td><td class=n>{{ f(r.server) }}</td><td class=n>{{ r.server_starts }}</td>
 <td class=n>{{ ms(r.server_itl_p99_s) }}</td><td>{{ r.server_failure or '' }}</td></tr>{% endfor %}</table>
 <h2>Rounds (the A/B verdict of each)</h2>
 {% for r in d.rounds %}<h3>round {{ r.index }} (run {{ r.run }})</h3><ul>{% for ln in r.lines %}<li>{{ ln }}</li>{% endfor %}</ul>{% endfor %}
 <h2>Best by the simulator, corrected (SIMULATED figures)</h2>
-<table><tr><th>configuration</th><th>simulator tok/s</th><th>corrected</th><th>simulator p99 ITL ms</th></tr>
-{% for r in d.top_simulated %}<tr><td>{{ r.config }}</td><td class=n>{{ f(r.simulated_tokps) }}</td>
-<td class=n>{{ f(r.corrected_tokps) }}</td><td class=n>{{ ms(r.simulated_itl_p99_s) }}</td></tr>{% endfor %}</table>
+<table><tr><th>configuration</th><th>simulator {{ d.figure }}</th><th>corrected</th><th>simulator p99 ITL ms</th></tr>
+{% for r in d.top_simulated %}<tr><td>{{ r.config }}</td><td class=n>{{ f(r.simulated) }}</td>
+<td class=n>{{ f(r.corrected) }}</td><td class=n>{{ ms(r.simulated_itl_p99_s) }}</td></tr>{% endfor %}</table>
 </body></html>
 """
 
@@ -47,12 +47,14 @@ def _ms(v: Any) -> str:
 
 
 def tradeoff_plot(d: dict[str, Any]) -> str | None:
-    """tok/s against p99 ITL: the simulator's screen (grey), the server's measurements, the front."""
+    """The objective's figure against p99 ITL: the simulator's screen (grey), the server's
+    measurements, the front."""
     from truthput.report.plots import _figure, _svg, pareto_front
 
-    real = [(r["server_itl_p99_s"], r["server_tokps"], r["config"]) for r in d["measured"]
-            if r["server_tokps"] and r["server_itl_p99_s"]]
-    sim = [(p["itl_p99_s"], p["tokps"]) for p in d["simulator_points"] if p["itl_p99_s"]]
+    figure = "counter tok/s" if d.get("figure", "tok/s") == "tok/s" else d["figure"]
+    real = [(r["server_itl_p99_s"], r["server"], r["config"]) for r in d["measured"]
+            if r["server"] and r["server_itl_p99_s"]]
+    sim = [(p["itl_p99_s"], p["value"]) for p in d["simulator_points"] if p["itl_p99_s"]]
     if not real and not sim:
         return None
     fig, (ax,) = _figure(7.0, 4.0)
@@ -61,15 +63,15 @@ def tradeoff_plot(d: dict[str, Any]) -> str | None:
                    label="simulator screen (SIMULATED)")
     if real:
         ax.scatter([x * 1000 for x, _, _ in real], [y for _, y, _ in real], s=28, color="#1f77b4",
-                   label="server (counter tok/s)" + (" — SIMULATED server" if d.get("server_simulated") else ""))
+                   label=f"server ({figure})" + (" — SIMULATED server" if d.get("server_simulated") else ""))
         idx = pareto_front([(x, y) for x, y, _ in real])
         front = sorted((real[i] for i in idx), key=lambda p: p[0])
         ax.plot([x * 1000 for x, _, _ in front], [y for _, y, _ in front], color="#d62728", label="measured Pareto front")
         for x, y, name in front:
             ax.annotate(name, (x * 1000, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("p99 inter-token latency (ms, client clock)")
-    ax.set_ylabel("tok/s")
-    ax.set_title("tok/s against p99 ITL")
+    ax.set_ylabel(figure)
+    ax.set_title(f"{figure} against p99 ITL")
     ax.legend(fontsize=7)
     return _svg(fig, "tune")
 

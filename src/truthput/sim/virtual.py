@@ -6,15 +6,18 @@ is ready to run, the loop jumps the clock to the next timer instead of waiting f
 (`SimEngine`) is unchanged -- it still asks `loop.time()` and sleeps until each step's end -- so the
 figures are the real-time simulator's figures, computed in CPU time.
 
-The load is a closed loop in the same process: `concurrency` streams, each submitting its next
-request when the last one finished, requests built the way the HTTP front builds them (the same
-output streams, so n-gram speculation finds the same repeats). There is no HTTP: what the HTTP
-front adds on a real server is the host's CPU, which the simulator does not price anyway.
+The load runs in the same process, requests built the way the HTTP front builds them (the same
+output streams, so n-gram speculation finds the same repeats): a closed loop of `concurrency`
+streams, each submitting its next request when the last one finished, or an open loop of arrivals
+at `rate` per second (Poisson or constant, whatever the server does), whose goodput -- output
+tokens of requests that met the TTFT and ITL targets -- is counted as a served trial counts it.
+There is no HTTP: what the HTTP front adds on a real server is the host's CPU, which the simulator
+does not price anyway.
 
 `python -m truthput.sim batch` reads one JSON object per line (a configuration: the `sim serve`
 argv and the load) and writes one JSON object per line: per-start tok/s from the engine's
-emitted-token counter over the window, TTFT and inter-chunk latency percentiles, or the start-up
-failure in vLLM's words. Every figure it prints is SIMULATED.
+emitted-token counter over the window, TTFT and inter-chunk latency percentiles, goodput under
+the line's SLOs for an open loop, or the start-up failure in vLLM's words. Every figure it prints is SIMULATED.
 """
 
 from __future__ import annotations
@@ -36,13 +39,20 @@ from truthput.sim.engine import SimRequest
 
 @dataclass
 class LoadSpec:
-    """A closed-loop load: `concurrency` streams of fixed-length requests, measured over a window."""
+    """Fixed-length requests measured over a window: a closed loop of `concurrency` streams, or,
+    with `rate`, an open loop of that many arrivals per second."""
 
     concurrency: int
     input_tokens: int = 256
     output_tokens: int = 256
     duration_s: float = 30.0
     warmup_s: float = 5.0
+    rate: float | None = None
+    arrival: str = "poisson"
+    max_in_flight: int | None = None
+    """Open loop: an arrival that finds this many requests open waits for one to finish."""
+    slo_ttft_ms: float | None = None
+    slo_itl_ms: float | None = None
 
 
 @dataclass
@@ -54,6 +64,9 @@ class StartFigures:
     itl_s: list[float] = field(default_factory=list)
     requests: int = 0
     virtual_s: float = 0.0
+    goodput: float | None = None
+    """Open loop: output tokens per second of the requests that finished in the window and met the
+    SLOs (TTFT from arrival to first token; mean ITL over the tokens after the first step's)."""
 
 
 #: As the closed-loop client: a window opens after this long even if the streams never all generated.
@@ -104,36 +117,86 @@ class _WindowMetrics(_NoMetrics):
         self.itl = _Recorded()
 
 
+class _Requests:
+    """Builds the load's requests as the HTTP front builds them, numbered, from a seeded RNG."""
+
+    def __init__(self, server: Any, load: LoadSpec, seed: int) -> None:
+        self.server = server
+        self.load = load
+        self.seed = seed
+        self.rng = random.Random(seed ^ 0x51A7)
+        self.copy_q = server.repetition.copy_start_prob(0.0)  # greedy, as the load's temperature 0
+        self.max_new = max(1, min(load.output_tokens, server.max_model_len - load.input_tokens))
+        self.sent = 0
+
+    def new(self, now: float) -> SimRequest:
+        from truthput.sim.server import Prompt
+
+        self.sent += 1
+        key_text = f"virtual prompt {self.seed} {self.sent}"
+        n_in = self.load.input_tokens
+        p = Prompt(tokens=n_in, key_text=key_text, text=None, ids=self.rng.choices(range(self.server.vocab), k=n_in))
+        skey = textgen.stream_key(textgen.text_key(key_text), greedy=True, seed=None,
+                                  fp8_kv=self.server.fp8_kv, fallback=0)
+        return SimRequest(f"v{self.sent}", n_in, self.max_new, "length",
+                          self.server.output_stream(p, skey, self.copy_q), now)
+
+
+class _Window:
+    """The timed window on the virtual clock, and the engine's emitted-token counter at its ends
+    (read inside the step that crosses each end, as a scrape lands inside a step)."""
+
+    def __init__(self, metrics: _WindowMetrics) -> None:
+        self.metrics = metrics
+        self.w0: float | None = None
+        self.w1 = math.inf
+        self.duration_s = 1.0
+        self.emitted_at_w0: int | None = None
+        self.emitted_at_w1: int | None = None
+
+    def open(self, at: float, duration_s: float) -> None:
+        self.w0, self.w1, self.duration_s = at, at + duration_s, duration_s
+
+    def step(self, engine: Any, decodes: list, prefills: list, now: float, dt: float) -> tuple[float, bool]:
+        """Run a planned step to its end; returns (its end, whether it ended inside the window)."""
+        end = now + dt
+        self.idle(engine, end)
+        inside = self.w0 is not None and self.w0 < end <= self.w1
+        self.metrics.ttft.on = self.metrics.itl.on = inside
+        engine.emit_step(decodes, prefills, end)
+        if end <= self.w1:
+            self.emitted_at_w1 = engine.total_emitted
+        return end, inside
+
+    def idle(self, engine: Any, until: float) -> float:
+        """The clock moves to `until` (through a step, or jumping while idle)."""
+        if self.w0 is not None and self.emitted_at_w0 is None and until > self.w0:
+            self.emitted_at_w0 = engine.total_emitted  # the counter as the window opens
+        return until
+
+    def tokps(self) -> float:
+        e0 = self.emitted_at_w0 or 0
+        e1 = self.emitted_at_w1 if self.emitted_at_w1 is not None else e0
+        return (e1 - e0) / self.duration_s
+
+
 def _measure(server: Any, load: LoadSpec, seed: int) -> StartFigures:
     """Drive the engine step by step on a virtual clock: a step planned at `now` ends at `now + dt`,
     its tokens go out then, and each stream whose request finished sends its next one at once."""
-    from truthput.sim.server import Prompt
-
+    if load.rate is not None:
+        return _measure_open(server, load, seed)
     metrics = _WindowMetrics()
     server.metrics = metrics
     engine = server.make_engine()
-    rng = random.Random(seed ^ 0x51A7)
-    vocab_ids = range(server.vocab)
-    copy_q = server.repetition.copy_start_prob(0.0)  # greedy, as the load's temperature 0
-    max_new = max(1, min(load.output_tokens, server.max_model_len - load.input_tokens))
-    sent = 0
+    requests_of = _Requests(server, load, seed)
 
     def send(now: float) -> None:
-        nonlocal sent
-        sent += 1
-        key_text = f"virtual prompt {seed} {sent}"
-        p = Prompt(tokens=load.input_tokens, key_text=key_text, text=None,
-                   ids=rng.choices(vocab_ids, k=load.input_tokens))
-        skey = textgen.stream_key(textgen.text_key(key_text), greedy=True, seed=None,
-                                  fp8_kv=server.fp8_kv, fallback=0)
-        engine.submit(SimRequest(f"v{sent}", load.input_tokens, max_new, "length",
-                                 server.output_stream(p, skey, copy_q), now))
+        engine.submit(requests_of.new(now))
 
     # The window opens as a closed-loop trial's does: `warmup_s` after the first moment every
     # stream has a token (so a loop whose streams move in step is cut at the same phase as on a
     # served run), and closes `duration_s` later.
-    w0: float | None = None
-    w1 = math.inf
+    window = _Window(metrics)
     now = 0.0
     inflight: set[SimRequest] = set()
 
@@ -143,36 +206,105 @@ def _measure(server: Any, load: LoadSpec, seed: int) -> StartFigures:
 
     for _ in range(load.concurrency):
         send_tracked(now)
-    emitted_at_w0: int | None = None
-    emitted_at_w1: int | None = None
     requests = 0
-    while now < w1:
+    while now < window.w1:
         planned = engine.plan_step(now)
         if planned is None:
             raise RuntimeError("virtual-time simulator: the engine went idle under a closed loop")
         decodes, prefills, dt = planned
-        end = now + dt
-        if w0 is not None and emitted_at_w0 is None and end > w0:
-            emitted_at_w0 = engine.total_emitted  # the counter as the window opens, inside this step
-        inside = w0 is not None and w0 < end <= w1
-        metrics.ttft.on = metrics.itl.on = inside
-        engine.emit_step(decodes, prefills, end)
-        now = end
-        if now <= w1:
-            emitted_at_w1 = engine.total_emitted
+        now, inside = window.step(engine, decodes, prefills, now, dt)
         for req, _ in (*decodes, *prefills):
             if req.finish_reason is not None and req in inflight:
                 inflight.discard(req)
                 requests += inside
                 send_tracked(now)
-        if w0 is None and (all(r.emitted >= 1 for r in inflight) or now >= SETTLE_TIMEOUT_S):
+        if window.w0 is None and (all(r.emitted >= 1 for r in inflight) or now >= SETTLE_TIMEOUT_S):
             # never settling (fewer sequences allowed than streams) opens it anyway, as a trial does
-            w0 = now + load.warmup_s
-            w1 = w0 + load.duration_s
-    e0 = emitted_at_w0 or 0
-    e1 = emitted_at_w1 if emitted_at_w1 is not None else e0
-    return StartFigures(tokps=(e1 - e0) / load.duration_s, ttft_s=metrics.ttft.values, itl_s=metrics.itl.values,
+            window.open(now + load.warmup_s, load.duration_s)
+    return StartFigures(tokps=window.tokps(), ttft_s=metrics.ttft.values, itl_s=metrics.itl.values,
                         requests=requests, virtual_s=now)
+
+
+def arrival_times(rate: float, arrival: str, seed: int, until: float) -> list[float]:
+    """Arrival times in [0, until): Poisson (exponential gaps from a seeded RNG) or constant."""
+    if arrival == "constant":
+        return [k / rate for k in range(int(math.ceil(until * rate)))]
+    rng = random.Random(f"truthput-virtual-arrivals:{seed}")
+    t, out = 0.0, []
+    while t < until:
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def _measure_open(server: Any, load: LoadSpec, seed: int) -> StartFigures:
+    """An open loop on the virtual clock: requests arrive on their schedule whatever the server does
+    (one arriving during a step waits for the next), the engine steps while it has work, and the
+    clock jumps to the next arrival when it has none. The window opens as an open-loop trial's
+    does: when the first request has finished, and no sooner than `warmup_s` after the first
+    arrival; it closes `duration_s` later."""
+    assert load.rate is not None
+    metrics = _WindowMetrics()
+    server.metrics = metrics
+    engine = server.make_engine()
+    requests_of = _Requests(server, load, seed)
+    # enough arrivals for any window: the window cannot open later than the first request's
+    # lifetime, which a queue can stretch; more are drawn if the clock gets there
+    horizon = load.warmup_s + load.duration_s + 60.0
+    arrivals = arrival_times(load.rate, load.arrival, seed, horizon)
+    nxt = 0
+    held = -1  # arrivals up to this index found the cap full
+    cap = load.max_in_flight or math.inf
+    now = 0.0
+    window = _Window(metrics)
+    first_tokens: dict[SimRequest, int] = {}
+    finished: list[tuple[SimRequest, int]] = []
+    inflight: set[SimRequest] = set()
+    while now < window.w1:
+        if nxt >= len(arrivals):
+            horizon *= 2
+            arrivals = arrival_times(load.rate, load.arrival, seed, horizon)
+        while nxt < len(arrivals) and arrivals[nxt] <= now and len(inflight) < cap:
+            # one the cap held back is sent when a slot frees, as the client sends it
+            req = requests_of.new(now if nxt <= held else arrivals[nxt])
+            engine.submit(req)
+            inflight.add(req)
+            nxt += 1
+        while held < len(arrivals) - 1 and arrivals[held + 1] <= now and len(inflight) >= cap:
+            held += 1  # arrived while the cap was full
+        planned = engine.plan_step(now)
+        if planned is None:  # idle: jump to the next arrival
+            now = window.idle(engine, max(now, arrivals[nxt]) if nxt < len(arrivals) else now + 1.0)
+            continue
+        decodes, prefills, dt = planned
+        now, _ = window.step(engine, decodes, prefills, now, dt)
+        for req, _ in (*decodes, *prefills):
+            if req not in first_tokens and req.first_token_time is not None:
+                first_tokens[req] = req.emitted
+            if req.finish_reason is not None and req in inflight:
+                inflight.discard(req)
+                finished.append((req, first_tokens.get(req, req.emitted)))
+                if window.w0 is None:
+                    window.open(max(now, arrivals[0] + load.warmup_s), load.duration_s)
+    w0, w1 = window.w0, window.w1
+    done = [(r, first) for r, first in finished if w0 is not None and w0 <= r.last_token_time <= w1]
+    good = sum(r.emitted for r, first in done if _meets(r, first, load))
+    return StartFigures(tokps=window.tokps(), ttft_s=metrics.ttft.values, itl_s=metrics.itl.values,
+                        requests=len(done), virtual_s=now, goodput=good / load.duration_s)
+
+
+def _meets(req: SimRequest, first_tokens: int, load: LoadSpec) -> bool:
+    """The client's rule for a good request (see `truthput.load.goodput`): TTFT within its target,
+    and the mean gap per token after the first chunk's within the ITL target."""
+    if req.first_token_time is None:
+        return False
+    if load.slo_ttft_ms is not None and (req.first_token_time - req.arrival) * 1000.0 > load.slo_ttft_ms:
+        return False
+    intervals = req.emitted - max(first_tokens, 1)
+    if load.slo_itl_ms is not None and intervals >= 1 and \
+            (req.last_token_time - req.first_token_time) / intervals * 1000.0 > load.slo_itl_ms:
+        return False
+    return True
 
 
 def run_start(argv: list[str], load: LoadSpec, seed: int) -> StartFigures:
@@ -195,7 +327,11 @@ def evaluate(config: dict) -> dict:
 
     load = LoadSpec(concurrency=int(config["concurrency"]), input_tokens=int(config.get("input_tokens", 256)),
                     output_tokens=int(config.get("output_tokens", 256)),
-                    duration_s=float(config.get("duration_s", 30.0)), warmup_s=float(config.get("warmup_s", 5.0)))
+                    duration_s=float(config.get("duration_s", 30.0)), warmup_s=float(config.get("warmup_s", 5.0)),
+                    rate=float(config["rate"]) if config.get("rate") is not None else None,
+                    arrival=str(config.get("arrival", "poisson")),
+                    max_in_flight=int(config["max_in_flight"]) if config.get("max_in_flight") else None,
+                    slo_ttft_ms=config.get("slo_ttft_ms"), slo_itl_ms=config.get("slo_itl_ms"))
     starts = int(config.get("starts", 1))
     seed0 = int(config.get("seed", 0))
     out: dict[str, Any] = {"id": config.get("id"), "source": "simulator"}
@@ -215,6 +351,7 @@ def evaluate(config: dict) -> dict:
     out.update(
         ok=True,
         tokps=[r.tokps for r in runs],
+        goodput=[r.goodput for r in runs] if load.rate is not None else None,
         ttft_p50_s=_quantile(ttft, 0.5), ttft_p99_s=_quantile(ttft, 0.99),
         itl_p50_s=_quantile(itl, 0.5), itl_p99_s=_quantile(itl, 0.99),
         requests=sum(r.requests for r in runs),

@@ -314,10 +314,13 @@ class TuneSection(_Strict):
     """`truthput tune`: the space, the objective, the constraints and the budget of a search."""
 
     param: list[TuneParam] = Field(default_factory=list)
-    objective: Literal["tokps", "pareto"] = "tokps"
-    """tokps: counter tok/s at `level`; pareto: tok/s against p99 inter-token latency."""
+    objective: Literal["tokps", "pareto", "goodput"] = "tokps"
+    """tokps: counter tok/s at `level` streams; pareto: tok/s against p99 inter-token latency;
+    goodput: output tok/s of the requests that meet the [slo] targets, at `rate` requests/s offered."""
     level: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)
     """The concurrency the objective is measured at (default: the workload's highest)."""
+    rate: float | None = Field(None, gt=0)
+    """goodput: the open loop's offered rate, requests/s (default: the workload's highest rate)."""
     ttft_p99_ms: float | None = Field(None, gt=0)
     itl_p99_ms: float | None = Field(None, gt=0)
     allow_guard_change: list[str] = Field(default_factory=list)
@@ -325,7 +328,16 @@ class TuneSection(_Strict):
     these may differ from the baseline's greedy output without being refused."""
     screen: int = Field(400, ge=1)
     """Configurations the simulator evaluates (every one when the space is that small)."""
-    sim_starts: int = Field(1, ge=1)
+    sim_starts: int | None = Field(None, ge=1)
+    """Simulated starts per configuration, averaged (default: 1 for a closed loop, whose noise-free
+    figures repeat; 8 for goodput, whose Poisson arrivals differ by seed, and so does a short
+    window's count of good requests)."""
+
+    @property
+    def screen_starts(self) -> int:
+        if self.sim_starts is not None:
+            return self.sim_starts
+        return 8 if self.objective == "goodput" else 1
     candidates: int = Field(3, ge=1)
     """Configurations measured on the real server per round (beside the baseline)."""
     rounds: int = Field(2, ge=1)
@@ -373,6 +385,24 @@ class Experiment(_Strict):
         if "goodput" in self.measure.verdicts and (self.slo is None or not (self.slo.ttft_ms or self.slo.itl_ms)):
             raise ValueError("[measure].verdicts has 'goodput': give the latency targets it counts against in "
                              "[slo] (ttft_ms and/or itl_ms)")
+        return self
+
+    @model_validator(mode="after")
+    def _tune_goodput(self) -> "Experiment":
+        """Goodput is counted against the latency targets, at an offered rate."""
+        t = self.tune
+        if t is None:
+            return self
+        if t.objective == "goodput":
+            if self.slo is None or not (self.slo.ttft_ms or self.slo.itl_ms):
+                raise ValueError("[tune] objective = 'goodput': give the latency targets it counts against in "
+                                 "[slo] (ttft_ms and/or itl_ms)")
+            if t.rate is None and not self.workload.rates:
+                raise ValueError("[tune] objective = 'goodput' is measured at an offered rate: give [tune] rate = R "
+                                 "(requests/s) or [workload] rates = [...]")
+        elif t.rate is not None:
+            raise ValueError(f"[tune] rate is the offered rate of a goodput objective; objective = {t.objective!r} "
+                             "is measured at a concurrency ([tune] level)")
         return self
 
     @model_validator(mode="after")

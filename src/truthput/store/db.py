@@ -335,6 +335,14 @@ class Store:
         with self._lock, self.conn:
             self.conn.execute(f"UPDATE starts SET {cols} WHERE id=?", (*fields.values(), start_id))
 
+    def merge_start_info(self, start_id: int, info: dict[str, Any]) -> None:
+        """Add `info`'s keys to the start's info document, keeping those already there (the spawned
+        process's identity is written as the server spawns, its placement and readiness later)."""
+        with self._lock, self.conn:
+            row = self.conn.execute("SELECT info_json FROM starts WHERE id=?", (start_id,)).fetchone()
+            merged = {**(orjson.loads(row[0]) if row and row[0] else {}), **info}
+            self.conn.execute("UPDATE starts SET info_json=? WHERE id=?", (_dumps(merged), start_id))
+
     def failed_variants(self, run_id: str) -> dict[str, str]:
         """Variant -> '<failure class>: <reason>' of its failed server starts (the last one wins)."""
         return {s["variant"]: f"{s['failure_class']}: {s['failure_reason']}" for s in self.starts(run_id)

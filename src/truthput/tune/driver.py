@@ -24,6 +24,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,9 @@ from truthput.spec.argv import ServerArgv
 from truthput.spec.engines import metric_family
 from truthput.spec.experiment import Experiment, TuneSection, parse_experiment
 from truthput.tune.screen import ScreenLoad, screen
-from truthput.tune.search import Evaluation, SimFirst, objective_value, pareto_front
+from truthput.spec.levels import Level, Rate, is_rate
+from truthput.spec.levels import level_label
+from truthput.tune.search import Evaluation, SimFirst, objective_figure, objective_metric, objective_value, pareto_front
 from truthput.tune.space import DEFAULT, Space
 
 BATCH = 32  # configurations per optuna ask/tell batch when the space is sampled, not listed
@@ -55,13 +58,17 @@ def tune_name(exp: Experiment) -> str:
     return f"{exp.experiment.name}-tune-{digest}"
 
 
-def objective_level(exp: Experiment) -> int:
+def objective_level(exp: Experiment) -> Level:
+    """Where the objective is measured: an offered rate for goodput, else a concurrency."""
     tune = exp.tune
     assert tune is not None
+    if tune.objective == "goodput":
+        return Rate(tune.rate if tune.rate is not None else max(exp.workload.rates or [1.0]))
     if tune.level is not None:
         return tune.level
     if exp.workload.mode == "open":
-        raise SpecError("[tune] searches at a closed-loop concurrency: give [tune] level = N")
+        raise SpecError("[tune] searches tok/s at a closed-loop concurrency: give [tune] level = N (or objective = "
+                        "'goodput' at a rate)")
     return max(exp.workload.concurrency)
 
 
@@ -92,6 +99,7 @@ class TuneOutcome:
     rho_n: int
     front: list[Evaluation]
     stop_reason: str
+    level: Level = 1
 
 
 def screening_experiment(exp: Experiment) -> Experiment:
@@ -149,7 +157,12 @@ def run_screen(exp: Experiment, space: Space, study: Any, say: Callable[[str], N
     seen = {space.key(e.config) for e in done}
     sim_exp = screening_experiment(exp)
     load = ScreenLoad.of(exp, objective_level(exp))
-    t0 = time.process_time()
+    def cpu_s() -> float:
+        # the batches run in `sim batch` subprocesses: their CPU is counted once each has exited
+        t = os.times()
+        return time.process_time() + t.children_user + t.children_system
+
+    t0 = cpu_s()
     wall0 = time.time()
     size = space.size()
     if size is not None and size <= tune.screen:
@@ -158,7 +171,7 @@ def run_screen(exp: Experiment, space: Space, study: Any, say: Callable[[str], N
             say(f"screening {len(todo)} of {size} configurations on the simulator (virtual time)")
         for i in range(0, len(todo), 4 * BATCH):
             chunk = todo[i:i + 4 * BATCH]
-            for e in screen(sim_exp, space, chunk, load, starts=tune.sim_starts, seed=tune.seed):
+            for e in screen(sim_exp, space, chunk, load, starts=tune.screen_starts, seed=tune.seed):
                 _record(study, space, e, tune)
                 done.append(e)
     else:
@@ -171,7 +184,7 @@ def run_screen(exp: Experiment, space: Space, study: Any, say: Callable[[str], N
             n = min(BATCH, left)
             trials = [study.ask(dists) for _ in range(n)]
             configs = [{f: t.params[f] for f in space.flags} for t in trials]
-            for t, e in zip(trials, screen(sim_exp, space, configs, load, starts=tune.sim_starts, seed=tune.seed)):
+            for t, e in zip(trials, screen(sim_exp, space, configs, load, starts=tune.screen_starts, seed=tune.seed)):
                 t.set_user_attr("evaluation", json.dumps(e.to_dict()))
                 t.set_user_attr("key", space.key(e.config))
                 t.set_constraint("failed to start", 0.0 if e.ok else 1.0)
@@ -181,7 +194,7 @@ def run_screen(exp: Experiment, space: Space, study: Any, say: Callable[[str], N
                     study.tell(t, objective_value(e, tune))
                 done.append(e)
             left -= n
-    cpu = time.process_time() - t0
+    cpu = cpu_s() - t0
     if time.time() - wall0 > 0.5:
         say(f"screened in {time.time() - wall0:.1f} s")
     return done, cpu
@@ -195,24 +208,41 @@ def round_experiment(exp: Experiment, text: str, name: str, index: int, variants
     doc.pop("tune", None)
     doc.setdefault("experiment", {})["name"] = f"{name}-round{index}"
     doc["variant"] = [v.model_dump(exclude_defaults=True) for v in variants]
-    doc.setdefault("workload", {})["concurrency"] = [objective_level(exp)]
-    doc["workload"].pop("rates", None)
+    level = objective_level(exp)
+    wl = doc.setdefault("workload", {})
+    if is_rate(level):
+        wl["rates"] = [float(level)]
+        wl.pop("concurrency", None)
+    else:
+        wl["concurrency"] = [level]
+        for key in ("rates", "arrival", "max_in_flight"):  # an open loop's shape
+            wl.pop(key, None)
+    # decided on the objective alone: a latency the objective does not trade is a constraint,
+    # checked against its limit, and a verdict on it would only hold the round open for more starts
+    tune = exp.tune
+    assert tune is not None
+    doc.setdefault("measure", {})["verdicts"] = [objective_metric(tune)] + (["itl_p99"] if tune.objective == "pareto"
+                                                                            else [])
     out = tomli_w.dumps(doc)
     return parse_experiment(out, f"{name} round {index}"), out
 
 
-def _real_evaluation(summary: Any, trials: list[Any], variant: str, config: dict[str, Any], level: int,
-                     server_s: float) -> Evaluation:
-    """A measured configuration from its round's cells: per-start means, p99 latencies, failure."""
+def _real_evaluation(summary: Any, trials: list[Any], variant: str, config: dict[str, Any], level: Level,
+                     server_s: float, metric: str = "tok/s") -> Evaluation:
+    """A measured configuration from its round's cells: per-start means of the objective's metric,
+    p99 latencies, failure."""
     if variant in summary.failed:
         reason = summary.failed[variant]
         kind = "oom" if "memory" in reason.lower() or "oom" in reason.lower() else "failed"
         return Evaluation(config, "server_counter", False, failure=kind, reason=reason, server_s=server_s)
     cell = next((c for c in summary.cells if c.variant == variant and c.level == level), None)
-    if cell is None or not cell.per_start:
+    series = cell.series(metric)[0] if cell is not None else []
+    if cell is None or not series:
         return Evaluation(config, "server_counter", False, failure="no data", reason=cell.status if cell else "no cell",
                           server_s=server_s)
-    per_start = [math.exp(sum(math.log(v) for v in s) / len(s)) for s in cell.per_start if s and min(s) > 0]
+    # the verdict's scale: per-start means of the log (a start with a zero -- no request met the
+    # SLOs -- scores zero)
+    per_start = [math.exp(sum(math.log(v) for v in s) / len(s)) if min(s) > 0 else 0.0 for s in series if s]
 
     def p99(name: str) -> float | None:
         vals = sorted(v for t in trials if t.variant == variant and t.status == "ok"
@@ -220,7 +250,7 @@ def _real_evaluation(summary: Any, trials: list[Any], variant: str, config: dict
                       if v is not None)
         return vals[len(vals) // 2] if vals else None
 
-    return Evaluation(config, "server_counter", True, tokps=per_start, ttft_p99_s=p99("ttft"), itl_p99_s=p99("itl"),
+    return Evaluation(config, "server_counter", True, values=per_start, ttft_p99_s=p99("ttft"), itl_p99_s=p99("itl"),
                       starts=len(per_start), server_s=server_s)
 
 
@@ -261,6 +291,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
     baseline_config = _config_of(space, base)
     name = tune_name(exp)
     level = objective_level(exp)
+    metric = objective_metric(tune_cfg)
     storage = optuna.storages.RDBStorage(f"sqlite:///{study_storage_path(store_path)}")
     sim_study = _study(storage, f"{name}/simulator", tune_cfg, tune_cfg.seed)
     real_study = _study(storage, f"{name}/server", tune_cfg, tune_cfg.seed)
@@ -273,7 +304,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
         search.add_sim(e)
     # the baseline on the simulator too (it may lie outside the space): a pair for the correction
     # and for the rank agreement, never a candidate
-    search.add_sim(screen(screening_experiment(exp), space, [baseline_config], ScreenLoad.of(exp, level), starts=tune_cfg.sim_starts,
+    search.add_sim(screen(screening_experiment(exp), space, [baseline_config], ScreenLoad.of(exp, level), starts=tune_cfg.screen_starts,
                           seed=tune_cfg.seed)[0])
     search.incumbent = space.key(baseline_config)
     # the server's measurements are read back from the rounds' runs (the results store is the record;
@@ -322,8 +353,8 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
                 variants.append(v)
             round_exp, round_text = round_experiment(exp, text, name, index, variants)
             say(f"round {index}: measuring on the server, beside the baseline: "
-                + "; ".join(f"{space.label(c.config)} (simulator {c.simulated:.1f}, corrected {c.predicted:.1f} tok/s)"
-                            for c in picked))
+                + "; ".join(f"{space.label(c.config)} (simulator {c.simulated:.1f}, corrected {c.predicted:.1f} "
+                            f"{objective_figure(tune_cfg)})" for c in picked))
             run_id, done_id = None, None
         if done_id is None:
             done_id = await run_experiment(round_exp, round_text, path, store, engine=engine, resume=run_id,
@@ -338,27 +369,27 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
         names[baseline_name] = baseline_config
         known = {t.user_attrs.get("round_key") for t in real_study.get_trials(deepcopy=False)}
         for vname, config in names.items():
-            e = _real_evaluation(summary, trials, vname, config, level, secs.get(vname, 0.0))
+            e = _real_evaluation(summary, trials, vname, config, level, secs.get(vname, 0.0), metric)
             key = space.key(config)
             if key in search.real and vname == baseline_name:
                 prev = search.real[key]  # the baseline is measured every round: its starts add up
-                e.tokps = prev.tokps + e.tokps
+                e.values = prev.values + e.values
                 e.starts += prev.starts
             search.add_real(e)
             if f"{index}:{key}" not in known and space.contains(config):
                 _record(real_study, space, e, tune_cfg,
                         {"run": done_id, "variant": vname, "round": index, "round_key": f"{index}:{key}"})
-        winner = next((cv.winner for cv in summary.verdict.per_concurrency if cv.metric == "tok/s" and cv.level == level),
+        winner = next((cv.winner for cv in summary.verdict.per_concurrency if cv.metric == metric and cv.level == level),
                       None)
         rounds.append(RoundResult(index, done_id, list(cands.values()),
-                                  [ln for cv in summary.verdict.per_concurrency if cv.metric == "tok/s" for ln in cv.lines],
+                                  [ln for cv in summary.verdict.per_concurrency if cv.metric == metric for ln in cv.lines],
                                   winner))
     chosen, line, chosen_run, chosen_variant = _choose(store, rounds, search, space, baseline_name, baseline_config,
                                                        level, tune_cfg)
     rho, n = search.rank_agreement()
     front = pareto_front(list(search.real.values()), tune_cfg) if tune_cfg.objective == "pareto" else []
     return TuneOutcome(name, len(evals), failed, cpu, rounds, search, chosen, line, chosen_run, chosen_variant,
-                       server_s, starts_used, rho, n, front, stop_reason)
+                       server_s, starts_used, rho, n, front, stop_reason, level)
 
 
 def _plain_baseline(name: str) -> Any:
@@ -396,8 +427,9 @@ def _config_of(space: Space, base: ServerArgv) -> dict[str, Any]:
 
 
 def _choose(store: Any, rounds: list[RoundResult], search: SimFirst, space: Space, baseline: str,
-            baseline_config: dict[str, Any], level: int, tune_cfg: TuneSection):
-    """The configuration decided faster than the baseline by the most, with its verdict line."""
+            baseline_config: dict[str, Any], level: Level, tune_cfg: TuneSection):
+    """The configuration decided better than the baseline on the objective's metric by the most,
+    with its verdict line."""
     from truthput.report.runsummary import run_summary
 
     best: tuple[float, dict[str, Any], str, str, str] | None = None
@@ -405,7 +437,7 @@ def _choose(store: Any, rounds: list[RoundResult], search: SimFirst, space: Spac
         summary = run_summary(store, r.run_id)
         for c in r.candidates:
             vname = space.label(c)
-            cmp = summary.comparison(vname, level)
+            cmp = summary.comparison(vname, level, objective_metric(tune_cfg))
             if cmp is None or cmp.better is not True:
                 continue
             tolerated = any(c.get(f) != baseline_config.get(f) for f in tune_cfg.allow_guard_change)
@@ -418,7 +450,8 @@ def _choose(store: Any, rounds: list[RoundResult], search: SimFirst, space: Spac
             if best is None or ratio > best[0]:
                 best = (ratio, c, cmp.line, r.run_id, vname)
     if best is None:
-        return (baseline_config, "no candidate was decided faster than the baseline: keep the baseline",
+        return (baseline_config, f"no candidate was decided better than the baseline on {objective_figure(tune_cfg)}: "
+                "keep the baseline",
                 rounds[-1].run_id if rounds else None, baseline)
     return best[1], best[2], best[3], best[4]
 
@@ -433,23 +466,24 @@ def outcome_document(outcome: TuneOutcome, tune_cfg: TuneSection, simulated_serv
         real = s.real.get(key)
         either = real or sim
         cfg = either.config if either is not None else {}
-        return {"config": space.label(cfg), "simulated_tokps": sim.mean if sim else None,
-                "corrected_tokps": (sim.mean or 0.0) * s.correction.factor(cfg) if sim and sim.mean else None,
+        return {"config": space.label(cfg), "simulated": sim.mean if sim else None,
+                "corrected": (sim.mean or 0.0) * s.correction.factor(cfg) if sim and sim.mean else None,
                 "simulated_itl_p99_s": sim.itl_p99_s if sim else None,
-                "server_tokps": real.mean if real else None, "server_itl_p99_s": real.itl_p99_s if real else None,
+                "server": real.mean if real else None, "server_itl_p99_s": real.itl_p99_s if real else None,
                 "server_starts": real.starts if real else 0, "server_failure": (real.reason or real.failure)
                 if real and not real.ok else None, "feasible_on_server": bool(real and objective_value(real, tune_cfg) > 0)}
 
     measured = [row(k) for k in s.real]
     ranked = [row(space.key(c.config)) for c in s.ranked()[:20]]
-    sim_points = [{"tokps": e.mean, "itl_p99_s": e.itl_p99_s} for e in s.sim.values() if e.ok and e.mean]
+    sim_points = [{"value": e.mean, "itl_p99_s": e.itl_p99_s} for e in s.sim.values() if e.ok and e.mean]
     return {
-        "name": outcome.name, "objective": tune_cfg.objective, "screened": outcome.screened,
+        "name": outcome.name, "objective": tune_cfg.objective, "figure": objective_figure(tune_cfg),
+        "level": level_label(outcome.level), "screened": outcome.screened,
         "screen_failed": outcome.screen_failed, "screen_cpu_s": outcome.screen_cpu_s,
         "rounds": [{"index": r.index, "run": r.run_id, "candidates": [space.label(c) for c in r.candidates],
                     "winner": r.winner, "lines": r.lines} for r in outcome.rounds],
         "measured": measured, "top_simulated": ranked, "simulator_points": sim_points,
-        "front": [{"config": space.label(e.config), "tokps": e.mean, "itl_p99_s": e.itl_p99_s} for e in outcome.front],
+        "front": [{"config": space.label(e.config), "value": e.mean, "itl_p99_s": e.itl_p99_s} for e in outcome.front],
         "chosen": space.label(outcome.chosen) if outcome.chosen else None, "chosen_line": outcome.chosen_line,
         "chosen_run": outcome.chosen_run, "chosen_variant": outcome.chosen_variant,
         "server_minutes": outcome.server_s / 60, "server_starts": outcome.starts,

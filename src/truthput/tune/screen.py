@@ -21,6 +21,7 @@ from truthput.errors import TruthputError
 from truthput.spec.argv import ServerArgv, variant_argv
 from truthput.spec.engines import metric_family
 from truthput.spec.experiment import Experiment
+from truthput.spec.levels import Level, is_rate
 from truthput.tune.search import Evaluation
 from truthput.tune.space import Space
 
@@ -36,21 +37,43 @@ def mean_length(value: Any, what: str) -> int:
 
 @dataclass
 class ScreenLoad:
-    """The closed-loop load every configuration is screened under (virtual seconds): the
-    experiment's own warm-up and window, so the screen predicts what a trial will measure."""
+    """The load every configuration is screened under (virtual seconds): the experiment's own
+    warm-up and window, so the screen predicts what a trial will measure. A closed loop of
+    `concurrency` streams, or with `rate` an open loop whose goodput is counted against the SLOs."""
 
     concurrency: int
     input_tokens: int
     output_tokens: int
     duration_s: float
     warmup_s: float
+    rate: float | None = None
+    arrival: str = "poisson"
+    max_in_flight: int | None = None
+    slo_ttft_ms: float | None = None
+    slo_itl_ms: float | None = None
 
     @classmethod
-    def of(cls, exp: Experiment, level: int) -> "ScreenLoad":
+    def of(cls, exp: Experiment, level: Level) -> "ScreenLoad":
         wl = exp.workload
-        return cls(concurrency=level, input_tokens=mean_length(wl.input_tokens, "input_tokens"),
+        rate = float(level) if is_rate(level) else None
+        slo = exp.slo
+        return cls(concurrency=0 if rate is not None else int(level),
+                   input_tokens=mean_length(wl.input_tokens, "input_tokens"),
                    output_tokens=mean_length(wl.output_tokens, "output_tokens"),
-                   duration_s=float(wl.duration_s or 30.0), warmup_s=wl.warmup_s)
+                   duration_s=float(wl.duration_s or 30.0), warmup_s=wl.warmup_s, rate=rate,
+                   arrival=wl.arrival, max_in_flight=wl.max_in_flight,
+                   slo_ttft_ms=slo.ttft_ms if slo and rate is not None else None,
+                   slo_itl_ms=slo.itl_ms if slo and rate is not None else None)
+
+    def line(self) -> dict[str, Any]:
+        """The load's fields of a `sim batch` line."""
+        out: dict[str, Any] = {"concurrency": self.concurrency, "input_tokens": self.input_tokens,
+                               "output_tokens": self.output_tokens, "duration_s": self.duration_s,
+                               "warmup_s": self.warmup_s}
+        if self.rate is not None:
+            out.update(rate=self.rate, arrival=self.arrival, max_in_flight=self.max_in_flight,
+                       slo_ttft_ms=self.slo_ttft_ms, slo_itl_ms=self.slo_itl_ms)
+        return out
 
 
 def batch_lines(exp: Experiment, space: Space, configs: Sequence[dict[str, Any]], load: ScreenLoad,
@@ -64,9 +87,7 @@ def batch_lines(exp: Experiment, space: Space, configs: Sequence[dict[str, Any]]
         argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[tune] {v.name!r}")
         launched = sim_argv(exp, argv, "127.0.0.1", 0, seed)
         serve_args = launched[launched.index("serve") + 1:]
-        lines.append({"id": i, "argv": [*serve_args, *extra_argv], "concurrency": load.concurrency,
-                      "input_tokens": load.input_tokens, "output_tokens": load.output_tokens,
-                      "duration_s": load.duration_s, "warmup_s": load.warmup_s, "starts": starts, "seed": seed})
+        lines.append({"id": i, "argv": [*serve_args, *extra_argv], **load.line(), "starts": starts, "seed": seed})
     return lines
 
 
@@ -97,12 +118,14 @@ def run_batch(lines: Sequence[dict[str, Any]], workers: int | None = None,
 
 
 def to_evaluation(config: dict[str, Any], result: dict[str, Any], source: str = "simulator") -> Evaluation:
+    """A batch result as an evaluation of the objective's figure: goodput when the load was an open
+    loop with SLOs, else the counter's tok/s."""
     if not result.get("ok"):
         return Evaluation(config, source, False, failure=result.get("failure") or "failed",
                           reason=result.get("reason") or "", starts=0)
-    return Evaluation(config, source, True, tokps=list(result.get("tokps") or []),
-                      ttft_p99_s=result.get("ttft_p99_s"), itl_p99_s=result.get("itl_p99_s"),
-                      starts=len(result.get("tokps") or []))
+    values = list(result.get("goodput") or result.get("tokps") or [])
+    return Evaluation(config, source, True, values=values, ttft_p99_s=result.get("ttft_p99_s"),
+                      itl_p99_s=result.get("itl_p99_s"), starts=len(values))
 
 
 def screen(exp: Experiment, space: Space, configs: Sequence[dict[str, Any]], load: ScreenLoad, starts: int = 1,

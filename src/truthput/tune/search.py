@@ -37,8 +37,9 @@ class Evaluation:
     config: dict[str, Any]
     source: str
     ok: bool
-    tokps: list[float] = field(default_factory=list)
-    """Per server start."""
+    values: list[float] = field(default_factory=list)
+    """The objective's figure per server start, in tok/s: the counter's tok/s, or for a goodput
+    objective the output tok/s of requests that met the SLOs."""
     ttft_p99_s: float | None = None
     itl_p99_s: float | None = None
     failure: str | None = None
@@ -48,20 +49,34 @@ class Evaluation:
 
     @property
     def mean(self) -> float | None:
-        """Geometric mean over starts (the verdict's scale: per-start means of log tok/s)."""
-        vals = [v for v in self.tokps if v and v > 0]
+        """Geometric mean over starts (the verdict's scale: per-start means of log tok/s); the plain
+        mean where a start scored zero (goodput when no request met the SLOs)."""
+        vals = [float(v) for v in self.values if v is not None]
         if not self.ok or not vals:
             return None
-        return math.exp(sum(math.log(v) for v in vals) / len(vals))
+        if min(vals) > 0:
+            return math.exp(sum(math.log(v) for v in vals) / len(vals))
+        return sum(vals) / len(vals)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "source": self.source, "ok": self.ok, "tokps": self.tokps,
+        return {"config": self.config, "source": self.source, "ok": self.ok, "values": self.values,
                 "ttft_p99_s": self.ttft_p99_s, "itl_p99_s": self.itl_p99_s, "failure": self.failure,
                 "reason": self.reason, "starts": self.starts, "server_s": self.server_s}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Evaluation":
+        d = {**d, "values": d["values"] if "values" in d else d.get("tokps", [])}
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def objective_metric(tune: TuneSection) -> str:
+    """The verdict metric the objective is decided on (`truthput.analyze.decide`)."""
+    return "goodput" if tune.objective == "goodput" else "tok/s"
+
+
+def objective_figure(tune: TuneSection) -> str:
+    """How the objective's figure is named in every view."""
+    return "goodput tok/s" if tune.objective == "goodput" else "tok/s"
 
 
 def feasible(e: Evaluation, tune: TuneSection) -> bool:
