@@ -46,7 +46,8 @@ def test_off_removes_speculation_and_a_value_sets_the_flag():
 
 def test_virtual_time_matches_the_real_time_simulator(tmp_path):
     """The same configuration and load: `sim batch` (virtual time) and a `truthput run` on the
-    real-time simulator (HTTP, counters, the whole trial pipeline) agree within the window's noise."""
+    real-time simulator (HTTP, counters, the whole trial pipeline) agree within the window's noise,
+    on tok/s and on tok/s per watt (the power model's energy counter, read at the window's scrapes)."""
     exp_text = QUICKSTART.read_text()
     exp_text = exp_text.replace("noise = 0.03", "noise = 0.0").replace("concurrency = [1, 8]", "concurrency = [8]")
     exp_text = exp_text.replace("duration_s = 2\n", "duration_s = 4\n").replace("starts = 3 ", "starts = 1 ")
@@ -61,9 +62,13 @@ def test_virtual_time_matches_the_real_time_simulator(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     db = sqlite3.connect(tmp_path / "r.db")
     rows = db.execute("SELECT variant, results_json FROM trials WHERE status = 'ok'").fetchall()
-    real = {}
+    real, real_per_w = {}, {}
     for variant, results in rows:
-        real[variant] = json.loads(results)["throughput"]["counter_window"]["value"]
+        doc = json.loads(results)
+        real[variant] = doc["throughput"]["counter_window"]["value"]
+        energy = doc["telemetry"]["energy_per_token_j"]
+        assert energy["source"] == "simulator" and "SIMULATED" in energy["note"]
+        real_per_w[variant] = 1.0 / energy["value"]
     exp, _ = load_experiment(path)
     _, space = _space([{"flag": "--spec-tokens", "values": ["off", 3]}])
     load = ScreenLoad(concurrency=8, input_tokens=128, output_tokens=32, duration_s=60.0, warmup_s=5.0)
@@ -72,6 +77,14 @@ def test_virtual_time_matches_the_real_time_simulator(tmp_path):
     for name in ("original", "nospec"):
         assert virtual[name] == pytest.approx(real[name], rel=0.06), (name, virtual, real)
     assert virtual["original"] > virtual["nospec"] * 1.05  # speculation's effect is there in both
+    per_w = screen(exp, space, [{"--spec-tokens": 3}, {"--spec-tokens": "off"}], load, figure="tokps_per_w")
+    virtual_per_w = {"original": per_w[0].mean, "nospec": per_w[1].mean}
+    for name in ("original", "nospec"):
+        assert virtual_per_w[name] == pytest.approx(real_per_w[name], rel=0.08), (name, virtual_per_w, real_per_w)
+    # 2 RTX 3090 at 350 W: between their idle (a fifth) and their limit, and a token costs energy
+    for name in ("original", "nospec"):
+        watts = real[name] / real_per_w[name]
+        assert 2 * 350 * 0.2 < watts <= 2 * 350, (name, watts)
 
 
 def test_virtual_time_is_a_thousand_times_faster_than_real_time_on_the_quickstart_cells():
@@ -250,3 +263,46 @@ def test_a_goodput_objective_needs_its_targets_and_a_rate():
         parse_experiment(text.replace("rates = [3.5]", "concurrency = [4]"), "x.toml")
     with pytest.raises(SpecError, match="rate is the offered rate"):
         parse_experiment(text.replace('objective = "goodput"', 'objective = "tokps"\nrate = 2'), "x.toml")
+
+
+def test_the_power_model_is_idle_plus_the_busy_share_of_the_board_limit():
+    """Known truth of the model: a step the memory system is busy for all of draws the board
+    limit; one half spent waiting (all-reduce, host overhead) draws idle + half the rest; the
+    meter charges a step pro rata while it runs and idle power between steps."""
+    from truthput.hardware.gpus import get_gpu
+    from truthput.hardware.physics import IDLE_POWER_FRAC, StepBreakdown, step_power_w
+    from truthput.sim.power import PowerMeter
+
+    gpu = get_gpu("H100 SXM")
+    assert gpu.board_power_w == 700
+
+    def step(t_mem, total):
+        return StepBreakdown(t_weights=t_mem, t_kv=0.0, t_mem=t_mem, t_compute=t_mem / 4, t_allreduce=total - t_mem,
+                             t_draft=0.0, t_overhead=0.0, total=total, bound="memory")
+
+    assert step_power_w(gpu, step(0.01, 0.01)) == pytest.approx(700)
+    idle = 700 * IDLE_POWER_FRAC
+    assert step_power_w(gpu, step(0.01, 0.02)) == pytest.approx(idle + (700 - idle) / 2)
+    clock = [10.0]
+    meter = PowerMeter(gpu, 2, t0=10.0, clock=lambda: clock[0])
+    meter.priced(step(1.0, 1.0))  # at t=10: 1 s at 2 x 700 W
+    assert meter.energy_j(10.5) == pytest.approx(700.0)
+    assert meter.energy_j(13.0) == pytest.approx(1400.0 + 2 * idle * 2.0)  # then 2 s idle
+    clock[0] = 13.0
+    meter.priced(step(1.0, 2.0))  # at t=13: 2 s at 2 x (idle + half the rest)
+    assert meter.energy_j(15.0) == pytest.approx(1400.0 + 4 * idle + 2 * 2 * (idle + (700 - idle) / 2))
+
+
+def test_a_tok_per_watt_tune_on_a_real_engine_without_nvml_is_refused_in_one_line(tmp_path):
+    text = QUICKSTART.read_text().replace('engine = "sim"', 'engine = "vllm"') + (
+        '\n[tune]\nobjective = "tokps_per_watt"\nlevel = 8\n\n[[tune.param]]\nflag = "--max-num-seqs"\n'
+        'values = [8, 16]\n')
+    path = tmp_path / "watts.toml"
+    path.write_text(text)
+    out = subprocess.run([*TRUTHPUT, "tune", str(path), "--store", str(tmp_path / "t.db"), "--reports",
+                          str(tmp_path / "rep")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert "tokps_per_watt" in line and "NVML" in line
+    assert not (tmp_path / "t.db").exists() or not sqlite3.connect(tmp_path / "t.db").execute(
+        "SELECT COUNT(*) FROM starts").fetchone()[0]

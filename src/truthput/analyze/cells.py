@@ -201,9 +201,19 @@ def trial_metric(results: TrialResults, metric: str) -> float | None:
     if metric == "goodput":
         gp = results.goodput
         return gp.good_tokens_per_s.number() if gp is not None and gp.good_tokens_per_s is not None else None
+    if metric == "tok/s/W":
+        return tokens_per_joule(results)
     name, _, q = metric.partition("_")
     d = results.latency.metric(name)
     return d.quantile(q) if d is not None else None
+
+
+def tokens_per_joule(results: TrialResults) -> float | None:
+    """tok/s per watt: the server counter's tokens per joule the GPUs drew over the trial (NVML's
+    energy, or on the simulator its power model's); None where neither was there."""
+    per_token = (results.telemetry or {}).get("energy_per_token_j") or {}
+    joules = per_token.get("value")
+    return 1.0 / float(joules) if joules else None
 
 
 def _median(values: Iterable[float | None]) -> float | None:

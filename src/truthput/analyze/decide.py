@@ -45,11 +45,13 @@ class MetricSpec:
 METRICS: dict[str, MetricSpec] = {
     "tok/s": MetricSpec("tok/s", "tok/s", True, "faster", "slower"),
     "goodput": MetricSpec("goodput", "goodput", True, "higher", "lower"),
+    "tok/s/W": MetricSpec("tok/s/W", "tok/s per W", True, "higher", "lower"),
     **{k: MetricSpec(k, f"{k.split('_')[1]} {k.split('_')[0].upper()}", False, "higher", "lower")
        for k in VERDICT_METRICS if "_" in k},
 }
 """Closed-loop throughput (the server counter), goodput under the SLOs (good output tokens per
-second, open loop), and client-clock latency quantiles per trial (lower is better)."""
+second, open loop), tok/s per watt (counter tokens per joule of GPU energy), and client-clock
+latency quantiles per trial (lower is better)."""
 
 
 def metric(key: str) -> MetricSpec:

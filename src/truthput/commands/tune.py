@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         from truthput.engines.process import become_subreaper
         from truthput.load.client import prepare_load_process
         from truthput.report.progress import make_progress
-        from truthput.report.tune import render_tune_html
+        from truthput.report.tune import figure_text, render_tune_html
         from truthput.spec.experiment import load_experiment
         from truthput.store.db import Store
         from truthput.tune.driver import outcome_document, study_storage_path
@@ -79,8 +79,9 @@ def register(app: typer.Typer) -> None:
                    f"{doc['figure']} at {doc['level']}")
         for r in doc["measured"]:
             server = "failed: " + r["server_failure"] if r["server_failure"] else (
-                f"{r['server']:.1f} {doc['figure']} over {r['server_starts']} start(s)" if r["server"] else "no data")
-            sim = f"{r['simulated']:.1f}" if r["simulated"] else "n/a"
+                f"{figure_text(r['server'])} {doc['figure']} over {r['server_starts']} start(s)" if r["server"]
+                else "no data")
+            sim = figure_text(r["simulated"]) if r["simulated"] else "n/a"
             typer.echo(f"  {r['config']}: simulator {sim}, server {server}")
         rho = doc["rank_correlation"]
         typer.echo(f"simulator vs server ranking: Spearman's rho {rho:.2f} over {doc['rank_pairs']} configurations"

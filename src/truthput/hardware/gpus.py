@@ -50,6 +50,8 @@ class GPU:
     aliases: tuple[str, ...] = ()
     kind: str = "gpu"  # "gpu" | "cpu"
     cores: int | None = None  # a CPU host's cores
+    board_power_w: float | None = None
+    """The datasheet's board power limit (TDP / TGP); None where unknown (a probed CPU host)."""
 
     def to_dict(self) -> dict:
         return {
@@ -66,6 +68,7 @@ class GPU:
                 "source": self.interconnect.source,
             },
             "sources": list(self.sources),
+            "board_power_w": self.board_power_w,
         }
 
 
@@ -104,6 +107,7 @@ def _entry(entry: dict) -> GPU:
         aliases=tuple(entry.get("aliases", ())),
         kind=str(entry.get("kind", "gpu")),
         cores=int(entry["cores"]) if "cores" in entry else None,
+        board_power_w=float(entry["board_power_w"]) if "board_power_w" in entry else None,
     )
 
 

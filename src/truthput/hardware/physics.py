@@ -209,6 +209,23 @@ def decode_tokps(step: StepBreakdown, batch: int, tokens_per_step: float = 1.0) 
     return batch * tokens_per_step / step.total if step.total > 0 else 0.0
 
 
+IDLE_POWER_FRAC = 0.2
+"""Estimate: a GPU holding a served model between steps (clocks up, HBM refreshed, nothing
+running) draws about a fifth of its board power limit."""
+
+
+def step_power_w(gpu: GPU, step: StepBreakdown, idle_frac: float = IDLE_POWER_FRAC) -> float | None:
+    """A model of one GPU's mean power over a step, for tok/s per watt: idle power plus the rest
+    of the board limit in proportion to the time the step keeps the memory system or the tensor
+    cores busy (the roofline part, and a draft model's pass), against the all-reduce waits and the
+    host's per-step overhead, when the GPU idles. An estimate, ranking configurations by the energy
+    a token costs; None when the board's power limit is not known."""
+    if gpu.board_power_w is None or step.total <= 0:
+        return None
+    busy = min(1.0, (max(step.t_mem, step.t_compute) + step.t_draft) / step.total)
+    return gpu.board_power_w * (idle_frac + (1.0 - idle_frac) * busy)
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Per-GPU memory at start-up, vLLM-style; error_kind/error say how vLLM would refuse to start."""

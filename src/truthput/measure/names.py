@@ -43,6 +43,10 @@ class EngineMetricNames:
         return tuple(n for n in (current, *older) if n)
 
 
+SIMULATED_ENERGY = "truthput_sim:gpu_energy_joules_total"
+"""The embedded simulator's modelled GPU energy (its power model; no real engine has it)."""
+
+
 _VLLM = EngineMetricNames(
     engine="vllm",
     emitted_tokens="vllm:generation_tokens_total",

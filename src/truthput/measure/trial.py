@@ -145,6 +145,21 @@ def _requests(records: Sequence[RequestRecord], continuous: int) -> Requests:
     )
 
 
+def simulated_energy_per_token(scrapes: Sequence[Scrape], names: EngineMetricNames) -> float | None:
+    """Joules per emitted token over the timed window, both counters read at the window's scrapes
+    (the headline's span): the simulator's modelled GPU energy, so the idle tail after the load is
+    not charged to the tokens. None for a server without that counter."""
+    from truthput.measure.names import SIMULATED_ENERGY
+
+    sc = _Scrapes(scrapes)
+    emitted = sc.first_name(names.candidates("emitted_tokens"))
+    if emitted is None or sc.first_name((SIMULATED_ENERGY,)) is None:
+        return None
+    ws, we = sc.phase("window_start"), sc.phase("window_end", last=True)
+    joules, tokens = sc.delta(SIMULATED_ENERGY, ws, we).value, sc.delta(emitted, ws, we).value
+    return joules / tokens if joules and tokens else None
+
+
 def _integrity(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | None) -> Integrity:
     pre, post = sc.phase("pre"), sc.phase("post", last=True)
     d = sc.delta(emitted, pre, post)

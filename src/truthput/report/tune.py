@@ -38,8 +38,15 @@ Simulator vs server ranking (Spearman's rho over {{ d.rank_pairs }} configuratio
 """
 
 
-def _f(v: Any) -> str:
-    return "missing" if v is None else f"{v:,.1f}"
+def figure_text(v: Any) -> str:
+    """An objective's figure as every tune view writes it: tok/s to 0.1, a tokens-per-joule
+    figure (below 10) to 3 significant digits."""
+    if v is None:
+        return "missing"
+    return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.3g}"
+
+
+_f = figure_text
 
 
 def _ms(v: Any) -> str:

@@ -8,6 +8,8 @@ to be written in the same event-loop turn).
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -156,6 +158,26 @@ class SimMetrics:
                               "Accepted tokens per draft position.", labels + ["position"], registry=r)
             self.spec_accepted_per_pos = [per_pos.labels(*lv, str(i)) for i in range(spec_k)]
 
+    def expose_energy(self, meter: Any) -> None:
+        """The modelled GPU energy (`truthput.sim.power`) as a counter read at each scrape; nothing
+        when the hardware's board power is not known."""
+        import time
+
+        from prometheus_client.core import CounterMetricFamily
+
+        from truthput.sim.power import ENERGY_METRIC
+
+        if meter.energy_j(time.monotonic()) is None:
+            return
+
+        class _Energy:
+            def collect(self) -> Any:
+                fam = CounterMetricFamily(ENERGY_METRIC.removesuffix("_total"),
+                                          "SIMULATED: energy the server's GPUs drew by the simulator's power model, joules.")
+                fam.add_metric([], float(meter.energy_j(time.monotonic()) or 0.0))
+                yield fam
+
+        self.registry.register(_Energy())
     def render(self) -> bytes:
         """Prometheus text exposition of this server's registry."""
         return generate_latest(self.registry)

@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 from aiohttp import web
@@ -167,8 +167,10 @@ def _cache_config(cfg: SimServeConfig, setup: SimSetup) -> dict[str, Any]:
     }
 
 
-def make_pricer(cfg: SimServeConfig, setup: SimSetup, metrics: SimMetrics | None = None):
+def make_pricer(cfg: SimServeConfig, setup: SimSetup, metrics: SimMetrics | None = None,
+                on_step: Callable[[Any], None] | None = None):
     """Step time from decode_step (the one physics model; the simulator adds none of its own).
+    `on_step` sees each priced step's breakdown (the virtual-time driver models power from it).
 
     Tensor parallelism is priced by decode_step (weights split, all-reduces per layer). Pipeline
     stages run one after another for a decode step, so a step costs about the TP-only step: the
@@ -204,6 +206,8 @@ def make_pricer(cfg: SimServeConfig, setup: SimSetup, metrics: SimMetrics | None
             metrics.est_flops.inc(step.flops_per_gpu)
             metrics.est_read.inc(step.weight_bytes_per_gpu + step.kv_bytes_per_gpu)
             metrics.est_write.inc(kv_write * (shape.decode_seqs * (shape.spec_k + 1) + shape.prefill_tokens))
+        if on_step is not None:
+            on_step(step)
         return step.total
 
     return price
@@ -367,7 +371,12 @@ class SimServer:
             block_size=cfg.block_size,
             kv_capacity_tokens=setup.kv_capacity_tokens,
         )
-        self.pricer = pricer or make_pricer(cfg, setup, self.metrics)
+        from truthput.sim.power import PowerMeter
+
+        self.power = PowerMeter(setup.gpu, cfg.num_gpus, t0=time.monotonic(), clock=time.monotonic)
+        self.pricer = pricer or make_pricer(cfg, setup, self.metrics, on_step=self.power.priced)
+        if pricer is None:
+            self.metrics.expose_energy(self.power)
         self.engine: SimEngine | None = None
         self._limits = limits
         self.fp8_kv = cfg.kv_cache_dtype.startswith("fp8")

@@ -35,6 +35,7 @@ import numpy as np
 from truthput.errors import SpecError
 from truthput.sim import textgen
 from truthput.sim.engine import SimRequest
+from truthput.sim.power import PowerMeter
 
 
 @dataclass
@@ -64,6 +65,9 @@ class StartFigures:
     itl_s: list[float] = field(default_factory=list)
     requests: int = 0
     virtual_s: float = 0.0
+    tokps_per_w: float | None = None
+    """Window tokens per joule the GPUs drew by the power model (tok/s per watt); None when the
+    hardware's board power is not known."""
     goodput: float | None = None
     """Open loop: output tokens per second of the requests that finished in the window and met the
     SLOs (TTFT from arrival to first token; mean ITL over the tokens after the first step's)."""
@@ -144,10 +148,17 @@ class _Requests:
 
 class _Window:
     """The timed window on the virtual clock, and the engine's emitted-token counter at its ends
-    (read inside the step that crosses each end, as a scrape lands inside a step)."""
+    (read inside the step that crosses each end, as a scrape lands inside a step); the modelled
+    energy the GPUs drew inside it."""
 
-    def __init__(self, metrics: _WindowMetrics) -> None:
+    def __init__(self, metrics: _WindowMetrics, power: PowerMeter | None = None) -> None:
         self.metrics = metrics
+        self.power = power
+        self.now = 0.0
+        if power is not None:
+            power.clock = lambda: self.now  # a step is priced at the virtual time it is planned
+        self.energy_at_w0: float | None = None
+        self.energy_at_w1: float | None = None
         self.w0: float | None = None
         self.w1 = math.inf
         self.duration_s = 1.0
@@ -157,22 +168,42 @@ class _Window:
     def open(self, at: float, duration_s: float) -> None:
         self.w0, self.w1, self.duration_s = at, at + duration_s, duration_s
 
+    def plan(self, engine: Any, now: float) -> tuple[list, list, float] | None:
+        """The engine's next step, planned (and priced) at `now`."""
+        self.now = now
+        return engine.plan_step(now)
+
     def step(self, engine: Any, decodes: list, prefills: list, now: float, dt: float) -> tuple[float, bool]:
         """Run a planned step to its end; returns (its end, whether it ended inside the window)."""
         end = now + dt
-        self.idle(engine, end)
+        self._count(engine, end)
         inside = self.w0 is not None and self.w0 < end <= self.w1
         self.metrics.ttft.on = self.metrics.itl.on = inside
         engine.emit_step(decodes, prefills, end)
         if end <= self.w1:
             self.emitted_at_w1 = engine.total_emitted
+            if self.power is not None:
+                self.energy_at_w1 = self.power.energy_j(end)
         return end, inside
 
-    def idle(self, engine: Any, until: float) -> float:
-        """The clock moves to `until` (through a step, or jumping while idle)."""
-        if self.w0 is not None and self.emitted_at_w0 is None and until > self.w0:
-            self.emitted_at_w0 = engine.total_emitted  # the counter as the window opens
+    def idle(self, engine: Any, now: float, until: float) -> float:
+        """The clock jumps from `now` to `until`: nothing runs."""
+        self._count(engine, until)
+        if self.power is not None and self.w0 is not None and until <= self.w1:
+            self.energy_at_w1 = self.power.energy_j(until)
         return until
+
+    def _count(self, engine: Any, until: float) -> None:
+        if self.w0 is not None and self.emitted_at_w0 is None and until > self.w0:
+            self.emitted_at_w0 = engine.total_emitted  # the counters as the window opens
+            if self.power is not None:
+                self.energy_at_w0 = self.power.energy_j(self.w0)
+
+    def tokps_per_w(self) -> float | None:
+        """Window tokens per joule of modelled energy: tok/s per watt."""
+        if self.energy_at_w0 is None or self.energy_at_w1 is None or self.energy_at_w1 <= self.energy_at_w0:
+            return None
+        return self.tokps() * self.duration_s / (self.energy_at_w1 - self.energy_at_w0)
 
     def tokps(self) -> float:
         e0 = self.emitted_at_w0 or 0
@@ -180,11 +211,11 @@ class _Window:
         return (e1 - e0) / self.duration_s
 
 
-def _measure(server: Any, load: LoadSpec, seed: int) -> StartFigures:
+def _measure(server: Any, load: LoadSpec, seed: int, power: PowerMeter | None = None) -> StartFigures:
     """Drive the engine step by step on a virtual clock: a step planned at `now` ends at `now + dt`,
     its tokens go out then, and each stream whose request finished sends its next one at once."""
     if load.rate is not None:
-        return _measure_open(server, load, seed)
+        return _measure_open(server, load, seed, power)
     metrics = _WindowMetrics()
     server.metrics = metrics
     engine = server.make_engine()
@@ -196,7 +227,7 @@ def _measure(server: Any, load: LoadSpec, seed: int) -> StartFigures:
     # The window opens as a closed-loop trial's does: `warmup_s` after the first moment every
     # stream has a token (so a loop whose streams move in step is cut at the same phase as on a
     # served run), and closes `duration_s` later.
-    window = _Window(metrics)
+    window = _Window(metrics, power)
     now = 0.0
     inflight: set[SimRequest] = set()
 
@@ -208,7 +239,7 @@ def _measure(server: Any, load: LoadSpec, seed: int) -> StartFigures:
         send_tracked(now)
     requests = 0
     while now < window.w1:
-        planned = engine.plan_step(now)
+        planned = window.plan(engine, now)
         if planned is None:
             raise RuntimeError("virtual-time simulator: the engine went idle under a closed loop")
         decodes, prefills, dt = planned
@@ -222,7 +253,7 @@ def _measure(server: Any, load: LoadSpec, seed: int) -> StartFigures:
             # never settling (fewer sequences allowed than streams) opens it anyway, as a trial does
             window.open(now + load.warmup_s, load.duration_s)
     return StartFigures(tokps=window.tokps(), ttft_s=metrics.ttft.values, itl_s=metrics.itl.values,
-                        requests=requests, virtual_s=now)
+                        requests=requests, virtual_s=now, tokps_per_w=window.tokps_per_w())
 
 
 def arrival_times(rate: float, arrival: str, seed: int, until: float) -> list[float]:
@@ -237,7 +268,7 @@ def arrival_times(rate: float, arrival: str, seed: int, until: float) -> list[fl
     return out
 
 
-def _measure_open(server: Any, load: LoadSpec, seed: int) -> StartFigures:
+def _measure_open(server: Any, load: LoadSpec, seed: int, power: PowerMeter | None = None) -> StartFigures:
     """An open loop on the virtual clock: requests arrive on their schedule whatever the server does
     (one arriving during a step waits for the next), the engine steps while it has work, and the
     clock jumps to the next arrival when it has none. The window opens as an open-loop trial's
@@ -256,7 +287,7 @@ def _measure_open(server: Any, load: LoadSpec, seed: int) -> StartFigures:
     held = -1  # arrivals up to this index found the cap full
     cap = load.max_in_flight or math.inf
     now = 0.0
-    window = _Window(metrics)
+    window = _Window(metrics, power)
     first_tokens: dict[SimRequest, int] = {}
     finished: list[tuple[SimRequest, int]] = []
     inflight: set[SimRequest] = set()
@@ -272,9 +303,9 @@ def _measure_open(server: Any, load: LoadSpec, seed: int) -> StartFigures:
             nxt += 1
         while held < len(arrivals) - 1 and arrivals[held + 1] <= now and len(inflight) >= cap:
             held += 1  # arrived while the cap was full
-        planned = engine.plan_step(now)
+        planned = window.plan(engine, now)
         if planned is None:  # idle: jump to the next arrival
-            now = window.idle(engine, max(now, arrivals[nxt]) if nxt < len(arrivals) else now + 1.0)
+            now = window.idle(engine, now, max(now, arrivals[nxt]) if nxt < len(arrivals) else now + 1.0)
             continue
         decodes, prefills, dt = planned
         now, _ = window.step(engine, decodes, prefills, now, dt)
@@ -290,7 +321,8 @@ def _measure_open(server: Any, load: LoadSpec, seed: int) -> StartFigures:
     done = [(r, first) for r, first in finished if w0 is not None and w0 <= r.last_token_time <= w1]
     good = sum(r.emitted for r, first in done if _meets(r, first, load))
     return StartFigures(tokps=window.tokps(), ttft_s=metrics.ttft.values, itl_s=metrics.itl.values,
-                        requests=len(done), virtual_s=now, goodput=good / load.duration_s)
+                        requests=len(done), virtual_s=now, goodput=good / load.duration_s,
+                        tokps_per_w=window.tokps_per_w())
 
 
 def _meets(req: SimRequest, first_tokens: int, load: LoadSpec) -> bool:
@@ -316,8 +348,9 @@ def run_start(argv: list[str], load: LoadSpec, seed: int) -> StartFigures:
     cfg = parse_serve_args([*argv, "--seed", str(seed), "--disable-log-stats"])
     setup = resolve_setup(cfg)
     make_pricer(cfg, setup)
-    server = SimServer(cfg, setup, pricer=make_pricer(cfg, setup, None))
-    return _measure(server, load, seed)
+    power = PowerMeter(setup.gpu, cfg.num_gpus)
+    server = SimServer(cfg, setup, pricer=make_pricer(cfg, setup, None, on_step=power.priced))
+    return _measure(server, load, seed, power)
 
 
 def evaluate(config: dict) -> dict:
@@ -352,6 +385,7 @@ def evaluate(config: dict) -> dict:
         ok=True,
         tokps=[r.tokps for r in runs],
         goodput=[r.goodput for r in runs] if load.rate is not None else None,
+        tokps_per_w=[r.tokps_per_w for r in runs] if all(r.tokps_per_w is not None for r in runs) else None,
         ttft_p50_s=_quantile(ttft, 0.5), ttft_p99_s=_quantile(ttft, 0.99),
         itl_p50_s=_quantile(itl, 0.5), itl_p99_s=_quantile(itl, 0.99),
         requests=sum(r.requests for r in runs),

@@ -191,8 +191,10 @@ class WorkloadSection(_Strict):
         return v
 
 
-VERDICT_METRICS = ("tok/s", "goodput", *(f"{m}_{q}" for m in ("ttft", "itl", "tpot", "e2e") for q in ("p50", "p90", "p99")))
+VERDICT_METRICS = ("tok/s", "goodput", "tok/s/W",
+                   *(f"{m}_{q}" for m in ("ttft", "itl", "tpot", "e2e") for q in ("p50", "p90", "p99")))
 """What a verdict can be taken on: closed-loop tok/s (the server counter), goodput under the SLOs,
+tok/s per watt (the counter's tokens per joule of GPU energy, where NVML telemetry was sampled),
 client-clock latency quantiles per trial."""
 
 
@@ -314,9 +316,11 @@ class TuneSection(_Strict):
     """`truthput tune`: the space, the objective, the constraints and the budget of a search."""
 
     param: list[TuneParam] = Field(default_factory=list)
-    objective: Literal["tokps", "pareto", "goodput"] = "tokps"
+    objective: Literal["tokps", "pareto", "goodput", "tokps_per_watt"] = "tokps"
     """tokps: counter tok/s at `level` streams; pareto: tok/s against p99 inter-token latency;
-    goodput: output tok/s of the requests that meet the [slo] targets, at `rate` requests/s offered."""
+    goodput: output tok/s of the requests that meet the [slo] targets, at `rate` requests/s offered;
+    tokps_per_watt: counter tokens per joule of GPU energy at `level` (NVML on a real server; the
+    simulator's power model on the simulator)."""
     level: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)
     """The concurrency the objective is measured at (default: the workload's highest)."""
     rate: float | None = Field(None, gt=0)

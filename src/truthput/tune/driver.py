@@ -37,7 +37,8 @@ from truthput.spec.experiment import Experiment, TuneSection, parse_experiment
 from truthput.tune.screen import ScreenLoad, screen
 from truthput.spec.levels import Level, Rate, is_rate
 from truthput.spec.levels import level_label
-from truthput.tune.search import Evaluation, SimFirst, objective_figure, objective_metric, objective_value, pareto_front
+from truthput.tune.search import (Evaluation, SimFirst, objective_figure, objective_metric, objective_value,
+                                  pareto_front, screen_field)
 from truthput.tune.space import DEFAULT, Space
 
 BATCH = 32  # configurations per optuna ask/tell batch when the space is sampled, not listed
@@ -171,7 +172,8 @@ def run_screen(exp: Experiment, space: Space, study: Any, say: Callable[[str], N
             say(f"screening {len(todo)} of {size} configurations on the simulator (virtual time)")
         for i in range(0, len(todo), 4 * BATCH):
             chunk = todo[i:i + 4 * BATCH]
-            for e in screen(sim_exp, space, chunk, load, starts=tune.screen_starts, seed=tune.seed):
+            for e in screen(sim_exp, space, chunk, load, starts=tune.screen_starts, seed=tune.seed,
+                            figure=screen_field(tune)):
                 _record(study, space, e, tune)
                 done.append(e)
     else:
@@ -184,7 +186,8 @@ def run_screen(exp: Experiment, space: Space, study: Any, say: Callable[[str], N
             n = min(BATCH, left)
             trials = [study.ask(dists) for _ in range(n)]
             configs = [{f: t.params[f] for f in space.flags} for t in trials]
-            for t, e in zip(trials, screen(sim_exp, space, configs, load, starts=tune.screen_starts, seed=tune.seed)):
+            for t, e in zip(trials, screen(sim_exp, space, configs, load, starts=tune.screen_starts,
+                                                          seed=tune.seed, figure=screen_field(tune))):
                 t.set_user_attr("evaluation", json.dumps(e.to_dict()))
                 t.set_user_attr("key", space.key(e.config))
                 t.set_constraint("failed to start", 0.0 if e.ok else 1.0)
@@ -275,6 +278,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
     import optuna
 
     from truthput.report.runsummary import run_summary
+    from truthput.report.tune import figure_text
     from truthput.runner import run_experiment
 
     tune_cfg = exp.tune
@@ -298,14 +302,19 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
     if sim_study.trials:
         say(f"continuing the search {name} ({len(sim_study.trials)} configurations already screened, "
             f"{len(real_study.trials)} measured on the server)")
+    _check_energy_source(exp, engine, executor)
     evals, cpu = run_screen(exp, space, sim_study, say)
+    if tune_cfg.objective == "tokps_per_watt" and evals and not any(e.values for e in evals if e.ok):
+        gpu = exp.hardware.gpu if exp.hardware else "?"
+        raise SpecError(f"[tune] objective = 'tokps_per_watt': the simulator has no power model for [hardware] gpu = "
+                        f"{gpu!r} (its profile gives no board_power_w, the board's power limit in watts)")
     search = SimFirst(space, tune_cfg)
     for e in evals:
         search.add_sim(e)
     # the baseline on the simulator too (it may lie outside the space): a pair for the correction
     # and for the rank agreement, never a candidate
     search.add_sim(screen(screening_experiment(exp), space, [baseline_config], ScreenLoad.of(exp, level), starts=tune_cfg.screen_starts,
-                          seed=tune_cfg.seed)[0])
+                          seed=tune_cfg.seed, figure=screen_field(tune_cfg))[0])
     search.incumbent = space.key(baseline_config)
     # the server's measurements are read back from the rounds' runs (the results store is the record;
     # the server study mirrors them for optuna's tools)
@@ -353,8 +362,8 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
                 variants.append(v)
             round_exp, round_text = round_experiment(exp, text, name, index, variants)
             say(f"round {index}: measuring on the server, beside the baseline: "
-                + "; ".join(f"{space.label(c.config)} (simulator {c.simulated:.1f}, corrected {c.predicted:.1f} "
-                            f"{objective_figure(tune_cfg)})" for c in picked))
+                + "; ".join(f"{space.label(c.config)} (simulator {figure_text(c.simulated)}, corrected "
+                            f"{figure_text(c.predicted)} {objective_figure(tune_cfg)})" for c in picked))
             run_id, done_id = None, None
         if done_id is None:
             done_id = await run_experiment(round_exp, round_text, path, store, engine=engine, resume=run_id,
@@ -390,6 +399,25 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
     front = pareto_front(list(search.real.values()), tune_cfg) if tune_cfg.objective == "pareto" else []
     return TuneOutcome(name, len(evals), failed, cpu, rounds, search, chosen, line, chosen_run, chosen_variant,
                        server_s, starts_used, rho, n, front, stop_reason, level)
+
+
+def _check_energy_source(exp: Experiment, engine: str | None, executor: Any) -> None:
+    """tok/s per watt needs the GPUs' energy: NVML on a real server here (a Ray node reads its own),
+    the power model on the simulator. Refused before anything is screened or started."""
+    from truthput.executors.local import LocalExecutor
+    from truthput.spec.engines import SIMULATED_KINDS
+
+    if exp.tune is None or exp.tune.objective != "tokps_per_watt":
+        return
+    if (engine or exp.server.engine) in SIMULATED_KINDS or (executor is not None
+                                                            and not isinstance(executor, LocalExecutor)):
+        return
+    from truthput.engines.telemetry import load_nvml
+
+    nvml, why = load_nvml()
+    if nvml is None:
+        raise SpecError(f"[tune] objective = 'tokps_per_watt' needs the GPUs' energy, read from NVML: {why}")
+    nvml.nvmlShutdown()
 
 
 def _plain_baseline(name: str) -> Any:

@@ -117,19 +117,21 @@ def run_batch(lines: Sequence[dict[str, Any]], workers: int | None = None,
     return out
 
 
-def to_evaluation(config: dict[str, Any], result: dict[str, Any], source: str = "simulator") -> Evaluation:
-    """A batch result as an evaluation of the objective's figure: goodput when the load was an open
-    loop with SLOs, else the counter's tok/s."""
+def to_evaluation(config: dict[str, Any], result: dict[str, Any], source: str = "simulator",
+                  figure: str = "tokps") -> Evaluation:
+    """A batch result as an evaluation of the objective's figure, the result's field `figure`
+    (`tune.search.screen_field`: tokps, goodput or tokps_per_w)."""
     if not result.get("ok"):
         return Evaluation(config, source, False, failure=result.get("failure") or "failed",
                           reason=result.get("reason") or "", starts=0)
-    values = list(result.get("goodput") or result.get("tokps") or [])
+    values = list(result.get(figure) or [])
     return Evaluation(config, source, True, values=values, ttft_p99_s=result.get("ttft_p99_s"),
                       itl_p99_s=result.get("itl_p99_s"), starts=len(values))
 
 
 def screen(exp: Experiment, space: Space, configs: Sequence[dict[str, Any]], load: ScreenLoad, starts: int = 1,
-           seed: int = 0, extra_argv: Sequence[str] = (), workers: int | None = None) -> list[Evaluation]:
-    """Each configuration on the simulator in virtual time."""
+           seed: int = 0, extra_argv: Sequence[str] = (), workers: int | None = None,
+           figure: str = "tokps") -> list[Evaluation]:
+    """Each configuration on the simulator in virtual time, scored on the result field `figure`."""
     lines = batch_lines(exp, space, configs, load, starts, seed, extra_argv)
-    return [to_evaluation(c, r) for c, r in zip(configs, run_batch(lines, workers))]
+    return [to_evaluation(c, r, figure=figure) for c, r in zip(configs, run_batch(lines, workers))]

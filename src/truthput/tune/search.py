@@ -38,8 +38,8 @@ class Evaluation:
     source: str
     ok: bool
     values: list[float] = field(default_factory=list)
-    """The objective's figure per server start, in tok/s: the counter's tok/s, or for a goodput
-    objective the output tok/s of requests that met the SLOs."""
+    """The objective's figure per server start: the counter's tok/s; for goodput the output tok/s
+    of requests that met the SLOs; for tok/s per watt the counter's tokens per joule."""
     ttft_p99_s: float | None = None
     itl_p99_s: float | None = None
     failure: str | None = None
@@ -69,14 +69,27 @@ class Evaluation:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
+_OBJECTIVES = {  # objective -> (verdict metric, the figure's name in every view, the `sim batch` field)
+    "tokps": ("tok/s", "tok/s", "tokps"),
+    "pareto": ("tok/s", "tok/s", "tokps"),
+    "goodput": ("goodput", "goodput tok/s", "goodput"),
+    "tokps_per_watt": ("tok/s/W", "tok/s per W", "tokps_per_w"),
+}
+
+
 def objective_metric(tune: TuneSection) -> str:
     """The verdict metric the objective is decided on (`truthput.analyze.decide`)."""
-    return "goodput" if tune.objective == "goodput" else "tok/s"
+    return _OBJECTIVES[tune.objective][0]
 
 
 def objective_figure(tune: TuneSection) -> str:
     """How the objective's figure is named in every view."""
-    return "goodput tok/s" if tune.objective == "goodput" else "tok/s"
+    return _OBJECTIVES[tune.objective][1]
+
+
+def screen_field(tune: TuneSection) -> str:
+    """The field of a `sim batch` result that holds the objective's figure per start."""
+    return _OBJECTIVES[tune.objective][2]
 
 
 def feasible(e: Evaluation, tune: TuneSection) -> bool:
