@@ -145,19 +145,20 @@ def _requests(records: Sequence[RequestRecord], continuous: int) -> Requests:
     )
 
 
-def simulated_energy_per_token(scrapes: Sequence[Scrape], names: EngineMetricNames) -> float | None:
+def _simulated_energy(sc: _Scrapes, ws: ParsedScrape | None, we: ParsedScrape | None,
+                      d_win: CounterDelta) -> dict[str, Any] | None:
     """Joules per emitted token over the timed window, both counters read at the window's scrapes
     (the headline's span): the simulator's modelled GPU energy, so the idle tail after the load is
     not charged to the tokens. None for a server without that counter."""
     from truthput.measure.names import SIMULATED_ENERGY
 
-    sc = _Scrapes(scrapes)
-    emitted = sc.first_name(names.candidates("emitted_tokens"))
-    if emitted is None or sc.first_name((SIMULATED_ENERGY,)) is None:
+    if sc.first_name((SIMULATED_ENERGY,)) is None:
         return None
-    ws, we = sc.phase("window_start"), sc.phase("window_end", last=True)
-    joules, tokens = sc.delta(SIMULATED_ENERGY, ws, we).value, sc.delta(emitted, ws, we).value
-    return joules / tokens if joules and tokens else None
+    joules = sc.delta(SIMULATED_ENERGY, ws, we).value
+    if not joules or not d_win.value:
+        return None
+    return {"value": joules / d_win.value, "unit": "J/token", "source": "simulator", "window": "window",
+            "note": "SIMULATED: the simulator's power model over its modelled steps, not NVML"}
 
 
 def _integrity(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | None) -> Integrity:
@@ -721,6 +722,9 @@ def measure_trial(
     result.per_stream = _per_stream(records, counter_tps)
     result.latency = _latency(records, sc, names, counts, ws_s, we_s)
     result.server_samples = _server_samples(sc, names, win)
+    energy = _simulated_energy(sc, ws_s, we_s, d_win)
+    if energy is not None:
+        result.telemetry = {"energy_per_token_j": energy}
     _check(result, sc, emitted, counts, engine, concurrency, records, d_win, d_trial, ws_s, we_s, open_loop)
 
     rows = _methods(result, emitted, d_win, counter_tps, k, d_dt_w, d_acc_w)

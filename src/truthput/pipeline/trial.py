@@ -222,15 +222,9 @@ def _interference(run: TrialRun, setup: TrialSetup, host: Any, telemetry: Any) -
 def _telemetry(run: TrialRun, telemetry: Any, setup: TrialSetup, gpu: Any) -> None:
     if telemetry is None:
         why = "simulated server (no GPU)" if setup.simulated else "not sampled for this trial"
-        run.results.telemetry = {"available": False, "reason": f"no GPU telemetry: {why}"}
-        if setup.simulated:
-            from truthput.measure.trial import simulated_energy_per_token
-
-            per_token = simulated_energy_per_token(run.scrapes, setup.names)
-            if per_token is not None:
-                run.results.telemetry["energy_per_token_j"] = {
-                    "value": per_token, "unit": "J/token", "source": "simulator", "window": "window",
-                    "note": "SIMULATED: the simulator's power model over its modelled steps, not NVML"}
+        # a simulator's modelled energy (measure_trial read it from its counter) stays beside the why
+        run.results.telemetry = {**(run.results.telemetry or {}), "available": False,
+                                 "reason": f"no GPU telemetry: {why}"}
         return
     from truthput.engines.telemetry import energy_per_token
 

@@ -46,9 +46,6 @@ def figure_text(v: Any) -> str:
     return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.3g}"
 
 
-_f = figure_text
-
-
 def _ms(v: Any) -> str:
     return "missing" if v is None else f"{v * 1000:,.0f}"
 
@@ -88,4 +85,4 @@ def render_tune_html(d: dict[str, Any]) -> str:
 
     env = jinja2.Environment(autoescape=True)
     plot = tradeoff_plot(d)
-    return env.from_string(_TEMPLATE).render(d=d, f=_f, ms=_ms, plot=jinja2.utils.markupsafe.Markup(plot or ""))
+    return env.from_string(_TEMPLATE).render(d=d, f=figure_text, ms=_ms, plot=jinja2.utils.markupsafe.Markup(plot or ""))

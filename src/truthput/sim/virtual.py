@@ -27,7 +27,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -186,8 +186,8 @@ class _Window:
                 self.energy_at_w1 = self.power.energy_j(end)
         return end, inside
 
-    def idle(self, engine: Any, now: float, until: float) -> float:
-        """The clock jumps from `now` to `until`: nothing runs."""
+    def idle(self, engine: Any, until: float) -> float:
+        """The clock jumps to `until`: nothing runs."""
         self._count(engine, until)
         if self.power is not None and self.w0 is not None and until <= self.w1:
             self.energy_at_w1 = self.power.energy_j(until)
@@ -305,7 +305,7 @@ def _measure_open(server: Any, load: LoadSpec, seed: int, power: PowerMeter | No
             held += 1  # arrived while the cap was full
         planned = window.plan(engine, now)
         if planned is None:  # idle: jump to the next arrival
-            now = window.idle(engine, now, max(now, arrivals[nxt]) if nxt < len(arrivals) else now + 1.0)
+            now = window.idle(engine, max(now, arrivals[nxt]) if nxt < len(arrivals) else now + 1.0)
             continue
         decodes, prefills, dt = planned
         now, _ = window.step(engine, decodes, prefills, now, dt)
@@ -358,13 +358,7 @@ def evaluate(config: dict) -> dict:
     import truthput.sim.flags  # noqa: F401  (imported before the clock starts: the first line's CPU is its own)
     from truthput.sim.server import StartupFailure
 
-    load = LoadSpec(concurrency=int(config["concurrency"]), input_tokens=int(config.get("input_tokens", 256)),
-                    output_tokens=int(config.get("output_tokens", 256)),
-                    duration_s=float(config.get("duration_s", 30.0)), warmup_s=float(config.get("warmup_s", 5.0)),
-                    rate=float(config["rate"]) if config.get("rate") is not None else None,
-                    arrival=str(config.get("arrival", "poisson")),
-                    max_in_flight=int(config["max_in_flight"]) if config.get("max_in_flight") else None,
-                    slo_ttft_ms=config.get("slo_ttft_ms"), slo_itl_ms=config.get("slo_itl_ms"))
+    load = LoadSpec(**{f.name: config[f.name] for f in fields(LoadSpec) if config.get(f.name) is not None})
     starts = int(config.get("starts", 1))
     seed0 = int(config.get("seed", 0))
     out: dict[str, Any] = {"id": config.get("id"), "source": "simulator"}
