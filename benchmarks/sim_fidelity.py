@@ -42,14 +42,14 @@ VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
 TRUTHPUT = [sys.executable, "-m", "truthput"]
 CACHE = Path(os.environ.get("TRUTHPUT_CACHE", Path.home() / ".cache" / "truthput"))
 #: What the fit is free to move. On a CPU host a decode step is weight streaming (bandwidth, which
-#: the probe measured) plus CPU time per step, and with n-gram its CPU time per decoding sequence
-#: (the k=1 training points pin it); flops_frac stays at its prior (these short prompts never make
+#: the probe measured) plus CPU time per step, and with n-gram its CPU time per step and per
+#: decoding sequence (the k=1 training points at 1 and 2 streams tell them apart); flops_frac stays at its prior (these short prompts never make
 #: a step compute-bound) and per_seq_overhead_s too (no-speculation steps were flat in the batch,
 #: so two runs of this design did not identify it).
-FREE = ("step_overhead_s", "ngram_s_per_seq")
-#: The probe measured the bandwidth this host achieves, so the prior for its fraction is 1, not a
-#: datasheet discount; bw_frac is fitted only when --free names it.
-PRIOR_BW_FRAC = 1.0
+FREE = ("step_overhead_s", "spec_step_s", "ngram_s_per_seq")
+#: The probe measured the bandwidth and the matmul rate this host achieves, so the priors for their
+#: fractions are 1 (hardware.physics.prior_efficiency), not a datasheet's discount; bw_frac and
+#: flops_frac are fitted only when --free names them.
 MIN_START_SIGMA = 0.02
 """The least start-to-start spread assumed (a few % on real boxes)."""
 VARIANTS = {"nospec": {}, "ngram1": {"--spec-method": "ngram", "--spec-tokens": 1},
@@ -122,7 +122,6 @@ def analyse(store_path: Path, run_id: str, train: set[tuple[str, int]], starts: 
     """The protocol's figures for a stored run (`gpu`/`model`: for a run without [hardware]/[model],
     as `sim calibrate --gpu/--model` takes them)."""
     from truthput.commands.sim import calibration_points
-    from truthput.hardware.physics import Efficiency
     from truthput.sim.calibrate import fit
     from truthput.store.db import Store
 
@@ -138,7 +137,7 @@ def analyse(store_path: Path, run_id: str, train: set[tuple[str, int]], starts: 
         chosen = {k: by_config[k] for k in configs}
 
         def once(start_sigma):
-            return fit(points, gpu, model, free=free, prior=Efficiency(bw_frac=PRIOR_BW_FRAC), reject_outliers=True,
+            return fit(points, gpu, model, free=free, reject_outliers=True,
                        start_sigma=start_sigma)
 
         # A start's own offset is what is left of the start-to-start spread once the window's own
@@ -166,9 +165,12 @@ def analyse(store_path: Path, run_id: str, train: set[tuple[str, int]], starts: 
     rows += [row(on_train, k, ps, "in sample") for k, ps in sorted(by_config.items()) if k in train]
     loo = [row(fitted([k for k in by_config if k != key]), key, ps, "leave-one-out")
            for key, ps in sorted(by_config.items())]
+    shares = [(t.results.interference.server_front_cores.number(), t.results.interference.server_cores.number())
+              for t in store.trial_results(run_id) if t.ok and t.results.interference.server_front_cores is not None
+              and t.results.interference.server_cores is not None]
     store.close()
     return {"gpu": gpu, "model": model, "result": on_train[0], "rows": rows, "loo": loo,
-            "spread": on_train[1], "skipped": pts.skipped}
+            "spread": on_train[1], "skipped": pts.skipped, "front": shares}
 
 
 def _pooled(by_config: dict, value) -> float | None:
@@ -208,15 +210,26 @@ def _replicate_spread(result, by_config: dict) -> float:
 
 def print_report(a: dict) -> None:
     res = a["result"]
-    print(f"\nfit on {res.gpu.name} / {res.model.name}: " + ", ".join(
-        f"{n} = {getattr(res.efficiency, n):.4g} ± {res.band_95(n):.0%}"
-        + ("" if res.identified(0.05)[n] else " (weakly identified)") for n in res.fitted))
+    def constant(n: str) -> str:
+        value = getattr(res.efficiency, n)
+        if abs(value) < 1e-9:  # at its lower bound: a relative band of a zero means nothing
+            return f"{n} = 0 (at its lower bound: these points want none)"
+        return (f"{n} = {value:.4g} ± {res.band_95(n):.0%}"
+                + ("" if res.identified(0.05)[n] else " (weakly identified)"))
+
+    print(f"\nfit on {res.gpu.name} / {res.model.name}: " + ", ".join(constant(n) for n in res.fitted))
     for n, why in res.dropped.items():
         print(f"  not fitted: {n} ({why})")
     print(f"  start-to-start spread of a window over its model figure {a['spread']:.1%} (fitted configurations); "
           f"within-start residual scatter {res.noise_log:.1%}")
     for label, why in a["skipped"]:
         print(f"  left out {label}: {why}")
+    if a.get("front"):
+        front = sorted(f for f, _ in a["front"])
+        print(f"  the server's front end (the process truthput started, not the engine below it) used "
+              f"{front[0]:.2f}-{front[-1]:.2f} cores in the windows (median {statistics.median(front):.2f}); "
+              f"the server's processes {statistics.median(s for _, s in a['front']):.2f} cores (median): "
+              "pinned to one core, that is engine time the front end takes")
     header = f"{'':14s} {'variant':8s} {'c':>3s} {'measured':>9s} {'predicted':>9s} {'error':>7s} {'±band':>6s} {'inside':>6s} {'score':>6s}"
     for title, rows in (("held out / in sample", a["rows"]), ("leave-one-out", a["loo"])):
         print(f"\n{title}\n{header}")

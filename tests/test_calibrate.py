@@ -133,3 +133,34 @@ def test_two_seed_points_pick_the_constants_that_explain_them() -> None:
     assert result.efficiency.flops_frac == pytest.approx(0.218, abs=0.005)
     assert result.efficiency.step_overhead_s == pytest.approx(0.0093, abs=0.0002)
     assert max(abs(r) for r in result.residuals_log) < 1e-6
+
+
+def test_speculations_cost_per_step_and_per_sequence_are_told_apart_by_two_concurrencies() -> None:
+    """n-gram points made by the physics with a known cost per step (verification, bookkeeping)
+    and per decoding sequence: at 1 and 4 streams the fit recovers both; at 1 stream alone it
+    cannot tell them apart and puts the cost on the step, which holds at a larger batch where
+    a per-sequence cost would multiply the error."""
+    truth = Efficiency(bw_frac=0.8, flops_frac=0.5, step_overhead_s=0.004, spec_step_s=0.003, ngram_s_per_seq=0.0005)
+    free = ("step_overhead_s", "spec_step_s", "ngram_s_per_seq")
+
+    def point(conc: int, k: int) -> CalibrationPoint:
+        p = CalibrationPoint(tp=1, concurrency=conc, spec_k=k, spec_method="ngram" if k else None,
+                             acceptance_length=1.8 if k else None, context_tokens=1024)
+        return CalibrationPoint(**{**p.__dict__, "measured_tokps": model_tokps(GPU, MODEL, p, truth)})
+
+    both = fit([point(c, k) for c in (1, 4) for k in (0, 3)], GPU, MODEL, free=free)
+    assert both.efficiency.spec_step_s == pytest.approx(0.003, rel=1e-3)
+    assert both.efficiency.ngram_s_per_seq == pytest.approx(0.0005, rel=1e-3)
+    one = fit([point(1, 0), point(1, 3)], GPU, MODEL, free=free)
+    assert one.fitted == ("step_overhead_s", "spec_step_s") and "ngram_s_per_seq" in one.dropped
+    assert one.efficiency.spec_step_s == pytest.approx(0.0035, rel=0.05)  # the two costs, as one per step
+
+
+def test_a_probed_hosts_figures_are_not_discounted_as_a_datasheets_are() -> None:
+    from dataclasses import replace
+
+    from truthput.hardware.physics import prior_efficiency
+
+    assert prior_efficiency(GPU) == Efficiency()  # the catalog's datasheet peaks: 80% / 50%
+    probed = replace(GPU, sources=("measured by `truthput hardware probe` on 2026-12-02",), kind="cpu")
+    assert (prior_efficiency(probed).bw_frac, prior_efficiency(probed).flops_frac) == (1.0, 1.0)

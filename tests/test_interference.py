@@ -52,6 +52,26 @@ def test_a_stranger_burning_a_core_is_counted_and_the_server_is_not():
     assert [f.code for f in res.throughput.counter_window.flags] == ["host_interference"]
 
 
+def test_the_servers_cpu_is_split_into_its_front_end_and_its_children():
+    """A server whose started process idles while its child (an engine) burns a core: the server's
+    processes used about a core, the front end (the started process alone) almost nothing."""
+    front = ("import subprocess, sys, time\n"
+             f"child = subprocess.Popen([sys.executable, '-c', {BURN!r}])\n"
+             "time.sleep(20)\n")
+    server = subprocess.Popen([sys.executable, "-c", front], start_new_session=True)
+    try:
+        time.sleep(0.5)
+        host = _measure(server.pid)
+    finally:
+        import os
+        import signal
+
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    assert host.server_cores is not None and host.server_cores > 0.5
+    assert host.front_cores is not None and host.front_cores < 0.1
+
+
 class FakeNVML:
     """FAKE pynvml (no GPU here): one GPU, scripted processes and clocks-event reasons."""
 

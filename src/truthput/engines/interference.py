@@ -38,8 +38,9 @@ def _host_busy_ticks() -> int | None:
     return sum(values[i] for i in BUSY_FIELDS if i < len(values))
 
 
-def _process_ticks(pid: int) -> tuple[int, int] | None:
-    """(utime + stime + cutime + cstime, process group) of a process, from /proc/<pid>/stat."""
+def _process_ticks(pid: int, own: bool = False) -> tuple[int, int] | None:
+    """(utime + stime + cutime + cstime, process group) of a process, from /proc/<pid>/stat;
+    `own`: utime + stime only (not its reaped children's)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             text = fh.read()
@@ -48,7 +49,7 @@ def _process_ticks(pid: int) -> tuple[int, int] | None:
     rest = text[text.rfind(")") + 2:].split()
     try:
         pgrp = int(rest[2])
-        ticks = sum(int(rest[i]) for i in (11, 12, 13, 14))
+        ticks = sum(int(rest[i]) for i in ((11, 12) if own else (11, 12, 13, 14)))
     except (IndexError, ValueError):
         return None
     return ticks, pgrp
@@ -74,17 +75,23 @@ class HostSample:
     busy: int
     ours: int
     server: int
+    front: int | None = None
 
 
 @dataclass
 class HostLoad:
-    """Host CPU between two samples: cores used by other processes than truthput and the server."""
+    """Host CPU between two samples: cores used by other processes than truthput and the server,
+    and by the server itself: all its processes, and the one truthput started (the front end,
+    e.g. vLLM's API server, whose engine runs in its children). Where both share one core the front
+    end's time is time the engine's steps wait for."""
 
     server_pgids: set[int] = field(default_factory=set)
     start: HostSample | None = None
     t_start: float | None = None
     seconds: float | None = None
     other_cores: float | None = None
+    server_cores: float | None = None
+    front_cores: float | None = None
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     reason: str | None = None
 
@@ -96,7 +103,9 @@ class HostLoad:
         ours = own[0]
         own_group = group_ticks({own[1]})[0] if own[1] not in self.server_pgids else 0
         server, _ = group_ticks(self.server_pgids)
-        return HostSample(busy=busy, ours=max(ours, own_group), server=server)
+        fronts = [_process_ticks(pgid, own=True) for pgid in self.server_pgids]
+        front = sum(f[0] for f in fronts if f) if fronts and all(fronts) else None
+        return HostSample(busy=busy, ours=max(ours, own_group), server=server, front=front)
 
     def begin(self) -> None:
         self.start, self.t_start = self._sample(), time.monotonic()
@@ -113,6 +122,10 @@ class HostLoad:
         other = (stop.busy - self.start.busy) - (stop.ours - self.start.ours) - (stop.server - self.start.server)
         self.seconds = seconds
         self.other_cores = max(other, 0) / hz / seconds
+        if self.server_pgids:
+            self.server_cores = max(stop.server - self.start.server, 0) / hz / seconds
+            if stop.front is not None and self.start.front is not None:
+                self.front_cores = max(stop.front - self.start.front, 0) / hz / seconds
 
 
 def server_pids(pgids: set[int]) -> set[int]:

@@ -53,6 +53,12 @@ class GPU:
     board_power_w: float | None = None
     """The datasheet's board power limit (TDP / TGP); None where unknown (a probed CPU host)."""
 
+    @property
+    def measured(self) -> bool:
+        """Whether the figures are rates this host achieved (`truthput hardware probe`), not
+        datasheet peaks: then the simulator's efficiency fractions start at 1, not a discount."""
+        return any(s.startswith("measured by") for s in self.sources)
+
     def to_dict(self) -> dict:
         return {
             "name": self.name,

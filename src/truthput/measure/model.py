@@ -305,6 +305,8 @@ class Interference(Section):
 
     host_other_cores: Figure | None = None
     host_cores: int | None = None
+    server_cores: Figure | None = None
+    server_front_cores: Figure | None = None
     gpu_throttle_samples: dict[str, int] = Field(default_factory=dict)
     gpu_foreign_pids: list[int] = Field(default_factory=list)
     note: str = ""

@@ -208,6 +208,13 @@ def _interference(run: TrialRun, setup: TrialSetup, host: Any, telemetry: Any) -
         i.host_cores = host.cores
         i.host_other_cores = Figure(value=host.other_cores, unit="cores", source="client_clock", window="window",
                                     note="/proc/stat busy time less truthput's and the server's processes")
+        if host.server_cores is not None:
+            i.server_cores = Figure(value=host.server_cores, unit="cores", source="client_clock", window="window",
+                                    note="CPU time of the server's processes (/proc) over the window")
+        if host.front_cores is not None:
+            i.server_front_cores = Figure(value=host.front_cores, unit="cores", source="client_clock",
+                                          window="window", note="CPU time of the process truthput started (the "
+                                          "server's front end; its children not counted) over the window")
     if telemetry is not None and getattr(telemetry, "available", False):
         mine = server_pids(setup.server_pgids) | {os.getpid()}
         seen = set(telemetry.gpu_pids)

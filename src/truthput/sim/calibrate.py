@@ -34,13 +34,16 @@ from typing import Sequence
 from truthput.errors import SpecError
 from truthput.hardware.gpus import GPU, get_gpu
 from truthput.hardware.models import ModelProfile, get_model
-from truthput.hardware.physics import Efficiency, decode_step
+from truthput.hardware.physics import Efficiency, decode_step, prior_efficiency
 
 PROFILE_FORMAT = "truthput-sim-profile/1"
 DEFAULT_FREE = ("step_overhead_s", "bw_frac", "flops_frac", "tp_latency_s")
 # fitted in this order of preference when the data supports fewer constants than asked for:
 # a fixed per-step time is what one point can pin down; bandwidth next; TP latency; compute last.
-PRIORITY = ("step_overhead_s", "bw_frac", "tp_latency_s", "flops_frac", "per_seq_overhead_s", "ngram_s_per_seq")
+# Speculation's per-step cost comes before its per-sequence cost: points at one concurrency cannot
+# tell them apart, and a per-step cost extrapolates to larger batches without multiplying an error.
+PRIORITY = ("step_overhead_s", "bw_frac", "tp_latency_s", "flops_frac", "spec_step_s", "per_seq_overhead_s",
+            "ngram_s_per_seq")
 BOUNDS = {
     "bw_frac": (0.05, 1.0),
     "flops_frac": (0.01, 1.0),
@@ -48,6 +51,7 @@ BOUNDS = {
     "tp_latency_s": (0.0, 0.01),
     "per_seq_overhead_s": (0.0, 0.1),
     "ngram_s_per_seq": (0.0, 0.1),
+    "spec_step_s": (0.0, 0.1),
 }
 ASSUMED_REL_NOISE = 0.05  # used for bands when no degrees of freedom are left to estimate noise
 # How closely the window model reproduces a window's served tok/s when everything else is known:
@@ -471,7 +475,7 @@ def fit(
     gpu: GPU | str,
     model: ModelProfile | str,
     free: Sequence[str] = DEFAULT_FREE,
-    prior: Efficiency = Efficiency(),
+    prior: Efficiency | None = None,
     reject_outliers: bool = False,
     start_sigma: float = 0.0,
 ) -> CalibrationResult:
@@ -489,6 +493,8 @@ def fit(
     noise is not read as physics, while differences within a start (concurrency: KV bytes,
     prefills) still pin the constants. The within-start scatter is estimated from the residuals.
     """
+    if prior is None:
+        prior = prior_efficiency(get_gpu(gpu) if isinstance(gpu, str) else gpu)
     if reject_outliers:
         first = _fit_rejecting_outliers(points, gpu, model, free, prior)
     else:
@@ -501,7 +507,9 @@ def fit(
     for p, r in zip(kept, first.residuals_log):
         by_group.setdefault(p.group, []).append(r)
     within = sum((r - sum(rs) / len(rs)) ** 2 for rs in by_group.values() for r in rs)
-    dof = len(kept) - len(by_group)
+    # the constants took up to one degree of freedom each from what is left within the starts: an
+    # exact fit (as many points as starts plus constants) says nothing about the scatter
+    dof = len(kept) - len(by_group) - len(first.fitted)
     sigma_e = max(math.sqrt(within / dof) if dof > 0 else ASSUMED_REL_NOISE, WINDOW_MODEL_FLOOR)
     rejected = list(first.rejected)
     notes = [n for n in first.notes if n.startswith("left out")]
@@ -563,7 +571,7 @@ def _fit(
     gpu: GPU | str,
     model: ModelProfile | str,
     free: Sequence[str] = DEFAULT_FREE,
-    prior: Efficiency = Efficiency(),
+    prior: Efficiency | None = None,
     loss: str = "linear",
     whiten=None,
     start_groups: Sequence[int] | None = None,
@@ -584,7 +592,7 @@ def _fit(
     for name in free:
         if name not in BOUNDS:
             raise SpecError(f"calibration: cannot fit {name!r}; choose from {', '.join(BOUNDS)}")
-    prior = _resolved(prior, gpu)
+    prior = _resolved(prior if prior is not None else prior_efficiency(gpu), gpu)
     dropped: dict[str, str] = {}
     candidates = [n for n in PRIORITY if n in free]
     if "tp_latency_s" in candidates and all(p.tp == 1 for p in points):

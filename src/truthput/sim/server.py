@@ -91,7 +91,7 @@ def resolve_setup(cfg: SimServeConfig, eff=None) -> SimSetup:
     """Resolve model, GPU, efficiency and the memory plan; StartupFailure in vLLM's words."""
     from truthput.hardware.gpus import get_gpu
     from truthput.hardware.models import get_model
-    from truthput.hardware.physics import Efficiency, memory_plan
+    from truthput.hardware.physics import memory_plan, prior_efficiency
 
     if cfg.model and Path(cfg.model).expanduser().is_dir():
         model = get_model(cfg.model)
@@ -110,7 +110,7 @@ def resolve_setup(cfg: SimServeConfig, eff=None) -> SimSetup:
         if cfg.sim_profile:
             eff, meta = load_efficiency(cfg.sim_profile)
         else:
-            eff = Efficiency()
+            eff = prior_efficiency(gpu)
     bw_factor = 1.0
     if cfg.noise > 0:
         bw_factor = max(0.5, 1.0 + random.Random(cfg.seed ^ 0xB4D).gauss(0.0, cfg.noise))
