@@ -41,11 +41,10 @@ REPO = Path(__file__).resolve().parents[1]
 VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
 TRUTHPUT = [sys.executable, "-m", "truthput"]
 CACHE = Path(os.environ.get("TRUTHPUT_CACHE", Path.home() / ".cache" / "truthput"))
-#: What the fit is free to move. On a CPU host a decode step is weight streaming (bandwidth, which
-#: the probe measured) plus CPU time per step, and with n-gram its CPU time per step and per
-#: decoding sequence (the k=1 training points at 1 and 2 streams tell them apart); flops_frac stays at its prior (these short prompts never make
-#: a step compute-bound) and per_seq_overhead_s too (no-speculation steps were flat in the batch,
-#: so two runs of this design did not identify it).
+#: What the fit is free to move. On a CPU host a decode step is weight streaming and matmuls (at
+#: the rates the probe measured) plus CPU time per step, and with n-gram its CPU time per step and
+#: per decoding sequence (the k=1 training points at 1 and 2 streams tell them apart);
+#: per_seq_overhead_s stays at its prior (1 and 2 streams did not identify it in three runs).
 FREE = ("step_overhead_s", "spec_step_s", "ngram_s_per_seq")
 #: The probe measured the bandwidth and the matmul rate this host achieves, so the priors for their
 #: fractions are 1 (hardware.physics.prior_efficiency), not a datasheet's discount; bw_frac and

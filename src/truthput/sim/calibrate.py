@@ -570,8 +570,8 @@ def _fit(
     points: Sequence[CalibrationPoint],
     gpu: GPU | str,
     model: ModelProfile | str,
-    free: Sequence[str] = DEFAULT_FREE,
-    prior: Efficiency | None = None,
+    free: Sequence[str],
+    prior: Efficiency,
     loss: str = "linear",
     whiten=None,
     start_groups: Sequence[int] | None = None,
@@ -592,7 +592,7 @@ def _fit(
     for name in free:
         if name not in BOUNDS:
             raise SpecError(f"calibration: cannot fit {name!r}; choose from {', '.join(BOUNDS)}")
-    prior = _resolved(prior if prior is not None else prior_efficiency(gpu), gpu)
+    prior = _resolved(prior, gpu)
     dropped: dict[str, str] = {}
     candidates = [n for n in PRIORITY if n in free]
     if "tp_latency_s" in candidates and all(p.tp == 1 for p in points):
