@@ -607,8 +607,10 @@ def test_a_leftover_server_is_stopped_only_when_it_is_the_recorded_process(tmp_p
         assert stop_leftover_server(p.pid, spawned, ["/usr/bin/python3"], identity=identity) == "not ours"
         assert p.poll() is None
         # the wall clock may have moved since the spawn (a stepped clock, a paused VM): the identity holds
+        seen = (identity, process_identity(p.pid), Path(f"/proc/{p.pid}/cmdline").read_bytes())
+        assert seen[0] == seen[1], seen
         assert stop_leftover_server(p.pid, spawned + 3600.0, ["/bin/sleep", "300"], grace_s=5,
-                                    identity=identity) == "stopped"
+                                    identity=identity) == "stopped", seen
         p.wait(timeout=10)
         assert stop_leftover_server(p.pid, spawned, ["sleep"], identity=identity) == "gone"
     finally:

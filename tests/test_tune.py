@@ -100,6 +100,34 @@ def test_virtual_time_is_a_thousand_times_faster_than_real_time_on_the_quickstar
     assert min(ratios) >= 1000, ratios
 
 
+def test_the_pricer_prices_every_shape_as_the_physics_does_and_a_virtual_ngram_start_repeats():
+    """The pricer keeps each step shape's price: a repeated shape costs what `decode_step` says for
+    it, on a clean start as after the cache filled. A virtual start with n-gram (whose prompt ids
+    are drawn only when the lookup reads them) gives the same figures twice, and drafts accepted."""
+    from truthput.hardware.physics import decode_step
+    from truthput.sim import server as sim_server
+    from truthput.sim.engine import StepShape
+    from truthput.sim.flags import parse_serve_args
+    from truthput.sim.virtual import LoadSpec, run_start
+
+    cfg = parse_serve_args(["--model", "m", "--sim-gpu", "RTX 3090", "--sim-model", "llama-3.1-8b", "--max-model-len", "4096"])
+    setup = sim_server.resolve_setup(cfg)
+    price = sim_server.make_pricer(cfg, setup)
+    shapes = [StepShape(d, d * ctx, 0, pf, int(pf > 0)) for d in (1, 4, 8) for ctx in (100, 900) for pf in (0, 512)]
+    for shape in shapes * 3:
+        want = decode_step(setup.gpu, setup.model, 1, shape.decode_seqs, shape.context_tokens,
+                           prefill_tokens=shape.prefill_tokens, eff=setup.eff).total
+        assert price(shape) == want
+    argv = ["--model", "m", "--sim-gpu", "RTX 3090", "--sim-model", "llama-3.1-8b", "--max-model-len", "4096",
+            "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}']
+    load = LoadSpec(concurrency=4, input_tokens=64, output_tokens=64, duration_s=5.0, warmup_s=1.0)
+    first, again = run_start(argv, load, 3), run_start(argv, load, 3)
+    assert first.tokps == again.tokps and first.itl_s == again.itl_s
+    nospec = run_start(argv[:-2], load, 3)
+    assert first.tokps != nospec.tokps
+
+
 def test_the_correction_learns_a_batch_dependent_error_and_reranks():
     """Known truth: real = simulated x exp(-0.5 x batch feature); the simulator alone ranks the
     largest batch first, the corrected ranking finds the true best after a few real points."""

@@ -69,11 +69,29 @@ def process_identity(pid: int) -> str | None:
     the wall clock is stepped or a paused VM resumes. None when /proc cannot say."""
     try:
         ticks = int(_stat_fields(pid)[19])
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
     except (OSError, ValueError, IndexError):
         return None
-    return f"{boot}/{ticks}"
+    boot = _boot_id()
+    return None if boot is None else f"{boot}/{ticks}"
+
+
+def _boot_id() -> str | None:
+    """This boot's id. Where the kernel (or a sandbox's emulation of /proc) gives a new one at each
+    read, the boot time in /proc/stat stands in: it moves with a stepped clock, so a leftover is
+    then at worst left alone, never mistaken."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            first = f.read().strip()
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            if f.read().strip() == first and first:
+                return first
+    except OSError:
+        pass
+    try:
+        with open("/proc/stat", "rb") as f:
+            return "btime:" + next(line.split()[1].decode() for line in f if line.startswith(b"btime"))
+    except (OSError, StopIteration, IndexError):
+        return None
 
 
 def stop_leftover_server(pid: int, spawned_at: float, argv: Sequence[str], grace_s: float = 10.0,

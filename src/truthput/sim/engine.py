@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from truthput.sim.logs import StatsLogger
 from truthput.sim.metrics import SimMetrics
@@ -53,9 +53,9 @@ def method_family(method: str | None) -> str | None:
     return "draft_model"
 
 
-@dataclass(frozen=True)
-class StepShape:
-    """What one engine step computes: the input of the pricer."""
+class StepShape(NamedTuple):
+    """What one engine step computes: the input of the pricer. A named tuple: built once per
+    step, and the pricer's cache key as it is."""
 
     decode_seqs: int
     context_tokens: int
@@ -254,13 +254,15 @@ class SimEngine:
         decodes: list[tuple[SimRequest, int]] = []
         prefills: list[tuple[SimRequest, int]] = []
         context = 0
+        drafted = False
+        speculating = self.spec_k > 0
         i = 0
         while i < len(self.running):
             req = self.running[i]
             if req.computed < req.prefill_target:
                 i += 1
                 continue
-            d = self._draft_len(req)
+            d = self._draft_len(req) if speculating else 0
             if budget < 1 + d:
                 i += 1
                 continue
@@ -274,9 +276,11 @@ class SimEngine:
             if preempted_self:
                 break
             decodes.append((req, d))
+            drafted = drafted or d > 0
             context += req.computed
             budget -= 1 + d
             i += 1
+        decode_budget = budget
         # prefills of running requests (chunked continuation)
         for req in self.running:
             if budget <= 0:
@@ -307,8 +311,8 @@ class SimEngine:
         shape = StepShape(
             decode_seqs=len(decodes),
             context_tokens=context,
-            spec_k=self.spec_k if any(d for _, d in decodes) else 0,
-            prefill_tokens=sum(c for _, c in prefills),
+            spec_k=self.spec_k if drafted else 0,
+            prefill_tokens=decode_budget - budget,
             prefill_seqs=len(prefills),
         )
         return decodes, prefills, shape
@@ -346,7 +350,8 @@ class SimEngine:
             req.last_token_time = now
             if req.emitted >= req.max_new:
                 finished.append(req)
-            req._wake()
+            if req.waiter is not None:
+                req._wake()
         prompt_tokens = 0
         for req, chunk in prefills:
             if req.finish_reason is not None:
@@ -410,8 +415,8 @@ class SimEngine:
             m.request_preemptions.observe(0)
         # shrink blocks of running decodes to what their KV needs (rejected draft slots)
         bs = self.limits.block_size
-        for req, _ in decodes:
-            if req.finish_reason is None and req.blocks:
+        for req, d in decodes:
+            if d and req.finish_reason is None and req.blocks:  # a decode without a draft holds no spare slot
                 keep = -(-req.computed // bs)
                 if keep < req.blocks:
                     self.free_blocks += req.blocks - keep

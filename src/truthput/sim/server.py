@@ -38,6 +38,8 @@ from truthput.sim.speculation import DEFAULT_VOCAB, OutputTokens, Repetition, lo
 
 GiB = 1024**3
 SIM_VERSION = "0.0.0+truthput.sim"
+PRICE_CACHE_SHAPES = 1 << 16
+"""Step shapes whose price a pricer keeps (cleared when full: a long open-loop run meets new ones)."""
 _PROM_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"  # as vLLM 0.32 serves /metrics
 
 
@@ -198,10 +200,19 @@ def make_pricer(cfg: SimServeConfig, setup: SimSetup, metrics: SimMetrics | None
 
     kv_write = kv_bytes_per_token_per_gpu(model, kv_bytes, tp)
 
+    priced: dict[StepShape, Any] = {}
+
     def price(shape: StepShape) -> float:
-        step = decode_step(gpu, model, tp, shape.decode_seqs, shape.context_tokens, spec_k=shape.spec_k,
-                           spec_method=method if shape.spec_k else None, kv_dtype_bytes=kv_bytes,
-                           prefill_tokens=shape.prefill_tokens, eff=eff, draft_model=draft)
+        # a closed loop passes through the same shapes again and again (each request's context
+        # grows through the same lengths): the physics is priced once per shape
+        step = priced.get(shape)
+        if step is None:
+            if len(priced) >= PRICE_CACHE_SHAPES:
+                priced.clear()
+            step = priced[shape] = decode_step(
+                gpu, model, tp, shape.decode_seqs, shape.context_tokens, spec_k=shape.spec_k,
+                spec_method=method if shape.spec_k else None, kv_dtype_bytes=kv_bytes,
+                prefill_tokens=shape.prefill_tokens, eff=eff, draft_model=draft)
         if metrics is not None:  # vLLM's estimated_* counters, from the same physics as the step time
             metrics.est_flops.inc(step.flops_per_gpu)
             metrics.est_read.inc(step.weight_bytes_per_gpu + step.kv_bytes_per_gpu)
@@ -703,9 +714,12 @@ class SimServer:
                 if req.finish_reason is None:
                     self.engine.abort(req)
 
-    def output_stream(self, p: Prompt, skey: int, copy_q: float) -> textgen.TokenStream:
-        """The token stream one choice's output is drawn from (keyed; copies from its prompt)."""
-        tokens = OutputTokens(skey, functools.partial(self._ids_of, p), copy_q, self.repetition.span, self.vocab)
+    def output_stream(self, p: Prompt, skey: int, copy_q: float,
+                      prompt_ids: Callable[[], list[int]] | None = None) -> textgen.TokenStream:
+        """The token stream one choice's output is drawn from (keyed; copies from its prompt, whose
+        ids `prompt_ids` gives when read; by default the prompt's own, see `_ids_of`)."""
+        ids = prompt_ids or functools.partial(self._ids_of, p)
+        tokens = OutputTokens(skey, ids, copy_q, self.repetition.span, self.vocab)
         return textgen.TokenStream(skey, tokens)
 
     def _fixed_output(self, body: dict) -> tuple[str, str | None] | web.Response | None:

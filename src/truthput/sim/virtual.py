@@ -22,6 +22,7 @@ the line's SLOs for an open loop, or the start-up failure in vLLM's words. Every
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -128,7 +129,6 @@ class _Requests:
         self.server = server
         self.load = load
         self.seed = seed
-        self.rng = random.Random(seed ^ 0x51A7)
         self.copy_q = server.repetition.copy_start_prob(0.0)  # greedy, as the load's temperature 0
         self.max_new = max(1, min(load.output_tokens, server.max_model_len - load.input_tokens))
         self.sent = 0
@@ -139,11 +139,21 @@ class _Requests:
         self.sent += 1
         key_text = f"virtual prompt {self.seed} {self.sent}"
         n_in = self.load.input_tokens
-        p = Prompt(tokens=n_in, key_text=key_text, text=None, ids=self.rng.choices(range(self.server.vocab), k=n_in))
+        p = Prompt(tokens=n_in, key_text=key_text, text=None)
         skey = textgen.stream_key(textgen.text_key(key_text), greedy=True, seed=None,
                                   fp8_kv=self.server.fp8_kv, fallback=0)
+        ids = functools.partial(_prompt_ids, (self.seed << 32) ^ self.sent ^ 0x51A7, n_in, self.server.vocab)
         return SimRequest(f"v{self.sent}", n_in, self.max_new, "length",
-                          self.server.output_stream(p, skey, self.copy_q), now)
+                          self.server.output_stream(p, skey, self.copy_q, ids), now)
+
+
+def _prompt_ids(key: int, n: int, vocab: int) -> list[int]:
+    """A virtual prompt's token ids, from the request's own seeded RNG. Drawn only when read (by
+    n-gram lookup, or the output copying from its prompt): drawing every prompt's ids up front
+    was a tenth of a screen's CPU."""
+    rng = random.Random(key)
+    return [int(rng.random() * vocab) for _ in range(n)]
+
 
 
 class _Window:
@@ -353,10 +363,25 @@ def run_start(argv: list[str], load: LoadSpec, seed: int) -> StartFigures:
     return _measure(server, load, seed, power)
 
 
+@functools.cache
+def _prepare() -> None:
+    """What any line needs once per process: the modules a start imports and the GPU catalogue."""
+    import truthput.hardware.physics  # noqa: F401
+    import truthput.sim.flags  # noqa: F401
+    import truthput.spec.argv  # noqa: F401
+    from truthput.hardware.gpus import list_gpus
+    from truthput.hardware.models import list_models
+
+    list_gpus()
+    list_models()
+    np.quantile([0.0], 0.5)  # numpy imports its quantile's helpers on first use
+
+
 def evaluate(config: dict) -> dict:
     """One configuration (a batch line) -> its figures, or its start-up failure, as a JSON dict."""
-    import truthput.sim.flags  # noqa: F401  (imported before the clock starts: the first line's CPU is its own)
     from truthput.sim.server import StartupFailure
+
+    _prepare()  # before the clock starts: the first line's CPU is its own, not the process's start-up
 
     load = LoadSpec(**{f.name: config[f.name] for f in fields(LoadSpec) if config.get(f.name) is not None})
     starts = int(config.get("starts", 1))
