@@ -179,7 +179,7 @@ def make_pricer(cfg: SimServeConfig, setup: SimSetup, metrics: SimMetrics | None
     pricer passes tp = --tensor-parallel-size, while memory is planned over TP x PP GPUs.
     """
     from truthput.hardware.models import get_model
-    from truthput.hardware.physics import decode_step
+    from truthput.hardware.physics import StepBreakdown, decode_step
 
     family = method_family(cfg.spec_method) if cfg.spec_k else None
     method = _physics_method(family)
@@ -200,7 +200,7 @@ def make_pricer(cfg: SimServeConfig, setup: SimSetup, metrics: SimMetrics | None
 
     kv_write = kv_bytes_per_token_per_gpu(model, kv_bytes, tp)
 
-    priced: dict[StepShape, Any] = {}
+    priced: dict[StepShape, StepBreakdown] = {}
 
     def price(shape: StepShape) -> float:
         # a closed loop passes through the same shapes again and again (each request's context

@@ -155,7 +155,6 @@ def _prompt_ids(key: int, n: int, vocab: int) -> list[int]:
     return [int(rng.random() * vocab) for _ in range(n)]
 
 
-
 class _Window:
     """The timed window on the virtual clock, and the engine's emitted-token counter at its ends
     (read inside the step that crosses each end, as a scrape lands inside a step); the modelled
@@ -357,7 +356,6 @@ def run_start(argv: list[str], load: LoadSpec, seed: int) -> StartFigures:
 
     cfg = parse_serve_args([*argv, "--seed", str(seed), "--disable-log-stats"])
     setup = resolve_setup(cfg)
-    make_pricer(cfg, setup)
     power = PowerMeter(setup.gpu, cfg.num_gpus)
     server = SimServer(cfg, setup, pricer=make_pricer(cfg, setup, None, on_step=power.priced))
     return _measure(server, load, seed, power)
