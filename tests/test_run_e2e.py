@@ -8,6 +8,7 @@ it exactly (an integer identity).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -593,7 +594,7 @@ def test_a_leftover_server_is_stopped_only_when_it_is_the_recorded_process(tmp_p
     """`stop_leftover_server` stops the recorded process (same identity, same program) and its group;
     a pid with another identity -- or, in a store without one, a start at another time -- is a
     stranger and is left alone."""
-    from truthput.engines.process import process_identity, process_started_at, stop_leftover_server
+    from truthput.engines.process import _program_names, process_identity, process_started_at, stop_leftover_server
 
     spawned = time.time()
     p = subprocess.Popen(["sleep", "300"], start_new_session=True)
@@ -607,13 +608,46 @@ def test_a_leftover_server_is_stopped_only_when_it_is_the_recorded_process(tmp_p
         assert stop_leftover_server(p.pid, spawned, ["/usr/bin/python3"], identity=identity) == "not ours"
         assert p.poll() is None
         # the wall clock may have moved since the spawn (a stepped clock, a paused VM): the identity holds
-        seen = (identity, process_identity(p.pid), Path(f"/proc/{p.pid}/cmdline").read_bytes())
+        seen = (identity, process_identity(p.pid), Path(f"/proc/{p.pid}/cmdline").read_bytes(),
+                _program_names(p.pid))
         assert seen[0] == seen[1], seen
         assert stop_leftover_server(p.pid, spawned + 3600.0, ["/bin/sleep", "300"], grace_s=5,
                                     identity=identity) == "stopped", seen
         p.wait(timeout=10)
         assert stop_leftover_server(p.pid, spawned, ["sleep"], identity=identity) == "gone"
     finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_a_leftover_is_known_by_its_command_name_where_proc_hides_its_cmdline(tmp_path, monkeypatch):
+    """Some sandboxes' /proc give another process's cmdline as empty: the recorded server is then
+    known by its command name (or the file it executes), and a stranger is still left alone."""
+    import builtins
+
+    from truthput.engines import process as proc_mod
+
+    real_open = builtins.open
+
+    def open_without_cmdlines(path, *a, **kw):  # a fake of such a sandbox's /proc, named as one
+        if str(path).startswith("/proc/") and str(path).endswith("/cmdline"):
+            return io.BytesIO(b"")
+        return real_open(path, *a, **kw)
+
+    spawned = time.time()
+    p = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        identity = proc_mod.process_identity(p.pid)
+        monkeypatch.setattr(builtins, "open", open_without_cmdlines)
+        assert "sleep" in [os.path.basename(n) for n in proc_mod._program_names(p.pid)]
+        assert proc_mod.stop_leftover_server(p.pid, spawned, ["/usr/bin/python3"], identity=identity) == "not ours"
+        assert p.poll() is None
+        assert proc_mod.stop_leftover_server(p.pid, spawned, ["/bin/sleep", "300"], grace_s=5,
+                                             identity=identity) == "stopped"
+        monkeypatch.undo()
+        p.wait(timeout=10)
+    finally:
+        monkeypatch.undo()
         if p.poll() is None:
             p.kill()
 

@@ -94,6 +94,33 @@ def _boot_id() -> str | None:
         return None
 
 
+def _program_names(pid: int) -> list[str] | None:
+    """What /proc says process `pid` runs: argv[0] from its cmdline, else -- where a sandbox's /proc
+    gives another process's cmdline empty -- its command name and the file it executes. None when
+    the process is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            first = f.read().split(b"\0", 1)[0]
+    except OSError:
+        return None
+    if first:
+        return [first.decode("utf-8", "replace")]
+    names = []
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            names.append(f.read().strip().decode("utf-8", "replace"))
+    with contextlib.suppress(OSError):
+        names.append(os.readlink(f"/proc/{pid}/exe"))
+    return [n for n in names if n]
+
+
+def _runs_program(names: Sequence[str], program: str) -> bool:
+    """Whether one of `names` (from `_program_names`) is `program`, by its file name; the kernel's
+    command name holds at most 15 bytes of it."""
+    want = os.path.basename(program)
+    return any(os.path.basename(n) in (want, want[:15]) for n in names)
+
+
 def stop_leftover_server(pid: int, spawned_at: float, argv: Sequence[str], grace_s: float = 10.0,
                          identity: str | None = None) -> str:
     """Stop a server a dead truthput left running -- only when `pid` is that very process (never a
@@ -103,13 +130,11 @@ def stop_leftover_server(pid: int, spawned_at: float, argv: Sequence[str], grace
     started = process_started_at(pid)
     if started is None:
         return "gone"
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
-    except OSError:
+    names = _program_names(pid)
+    if names is None:
         return "gone"
     same_start = process_identity(pid) == identity if identity else abs(started - spawned_at) <= 5.0
-    if not same_start or not argv or not cmdline or os.path.basename(cmdline[0]) != os.path.basename(str(argv[0])):
+    if not same_start or not argv or not _runs_program(names, str(argv[0])):
         return "not ours"
     try:
         os.killpg(pid, signal.SIGTERM)
@@ -147,7 +172,7 @@ def become_subreaper() -> bool:
 
 
 def _children(pid: int) -> list[int]:
-    out = []
+    out: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -281,6 +306,7 @@ class ProcessEngine:
         _LIVE_GROUPS.add(self._proc.pid)
         if self.on_spawn is not None:
             self.on_spawn(self._proc.pid)  # recorded before it is trusted: a later resume can stop it
+        assert self._proc.stdout is not None and self._proc.stderr is not None  # both piped above
         self._readers = [asyncio.create_task(self._pump(self._proc.stdout, "stdout")),
                          asyncio.create_task(self._pump(self._proc.stderr, "stderr"))]
         outcome = await self._wait_ready(t0)
