@@ -376,7 +376,9 @@ def _start_run(tmp_path, name: str, min_trials: int, preexec=None, text: str | N
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_and_sighup_stop_the_servers_and_mark_the_run_interrupted(tmp_path, sig):
-    proc, db = _start_run(tmp_path, sig.name, 2)
+    # the signal's default disposition, whatever the test runner inherited (`nohup pytest` ignores
+    # SIGHUP, and truthput rightly keeps an inherited ignore)
+    proc, db = _start_run(tmp_path, sig.name, 2, preexec=lambda: signal.signal(sig, signal.SIG_DFL))
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 128 + sig, out.decode()
