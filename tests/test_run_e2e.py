@@ -646,7 +646,6 @@ def test_a_leftover_is_known_by_its_command_name_where_proc_hides_its_cmdline(tm
         assert p.poll() is None
         assert proc_mod.stop_leftover_server(p.pid, spawned, ["/bin/sleep", "300"], grace_s=5,
                                              identity=identity) == "stopped"
-        monkeypatch.undo()
         p.wait(timeout=10)
     finally:
         monkeypatch.undo()
