@@ -35,6 +35,15 @@ def _whole_responses_in_one_read(sim):
             r.t_first = last
 
 
+def _client_reads_late(sim, late_s=0.02):
+    """A busy client host: every chunk is read two decode steps after the server sent it, so a
+    window's edge scrapes count tokens whose chunks this client reads on the other side."""
+    for r in sim.records:
+        r.chunk_times = array("d", [t + late_s for t in r.chunk_times])
+        r.t_first = r.t_first + late_s if r.t_first is not None else None
+        r.t_end = r.t_end + late_s if r.t_end is not None else None
+
+
 def _no_usage_at_all(sim):
     """A server that never sends usage: no final counts, no running counts."""
     for r in sim.records:
@@ -69,6 +78,9 @@ CONDITIONS = [
     Condition("clean, 3 tokens per chunk", _cfg(tokens_per_chunk=(3,))),
     Condition("clean, usage only at the end", _cfg(continuous_usage=False), usage=False),
     Condition("clean, a request fails mid-stream", _cfg(fail_request=5)),
+    Condition("clean, the client reads two steps late", _cfg(), post=_client_reads_late),
+    Condition("clean, the client reads two steps late, speculative", _cfg(spec_k=3), post=_client_reads_late),
+    Condition("another client's tokens on the counter", _cfg(foreign_tps=64.0), flag="counter_exceeds_usage"),
     Condition("metrics lag by time, with usage", _cfg(metrics_lag_s=0.08), flag="stale_counter"),
     # without running usage only the chunk bound speaks, and it is tight where a chunk is one
     # token (vLLM without speculation); with several tokens per chunk it is loose (said in `validity`)

@@ -66,6 +66,7 @@ class TruthConfig:
     reset_at: float | None = None  # the counters restart from zero at this time
     metrics_lag_s: float = 0.0  # /metrics shows the state this long ago
     metrics_lag_scrapes: bool = False  # /metrics serves what the previous scrape would have seen
+    foreign_tps: float = 0.0  # another client's tokens per second: counted by /metrics, never sent to this one
     log_interval_s: float = 0.5
     empty_deltas: bool = False
     role_first_chunk: bool = True
@@ -170,7 +171,8 @@ class Metrics:
             lines.append(f"{name}_total{{{labels}}} {float(value)}")
             lines.append(f"{name}_created{{{labels}}} {created}")
 
-        counter("vllm:generation_tokens", sum(e.tokens for e in em))
+        foreign = int(cfg.foreign_tps * (t_seen - max(t0, 0.0)))
+        counter("vllm:generation_tokens", sum(e.tokens for e in em) + foreign)
         counter("vllm:prompt_tokens", 10 * sum(1 for e in em if e.first))
         if cfg.spec_k:
             counter("vllm:spec_decode_num_drafts", sum(e.drafts for e in em))

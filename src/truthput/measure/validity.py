@@ -54,8 +54,11 @@ def add_flag(fig: Figure | None, code: str, reason: str) -> None:
         fig.flags.append(Flag(code=code, reason=reason))
 
 
-def edge_slack(concurrency: int) -> int:
-    return EDGE_CHUNKS_PER_STREAM * max(concurrency, 1) + 4
+def edge_slack(concurrency: int, tokens_per_chunk: int = 1) -> int:
+    """Tokens two counts of the same interval may differ by through its edges alone: chunks whose
+    tokens a scrape counted before the client read them (or after), EDGE_CHUNKS_PER_STREAM per
+    stream plus a few, each carrying up to `tokens_per_chunk` tokens."""
+    return (EDGE_CHUNKS_PER_STREAM * max(concurrency, 1) + 4) * max(tokens_per_chunk, 1)
 
 
 def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t: np.ndarray,
@@ -69,8 +72,8 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
     counter = results.throughput.counter_window
     if usage_tokens is not None and window_rise is not None and not window_resets:
         # Both count the same tokens; they differ only by the tokens in flight at the two edges,
-        # which cancel in steady state: at most one chunk per stream.
-        slack = max(concurrency, 1) * max(max_tokens_per_chunk, 1) + 1
+        # which cancel in steady state but not when the client reads late (a busy host).
+        slack = edge_slack(concurrency, max_tokens_per_chunk)
         if window_rise < usage_tokens - slack:
             add_flag(counter, "stale_counter",
                      f"the counter rose {window_rise:g} in the window while the usage counts of the chunks that "
@@ -78,8 +81,8 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
         elif window_rise > usage_tokens + slack:
             add_flag(counter, "counter_exceeds_usage",
                      f"the counter rose {window_rise:g} in the window while the usage counts of the chunks that "
-                     f"arrived in it add up to {usage_tokens:g}: other clients' requests, or a /metrics ahead of "
-                     "or out of step with what this client received")
+                     f"arrived in it add up to {usage_tokens:g} (more than {slack} apart): other clients' requests, "
+                     "or a /metrics ahead of or out of step with what this client received")
     if window_resets:
         add_flag(counter, "counter_reset",
                  f"the counter restarted {window_resets}x inside the window: tokens before each restart are "
