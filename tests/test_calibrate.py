@@ -13,7 +13,7 @@ import pytest
 from truthput.errors import SpecError
 from truthput.hardware.gpus import get_gpu
 from truthput.hardware.models import get_model
-from truthput.hardware.physics import Efficiency
+from truthput.hardware.physics import Efficiency, decode_step
 from truthput.sim.calibrate import CalibrationPoint, fit, load_profile, model_tokps, worked_example_report
 
 TRUE = Efficiency(bw_frac=0.7, flops_frac=0.4, step_overhead_s=0.004, tp_latency_s=30e-6)
@@ -164,3 +164,43 @@ def test_a_probed_hosts_figures_are_not_discounted_as_a_datasheets_are() -> None
     assert prior_efficiency(GPU) == Efficiency()  # the catalog's datasheet peaks: 80% / 50%
     probed = replace(GPU, sources=("measured by `truthput hardware probe` on 2026-12-02",), kind="cpu")
     assert (prior_efficiency(probed).bw_frac, prior_efficiency(probed).flops_frac) == (1.0, 1.0)
+
+
+def test_a_cpu_hosts_front_end_cpu_per_sequence_is_the_per_sequence_cost_one_and_two_streams_cannot_fit() -> None:
+    """Windows made by the physics on a CPU host whose engine loses CPU to the server's front end
+    on the same cores: 0.5 ms per step (in the per-step cost) and 2 ms per running sequence per
+    step. Fitted at 1 and 2 streams, a per-sequence cost is not told from the per-step one; with
+    the front end's CPU time in each window as measured, the fit takes its per-sequence slope as
+    the per-sequence cost and predicts 8 streams. One concurrency cannot give the slope: then the
+    cost stays on the step, as before."""
+    from dataclasses import replace
+
+    host = replace(GPU, name="probed host", sources=("measured by `truthput hardware probe`",), kind="cpu")
+    truth = Efficiency(bw_frac=1.0, flops_frac=1.0, step_overhead_s=0.03, per_seq_overhead_s=0.002)
+    front_per_step, front_per_seq = 0.0005, 0.002
+
+    def window(conc: int, start: int, front: bool) -> CalibrationPoint:
+        steps = tuple((conc, conc * 1024.0, 0.0) for _ in range(100))
+        p = CalibrationPoint(tp=1, concurrency=conc, spec_k=0, spec_method=None, acceptance_length=None,
+                             context_tokens=1024, steps=steps, window_s=1.0, measured_tokps=1.0)
+        busy = sum(decode_step(host, MODEL, 1, d, ctx, eff=truth).total for d, ctx, _ in steps)
+        return replace(p, measured_tokps=100 * conc / busy, window_s=busy, group=f"s{start}",
+                       front_cpu_s=100 * (front_per_step + front_per_seq * conc) if front else None)
+
+    eight = CalibrationPoint(tp=1, concurrency=8, spec_k=0, spec_method=None, acceptance_length=None,
+                             context_tokens=1024)
+    true_eight = model_tokps(host, MODEL, eight, truth)
+    for front, close in ((True, True), (False, False)):
+        points = [window(c, s, front) for c in (1, 2) for s in (0, 1)]
+        result = fit(points, host, MODEL, free=("step_overhead_s",))
+        value, _lo, _hi = result.predict(eight)
+        assert (abs(value / true_eight - 1) < 0.01) is close, (front, value, true_eight)
+        if front:
+            assert result.efficiency.per_seq_overhead_s == pytest.approx(0.002, rel=1e-6)
+            assert result.efficiency.step_overhead_s == pytest.approx(0.03, rel=1e-3)
+            assert any("measured" in n and "per_seq_overhead_s" in n for n in result.notes)
+    one = fit([window(1, s, True) for s in (0, 1)], host, MODEL, free=("step_overhead_s",))
+    assert one.efficiency.per_seq_overhead_s == 0.0 and not any("per_seq_overhead_s" in n for n in one.notes)
+    # a GPU's front end runs beside the engine, not on its cores: not read as an engine cost
+    gpu_points = [window(c, s, True) for c in (1, 2) for s in (0, 1)]
+    assert fit(gpu_points, GPU, MODEL, free=("step_overhead_s",)).efficiency.per_seq_overhead_s == 0.0

@@ -151,6 +151,30 @@ def test_the_correction_learns_a_batch_dependent_error_and_reranks():
     assert best in measured, (best, measured, truth)
 
 
+def test_the_corrections_error_is_what_it_misses_at_configurations_it_has_not_seen():
+    """Known truth: log(real / simulated) is pure noise of sd 0.1, whatever the configuration. Over
+    many draws of 5 measured configurations in a 4-flag space, the correction's sd (what the stop
+    rule trusts for the configurations not measured) matches the error it then makes at unmeasured
+    ones; the scatter about a fit that saw every point would read about half of it."""
+    import random
+
+    tune, space = _space([{"flag": f"--f{i}", "values": [1, 2, 4, 8]} for i in range(4)])
+    rng = random.Random(3)
+    stated, missed = [], []
+    grid = space.grid()
+    for _ in range(300):
+        search = SimFirst(space, tune)
+        measured = rng.sample(grid, 5)
+        correction = search.correction
+        pairs = [(c, 100.0, 100.0 * math.exp(rng.gauss(0, 0.1))) for c in measured]
+        correction.fit(pairs)
+        stated.append(correction.sd)
+        other = rng.choice([c for c in grid if c not in measured])
+        missed.append(math.log(correction.factor(other)) - rng.gauss(0, 0.1))
+    error = math.sqrt(sum(m * m for m in missed) / len(missed))
+    assert 0.75 * error <= sum(stated) / len(stated) <= 1.35 * error, (sum(stated) / len(stated), error)
+
+
 def test_a_failure_on_the_server_keeps_its_neighbours_out():
     tune, space = _space([{"flag": "--max-num-seqs", "values": [8, 16, 32, 64, 128, 256, 512, 1024]}])
     search = SimFirst(space, tune)

@@ -95,6 +95,13 @@ def _served_model_dir(store, rid: str) -> str | None:
     return None
 
 
+def _front_cpu_s(res, window_s: float) -> float | None:
+    """CPU seconds the server's front end (the process truthput started) used in the window."""
+    front = res.interference.server_front_cores
+    cores = front.number() if front is not None else None
+    return cores * window_s if cores is not None else None
+
+
 def calibration_points(store, run_ids: list[str], gpu: str | None = None, model: str | None = None) -> StorePoints:
     """One point per ok trial: its server-counter tok/s over the steady-state window, and the
     engine steps that produced it.
@@ -198,7 +205,8 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
                 tail_s=tail if steps else 0.0, idle_s=idle if steps else 0.0,
                 head_s=head if steps else None, following_step=following if steps else None,
                 label=label,
-                group=f"{rid}/start{row['start_id']}"))
+                group=f"{rid}/start{row['start_id']}",
+                front_cpu_s=_front_cpu_s(res, window_s) if not run["simulated"] else None))
     return StorePoints(points, hw, lengths, sim_noise, skipped)
 
 

@@ -95,6 +95,9 @@ class CalibrationPoint:
     following_step: tuple[int, float, float] | None = None
     label: str = ""
     group: str = ""  # the server start it was measured on: points of one start share its offset
+    # CPU seconds the server's front end (the process serving HTTP: detokenising, streaming) used
+    # in the window, measured from /proc; None where not measured (or a simulated server)
+    front_cpu_s: float | None = None
 
     def tokens_per_step(self) -> float:
         if self.spec_k <= 0:
@@ -307,6 +310,40 @@ def _idle(by_request: dict, sent: dict[int, float] | None, start: float, last: f
     return max(idle, 0.0)
 
 
+MIN_BATCH_SPREAD = 0.5
+"""Mean running sequences per step must differ by this much across the windows for the front
+end's per-sequence CPU to be told from its per-step CPU."""
+
+
+def front_end_cost(points: Sequence[CalibrationPoint]) -> float | None:
+    """The server front end's CPU seconds per running sequence per engine step, measured: the
+    slope of its CPU time per step (from /proc, over each window) against the sequences each step
+    ran, fitted across the windows. None where the windows do not span two batch sizes.
+
+    Why: on a CPU host the front end (vLLM's API server) runs on the cores the engine computes on,
+    so its CPU time is taken from the engine's steps. Part of it comes once per step (one pass
+    over the step's outputs) and is already in the fitted per-step cost; the part that comes per
+    sequence (each stream's chunk: detokenising, serialising, writing) grows with the batch, and
+    points at one or two concurrencies cannot tell it from a per-step cost by fitting (it went to
+    zero when freed). Measured, it is an input, not a constant to identify."""
+    xs, ys, ws = [], [], []
+    for p in points:
+        if p.front_cpu_s is None or not p.steps:
+            continue
+        n = len(p.steps)
+        xs.append(sum(d for d, _ctx, _pf in p.steps) / n)
+        ys.append(p.front_cpu_s / n)
+        ws.append(float(n))
+    if len(xs) < 2 or max(xs) - min(xs) < MIN_BATCH_SPREAD:
+        return None
+    total = sum(ws)
+    mx = sum(w * x for w, x in zip(ws, xs)) / total
+    my = sum(w * y for w, y in zip(ws, ys)) / total
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / sxx
+    return max(slope, 0.0)
+
+
 def _resolved(eff: Efficiency, gpu: GPU) -> Efficiency:
     """Efficiency with tp_latency_s made explicit (the interconnect alpha) so it can be fitted."""
     if eff.tp_latency_s is None:
@@ -492,9 +529,30 @@ def fit(
     (start) share one factor on bw_frac, fitted as a nuisance with that prior, so start-to-start
     noise is not read as physics, while differences within a start (concurrency: KV bytes,
     prefills) still pin the constants. The within-start scatter is estimated from the residuals.
+
+    With no `prior` given, the constants start at the hardware's (prior_efficiency); on a CPU host
+    whose points carry the front end's measured CPU time, per_seq_overhead_s starts at that
+    measurement (front_end_cost) unless it is in `free`.
     """
+    measured_note = None
     if prior is None:
-        prior = prior_efficiency(get_gpu(gpu) if isinstance(gpu, str) else gpu)
+        hw = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        prior = prior_efficiency(hw)
+        front = front_end_cost(points) if hw.kind == "cpu" and "per_seq_overhead_s" not in free else None
+        if front is not None:
+            prior = replace(prior, per_seq_overhead_s=front)
+            measured_note = (f"per_seq_overhead_s = {front * 1e3:.3f} ms per running sequence per step: measured, "
+                             "the server front end's CPU per step on the engine's cores against the sequences the "
+                             "step ran (not fitted)")
+    result = _fit_with_start_effects(points, gpu, model, free, prior, reject_outliers, start_sigma)
+    if measured_note:
+        result.notes.append(measured_note)
+    return result
+
+
+def _fit_with_start_effects(points: Sequence[CalibrationPoint], gpu: GPU | str, model: ModelProfile | str,
+                            free: Sequence[str], prior: Efficiency, reject_outliers: bool,
+                            start_sigma: float) -> CalibrationResult:
     if reject_outliers:
         first = _fit_rejecting_outliers(points, gpu, model, free, prior)
     else:

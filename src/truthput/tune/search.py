@@ -8,7 +8,7 @@ One decision per question lives here, shared by `truthput tune` and the search b
 - `SimFirst.next_candidates`: the unmeasured configurations with the best corrected predictions,
   skipping those next to a configuration that failed to start on the real server;
 - `SimFirst.done`: stop when no unmeasured configuration's corrected prediction, at its upper
-  bound, beats the best real measurement;
+  bound (2 sd of the correction's leave-one-out error), beats the best real measurement;
 - `spearman`: how well the simulator's ranking matched the real one.
 """
 
@@ -150,12 +150,17 @@ class Correction:
         xm = x.mean(axis=0)
         ym = float(y.mean())
         xc = x - xm
-        w = np.linalg.solve(xc.T @ xc + RIDGE * np.eye(x.shape[1]), xc.T @ (y - ym))
+        inverse = np.linalg.inv(xc.T @ xc + RIDGE * np.eye(x.shape[1]))
+        w = inverse @ xc.T @ (y - ym)
         self.weights = w
         self.intercept = ym - float(xm @ w)
         resid = y - (self.intercept + x @ w)
         if len(pts) >= 3:
-            self.sd = max(0.02, float(np.sqrt((resid ** 2).sum() / (len(pts) - 1))))
+            # the error at a configuration not measured, not the scatter about a fit that saw every
+            # point: leave-one-out residuals (ridge's hat matrix, the mean's share included)
+            leverage = 1.0 / len(pts) + np.einsum("ij,jk,ik->i", xc, inverse, xc)
+            loo = resid / np.maximum(1.0 - leverage, 1e-3)
+            self.sd = max(0.02, float(np.sqrt((loo ** 2).mean())))
         else:  # too few to judge the fit's error: shrink the prior by what was seen
             self.sd = max(0.05, PRIOR_LOG_SD / math.sqrt(len(pts) + 1))
 
