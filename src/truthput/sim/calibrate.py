@@ -324,8 +324,9 @@ def front_end_cost(points: Sequence[CalibrationPoint]) -> float | None:
     so its CPU time is taken from the engine's steps. Part of it comes once per step (one pass
     over the step's outputs) and is already in the fitted per-step cost; the part that comes per
     sequence (each stream's chunk: detokenising, serialising, writing) grows with the batch, and
-    points at one or two concurrencies cannot tell it from a per-step cost by fitting (it went to
-    zero when freed). Measured, it is an input, not a constant to identify."""
+    points at one or two concurrencies barely tell it from a per-step cost by fitting (freed, the
+    whole per-sequence cost came out at zero on one host, at +-40% on another). Measured, this
+    share of it is an input, not a constant to identify."""
     xs, ys, ws = [], [], []
     for p in points:
         if p.front_cpu_s is None or not p.steps:
@@ -532,21 +533,20 @@ def fit(
 
     With no `prior` given, the constants start at the hardware's (prior_efficiency); on a CPU host
     whose points carry the front end's measured CPU time, per_seq_overhead_s starts at that
-    measurement (front_end_cost) unless it is in `free`.
+    measurement (front_end_cost): it stays there unless `free` names it and the data identify it.
     """
-    measured_note = None
+    front = None
     if prior is None:
         hw = get_gpu(gpu) if isinstance(gpu, str) else gpu
         prior = prior_efficiency(hw)
-        front = front_end_cost(points) if hw.kind == "cpu" and "per_seq_overhead_s" not in free else None
+        front = front_end_cost(points) if hw.kind == "cpu" else None
         if front is not None:
             prior = replace(prior, per_seq_overhead_s=front)
-            measured_note = (f"per_seq_overhead_s = {front * 1e3:.3f} ms per running sequence per step: measured, "
-                             "the server front end's CPU per step on the engine's cores against the sequences the "
-                             "step ran (not fitted)")
     result = _fit_with_start_effects(points, gpu, model, free, prior, reject_outliers, start_sigma)
-    if measured_note:
-        result.notes.append(measured_note)
+    if front is not None and "per_seq_overhead_s" not in result.fitted:
+        result.notes.append(f"per_seq_overhead_s = {front * 1e3:.3f} ms per running sequence per step: measured, the "
+                            "server front end's CPU per step on the engine's cores against the sequences the step "
+                            "ran (not fitted)")
     return result
 
 
