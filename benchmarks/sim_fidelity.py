@@ -122,8 +122,8 @@ def analyse(store_path: Path, run_id: str, train: set[tuple[str, int]], starts: 
             free: tuple[str, ...] = FREE, gpu: str | None = None, model: str | None = None,
             front: bool = True) -> dict:
     """The protocol's figures for a stored run (`gpu`/`model`: for a run without [hardware]/[model],
-    as `sim calibrate --gpu/--model` takes them). `front`: the server front end's measured CPU per
-    sequence-step is the model's per-sequence cost (fit's default on a CPU host); False leaves it at 0."""
+    as `sim calibrate --gpu/--model` takes them). `front`: a per-sequence cost the points do not
+    identify stays at the server front end's measured share (fit's default on a CPU host); False: at 0."""
     from truthput.commands.sim import calibration_points
     from truthput.hardware.gpus import get_gpu
     from truthput.hardware.physics import prior_efficiency
@@ -226,7 +226,7 @@ def print_report(a: dict) -> None:
     for n, why in res.dropped.items():
         print(f"  not fitted: {n} ({why})")
     for note in res.notes:
-        if "measured" in note and not note.startswith("left out"):
+        if note.startswith("per_seq_overhead_s"):
             print(f"  {note}")
     print(f"  start-to-start spread of a window over its model figure {a['spread']:.1%} (fitted configurations); "
           f"within-start residual scatter {res.noise_log:.1%}")

@@ -337,12 +337,11 @@ def front_end_cost(points: Sequence[CalibrationPoint]) -> float | None:
         ws.append(float(n))
     if len(xs) < 2 or max(xs) - min(xs) < MIN_BATCH_SPREAD:
         return None
-    total = sum(ws)
-    mx = sum(w * x for w, x in zip(ws, xs)) / total
-    my = sum(w * y for w, y in zip(ws, ys)) / total
-    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
-    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / sxx
-    return max(slope, 0.0)
+    import numpy as np
+
+    # each window weighs by its steps (polyfit's weights multiply the residuals)
+    slope, _per_step = np.polyfit(xs, ys, 1, w=np.sqrt(ws))
+    return max(float(slope), 0.0)
 
 
 def _resolved(eff: Efficiency, gpu: GPU) -> Efficiency:
