@@ -155,17 +155,18 @@ def test_the_corrections_error_is_what_it_misses_at_configurations_it_has_not_se
     """Known truth: log(real / simulated) is pure noise of sd 0.1, whatever the configuration. Over
     many draws of 5 measured configurations in a 4-flag space, the correction's sd (what the stop
     rule trusts for the configurations not measured) matches the error it then makes at unmeasured
-    ones; the scatter about a fit that saw every point would read about half of it."""
+    ones; the scatter about a fit that saw every point read 0.6x of it."""
     import random
 
-    tune, space = _space([{"flag": f"--f{i}", "values": [1, 2, 4, 8]} for i in range(4)])
+    from truthput.tune.search import Correction
+
+    _, space = _space([{"flag": f"--f{i}", "values": [1, 2, 4, 8]} for i in range(4)])
     rng = random.Random(3)
     stated, missed = [], []
     grid = space.grid()
     for _ in range(300):
-        search = SimFirst(space, tune)
         measured = rng.sample(grid, 5)
-        correction = search.correction
+        correction = Correction(space)
         pairs = [(c, 100.0, 100.0 * math.exp(rng.gauss(0, 0.1))) for c in measured]
         correction.fit(pairs)
         stated.append(correction.sd)
