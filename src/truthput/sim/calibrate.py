@@ -98,6 +98,10 @@ class CalibrationPoint:
     # CPU seconds the server's front end (the process serving HTTP: detokenising, streaming) used
     # in the window, measured from /proc; None where not measured (or a simulated server)
     front_cpu_s: float | None = None
+    # draft tokens verified per sequence-step (server counters: draft tokens / (drafts + steps that
+    # drafted nothing)); None: spec_k, every sequence drafting k every step. An n-gram proposer
+    # drafts only where the text repeats, and often fewer than k: the rows a step verifies follow.
+    draft_tokens_per_step: float | None = None
 
     def tokens_per_step(self) -> float:
         if self.spec_k <= 0:
@@ -113,7 +117,14 @@ def _step_time(gpu: GPU, model: ModelProfile, point: CalibrationPoint, eff: Effi
     """One engine step priced by the simulator's own physics (decode_step), nothing added."""
     return decode_step(gpu, model, point.tp, decodes, context, spec_k=point.spec_k if decodes else 0,
                        spec_method=point.spec_method if decodes else None,
-                       kv_dtype_bytes=point.kv_dtype_bytes, prefill_tokens=prefill, eff=eff).total
+                       kv_dtype_bytes=point.kv_dtype_bytes, prefill_tokens=prefill, eff=eff,
+                       draft_tokens=_drafted(point, decodes)).total
+
+
+def _drafted(point: CalibrationPoint, decodes: float) -> float | None:
+    """Draft tokens a step of `decodes` sequences verifies, where the counters said (else None:
+    k each)."""
+    return None if point.draft_tokens_per_step is None else point.draft_tokens_per_step * decodes
 
 
 _GROUPS: dict[int, dict] = {}
@@ -186,7 +197,8 @@ def model_tokps(gpu: GPU, model: ModelProfile, point: CalibrationPoint, eff: Eff
         return emitted / ((1.0 - share) * t_plain + share * t_prefill)
     step = decode_step(gpu, model, point.tp, point.concurrency, point.concurrency * point.context_tokens,
                        spec_k=point.spec_k, spec_method=point.spec_method,
-                       kv_dtype_bytes=point.kv_dtype_bytes, eff=eff)
+                       kv_dtype_bytes=point.kv_dtype_bytes, eff=eff,
+                       draft_tokens=_drafted(point, point.concurrency))
     return point.concurrency * point.tokens_per_step() / step.total
 
 
@@ -870,14 +882,20 @@ def worked_example_report() -> str:
 # --- `python -m truthput.sim calibrate` ----------------------------------------------------------
 
 _POINT_KEYS = {"tp": int, "concurrency": int, "spec_k": int, "spec_method": str, "acceptance": float,
-               "context": float, "tokps": float, "kv": float, "input": float, "output": float}
+               "context": float, "tokps": float, "kv": float, "input": float, "output": float,
+               "drafted": float}
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def parse_point(text: str) -> CalibrationPoint:
     """'tp=2,concurrency=8,spec_k=1,spec_method=mtp,acceptance=1.95,context=2048,tokps=339.9,kv=1'.
 
     input= and output= (a closed loop's prompt and output lengths) price the whole request cycle,
-    prefill included, instead of steady decode at context=."""
+    prefill included, instead of steady decode at context=. drafted= is the draft tokens verified
+    per sequence-step (counters: draft tokens / (drafts + undrafted steps)); without it, spec_k."""
     values: dict[str, object] = {}
     for part in text.split(","):
         key, sep, raw = part.partition("=")
@@ -896,7 +914,7 @@ def parse_point(text: str) -> CalibrationPoint:
         spec_method=values.get("spec_method"), acceptance_length=values.get("acceptance"),
         context_tokens=values.get("context", 1024.0), measured_tokps=values["tokps"],
         kv_dtype_bytes=values.get("kv", 2.0), input_tokens=values.get("input"),
-        output_tokens=values.get("output"),
+        output_tokens=values.get("output"), draft_tokens_per_step=_number(values.get("drafted")),
     )
 
 

@@ -62,6 +62,9 @@ class StepShape(NamedTuple):
     spec_k: int
     prefill_tokens: int
     prefill_seqs: int
+    draft_tokens: int | None = None
+    """The draft tokens the step verifies (n-gram drafts only where the text repeats, often fewer
+    than k); None: spec_k for every decoding sequence."""
 
 
 StepPricer = Callable[[StepShape], float]
@@ -254,7 +257,7 @@ class SimEngine:
         decodes: list[tuple[SimRequest, int]] = []
         prefills: list[tuple[SimRequest, int]] = []
         context = 0
-        drafted = False
+        drafted = 0
         speculating = self.spec_k > 0
         i = 0
         while i < len(self.running):
@@ -276,7 +279,7 @@ class SimEngine:
             if preempted_self:
                 break
             decodes.append((req, d))
-            drafted = drafted or d > 0
+            drafted += d
             context += req.computed
             budget -= 1 + d
             i += 1
@@ -314,6 +317,7 @@ class SimEngine:
             spec_k=self.spec_k if drafted else 0,
             prefill_tokens=decode_budget - budget,
             prefill_seqs=len(prefills),
+            draft_tokens=drafted,
         )
         return decodes, prefills, shape
 

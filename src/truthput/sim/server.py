@@ -212,11 +212,12 @@ def make_pricer(cfg: SimServeConfig, setup: SimSetup, metrics: SimMetrics | None
             step = priced[shape] = decode_step(
                 gpu, model, tp, shape.decode_seqs, shape.context_tokens, spec_k=shape.spec_k,
                 spec_method=method if shape.spec_k else None, kv_dtype_bytes=kv_bytes,
-                prefill_tokens=shape.prefill_tokens, eff=eff, draft_model=draft)
+                prefill_tokens=shape.prefill_tokens, eff=eff, draft_model=draft, draft_tokens=shape.draft_tokens)
         if metrics is not None:  # vLLM's estimated_* counters, from the same physics as the step time
             metrics.est_flops.inc(step.flops_per_gpu)
             metrics.est_read.inc(step.weight_bytes_per_gpu + step.kv_bytes_per_gpu)
-            metrics.est_write.inc(kv_write * (shape.decode_seqs * (shape.spec_k + 1) + shape.prefill_tokens))
+            verified = shape.decode_seqs * shape.spec_k if shape.draft_tokens is None else shape.draft_tokens
+            metrics.est_write.inc(kv_write * (shape.decode_seqs + verified + shape.prefill_tokens))
         if on_step is not None:
             on_step(step)
         return step.total
