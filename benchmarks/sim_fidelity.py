@@ -132,7 +132,7 @@ def _config_key(label: str) -> tuple[str, int]:
     return variant, int(level.lstrip("c"))
 
 
-def analyse(store_path: Path, run_ids: str | list[str], train: set[tuple[str, int]], starts: int,
+def analyse(store_path: Path, run_ids: str | list[str], train: set[tuple[str, int]],
             free: tuple[str, ...] = FREE, gpu: str | None = None, model: str | None = None,
             front: bool = True, plan: bool = False) -> dict:
     """The protocol's figures for stored runs (the whole run, then any runs of further training
@@ -342,10 +342,10 @@ def main() -> int:
 
         if not measure("sim-fidelity", tuple(VARIANTS), levels):
             return 1
-        training_variants = tuple(v for v in VARIANTS if any(v == t for t, _ in train))
+        training_variants = tuple(v for v in VARIANTS if v in {t for t, _ in train})
         training_levels = sorted({c for _, c in train})
         for more in range(args.max_rounds):
-            planned = analyse(store, stored_runs(store), train, args.starts, free, plan=True)
+            planned = analyse(store, stored_runs(store), train, free, plan=True)
             width = statistics.median(planned["half_widths"])
             print(f"\nafter {planned['training_starts']} starts of the training configurations: the held-out "
                   f"bands would be ±{width:.1%} (median; measurements not looked at); target ±{args.target:.0%}")
@@ -355,7 +355,7 @@ def main() -> int:
                   f"of at most {args.max_rounds})")
             if not measure(f"sim-fidelity-training-{more + 1}", training_variants, training_levels):
                 return 1
-    print_report(analyse(store, stored_runs(store), train, args.starts, free, gpu=args.gpu, front=not args.no_front))
+    print_report(analyse(store, stored_runs(store), train, free, gpu=args.gpu, front=not args.no_front))
     return 0
 
 

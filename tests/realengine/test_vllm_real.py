@@ -344,7 +344,7 @@ def test_the_fidelity_protocol_short_on_the_real_run(real_run, tiny_model, truth
     assert probe.returncode == 0, probe.stderr[-2000:]
     (path,) = [row[2] for row in db.execute("PRAGMA database_list") if row[1] == "main"]
     (run_id,) = db.execute("SELECT id FROM runs").fetchone()
-    a = analyse(Path(path), run_id, {("nospec", 1), ("ngram", 1)}, starts=1, gpu=str(host), model=str(tiny_model))
+    a = analyse(Path(path), run_id, {("nospec", 1), ("ngram", 1)}, gpu=str(host), model=str(tiny_model))
     print_report(a)
     rows = {(r["kind"], r["variant"], r["c"]): r for r in a["rows"]}
     assert set(rows) == {("in sample", "nospec", 1), ("in sample", "ngram", 1),
@@ -357,7 +357,7 @@ def test_the_fidelity_protocol_short_on_the_real_run(real_run, tiny_model, truth
             assert 0.5 <= r["predicted"] / r["measured"] <= 2.0 or r["inside"], r
     assert statistics.median(abs(r["error"]) for r in a["loo"]) < 1.0
     # the bands that decide whether to measure the training configurations again are the report's
-    planned = analyse(Path(path), [run_id], {("nospec", 1), ("ngram", 1)}, starts=1, gpu=str(host),
-                      model=str(tiny_model), plan=True)
+    planned = analyse(Path(path), [run_id], {("nospec", 1), ("ngram", 1)}, gpu=str(host), model=str(tiny_model),
+                      plan=True)
     assert planned["training_starts"] == 1
     assert planned["half_widths"] == pytest.approx([r["half_width"] for r in a["rows"] if r["kind"] == "held out"])
