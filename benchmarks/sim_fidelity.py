@@ -165,16 +165,22 @@ def analyse(store_path: Path, run_ids: str | list[str], train: set[tuple[str, in
                        prior=None if front else prior_efficiency(get_gpu(gpu)))
 
         # A start's own offset is what is left of the start-to-start spread once the window's own
-        # noise (the within-start scatter) is taken out: the model-free spread holds both.
-        total = _start_spread(chosen)
+        # noise (the within-start scatter) is taken out: the model-free spread holds both. With one
+        # start per configuration nothing measures it model-free; how far the starts' means sit off
+        # a fit without start effects is then all there is to go on (it holds the model's misfit
+        # too, so the band errs wide, never narrow).
+        total, basis = _start_spread(chosen), "repeated starts, over the model's figure for each window"
+        if total is None:
+            total, basis = _lack_of_fit_spread(once(0.0))
         result = once(total)
         result = once(math.sqrt(max(total ** 2 - result.noise_log ** 2, MIN_START_SIGMA ** 2)))
-        return result, _replicate_spread(result, chosen)
+        replicate = _replicate_spread(result, chosen)
+        return result, total if replicate is None else replicate, basis
 
     def band(fitted_on, points) -> tuple[float, float, float, int]:
         """The prediction for a configuration's mean over its starts, with its 95% band: from its
         shape (streams, speculation, and k=3's counters as a probe gives them), not its tok/s."""
-        result, noise = fitted_on
+        result, noise, _ = fitted_on
         n = len({p.group for p in points})
         acc = [p.acceptance_length for p in points if p.acceptance_length]
         drafted = [p.draft_tokens_per_step for p in points if p.draft_tokens_per_step is not None]
@@ -207,7 +213,7 @@ def analyse(store_path: Path, run_ids: str | list[str], train: set[tuple[str, in
               and t.results.interference.server_cores is not None]
     store.close()
     return {"gpu": gpu, "model": model, "result": on_train[0], "rows": rows, "loo": loo,
-            "spread": on_train[1], "skipped": pts.skipped, "front": shares, "runs": len(run_ids),
+            "spread": on_train[1], "spread_basis": on_train[2], "skipped": pts.skipped, "front": shares, "runs": len(run_ids),
             "training_starts": training_starts}
 
 
@@ -227,13 +233,30 @@ def _pooled(by_config: dict, value) -> float | None:
     return math.sqrt(devs / dof) if dof else None
 
 
-def _start_spread(by_config: dict) -> float:
+def _start_spread(by_config: dict) -> float | None:
     """Start-to-start spread of log tok/s within a configuration, model-free: the fit's prior for a
-    start's shared offset."""
-    return _pooled(by_config, lambda p: math.log(p.measured_tokps)) or 0.02
+    start's shared offset (None: no configuration was started more than once)."""
+    return _pooled(by_config, lambda p: math.log(p.measured_tokps))
 
 
-def _replicate_spread(result, by_config: dict) -> float:
+def _lack_of_fit_spread(result) -> tuple[float, str]:
+    """The spread of the starts' mean residuals about a fit with no start effects, on the degrees
+    of freedom the constants leave (each constant off its bound takes one). No degree left: the
+    data say nothing about it, and the start-to-start CV `truthput plan` assumes stands in."""
+    from truthput.analyze.planning import DEFAULT_START_CV
+
+    by_start: dict[str, list[float]] = {}
+    for p, r in zip(result.points, result.residuals_log):
+        by_start.setdefault(p.group, []).append(r)
+    dof = len(by_start) - len(result.interior)
+    if dof <= 0:
+        return DEFAULT_START_CV, "assumed: one start per configuration and no degree of freedom left to measure it"
+    spread = math.sqrt(sum(statistics.fmean(rs) ** 2 for rs in by_start.values()) / dof)
+    return max(spread, MIN_START_SIGMA), (f"one start per configuration: the {len(by_start)} starts' means off the "
+                                          f"model, on {dof} degree{'s' if dof > 1 else ''} of freedom (misfit included)")
+
+
+def _replicate_spread(result, by_config: dict) -> float | None:
     """The noise a measured mean carries: the start-to-start spread of each window's measurement
     over the model's figure for that very window (its own steps, prefills and acceptance), so what
     the model explains (a start that accepted more drafts) is not counted as noise, and a
@@ -241,9 +264,8 @@ def _replicate_spread(result, by_config: dict) -> float:
     points test). Measured on the fitted configurations only."""
     from truthput.sim.calibrate import model_tokps
 
-    spread = _pooled(by_config, lambda p: math.log(p.measured_tokps / model_tokps(result.gpu, result.model, p,
-                                                                                 result.efficiency)))
-    return spread if spread is not None else result.noise_log
+    return _pooled(by_config, lambda p: math.log(p.measured_tokps / model_tokps(result.gpu, result.model, p,
+                                                                               result.efficiency)))
 
 
 def print_report(a: dict) -> None:
@@ -262,7 +284,7 @@ def print_report(a: dict) -> None:
     for note in res.notes:
         if note.startswith("per_seq_overhead_s"):
             print(f"  {note}")
-    print(f"  start-to-start spread of a window over its model figure {a['spread']:.1%} (fitted configurations); "
+    print(f"  start-to-start spread of a window {a['spread']:.1%} (fitted configurations; {a['spread_basis']}); "
           f"within-start residual scatter {res.noise_log:.1%}")
     for label, why in a["skipped"]:
         print(f"  left out {label}: {why}")

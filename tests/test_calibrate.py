@@ -255,3 +255,33 @@ def test_the_rows_a_step_verifies_come_from_the_servers_draft_counters() -> None
     tokps = model_tokps(host, MODEL, point, bare)
     assert tokps == pytest.approx(4 * 1.5 / decode_step(host, MODEL, 1, 4, 0.0, spec_k=3, spec_method="ngram",
                                                          eff=bare, draft_tokens=4.8).total, rel=1e-12)
+
+
+def test_with_one_start_per_configuration_the_start_spread_is_read_off_the_starts_means() -> None:
+    """Nothing measures the start-to-start spread model-free when each configuration ran on one
+    start, so the fidelity protocol takes it from how far the starts' means sit off the fit (on a CI
+    host no speculation and k=1 at one stream read +16% and -12% off it, and an assumed 2% put both
+    fitted points outside their own bands). Two starts offset by +-15% with nothing fitted leave two
+    degrees of freedom: the spread is 15%. One start and one constant leave none: the CV `truthput
+    plan` assumes stands in."""
+    import sys
+    from dataclasses import replace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from sim_fidelity import _lack_of_fit_spread
+
+    from truthput.analyze.planning import DEFAULT_START_CV
+
+    points = []
+    for group, conc, offset in (("start-1", 1, 0.15), ("start-2", 4, -0.15)):
+        p = CalibrationPoint(tp=1, concurrency=conc, spec_k=0, spec_method=None, acceptance_length=None,
+                             context_tokens=1024, group=group)
+        truth = model_tokps(GPU, MODEL, p, TRUE)
+        points += [replace(p, measured_tokps=truth * math.exp(offset + w)) for w in (-0.01, 0.0, 0.01)]
+    spread, basis = _lack_of_fit_spread(fit(points, GPU, MODEL, free=(), prior=TRUE))
+    assert spread == pytest.approx(0.15, rel=1e-6)
+    assert "2 degrees of freedom" in basis
+    slow = [p for p in points if p.group == "start-2"]
+    result = fit(slow, GPU, MODEL, free=("step_overhead_s",), prior=TRUE)
+    assert result.interior == ("step_overhead_s",)
+    assert _lack_of_fit_spread(result)[0] == DEFAULT_START_CV

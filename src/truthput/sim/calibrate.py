@@ -418,6 +418,12 @@ class CalibrationResult:
         sd = math.sqrt(sd_model ** 2 + noise ** 2 / max(1, starts))
         return value, value * math.exp(-Z95 * sd), value * math.exp(Z95 * sd)
 
+    @property
+    def interior(self) -> tuple[str, ...]:
+        """The fitted constants off their bounds: each took a degree of freedom from the data (one
+        pinned at a bound took none)."""
+        return tuple(n for n in self.fitted if not _at_bound(self.efficiency, n))
+
     def band_95(self, name: str) -> float:
         """Half-width of a constant's ~95% band, relative to its value (inf at 0)."""
         value = getattr(self.efficiency, name)
