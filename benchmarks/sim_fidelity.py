@@ -132,7 +132,7 @@ def _config_key(label: str) -> tuple[str, int]:
     return variant, int(level.lstrip("c"))
 
 
-def analyse(store_path: Path, run_ids: str | list[str], train: set[tuple[str, int]],
+def analyse(store_path: Path, run_ids: list[str], train: set[tuple[str, int]],
             free: tuple[str, ...] = FREE, gpu: str | None = None, model: str | None = None,
             front: bool = True, plan: bool = False) -> dict:
     """The protocol's figures for stored runs (the whole run, then any runs of further training
@@ -148,7 +148,6 @@ def analyse(store_path: Path, run_ids: str | list[str], train: set[tuple[str, in
     from truthput.store.db import Store
 
     store = Store(store_path, read_only=True)
-    run_ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
     pts = calibration_points(store, run_ids, gpu=gpu, model=model)
     run_gpu, model = next(iter(pts.hardware))
     gpu = gpu or run_gpu

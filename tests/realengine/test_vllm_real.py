@@ -344,7 +344,7 @@ def test_the_fidelity_protocol_short_on_the_real_run(real_run, tiny_model, truth
     assert probe.returncode == 0, probe.stderr[-2000:]
     (path,) = [row[2] for row in db.execute("PRAGMA database_list") if row[1] == "main"]
     (run_id,) = db.execute("SELECT id FROM runs").fetchone()
-    a = analyse(Path(path), run_id, {("nospec", 1), ("ngram", 1)}, gpu=str(host), model=str(tiny_model))
+    a = analyse(Path(path), [run_id], {("nospec", 1), ("ngram", 1)}, gpu=str(host), model=str(tiny_model))
     print_report(a)
     rows = {(r["kind"], r["variant"], r["c"]): r for r in a["rows"]}
     assert set(rows) == {("in sample", "nospec", 1), ("in sample", "ngram", 1),
