@@ -91,7 +91,7 @@ def main() -> int:
     args = ap.parse_args()
     from truthput.executors.ray_cluster import Need
     from truthput.runner import _int_flag, build_plan
-    from truthput.spec.experiment import parse_experiment
+    from truthput.experiment.file import parse_experiment
 
     exp = parse_experiment(experiment_text(args.variants), "scaling.toml")
     plan = build_plan(exp)

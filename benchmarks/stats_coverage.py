@@ -30,7 +30,7 @@ from truthput.analyze.decide import decide_family
 from truthput.analyze.stats import ratio_estimate
 from truthput.analyze.stopping import family_estimates, simulate_rule
 from truthput.analyze.summary import stopping_rule
-from truthput.spec.experiment import MeasureSection
+from truthput.experiment.file import MeasureSection
 
 RULE = stopping_rule(MeasureSection())
 """The rule every experiment gets by default: first look at 3 starts per variant, at most 6."""

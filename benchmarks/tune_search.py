@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from truthput.spec.experiment import TuneSection, load_experiment
+from truthput.experiment.file import TuneSection, load_experiment
 from truthput.tune.screen import ScreenLoad, batch_lines, run_batch, screen, to_evaluation
 from truthput.tune.search import Evaluation, SimFirst, objective_value
 from truthput.tune.space import Space

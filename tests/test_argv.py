@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from truthput.errors import SpecError
-from truthput.spec.argv import Flag, ServerArgv, argv_diff, speculative_settings, variant_argv
+from truthput.errors import InputError
+from truthput.experiment.argv import Flag, ServerArgv, argv_diff, speculative_settings, variant_argv
 
 SNAP = "/home/alex/.cache/huggingface/hub/models--rdtand--Qwen3.6-27B-PrismaAURA-5.5bit-vllm/snapshots/d017bf96ad8214e18fa6d9bbed3e9dfbdba6309f"
 # The seed unit's ExecStart, tokenised by hand (systemd's rules): the known truth.
@@ -99,9 +99,9 @@ def test_booleans_and_no_forms() -> None:
     assert str(argv_diff(seed, eager)) == "+ --enforce-eager"
     assert eager.without(["--enforce-eager"]).to_argv() == SEED
     assert seed.with_set({"--enforce-eager": "true"}) == eager  # TOML strings "true"/"false" mean on/off
-    with pytest.raises(SpecError, match="--enforce-eager is an on/off flag"):
+    with pytest.raises(InputError, match="--enforce-eager is an on/off flag"):
         seed.with_set({"--enforce-eager": 1})
-    with pytest.raises(SpecError, match=r"gives --max-num-seqs a value \(128\)"):
+    with pytest.raises(InputError, match=r"gives --max-num-seqs a value \(128\)"):
         seed.with_set({"--max-num-seqs": True})
 
 
@@ -226,26 +226,26 @@ def test_adding_speculation_to_a_plain_baseline() -> None:
 
 def test_speculative_conflicts_and_bad_values_are_spec_errors() -> None:
     bad = ServerArgv.parse(["vllm", "serve", "m", "--spec-tokens", "3", "--speculative-config", '{"num_speculative_tokens":2}'])
-    with pytest.raises(SpecError, match=r"num_speculative_tokens.*--spec-tokens 3.*--speculative-config.*2"):
+    with pytest.raises(InputError, match=r"num_speculative_tokens.*--spec-tokens 3.*--speculative-config.*2"):
         speculative_settings(bad)
     # vLLM 0.32 rejects a key given both ways even when the values agree
     agree = ServerArgv.parse(["vllm", "serve", "m", "--spec-tokens", "2", "-sc", '{"num_speculative_tokens":2, "method":"ngram"}'])
-    with pytest.raises(SpecError, match="rejects a key given both ways"):
+    with pytest.raises(InputError, match="rejects a key given both ways"):
         speculative_settings(agree)
     # and it silently drops the JSON when dotted keys are also given: refuse that
     mixed = ServerArgv.parse(["vllm", "serve", "m", "--speculative-config", '{"method":"ngram"}', "--speculative-config.prompt_lookup_max", "4"])
-    with pytest.raises(SpecError, match="silently drops the JSON"):
+    with pytest.raises(InputError, match="silently drops the JSON"):
         speculative_settings(mixed)
     # dashes in keys are underscores to vLLM
     dashed = ServerArgv.parse(["vllm", "serve", "m", "--speculative-config", '{"method":"ngram","num-speculative-tokens":2}'])
     assert speculative_settings(dashed) == {"method": "ngram", "num_speculative_tokens": 2}
-    with pytest.raises(SpecError, match="not valid JSON"):
+    with pytest.raises(InputError, match="not valid JSON"):
         speculative_settings(ServerArgv.parse(["vllm", "serve", "m", "--speculative-config", "{method: ngram}"]))
-    with pytest.raises(SpecError, match="must be an integer"):
+    with pytest.raises(InputError, match="must be an integer"):
         speculative_settings(ServerArgv.parse(["vllm", "serve", "m", "--spec-tokens", "three"]))
-    with pytest.raises(SpecError, match="empty"):
+    with pytest.raises(InputError, match="empty"):
         ServerArgv.parse([])
-    with pytest.raises(SpecError, match="not a string"):
+    with pytest.raises(InputError, match="not a string"):
         ServerArgv.parse("vllm serve m")  # type: ignore[arg-type]
 
 
@@ -263,7 +263,7 @@ def test_variant_argv_removes_then_sets_and_catches_typos(seed: ServerArgv) -> N
     assert str(argv_diff(seed, ngram)).splitlines() == [
         "~ --spec-method qwen3_5_mtp -> ngram", "~ --spec-tokens 3 -> 4", f"- --spec-model {SNAP}"]  # fmt: skip
     assert variant_argv(seed) == seed
-    with pytest.raises(SpecError, match=r"variant 'x': remove = \['--enforce_eager'\]: the baseline command has no --enforce-eager"):
+    with pytest.raises(InputError, match=r"variant 'x': remove = \['--enforce_eager'\]: the baseline command has no --enforce-eager"):
         variant_argv(seed, remove=["--enforce_eager"], where="variant 'x'")
 
 
@@ -323,16 +323,16 @@ def test_conflicting_speculative_keys_in_one_set_are_refused():
     """Two spellings of one speculative field with different values in one `set`: refused with both
     named (the last would otherwise win silently, or a dotted key would be dropped); equal values
     are fine."""
-    from truthput.errors import SpecError
-    from truthput.spec.argv import ServerArgv, variant_argv
+    from truthput.errors import InputError
+    from truthput.experiment.argv import ServerArgv, variant_argv
 
     base = ServerArgv.parse(["vllm", "serve", "m", "--speculative-config",
                              '{"method": "ngram", "num_speculative_tokens": 3}'])
-    with pytest.raises(SpecError, match=r"\[\[variant\]\] 'v': set: --spec-tokens = 1 and "
+    with pytest.raises(InputError, match=r"\[\[variant\]\] 'v': set: --spec-tokens = 1 and "
                                         r"--speculative-config.num_speculative_tokens = 2 both set"):
         variant_argv(base, set={"--spec-tokens": 1, "--speculative-config.num_speculative_tokens": 2},
                      where="[[variant]] 'v'")
-    with pytest.raises(SpecError, match="both set the speculative setting num_speculative_tokens"):
+    with pytest.raises(InputError, match="both set the speculative setting num_speculative_tokens"):
         variant_argv(base, set={"--speculative-config": '{"method": "ngram", "num_speculative_tokens": 3}',
                                 "--spec-tokens": 2})
     ok = variant_argv(base, set={"--spec-tokens": 1, "--speculative-config.num_speculative_tokens": 1})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.hardware.gpus import get_gpu
 from truthput.hardware.models import get_model
 from truthput.hardware.physics import Efficiency, decode_step
@@ -89,14 +89,14 @@ def test_profile_round_trip(tmp_path: Path) -> None:
     assert eff == result.efficiency
     assert meta["gpu"] == "RTX 3090" and meta["model"] == "llama-3.1-8b" and len(meta["points"]) == 30
     (tmp_path / "bad.json").write_text(json.dumps({"format": "other"}))
-    with pytest.raises(SpecError, match="not a truthput simulator profile"):
+    with pytest.raises(InputError, match="not a truthput simulator profile"):
         load_profile(tmp_path / "bad.json")
-    with pytest.raises(SpecError, match="cannot read"):
+    with pytest.raises(InputError, match="cannot read"):
         load_profile(tmp_path / "missing.json")
 
 
 def test_speculation_point_needs_acceptance() -> None:
-    with pytest.raises(SpecError, match="acceptance_length"):
+    with pytest.raises(InputError, match="acceptance_length"):
         fit([CalibrationPoint(1, 1, 2, "mtp", None, 100, 50.0)], GPU, MODEL)
 
 

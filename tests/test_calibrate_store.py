@@ -196,7 +196,7 @@ output_guard = false
 
 def _run(text: str, db: Path) -> str:
     from truthput.runner import run_experiment
-    from truthput.spec.experiment import parse_experiment
+    from truthput.experiment.file import parse_experiment
     from truthput.store.db import Store
 
     exp = parse_experiment(text, "calibration-e2e.toml")

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from truthput.analyze.claims import check_claims
 from truthput.cli import app
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.measure.model import TrialResults
 from truthput.measure.trial import measure_trial
-from truthput.spec.claims import Claim, load_claims_file, parse_claims
+from truthput.experiment.claims import Claim, load_claims_file, parse_claims
 
 from truthserver import TruthConfig, simulate
 
@@ -149,10 +149,10 @@ def test_a_simulated_run_never_contradicts_a_measurement(run):
 
 
 def test_claim_validation_errors_name_the_entry():
-    with pytest.raises(SpecError, match=r"#2 .*figure.unit"):
+    with pytest.raises(InputError, match=r"#2 .*figure.unit"):
         parse_claims([{"text": "a", "figure": {"value": 1}},
                       {"text": "b", "figure": {"value": 1, "unit": "furlongs"}}])
-    with pytest.raises(SpecError, match="method"):
+    with pytest.raises(InputError, match="method"):
         Claim  # noqa: B018 - the model exists for the lead's experiment file
         parse_claims([{"text": "c", "figure": {"value": 1}, "method": "vibes"}])
 

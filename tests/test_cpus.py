@@ -12,7 +12,7 @@ import pytest
 from truthput.engines.cpus import check_cores, cpu_string, pin_client, unpin_client
 from truthput.engines.ports import free_port
 from truthput.engines.process import ProcessEngine
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 needs_two = pytest.mark.skipif(len(CORES) < 2, reason="needs a host with at least 2 usable cores")
@@ -28,7 +28,7 @@ def test_cpu_strings_are_ranges():
 
 
 def test_a_core_the_host_lacks_is_refused_before_anything_starts():
-    with pytest.raises(SpecError, match=r"\[server\].cpus: core\(s\) 4096 not available"):
+    with pytest.raises(InputError, match=r"\[server\].cpus: core\(s\) 4096 not available"):
         check_cores([4096], "[server].cpus")
 
 

@@ -25,8 +25,8 @@ from truthput.engines.ports import free_port, port_is_listening
 from truthput.engines.systemd import SystemdEngine, UnitStatus, render_variant_unit, unit_name
 from truthput.errors import EngineError
 from truthput.runner import run_experiment
-from truthput.spec.experiment import parse_experiment
-from truthput.spec.unit import parse_unit
+from truthput.experiment.file import parse_experiment
+from truthput.experiment.unit import parse_unit
 from truthput.store.db import Store
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from truthput.errors import SpecError
-from truthput.spec.experiment import load_experiment, parse_experiment
+from truthput.errors import InputError
+from truthput.experiment.file import load_experiment, parse_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def test_minimal_defaults():
     ],
 )
 def test_errors_are_one_line_and_say_where(mutate, expected):
-    with pytest.raises(SpecError) as info:
+    with pytest.raises(InputError) as info:
         parse_experiment(mutate(MINIMAL), "m.toml")
     msg = str(info.value)
     assert expected in msg
@@ -63,7 +63,7 @@ def test_errors_are_one_line_and_say_where(mutate, expected):
 
 
 def test_missing_file_is_clear(tmp_path):
-    with pytest.raises(SpecError, match="cannot read experiment file"):
+    with pytest.raises(InputError, match="cannot read experiment file"):
         load_experiment(tmp_path / "nope.toml")
 
 
@@ -82,8 +82,8 @@ def test_target_percentage():
 ])
 def test_nonsense_values_are_refused_when_the_file_is_read(tmp_path, section, line, where):
     """Refused with one line naming the file and the key, before any server starts (`plan` too)."""
-    from truthput.errors import SpecError
-    from truthput.spec.experiment import load_experiment
+    from truthput.errors import InputError
+    from truthput.experiment.file import load_experiment
 
     sections = {"server": 'engine = "sim"', "workload": "", "measure": ""}
     sections[section] = (sections[section] + "\n" + line).strip()
@@ -91,19 +91,19 @@ def test_nonsense_values_are_refused_when_the_file_is_read(tmp_path, section, li
         f"[{name}]\n{body}\n" for name, body in sections.items() if body)
     path = tmp_path / "e.toml"
     path.write_text(text)
-    with pytest.raises(SpecError) as err:
+    with pytest.raises(InputError) as err:
         load_experiment(path)
     msg = str(err.value)
     assert str(path) in msg and where.split(".")[-1] in msg and "\n" not in msg.strip()
 
 
 def test_a_non_utf8_experiment_file_is_one_line_with_the_byte_offset(tmp_path):
-    from truthput.errors import SpecError
-    from truthput.spec.experiment import load_experiment
+    from truthput.errors import InputError
+    from truthput.experiment.file import load_experiment
 
     path = tmp_path / "latin1.toml"
     path.write_bytes('[experiment]\nname = "caf\u00e9"\n'.encode("latin-1"))
-    with pytest.raises(SpecError, match=r"not UTF-8 text: byte 24 \(0xe9\)"):
+    with pytest.raises(InputError, match=r"not UTF-8 text: byte 24 \(0xe9\)"):
         load_experiment(path)
 
 

@@ -73,7 +73,7 @@ def _toml(doc: dict) -> str:
                                                     "--kv-cache-dtype"]), toml_values, max_size=3))
 def test_experiment_files_parse_or_fail_clearly(changes, variant_set):
     from truthput.runner import build_plan
-    from truthput.spec.experiment import parse_experiment
+    from truthput.experiment.file import parse_experiment
 
     doc = json.loads(json.dumps(BASE))
     for (section, key), value in changes:
@@ -92,7 +92,7 @@ def test_experiment_files_parse_or_fail_clearly(changes, variant_set):
 @FUZZ
 @given(data=st.binary(max_size=400))
 def test_arbitrary_bytes_as_an_experiment_file_fail_clearly(data, tmp_path_factory):
-    from truthput.spec.experiment import load_experiment
+    from truthput.experiment.file import load_experiment
 
     path = tmp_path_factory.mktemp("fz") / "x.toml"
     path.write_bytes(data)
@@ -113,7 +113,7 @@ unit_lines = st.lists(st.one_of(
 @FUZZ
 @given(unit_lines)
 def test_systemd_units_parse_or_fail_clearly(lines):
-    from truthput.spec.unit import parse_unit
+    from truthput.experiment.unit import parse_unit
 
     try:
         unit = parse_unit("\n".join(lines), "fuzz.service")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.hardware.gpus import get_gpu, list_gpus
 from truthput.hardware.models import dense_param_count, get_model, list_models
 
@@ -25,7 +25,7 @@ def test_gpu_aliases(alias: str, name: str) -> None:
 
 
 def test_unknown_gpu_lists_known_names() -> None:
-    with pytest.raises(SpecError) as info:
+    with pytest.raises(InputError) as info:
         get_gpu("GTX 480")
     message = str(info.value)
     assert "GTX 480" in message and "RTX 3090" in message and "\n" not in message
@@ -59,7 +59,7 @@ def test_named_models_match_public_parameter_counts() -> None:
     assert seed.attn_layers == 16 and seed.layers == 64 and seed.mtp_params > 0
     assert get_model("llama-3.1-8b").weight_bytes == pytest.approx(2 * get_model("llama-3.1-8b").params)
     assert all(m.source.startswith("named profile") for m in list_models())
-    with pytest.raises(SpecError, match="llama-3.1-8b"):
+    with pytest.raises(InputError, match="llama-3.1-8b"):
         get_model("no-such-model")
 
 
@@ -142,5 +142,5 @@ def test_hybrid_and_quantised_config(tmp_path: Path) -> None:
 
 def test_bad_model_directory_errors(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(SpecError, match="config.json"):
+    with pytest.raises(InputError, match="config.json"):
         get_model(str(tmp_path))

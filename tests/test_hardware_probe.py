@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.hardware.gpus import get_gpu
 from truthput.hardware.models import get_model
 
@@ -66,7 +66,7 @@ def test_the_roofline_reads_a_probed_host_like_a_gpu(host_profile, tmp_path):
 def test_a_file_that_is_not_a_profile_is_one_clear_error(tmp_path):
     bad = tmp_path / "host.toml"
     bad.write_text("[[gpu]]\nname = 'x'\n")
-    with pytest.raises(SpecError) as exc:
+    with pytest.raises(InputError) as exc:
         get_gpu(str(bad))
     assert str(bad) in str(exc.value) and "not a hardware profile" in str(exc.value)
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stubserver import StubConfig, StubServer
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.load.client import ClientConfig, StreamClient, install_fast_loop
 from truthput.load.records import RequestRecord
 from truthput.load.schedule import ClosedLoop, LoadResult
@@ -195,7 +195,7 @@ def test_missing_api_key_env_is_a_spec_error(monkeypatch: pytest.MonkeyPatch) ->
         async with StreamClient(ClientConfig("http://127.0.0.1:9", api_key_env="TRUTHPUT_TEST_KEY")):
             pass
 
-    with pytest.raises(SpecError, match="TRUTHPUT_TEST_KEY"):
+    with pytest.raises(InputError, match="TRUTHPUT_TEST_KEY"):
         asyncio.run(go())
 
 
@@ -453,9 +453,9 @@ def test_failing_window_callback_stops_the_load_and_propagates() -> None:
 
 
 def test_closed_loop_rejects_bad_arguments() -> None:
-    with pytest.raises(SpecError, match="duration_s or max_requests"):
+    with pytest.raises(InputError, match="duration_s or max_requests"):
         ClosedLoop(None, None, 2)  # type: ignore[arg-type]
-    with pytest.raises(SpecError, match="concurrency 0"):
+    with pytest.raises(InputError, match="concurrency 0"):
         ClosedLoop(None, None, 0, duration_s=1)  # type: ignore[arg-type]
 
 

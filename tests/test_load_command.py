@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from leanstub import LeanStubProcess  # noqa: E402
 
-from truthput.errors import SpecError  # noqa: E402
+from truthput.errors import InputError  # noqa: E402
 from truthput.pipeline.load import LoadOptions, run_load  # noqa: E402
 from truthput.load.goodput import SLO  # noqa: E402
 from truthput.report.loadtable import summary_rows  # noqa: E402
@@ -162,16 +162,16 @@ def test_cli_load_runs_and_prints_the_summary(stub, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "180 / 180" in res.output and "equal" in res.output
     bad = CliRunner().invoke(app, ["load", stub.url, "-n", "2", "--input-tokens", "zipf:3", "--no-store"])
-    assert bad.exit_code != 0 and isinstance(bad.exception, SpecError) and "--input-tokens" in str(bad.exception)
+    assert bad.exit_code != 0 and isinstance(bad.exception, InputError) and "--input-tokens" in str(bad.exception)
 
 
 def test_load_options_need_a_stop_condition() -> None:
-    with pytest.raises(SpecError, match="--requests"):
+    with pytest.raises(InputError, match="--requests"):
         LoadOptions(url="http://x")
     for bad in (float("nan"), float("inf"), 0.0, -1.0):
-        with pytest.raises(SpecError, match="--duration .*: expected a finite number of seconds > 0"):
+        with pytest.raises(InputError, match="--duration .*: expected a finite number of seconds > 0"):
             LoadOptions(url="http://x", duration_s=bad)
-    with pytest.raises(SpecError, match="--rate"):
+    with pytest.raises(InputError, match="--rate"):
         LoadOptions(url="http://x", duration_s=1.0, rate=[float("inf")])
     toml = opts("http://h:1", rate=[2.5]).toml()
     import tomllib

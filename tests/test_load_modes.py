@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from stubserver import StubConfig, StubServer
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.load.client import ClientConfig, StreamClient
 from truthput.load.goodput import SLO, goodput, is_good, request_itl_ms
 from truthput.load.records import RequestRecord
@@ -82,11 +82,11 @@ def test_poisson_arrivals_are_seeded_and_have_the_right_mean() -> None:
 
 
 def test_open_loop_rejects_bad_arguments() -> None:
-    with pytest.raises(SpecError, match="rate 0"):
+    with pytest.raises(InputError, match="rate 0"):
         OpenLoop(None, None, 0)  # type: ignore[arg-type]
-    with pytest.raises(SpecError, match="arrival 'burst'"):
+    with pytest.raises(InputError, match="arrival 'burst'"):
         OpenLoop(None, None, 1, "burst", max_requests=1)  # type: ignore[arg-type]
-    with pytest.raises(SpecError, match="duration_s or max_requests"):
+    with pytest.raises(InputError, match="duration_s or max_requests"):
         OpenLoop(None, None, 1)  # type: ignore[arg-type]
 
 
@@ -125,7 +125,7 @@ def test_sweep_hitting_max_level_is_not_saturated_and_rates_may_be_fractional() 
     sweep = Sweep(start=0.5, max_level=4, integer=False)
     assert drive(sweep, lambda r: 100 * r) == [0.5, 1.0, 2.0, 4.0]
     assert not sweep.saturated and sweep.saturation().level == 4.0
-    with pytest.raises(SpecError):
+    with pytest.raises(InputError):
         Sweep(start=0)
 
 
@@ -186,7 +186,7 @@ def test_goodput_counts_requests_meeting_both_targets() -> None:
     assert goodput(records, slo, window=(0.0, 0.6))["goodput_rps"]["value"] == pytest.approx(1 / 0.6)
     # no targets: every finished request is good
     assert goodput(records, SLO(), None)["good_requests"] == 4
-    with pytest.raises(SpecError):
+    with pytest.raises(InputError):
         SLO(ttft_ms=0)
 
 

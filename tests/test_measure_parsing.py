@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.measure.counters import counter_delta
 from truthput.measure.logparse import lines_in_window, parse_log, parse_spec_line, parse_throughput_line, time_weighted_mean
 from truthput.measure.names import metric_names
@@ -92,9 +92,9 @@ def test_metric_names_per_engine_and_aliases():
     assert metric_names("llamacpp").emitted_tokens == "llamacpp:tokens_predicted_total"
     c = metric_names("command", {"emitted_tokens": "my:tokens_total"})
     assert c.emitted_tokens == "my:tokens_total" and c.prompt_tokens == "vllm:prompt_tokens_total"
-    with pytest.raises(SpecError, match="unknown metric name field"):
+    with pytest.raises(InputError, match="unknown metric name field"):
         metric_names("command", {"bogus": "x"})
-    with pytest.raises(SpecError, match="unknown engine"):
+    with pytest.raises(InputError, match="unknown engine"):
         metric_names("tgi")
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from truthput.spec.experiment import parse_experiment
-from truthput.spec.levels import Rate
+from truthput.experiment.file import parse_experiment
+from truthput.experiment.levels import Rate
 from truthput.store.db import Store
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.hardware.gpus import GPU, Interconnect, get_gpu
 from truthput.hardware.models import ModelProfile, get_model
 from truthput.hardware.physics import (
@@ -75,7 +75,7 @@ def test_mtp_draft_cost_is_k_small_passes() -> None:
 
 
 def test_draft_model_needs_profile() -> None:
-    with pytest.raises(SpecError, match="draft_model"):
+    with pytest.raises(InputError, match="draft_model"):
         decode_step(TOY_GPU, TOY_MODEL, 1, 1, 0, spec_k=2, spec_method="draft_model")
     s = decode_step(TOY_GPU, TOY_MODEL, 1, 1, 0, spec_k=2, spec_method="draft_model",
                     draft_model=TOY_MODEL, eff=EFF)
@@ -98,7 +98,7 @@ def test_expected_tokens_per_step() -> None:
     assert expected_tokens_per_step([0.8, 0.5]) == pytest.approx(1 + 0.8 + 0.4)
     a, k = 0.7, 4
     assert expected_tokens_per_step([a] * k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
-    with pytest.raises(SpecError):
+    with pytest.raises(InputError):
         expected_tokens_per_step([1.5])
 
 

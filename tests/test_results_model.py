@@ -25,7 +25,7 @@ from truthput.load.records import RequestRecord
 from truthput.measure.model import RESULTS_SCHEMA, TrialResults
 from truthput.measure.prom import Scrape
 from truthput.measure.trial import measure_trial
-from truthput.spec.argv import ServerArgv, speculative_settings
+from truthput.experiment.argv import ServerArgv, speculative_settings
 from truthput.store.db import Store, decode_chunks
 
 ROOT = Path(__file__).resolve().parents[1]

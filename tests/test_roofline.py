@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from truthput.analyze.roofline import place, roofline
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.hardware.gpus import GPU, Interconnect, get_gpu
 from truthput.hardware.models import ModelProfile, get_model
 from truthput.hardware.physics import GiB
@@ -89,9 +89,9 @@ def test_to_dict_is_json_and_labelled() -> None:
 
 
 def test_bad_inputs() -> None:
-    with pytest.raises(SpecError):
+    with pytest.raises(InputError):
         roofline(TOY_GPU, TOY_MODEL, 1, 2, 100, 0)
-    with pytest.raises(SpecError, match="acceptance length"):
+    with pytest.raises(InputError, match="acceptance length"):
         roofline(TOY_GPU, TOY_MODEL, 1, 2, 100, 1, spec_k=1, acceptance_length=2.5)
 
 

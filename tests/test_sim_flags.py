@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.sim.flags import parse_serve_args
 
 SIM = ["--sim-gpu", "H100", "--sim-model", "llama-3.1-8b"]
@@ -34,14 +34,14 @@ def test_three_speculation_spellings_agree():
 def test_a_key_given_two_ways_is_refused_as_vllm_refuses_it():
     """vLLM 0.32 rejects a speculative key given by a --spec-* flag and by --speculative-config,
     even with the same value; the simulator parses speculation with truthput's own argv rules."""
-    with pytest.raises(SpecError, match="conflicting speculative settings"):
+    with pytest.raises(InputError, match="conflicting speculative settings"):
         parse_serve_args([*SIM, "--spec-tokens", "2", "--speculative-config", '{"num_speculative_tokens":2}'])
     cfg = parse_serve_args([*SIM, "--spec-method", "ngram", "--spec-tokens", "3",
                             "--speculative-config.prompt_lookup_max", "4"])
     assert cfg.spec_k == 3 and cfg.speculative["prompt_lookup_max"] == 4
-    with pytest.raises(SpecError, match="conflicting speculative settings"):
+    with pytest.raises(InputError, match="conflicting speculative settings"):
         parse_serve_args([*SIM, "--spec-tokens", "3", "--speculative-config", '{"num_speculative_tokens":2}'])
-    with pytest.raises(SpecError, match="not valid JSON"):
+    with pytest.raises(InputError, match="not valid JSON"):
         parse_serve_args([*SIM, "--speculative-config", "{nope"])
 
 
@@ -62,9 +62,9 @@ def test_served_model_name_kv_dtype_and_acceptance():
 
 
 def test_bad_values_are_one_line_errors():
-    with pytest.raises(SpecError, match="gpu-memory-utilization"):
+    with pytest.raises(InputError, match="gpu-memory-utilization"):
         parse_serve_args([*SIM, "--gpu-memory-utilization", "1.5"])
-    with pytest.raises(SpecError, match="max-num-seqs"):
+    with pytest.raises(InputError, match="max-num-seqs"):
         parse_serve_args([*SIM, "--max-num-seqs", "0"])
 
 
@@ -79,10 +79,10 @@ def test_every_spelling_of_all_interfaces_is_not_loopback(host, loop):
 
 
 def test_sim_port_out_of_range_and_allow_remote():
-    from truthput.errors import SpecError
+    from truthput.errors import InputError
     from truthput.sim.flags import parse_serve_args
 
-    with pytest.raises(SpecError, match="--port 99999: expected 0..65535"):
+    with pytest.raises(InputError, match="--port 99999: expected 0..65535"):
         parse_serve_args(["--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b", "--port", "99999"])
     cfg = parse_serve_args(["--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b", "--host", "0", "--allow-remote"])
     assert cfg.allow_remote and cfg.host == "0"

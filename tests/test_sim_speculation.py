@@ -240,7 +240,7 @@ def test_fit_ngram_recovers_the_repetition_a_stored_run_was_served_with(tmp_path
     import asyncio
 
     from truthput.runner import run_experiment
-    from truthput.spec.experiment import parse_experiment
+    from truthput.experiment.file import parse_experiment
     from truthput.store.db import Store
 
     text = FIT_EXPERIMENT.format(share=0.6, span=6)

@@ -14,7 +14,7 @@ from truthput.analyze.stopping import (
     fixed_design_starts,
     fixed_design_starts_from_sd,
 )
-from truthput.errors import MeasurementError, SpecError
+from truthput.errors import MeasurementError, InputError
 
 
 @pytest.mark.parametrize("method", ["linear", "pocock", "obrien-fleming"])
@@ -149,9 +149,9 @@ def test_fixed_design_starts_is_the_smallest_sufficient_n():
 
 
 def test_bad_settings_are_spec_errors():
-    with pytest.raises(SpecError, match="stopping: max_starts \\(3\\) must be >= min_starts \\(4\\)"):
+    with pytest.raises(InputError, match="stopping: max_starts \\(3\\) must be >= min_starts \\(4\\)"):
         StoppingRule(0.02, max_starts=3, min_starts=4)
-    with pytest.raises(SpecError, match="method must be one of"):
+    with pytest.raises(InputError, match="method must be one of"):
         StoppingRule(0.02, max_starts=5, method="magic")
     with pytest.raises(MeasurementError, match="baseline 'base' has no cell at c=8"):
         StoppingRule(0.02, 5).decide({("v", 8): [[1.0], [2.0]]}, "base")

@@ -126,7 +126,7 @@ def _version_2_store(path) -> tuple[str, list[int]]:
 
 
 def test_a_version_2_store_reads_as_it_is_and_gains_the_rate_column_when_written(tmp_path):
-    from truthput.spec.levels import Rate
+    from truthput.experiment.levels import Rate
 
     db = tmp_path / "old.db"
     run_id, ids = _version_2_store(db)

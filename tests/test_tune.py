@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from truthput.spec.argv import ServerArgv, speculative_settings, variant_argv
-from truthput.spec.experiment import TuneSection, load_experiment
+from truthput.experiment.argv import ServerArgv, speculative_settings, variant_argv
+from truthput.experiment.file import TuneSection, load_experiment
 from truthput.tune.screen import ScreenLoad, batch_lines, run_batch, screen
 from truthput.tune.search import Evaluation, SimFirst, spearman
 from truthput.tune.space import Space
@@ -307,14 +307,14 @@ def test_the_virtual_open_loop_counts_goodput_against_known_truth():
 
 def test_a_goodput_objective_needs_its_targets_and_a_rate():
     text = GOODPUT_TUNE.read_text()
-    from truthput.errors import SpecError
-    from truthput.spec.experiment import parse_experiment
+    from truthput.errors import InputError
+    from truthput.experiment.file import parse_experiment
 
-    with pytest.raises(SpecError, match=r"\[slo\]"):
+    with pytest.raises(InputError, match=r"\[slo\]"):
         parse_experiment(text.replace("[slo]\nttft_ms = 300", "[slo]"), "x.toml")
-    with pytest.raises(SpecError, match="offered rate"):
+    with pytest.raises(InputError, match="offered rate"):
         parse_experiment(text.replace("rates = [3.5]", "concurrency = [4]"), "x.toml")
-    with pytest.raises(SpecError, match="rate is the offered rate"):
+    with pytest.raises(InputError, match="rate is the offered rate"):
         parse_experiment(text.replace('objective = "goodput"', 'objective = "tokps"\nrate = 2'), "x.toml")
 
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from truthput.errors import SpecError
-from truthput.spec.argv import ServerArgv, argv_diff
-from truthput.spec.experiment import parse_experiment
-from truthput.spec.unit import (
+from truthput.errors import InputError
+from truthput.experiment.argv import ServerArgv, argv_diff
+from truthput.experiment.file import parse_experiment
+from truthput.experiment.unit import (
     consistency_warnings,
     import_unit,
     parse_unit,
@@ -80,13 +80,13 @@ def test_systemd_syntax_rules() -> None:
 
 
 def test_unit_errors_are_one_line_spec_errors() -> None:
-    with pytest.raises(SpecError, match=r"demo.service: ExecStart=: unterminated ' quote"):
+    with pytest.raises(InputError, match=r"demo.service: ExecStart=: unterminated ' quote"):
         parse_unit("[Service]\nExecStart=/a 'b\n", "demo.service").exec_start_argv()
-    with pytest.raises(SpecError, match="no ExecStart="):
+    with pytest.raises(InputError, match="no ExecStart="):
         parse_unit("[Service]\nType=simple\n", "x.service").exec_start_argv()
-    with pytest.raises(SpecError, match="2 ExecStart= lines"):
+    with pytest.raises(InputError, match="2 ExecStart= lines"):
         parse_unit("[Service]\nExecStart=/a\nExecStart=/b\n", "x.service").exec_start_argv()
-    with pytest.raises(SpecError, match=r"x.service:1: setting"):
+    with pytest.raises(InputError, match=r"x.service:1: setting"):
         parse_unit("ExecStart=/a\n", "x.service")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.load.workload import _VOCAB, WORDS_PER_TOKEN, Distribution, Workload, WorkloadSpec
 
 
@@ -113,7 +113,7 @@ def test_distributions_match_their_parameters() -> None:
     ],
 )
 def test_bad_distributions_are_spec_errors(kwargs: dict, match: str) -> None:
-    with pytest.raises(SpecError, match=match):
+    with pytest.raises(InputError, match=match):
         Distribution(**kwargs)
 
 
@@ -121,9 +121,9 @@ def test_distribution_tables_from_the_experiment_file() -> None:
     wl = Workload(WorkloadSpec(input_tokens={"kind": "histogram", "values": [100, 200], "weights": [1, 0]},
                                output_tokens={"kind": "uniform", "low": 3, "high": 4}), 0)
     assert {wl.lengths(i)[0] for i in range(20)} == {100} and {wl.lengths(i)[1] for i in range(50)} == {3, 4}
-    with pytest.raises(SpecError, match="workload output_tokens: unknown key"):
+    with pytest.raises(InputError, match="workload output_tokens: unknown key"):
         Workload(WorkloadSpec(input_tokens=1, output_tokens={"kind": "fixed", "val": 3}), 0)
-    with pytest.raises(SpecError, match="workload input_tokens: distribution uniform"):
+    with pytest.raises(InputError, match="workload input_tokens: distribution uniform"):
         Workload(WorkloadSpec(input_tokens={"kind": "uniform", "low": 9, "high": 2}, output_tokens=1), 0)
 
 
@@ -140,9 +140,9 @@ def test_jsonl_prompt_source(tmp_path: Path) -> None:
 def test_bad_jsonl_names_file_and_line(tmp_path: Path) -> None:
     src = tmp_path / "bad.jsonl"
     src.write_text('{"prompt": "ok"}\n{not json\n')
-    with pytest.raises(SpecError, match=r"bad\.jsonl:2: not JSON"):
+    with pytest.raises(InputError, match=r"bad\.jsonl:2: not JSON"):
         Workload(WorkloadSpec(input_tokens=1, output_tokens=1, prompt_source=str(src)), 0)
-    with pytest.raises(SpecError, match="cannot read"):
+    with pytest.raises(InputError, match="cannot read"):
         Workload(WorkloadSpec(input_tokens=1, output_tokens=1, prompt_source=str(tmp_path / "none.jsonl")), 0)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_workload import train_tokenizer
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.load.workload import (
     SHAREGPT_SAMPLE,
     TOOL_PROMPT_HEAD,
@@ -63,11 +63,11 @@ def test_sharegpt_without_tokenizer_uses_words(tmp_path: Path) -> None:
 
 
 def test_sharegpt_errors_are_one_line(tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match="cannot read"):
+    with pytest.raises(InputError, match="cannot read"):
         Workload(WorkloadSpec(input_tokens=1, output_tokens=1, prompt_source=f"sharegpt:{tmp_path}/none.json"), 0)
     bad = tmp_path / "bad.json"
     bad.write_text('[{"conversations": []}]')
-    with pytest.raises(SpecError, match="no conversation"):
+    with pytest.raises(InputError, match="no conversation"):
         Workload(WorkloadSpec(input_tokens=1, output_tokens=1, prompt_source=f"sharegpt:{bad}"), 0)
 
 
@@ -113,7 +113,7 @@ def test_multi_turn_history_has_exact_turn_lengths(tok) -> None:
                     assert n_tokens(tok, msgs[2 * t + 1]["content"]) == t_out
             if turn:  # the history is the previous request's messages, unchanged
                 assert msgs[: 2 * turn - 1] == wl.body(i - 1)["messages"]
-    with pytest.raises(SpecError, match="chat endpoint"):
+    with pytest.raises(InputError, match="chat endpoint"):
         Workload(WorkloadSpec(input_tokens=5, output_tokens=5, prompt_source="multi-turn"), 0)
 
 
@@ -134,7 +134,7 @@ def test_thinking_switch_goes_to_chat_template_kwargs(thinking: bool) -> None:
     body = Workload(spec, 0).body(0)
     assert body["chat_template_kwargs"] == {"custom": 1, "enable_thinking": thinking}
     assert "chat_template_kwargs" not in Workload(WorkloadSpec(input_tokens=8, output_tokens=8, endpoint="chat"), 0).body(0)
-    with pytest.raises(SpecError, match="chat endpoint only"):
+    with pytest.raises(InputError, match="chat endpoint only"):
         Workload(WorkloadSpec(input_tokens=8, output_tokens=8, thinking=thinking), 0)
 
 

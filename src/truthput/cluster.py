@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
 RAY_MISSING = "--executor ray needs Ray on this machine: pip install 'truthput[ray]'"
 
@@ -18,7 +18,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise SpecError(RAY_MISSING) from None
+        raise InputError(RAY_MISSING) from None
     return ray
 
 
@@ -53,7 +53,7 @@ def connect(address: str | None) -> Any:
         try:  # Ray itself retries an absent head for minutes, printing as it goes
             socket.create_connection((host, int(where.rsplit(":", 1)[1])), timeout=5).close()
         except OSError as exc:
-            raise SpecError(f"--executor ray --address {where}: no Ray cluster there ({exc.strerror or exc}); start "
+            raise InputError(f"--executor ray --address {where}: no Ray cluster there ({exc.strerror or exc}); start "
                             "one with `ray start --head` (and `ray start --address HEAD:6379` on each other "
                             "node)") from None
     try:
@@ -61,7 +61,7 @@ def connect(address: str | None) -> Any:
                  configure_logging=True, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecError(f"--executor ray --address {where}: no Ray cluster there ({first}); start one with "
+        raise InputError(f"--executor ray --address {where}: no Ray cluster there ({first}); start one with "
                         "`ray start --head` (and `ray start --address HEAD:6379` on each other node)") from None
     return ray
 

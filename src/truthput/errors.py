@@ -9,7 +9,7 @@ class TruthputError(Exception):
     exit_code = 2
 
 
-class SpecError(TruthputError):
+class InputError(TruthputError):
     """A bad experiment file, argv or unit: the message names the file and the key."""
 
 

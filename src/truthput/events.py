@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Union
 
-from truthput.spec.levels import Level, level_label
+from truthput.experiment.levels import Level, level_label
 from truthput.text import plural
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from truthput.engines.factory import make_engine, sim_requirements
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.events import (
     Event,
     Note,
@@ -29,10 +29,10 @@ from truthput.events import (
     TrialDone,
     emitter,
 )
-from truthput.spec.argv import ServerArgv, argv_diff, speculative_settings, variant_argv
-from truthput.spec.engines import SIMULATED_KINDS, metric_family
-from truthput.spec.experiment import Experiment
-from truthput.spec.levels import Level, is_rate
+from truthput.experiment.argv import ServerArgv, argv_diff, speculative_settings, variant_argv
+from truthput.experiment.engines import SIMULATED_KINDS, metric_family
+from truthput.experiment.file import Experiment
+from truthput.experiment.levels import Level, is_rate
 from truthput.store.db import Store, TrialKey
 
 SIMULATED_ENGINES = SIMULATED_KINDS
@@ -91,9 +91,9 @@ def _int_flag(argv: ServerArgv, names: Sequence[str], where: str) -> int:
             text = value[-1] if isinstance(value, list) else value
             n = _whole_number(str(text))
             if n is None:
-                raise SpecError(f"{where}: {name} {text!r} is not a whole number") from None
+                raise InputError(f"{where}: {name} {text!r} is not a whole number") from None
             if n < 1:
-                raise SpecError(f"{where}: {name} {n} must be >= 1")
+                raise InputError(f"{where}: {name} {n} must be >= 1")
             return n
     return 1
 
@@ -109,19 +109,19 @@ def _check_names(exp: Experiment, kind: str) -> None:
     if exp.hardware is not None:
         try:
             get_gpu(exp.hardware.gpu)
-        except SpecError as exc:
-            raise SpecError(f"[hardware].gpu: {exc}") from None
+        except InputError as exc:
+            raise InputError(f"[hardware].gpu: {exc}") from None
     if exp.model is not None and (kind == "sim" or exp.model.profile):
         try:
             get_model(exp.model.ref)
-        except SpecError as exc:
-            raise SpecError(f"[model]: {exc}") from None
+        except InputError as exc:
+            raise InputError(f"[model]: {exc}") from None
     host = exp.server.host
     if host and kind != "external":
         try:
             socket.getaddrinfo(host, None)
         except (socket.gaierror, UnicodeError) as exc:
-            raise SpecError(f"[server].host {host!r}: cannot be resolved ({exc})") from None
+            raise InputError(f"[server].host {host!r}: cannot be resolved ({exc})") from None
 
 
 INT_FLAGS = ("--max-num-seqs", "--max-model-len", "--max-num-batched-tokens", "--block-size",
@@ -152,7 +152,7 @@ def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
     where = f"[[variant]] {name!r}"
     for i, word in enumerate(argv.to_argv()):
         if "\x00" in word:
-            raise SpecError(f"{where}: argument {i} ({word.split(chr(0))[0]!r}...) contains a NUL byte")
+            raise InputError(f"{where}: argument {i} ({word.split(chr(0))[0]!r}...) contains a NUL byte")
     if argv.engine == "vllm":
         for flag in INT_FLAGS:
             _int_flag(argv, (flag,), where)
@@ -163,13 +163,13 @@ def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
             except ValueError:
                 util = float("nan")
             if not 0.0 < util <= 1.0:
-                raise SpecError(f"{where}: --gpu-memory-utilization {raw!r}: expected a fraction in (0, 1]")
+                raise InputError(f"{where}: --gpu-memory-utilization {raw!r}: expected a fraction in (0, 1]")
     if exp.hardware is None:
         return
     tp = _int_flag(argv, ("--tensor-parallel-size",), where)
     pp = _int_flag(argv, ("--pipeline-parallel-size",), where)
     if tp * pp > exp.hardware.count:
-        raise SpecError(f"{where}: --tensor-parallel-size {tp} x --pipeline-parallel-size {pp} = {tp * pp} GPUs, "
+        raise InputError(f"{where}: --tensor-parallel-size {tp} x --pipeline-parallel-size {pp} = {tp * pp} GPUs, "
                         f"but [hardware].count = {exp.hardware.count}")
 
 
@@ -186,7 +186,7 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     check_cores(exp.server.cpus, "[server].cpus")
     check_cores(exp.workload.client_cpus, "[workload].client_cpus")
     if exp.server.cpus and exp.workload.client_cpus and set(exp.server.cpus) & set(exp.workload.client_cpus):
-        raise SpecError("[server].cpus and [workload].client_cpus share core(s) "
+        raise InputError("[server].cpus and [workload].client_cpus share core(s) "
                         f"{sorted(set(exp.server.cpus) & set(exp.workload.client_cpus))}: pinning is for keeping "
                         "them apart")
     base = ServerArgv.parse(exp.server.command, engine=metric_family(kind))
@@ -195,8 +195,8 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
         argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
         try:
             spec = speculative_settings(argv)
-        except SpecError as exc:
-            raise SpecError(f"[[variant]] {v.name!r}: {exc}") from None
+        except InputError as exc:
+            raise InputError(f"[[variant]] {v.name!r}: {exc}") from None
         _check_variant_argv(exp, v.name, argv)
         diff = argv_diff(base, argv)
         variants.append(VariantPlan(

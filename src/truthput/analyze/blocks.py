@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from truthput.spec.levels import Level, level_label
+from truthput.experiment.levels import Level, level_label
 
 Key = tuple[str, Level]
 NODE_P = 0.05

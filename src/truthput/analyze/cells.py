@@ -15,7 +15,7 @@ from typing import Protocol
 
 from truthput.analyze.stats import CellEstimate, cell_estimate, noise_warnings
 from truthput.measure.model import Figure, TrialResults
-from truthput.spec.levels import Level, is_rate, level_label, level_of
+from truthput.experiment.levels import Level, is_rate, level_label, level_of
 
 HEADLINE_SOURCES = {"server_counter": "server counter", "usage": "usage placed in time"}
 

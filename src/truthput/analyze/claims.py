@@ -19,8 +19,8 @@ from typing import Any
 
 from truthput.analyze.audit import group_trials
 from truthput.analyze.cells import TrialLike, headline
-from truthput.spec.claims import Claim
-from truthput.spec.levels import Level, level_value
+from truthput.experiment.claims import Claim
+from truthput.experiment.levels import Level, level_value
 
 NOISE_FLOOR_PCT = 3.0  # below this a difference vs the counter is noise even with one trial
 WORDS_PER_TOKEN = 0.75  # English prose, typical BPE tokenizers

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from truthput.analyze.stats import RatioEstimate, at_level, difference_p, equivalence_p
-from truthput.errors import SpecError
-from truthput.spec.experiment import VERDICT_METRICS
-from truthput.spec.levels import Level
+from truthput.errors import InputError
+from truthput.experiment.file import VERDICT_METRICS
+from truthput.experiment.levels import Level
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def metric(key: str) -> MetricSpec:
     try:
         return METRICS[key]
     except KeyError:
-        raise SpecError(f"unknown verdict metric {key!r}; known: {', '.join(METRICS)}") from None
+        raise InputError(f"unknown verdict metric {key!r}; known: {', '.join(METRICS)}") from None
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def decide_family(
     intervals that agree with the decision.
     """
     if not 0 < alpha < 1:
-        raise SpecError(f"alpha must be in (0, 1), got {alpha!r}")
+        raise InputError(f"alpha must be in (0, 1), got {alpha!r}")
     ps: dict[ComparisonKey, float] = {}
     for key, est in estimates.items():
         pd, pe = difference_p(est), equivalence_p(est, min_effect)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.text import plural
 
 
@@ -26,9 +26,9 @@ def interleaved_order(
     """
     names = list(variants)
     if len(set(names)) != len(names):
-        raise SpecError(f"design: variant names must be unique, got {names}")
+        raise InputError(f"design: variant names must be unique, got {names}")
     if n_starts < 0:
-        raise SpecError(f"design: n_starts must be >= 0, got {n_starts}")
+        raise InputError(f"design: n_starts must be >= 0, got {n_starts}")
     rng = np.random.default_rng(seed)
     order: list[tuple[str, int]] = []
     for k in range(n_starts):
@@ -73,7 +73,7 @@ def estimate_plan_time(
     for name, value in (("n_variants", n_variants), ("n_concurrencies", n_concurrencies),
                         ("n_starts", n_starts), ("trials_per_start", trials_per_start)):
         if value < 0:
-            raise SpecError(f"design: {name} must be >= 0, got {value}")
+            raise InputError(f"design: {name} must be >= 0, got {value}")
 
     def cost(starts: int) -> tuple[int, int, float, float]:
         n_srv = n_variants * starts

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.hardware.gpus import GPU
 from truthput.hardware.models import ModelProfile
 from truthput.hardware.physics import (
@@ -108,10 +108,10 @@ def roofline(
 ) -> Roofline:
     """Per-step floors and throughput ceilings for `concurrency` streams each holding context_len tokens."""
     if tp < 1 or concurrency < 1 or context_len < 0 or spec_k < 0:
-        raise SpecError(f"roofline: bad arguments tp={tp} concurrency={concurrency} context={context_len} "
+        raise InputError(f"roofline: bad arguments tp={tp} concurrency={concurrency} context={context_len} "
                         f"spec_k={spec_k}")
     if acceptance_length is not None and not 1.0 <= acceptance_length <= spec_k + 1:
-        raise SpecError(f"roofline: acceptance length {acceptance_length} outside [1, spec_k+1={spec_k + 1}]")
+        raise InputError(f"roofline: acceptance length {acceptance_length} outside [1, spec_k+1={spec_k + 1}]")
     b = concurrency
     bw = gpu.mem_bw_Bps
     peak = compute_peak_flops(gpu, model)
@@ -255,7 +255,7 @@ def place(roof: Roofline, measured_tokps: float, acceptance_length: float | None
     when given (here or in the roofline), else k+1 (which makes the step time an upper estimate).
     """
     if measured_tokps <= 0:
-        raise SpecError(f"place: measured throughput must be positive, got {measured_tokps}")
+        raise InputError(f"place: measured throughput must be positive, got {measured_tokps}")
     acc = acceptance_length if acceptance_length is not None else roof.acceptance_length
     if roof.spec_k > 0:
         tokens = acc if acc is not None else roof.spec_k + 1.0

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from truthput.errors import MeasurementError, SpecError
+from truthput.errors import MeasurementError, InputError
 
 DEFAULT_CV_THRESHOLD = 0.05
 """Coefficient of variation above which a cell is called noisy (pyperf warns from ~10%,
@@ -184,7 +184,7 @@ def start_log_means(starts: list[np.ndarray]) -> np.ndarray:
 
 def _check_confidence(confidence: float) -> None:
     if not 0.0 < confidence < 1.0:
-        raise SpecError(f"confidence must be in (0, 1), got {confidence!r}")
+        raise InputError(f"confidence must be in (0, 1), got {confidence!r}")
 
 
 HETEROGENEITY_P = 0.4
@@ -246,7 +246,7 @@ def _starts_and_rounds(per_start: Sequence[Sequence[float]], rounds: Sequence[in
     """Non-empty starts with their rounds (the round defaults to the start's position)."""
     ids = list(rounds) if rounds is not None else list(range(len(per_start)))
     if len(ids) != len(per_start):
-        raise SpecError(f"{where}: {len(ids)} rounds for {len(per_start)} starts")
+        raise InputError(f"{where}: {len(ids)} rounds for {len(per_start)} starts")
     kept = [(arr, r) for arr, r in zip((list(t) for t in per_start), ids, strict=True) if arr]
     starts = clean_starts([k for k, _ in kept], where)
     return starts, [r for _, r in kept]
@@ -389,7 +389,7 @@ def ratio_estimate(
     """
     _check_confidence(confidence)
     if n_comparisons < 1:
-        raise SpecError(f"n_comparisons must be >= 1, got {n_comparisons!r}")
+        raise InputError(f"n_comparisons must be >= 1, got {n_comparisons!r}")
     v_starts, v_rounds = _starts_and_rounds(variant, rounds_variant, "variant")
     b_starts, b_rounds = _starts_and_rounds(baseline, rounds_baseline, "baseline")
     if not v_starts or not b_starts:

@@ -29,8 +29,8 @@ import numpy as np
 
 from truthput.analyze.decide import ComparisonKey, Decision, decide_family
 from truthput.analyze.stats import RatioEstimate, clean_starts, ratio_estimate, shared_noise, start_log_means
-from truthput.errors import MeasurementError, SpecError
-from truthput.spec.levels import Level, level_label
+from truthput.errors import MeasurementError, InputError
+from truthput.experiment.levels import Level, level_label
 
 SPENDING_FUNCTIONS = ("linear", "pocock", "obrien-fleming")
 
@@ -115,17 +115,17 @@ class StoppingRule:
         min_effect: float = 0.02,
     ) -> None:
         if not 0 < alpha < 1:
-            raise SpecError(f"stopping: alpha must be in (0, 1), got {alpha!r}")
+            raise InputError(f"stopping: alpha must be in (0, 1), got {alpha!r}")
         if min_starts < 2:
-            raise SpecError(f"stopping: min_starts must be >= 2 (an interval needs two starts), got {min_starts}")
+            raise InputError(f"stopping: min_starts must be >= 2 (an interval needs two starts), got {min_starts}")
         if max_starts < min_starts:
-            raise SpecError(f"stopping: max_starts ({max_starts}) must be >= min_starts ({min_starts})")
+            raise InputError(f"stopping: max_starts ({max_starts}) must be >= min_starts ({min_starts})")
         if method not in SPENDING_FUNCTIONS:
-            raise SpecError(f"stopping: method must be one of {', '.join(SPENDING_FUNCTIONS)}, got {method!r}")
+            raise InputError(f"stopping: method must be one of {', '.join(SPENDING_FUNCTIONS)}, got {method!r}")
         if target_rel_halfwidth is not None and not target_rel_halfwidth > 0:
-            raise SpecError(f"stopping: target_rel_halfwidth must be > 0, got {target_rel_halfwidth!r}")
+            raise InputError(f"stopping: target_rel_halfwidth must be > 0, got {target_rel_halfwidth!r}")
         if not 0 < min_effect < 1:
-            raise SpecError(f"stopping: min_effect must be in (0, 1), got {min_effect!r}")
+            raise InputError(f"stopping: min_effect must be in (0, 1), got {min_effect!r}")
         self.target_rel_halfwidth = None if target_rel_halfwidth is None else float(target_rel_halfwidth)
         self.max_starts = int(max_starts)
         self.min_starts = int(min_starts)

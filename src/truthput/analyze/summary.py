@@ -17,8 +17,8 @@ from truthput.analyze.cells import Cell, TrialLike, build_cells, metric_groups
 from truthput.analyze.guard import GuardResult, compare_outputs
 from truthput.analyze.stopping import StoppingRule
 from truthput.analyze.verdict import ComparisonVerdict, Verdict, make_verdict
-from truthput.spec.experiment import MeasureSection
-from truthput.spec.levels import Level
+from truthput.experiment.file import MeasureSection
+from truthput.experiment.levels import Level
 
 
 @dataclass

@@ -23,7 +23,7 @@ from truthput.analyze.decide import ComparisonKey, Decision, decide_family, metr
 from truthput.analyze.guard import GuardResult
 from truthput.analyze.stats import RatioEstimate, cell_estimate, clean_starts, ratio_estimate, shared_noise
 from truthput.analyze.stopping import StoppingRule
-from truthput.spec.levels import Level, level_json, level_label
+from truthput.experiment.levels import Level, level_json, level_label
 from truthput.text import plural
 
 

@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
 
         from truthput.analyze.audit import audit_rows, integrity_rows, render_audit
         from truthput.errors import StoreError
-        from truthput.spec.levels import level_label
+        from truthput.experiment.levels import level_label
         from truthput.store.db import Store
 
         if not Path(store).exists():

@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
         from truthput.analyze.claims import check_claims
         from truthput.errors import StoreError
-        from truthput.spec.claims import load_claims_file
+        from truthput.experiment.claims import load_claims_file
 
         claims, bounds = load_claims_file(claims_file)
         measurements = None

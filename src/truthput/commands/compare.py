@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
             ver = ", ".join(h["engine_versions"]) or "engine version not reported"
             con.print(f"{tag}: {h['id']} ({h['store']}) engine {h['engine']} {ver}{sim}", highlight=False)
         t = Table(title="B vs A, output tok/s \\[headline: server counter, else usage placed in time]")
-        from truthput.spec.levels import row_header, row_level
+        from truthput.experiment.levels import row_header, row_level
 
         for col in ("variant", row_header(result["rows"]), "A tok/s (95% CI)", "B tok/s (95% CI)", "B/A (CI)", "decided", "same argv"):
             t.add_column(col, justify="left" if col in ("variant", "same argv") else "right")
@@ -92,15 +92,15 @@ def register(app: typer.Typer) -> None:
 
 def parse_percent(text: str, option: str) -> float:
     """'3%' or '3' -> 0.03; a clear error for anything else."""
-    from truthput.errors import SpecError
+    from truthput.errors import InputError
 
     raw = text.strip().rstrip("%").strip()
     try:
         value = float(raw) / 100.0
     except ValueError:
-        raise SpecError(f"{option} {text!r}: expected a percentage such as 3%") from None
+        raise InputError(f"{option} {text!r}: expected a percentage such as 3%") from None
     if not 0.0 <= value < 1.0:
-        raise SpecError(f"{option} {text!r}: expected a percentage from 0% to below 100%")
+        raise InputError(f"{option} {text!r}: expected a percentage from 0% to below 100%")
     return value
 
 

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         import json
         import subprocess
 
-        from truthput.errors import SpecError
+        from truthput.errors import InputError
         from truthput.hardware import probe as probe_mod
         from truthput.report.terminal import make_console
 
@@ -37,9 +37,9 @@ def register(app: typer.Typer) -> None:
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
             except OSError as exc:
-                raise SpecError(f"--python {python}: cannot run it ({exc.strerror})") from None
+                raise InputError(f"--python {python}: cannot run it ({exc.strerror})") from None
             if proc.returncode != 0:
-                raise SpecError(f"--python {python}: the probe failed: {proc.stderr.strip().splitlines()[-1:]}")
+                raise InputError(f"--python {python}: the probe failed: {proc.stderr.strip().splitlines()[-1:]}")
             facts = json.loads(proc.stdout.strip().splitlines()[-1])
         else:
             facts = probe_mod.measure(prefer_torch=not no_torch)

@@ -13,7 +13,7 @@ DIST_HELP = ("Tokens: N (fixed), uniform:LOW:HIGH, normal:MEAN:STD[:LOW:HIGH] or
 
 def parse_distribution(text: str, what: str):
     """`256`, `uniform:100:900`, `normal:500:100[:1:2000]`, `hist:128=3,1024=1` -> Distribution."""
-    from truthput.errors import SpecError
+    from truthput.errors import InputError
     from truthput.load.workload import Distribution
 
     try:
@@ -31,20 +31,20 @@ def parse_distribution(text: str, what: str):
             pairs = [p.split("=") for p in rest.split(",")]
             return Distribution("histogram", values=tuple(int(v) for v, _ in pairs),
                                 weights=tuple(float(w) for _, w in pairs))
-    except SpecError as exc:
-        raise SpecError(f"--{what} {text!r}: {exc}") from None
+    except InputError as exc:
+        raise InputError(f"--{what} {text!r}: {exc}") from None
     except ValueError:
         pass
-    raise SpecError(f"--{what} {text!r}: expected N, uniform:LOW:HIGH, normal:MEAN:STD[:LOW:HIGH] or hist:V=W,...")
+    raise InputError(f"--{what} {text!r}: expected N, uniform:LOW:HIGH, normal:MEAN:STD[:LOW:HIGH] or hist:V=W,...")
 
 
 def _numbers(text: str, what: str, cast):
-    from truthput.errors import SpecError
+    from truthput.errors import InputError
 
     try:
         return [cast(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SpecError(f"--{what} {text!r}: expected a comma-separated list of numbers") from None
+        raise InputError(f"--{what} {text!r}: expected a comma-separated list of numbers") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -98,19 +98,19 @@ def register(app: typer.Typer) -> None:
         """Load a running endpoint (closed loop, open loop or a sweep) and report the server-counted throughput."""
         import asyncio
 
-        from truthput.errors import SpecError
+        from truthput.errors import InputError
         from truthput.load.client import prepare_load_process
         from truthput.pipeline.load import LoadOptions, load_tokenizer, run_load
         from truthput.load.goodput import SLO
         from truthput.load.workload import WorkloadSpec
 
         if endpoint not in ("completions", "chat"):
-            raise SpecError(f"--endpoint {endpoint!r}: expected completions or chat")
+            raise InputError(f"--endpoint {endpoint!r}: expected completions or chat")
         if thinking not in (None, "on", "off"):
-            raise SpecError(f"--thinking {thinking!r}: expected on or off")
+            raise InputError(f"--thinking {thinking!r}: expected on or off")
         source = workload[len("jsonl:"):] if workload.startswith("jsonl:") else workload
         if workload.startswith("jsonl:") and not source:
-            raise SpecError("--workload jsonl:PATH: the path is missing")
+            raise InputError("--workload jsonl:PATH: the path is missing")
         spec = WorkloadSpec(
             input_tokens=parse_distribution(input_tokens, "input-tokens"),
             output_tokens=parse_distribution(str(max_tokens) if max_tokens else output_tokens, "output-tokens"),
@@ -136,16 +136,16 @@ def register(app: typer.Typer) -> None:
 
             db = Store(store)
         if executor not in ("local", "ray"):
-            raise SpecError(f"--executor {executor!r}: expected 'local' or 'ray'")
+            raise InputError(f"--executor {executor!r}: expected 'local' or 'ray'")
         if executor == "local" and (address or clock_skew):
-            raise SpecError("--address and --inject-clock-skew are for --executor ray")
+            raise InputError("--address and --inject-clock-skew are for --executor ray")
         skews: dict[int, float] = {}
         if clock_skew:
             k_text, _, secs = clock_skew.partition(":")
             try:
                 skews[int(k_text)] = float(secs)
             except ValueError:
-                raise SpecError(f"--inject-clock-skew {clock_skew!r}: expected WORKER:SECONDS") from None
+                raise InputError(f"--inject-clock-skew {clock_skew!r}: expected WORKER:SECONDS") from None
         pool: Any = None
         if executor == "ray":
             from truthput.cluster import import_ray

@@ -11,7 +11,7 @@ from truthput.hardware.dtypes import KV_DTYPE_BYTES
 
 def parse_kv_dtype(text: str) -> float:
     """vLLM's --kv-cache-dtype names (or a byte count) -> bytes per KV element."""
-    from truthput.errors import SpecError
+    from truthput.errors import InputError
 
     key = text.strip().lower()
     if key in KV_DTYPE_BYTES:
@@ -19,21 +19,21 @@ def parse_kv_dtype(text: str) -> float:
     try:
         value = float(key)
     except ValueError:
-        raise SpecError(f"--kv-dtype {text!r}: expected one of {', '.join(KV_DTYPE_BYTES)} or bytes per element") from None
+        raise InputError(f"--kv-dtype {text!r}: expected one of {', '.join(KV_DTYPE_BYTES)} or bytes per element") from None
     if value <= 0:
-        raise SpecError(f"--kv-dtype {text!r}: bytes per element must be positive")
+        raise InputError(f"--kv-dtype {text!r}: bytes per element must be positive")
     return value
 
 
 def parse_number_list(text: str, option: str, cast: type = float) -> list:
-    from truthput.errors import SpecError
+    from truthput.errors import InputError
 
     try:
         values = [cast(part) for part in text.replace(" ", "").split(",") if part]
     except ValueError:
-        raise SpecError(f"{option} {text!r}: expected a comma-separated list of numbers") from None
+        raise InputError(f"{option} {text!r}: expected a comma-separated list of numbers") from None
     if not values:
-        raise SpecError(f"{option} {text!r}: empty list")
+        raise InputError(f"{option} {text!r}: empty list")
     return values
 
 
@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from truthput.analyze.roofline import place, roofline as build
-        from truthput.errors import SpecError
+        from truthput.errors import InputError
         from truthput.hardware.gpus import get_gpu
         from truthput.hardware.models import get_model
 
@@ -68,11 +68,11 @@ def register(app: typer.Typer) -> None:
         tp = tp if tp is not None else (gpus or 1)
         n_gpus = tp if gpus is None else gpus
         if n_gpus != tp:
-            raise SpecError(f"--gpus {n_gpus} with --tp {tp}: only one tensor-parallel replica (gpus == tp) is modelled")
+            raise InputError(f"--gpus {n_gpus} with --tp {tp}: only one tensor-parallel replica (gpus == tp) is modelled")
         levels = parse_number_list(concurrency, "--concurrency", int)
         measured_values = parse_number_list(measured, "--measured") if measured else None
         if measured_values is not None and len(measured_values) != len(levels):
-            raise SpecError(f"--measured has {len(measured_values)} values for {len(levels)} --concurrency levels")
+            raise InputError(f"--measured has {len(measured_values)} values for {len(levels)} --concurrency levels")
         kv_bytes = parse_kv_dtype(kv_dtype)
 
         results = []

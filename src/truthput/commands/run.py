@@ -96,13 +96,13 @@ def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float |
 
 def checked_plan(exp, engine: str | None, path: Path):
     """The plan, with a refusal naming the experiment file as well as the section or variant."""
-    from truthput.errors import SpecError
+    from truthput.errors import InputError
     from truthput.runner import build_plan
 
     try:
         return build_plan(exp, engine)
-    except SpecError as exc:
-        raise SpecError(f"{path}: {exc}") from None
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
 
 
 def simulate_on(exp, engine: str | None, gpu: str | None, model: str | None) -> list[str]:
@@ -110,10 +110,10 @@ def simulate_on(exp, engine: str | None, gpu: str | None, model: str | None) -> 
     simulator only, so they need it to be the engine."""
     if not (gpu or model):
         return []
-    from truthput.errors import SpecError
+    from truthput.errors import InputError
 
     if (engine or exp.server.engine) != "sim":
-        raise SpecError("--sim-gpu / --sim-model shape the simulator: give --engine sim too")
+        raise InputError("--sim-gpu / --sim-model shape the simulator: give --engine sim too")
     return exp.simulate_on(gpu, model)
 
 
@@ -155,11 +155,11 @@ ADDRESS_HELP = "With --executor ray: the cluster ('auto', the default: the one t
 
 def make_executor(kind: str, address: str | None):
     """The executor the --executor option names."""
-    from truthput.errors import SpecError
+    from truthput.errors import InputError
 
     if kind == "local":
         if address:
-            raise SpecError("--address is for --executor ray")
+            raise InputError("--address is for --executor ray")
         from truthput.executors.local import LocalExecutor
 
         return LocalExecutor()
@@ -167,7 +167,7 @@ def make_executor(kind: str, address: str | None):
         from truthput.executors.ray_cluster import RayExecutor
 
         return RayExecutor(address=address)
-    raise SpecError(f"--executor {kind!r}: expected 'local' or 'ray'")
+    raise InputError(f"--executor {kind!r}: expected 'local' or 'ray'")
 
 
 def register(app: typer.Typer) -> None:
@@ -189,19 +189,19 @@ def register(app: typer.Typer) -> None:
         import asyncio
         import signal
 
-        from truthput.errors import SpecError
+        from truthput.errors import InputError
         from truthput.load.client import prepare_load_process
         from truthput.report.data import roofline_for_run, roofline_lines
         from truthput.report.progress import make_progress
         from truthput.report.terminal import print_audit_matrix, print_run
         from truthput.runner import run_experiment
-        from truthput.spec.experiment import load_experiment, parse_experiment
+        from truthput.experiment.file import load_experiment, parse_experiment
         from truthput.store.db import Store
 
-        from truthput.spec.engines import ENGINE_KINDS
+        from truthput.experiment.engines import ENGINE_KINDS
 
         if engine is not None and engine not in ENGINE_KINDS:
-            raise SpecError(f"--engine {engine!r}: expected one of {', '.join(ENGINE_KINDS)}")
+            raise InputError(f"--engine {engine!r}: expected one of {', '.join(ENGINE_KINDS)}")
         overrides: list[str] = []
         if not resume and experiment is not None:
             # a bad file or an impossible plan fails before a store is created
@@ -209,7 +209,7 @@ def register(app: typer.Typer) -> None:
             overrides = simulate_on(exp, engine, sim_gpu, sim_model)
             checked_plan(exp, engine, experiment)
         elif resume and not store.exists():
-            raise SpecError(f"--resume {resume}: no results store at {store}")
+            raise InputError(f"--resume {resume}: no results store at {store}")
         db = Store(store)
         if resume:
             run_id = db.resolve_run(resume)
@@ -222,7 +222,7 @@ def register(app: typer.Typer) -> None:
             text, path = row["experiment_toml"], row["experiment_path"]
             db.apply_sim_target(run_id, exp)
         elif experiment is None:
-            raise SpecError("give an experiment file (truthput run EXP.toml) or --resume RUN_ID")
+            raise InputError("give an experiment file (truthput run EXP.toml) or --resume RUN_ID")
         else:
             path = str(experiment)
             run_id = None
@@ -298,8 +298,8 @@ def register(app: typer.Typer) -> None:
         from truthput.report.terminal import make_console
         from rich.table import Table
 
-        from truthput.spec.experiment import load_experiment
-        from truthput.spec.levels import level_label
+        from truthput.experiment.file import load_experiment
+        from truthput.experiment.levels import level_label
         from truthput.text import plural
 
         exp, _ = load_experiment(experiment)

@@ -84,7 +84,7 @@ def _served_model_dir(store, rid: str) -> str | None:
     import json
     import os
 
-    from truthput.spec.argv import ServerArgv
+    from truthput.experiment.argv import ServerArgv
 
     for v in store.variants(rid):
         argv = ServerArgv.parse(json.loads(v["argv_json"]))
@@ -129,11 +129,11 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
     """
     import json
 
-    from truthput.errors import SpecError
+    from truthput.errors import InputError
     from truthput.hardware.dtypes import kv_dtype_bytes
     from truthput.sim.calibrate import CalibrationPoint, observed_steps
-    from truthput.spec.argv import ServerArgv, speculative_settings
-    from truthput.spec.experiment import parse_experiment
+    from truthput.experiment.argv import ServerArgv, speculative_settings
+    from truthput.experiment.file import parse_experiment
 
     points = []
     hw = set()
@@ -149,7 +149,7 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
         if run_gpu is None or run_model is None:
             missing = " and ".join(x for x, v in (("[hardware] (or --gpu)", run_gpu), ("[model] (or --model)", run_model))
                                    if v is None)
-            raise SpecError(f"run {rid}: no {missing}; calibration needs the hardware and the model")
+            raise InputError(f"run {rid}: no {missing}; calibration needs the hardware and the model")
         hw.add((run_gpu, run_model))
         if run["simulated"]:
             sim_noise[rid] = float(exp.sim.noise) if exp.sim is not None else 0.0
@@ -268,7 +268,7 @@ def register(app: typer.Typer) -> None:
         """
         from truthput.report.terminal import make_console
 
-        from truthput.errors import SpecError
+        from truthput.errors import InputError
         from truthput.sim.calibrate import fit, parse_point, worked_example_report
 
         con = make_console()
@@ -289,15 +289,15 @@ def register(app: typer.Typer) -> None:
             points += pts
             simulated_runs = [r for r in run_ids if db.run(db.resolve_run(r))["simulated"]]
             if len(hw) > 1 and not (gpu and model):
-                raise SpecError(f"runs differ in hardware/model {sorted(hw)}: give --gpu and --model")
+                raise InputError(f"runs differ in hardware/model {sorted(hw)}: give --gpu and --model")
             if hw and not gpu:
                 gpu = next(iter(hw))[0]
             if hw and not model:
                 model = next(iter(hw))[1]
         if not points:
-            raise SpecError("calibrate: give RUN_ID(s) with counter figures, or --point")
+            raise InputError("calibrate: give RUN_ID(s) with counter figures, or --point")
         if not gpu or not model:
-            raise SpecError("calibrate: give --gpu and --model (or runs whose experiments have [hardware]/[model])")
+            raise InputError("calibrate: give --gpu and --model (or runs whose experiments have [hardware]/[model])")
         if start_spread is None:
             start_spread = max(sim_noise.values()) if sim_noise and len(sim_noise) == len(run_ids or []) else 0.02
         result = fit(points, gpu, model, free=tuple(f for f in free.split(",") if f),
@@ -360,7 +360,7 @@ def register(app: typer.Typer) -> None:
         generated token and mean acceptance length, so an n-gram A/B on the simulator finds what
         the real engine found. Both figures are [server counter]; the fit is [model].
         """
-        from truthput.errors import SpecError
+        from truthput.errors import InputError
         from truthput.report.terminal import make_console
         from truthput.sim.speculation import NgramCounters, fit_repetition
 
@@ -371,19 +371,19 @@ def register(app: typer.Typer) -> None:
             counters, spec_tokens, window, p_mean, o_mean = ngram_counters_of_run(Store(store, read_only=True), run_id, variant)
         else:
             if drafts is None or accepted is None or generated is None:
-                raise SpecError("fit-ngram: give a RUN_ID, or --drafts, --accepted and --generated")
+                raise InputError("fit-ngram: give a RUN_ID, or --drafts, --accepted and --generated")
             counters = NgramCounters(int(generated), int(drafts), 0, int(accepted))
             try:
                 lo, hi = (int(v) for v in lookup.split(","))
             except ValueError:
-                raise SpecError(f"--lookup {lookup!r}: expected MIN,MAX (e.g. 2,4)") from None
+                raise InputError(f"--lookup {lookup!r}: expected MIN,MAX (e.g. 2,4)") from None
             window, p_mean, o_mean = (lo, hi), None, None
         p_mean = prompt_tokens if prompt_tokens is not None else p_mean
         o_mean = output_tokens if output_tokens is not None else o_mean
         if p_mean is None or o_mean is None:
-            raise SpecError("fit-ngram: give --prompt-tokens and --output-tokens (the load's mean lengths)")
+            raise InputError("fit-ngram: give --prompt-tokens and --output-tokens (the load's mean lengths)")
         if counters.generated <= 0:
-            raise SpecError("fit-ngram: no generated tokens in the counters")
+            raise InputError("fit-ngram: no generated tokens in the counters")
         rep, got = fit_repetition(counters.drafts_per_token, counters.mean_acceptance_length, spec_tokens, window,
                                   int(round(p_mean)), max(2, int(round(o_mean))), temperature, vocab)
         con.print(f"measured \\[server counter]: {counters.drafts_per_token:.3f} drafts per generated token, mean "
@@ -401,7 +401,7 @@ def register(app: typer.Typer) -> None:
 def ngram_counters_of_run(store, run_id: str, variant: str | None):
     """(counters, k, lookup window, mean prompt tokens, mean output tokens) summed over the ok
     trials of a run's n-gram variant, from the spec-decode counter deltas each trial recorded."""
-    from truthput.errors import SpecError
+    from truthput.errors import InputError
     from truthput.sim.speculation import NgramCounters, lookup_window
 
     rid = store.resolve_run(run_id)
@@ -409,11 +409,11 @@ def ngram_counters_of_run(store, run_id: str, variant: str | None):
               and "ngram" in str(t.results.speculative.get("method", "")).lower()]
     names = sorted({t.variant for t in trials})
     if variant is None and len(names) > 1:
-        raise SpecError(f"run {rid} has several n-gram variants {names}: give --variant")
+        raise InputError(f"run {rid} has several n-gram variants {names}: give --variant")
     if variant is not None:
         trials = [t for t in trials if t.variant == variant]
     if not trials:
-        raise SpecError(f"run {rid}: no ok trial of an n-gram variant{' ' + repr(variant) if variant else ''}")
+        raise InputError(f"run {rid}: no ok trial of an n-gram variant{' ' + repr(variant) if variant else ''}")
     drafts = accepted = emitted = 0.0
     for t in trials:
         sd = t.results.spec_decode

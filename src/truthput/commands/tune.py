@@ -35,16 +35,16 @@ def register(app: typer.Typer) -> None:
         from truthput.load.client import prepare_load_process
         from truthput.report.progress import make_progress
         from truthput.report.tune import figure_text, render_tune_html
-        from truthput.spec.experiment import load_experiment
+        from truthput.experiment.file import load_experiment
         from truthput.store.db import Store
         from truthput.tune.driver import outcome_document, study_storage_path
         from truthput.tune.driver import tune as run_tune
 
         exp, text = load_experiment(experiment)
         if exp.tune is None:
-            from truthput.errors import SpecError
+            from truthput.errors import InputError
 
-            raise SpecError(f"{experiment}: no [tune] section: give the space as [[tune.param]] flag = \"--max-num-seqs\", "
+            raise InputError(f"{experiment}: no [tune] section: give the space as [[tune.param]] flag = \"--max-num-seqs\", "
                             "values = [16, 32, 64] (or low/high/step)")
         placer = make_executor(executor, address)
         prepare_load_process()

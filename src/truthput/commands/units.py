@@ -34,9 +34,9 @@ def export_variant_unit(
     import json
     import tomllib
 
-    from truthput.errors import SpecError, StoreError
-    from truthput.spec.argv import ServerArgv
-    from truthput.spec.unit import consistency_warnings, guess_engine, parse_unit, render_unit, unwrap_shell
+    from truthput.errors import InputError, StoreError
+    from truthput.experiment.argv import ServerArgv
+    from truthput.experiment.unit import consistency_warnings, guess_engine, parse_unit, render_unit, unwrap_shell
     from truthput.store.db import Store
 
     if not store_path.exists():
@@ -61,13 +61,13 @@ def export_variant_unit(
         try:
             unit_text, unit_path = template.read_text(encoding="utf-8"), str(template)
         except OSError as exc:
-            raise SpecError(f"{template}: cannot read unit file: {exc.strerror}") from None
+            raise InputError(f"{template}: cannot read unit file: {exc.strerror}") from None
     else:
         where = f"run {full_id}'s experiment"
         try:
             experiment = tomllib.loads(row["experiment_toml"])
         except tomllib.TOMLDecodeError as exc:
-            raise SpecError(f"{where}: not valid TOML: {exc}") from None
+            raise InputError(f"{where}: not valid TOML: {exc}") from None
         ref = experiment.get("server", {}).get("systemd_unit") or {}
         unit_text, unit_path = ref.get("text"), ref.get("path")
         if not unit_text and unit_path and Path(unit_path).exists():
@@ -76,7 +76,7 @@ def export_variant_unit(
             # no unit to start from (the experiment gave a command): a minimal one, said so
             base_command = [str(w) for w in experiment.get("server", {}).get("command") or []]
             if not base_command:
-                raise SpecError(f"{where} has neither a [server.systemd_unit] nor a command; give --template "
+                raise InputError(f"{where} has neither a [server.systemd_unit] nor a command; give --template "
                                 "UNIT.service")
             unit_text = (f"[Unit]\nDescription={experiment.get('experiment', {}).get('name', 'truthput')}: "
                          f"{variant} (written by truthput)\nAfter=network.target\n\n[Service]\nType=simple\n"
@@ -107,8 +107,8 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Overwrite the output file if it exists."),
     ) -> None:
         """Make an experiment file whose baseline is the unit's ExecStart= (warns where the unit contradicts itself)."""
-        from truthput.errors import SpecError
-        from truthput.spec.unit import consistency_warnings, import_unit, parse_unit
+        from truthput.errors import InputError
+        from truthput.experiment.unit import consistency_warnings, import_unit, parse_unit
 
         toml_text = import_unit(str(unit_file))
         unit = parse_unit(unit_file.read_text(encoding="utf-8"), str(unit_file))
@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(toml_text, nl=False)
             return
         if target.exists() and not force:
-            raise SpecError(f"{target}: already exists; use --force to overwrite or -o to choose another file")
+            raise InputError(f"{target}: already exists; use --force to overwrite or -o to choose another file")
         target.write_text(toml_text, encoding="utf-8")
         typer.echo(f"wrote {target}: baseline = the unit's ExecStart=; add [[variant]] tables, then `truthput run {target}`")
 
@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Overwrite the output file if it exists."),
     ) -> None:
         """Write a measured variant back as a systemd unit with the original unit's sections."""
-        from truthput.errors import SpecError
+        from truthput.errors import InputError
 
         text, warnings = export_variant_unit(store, run_id, variant, experiment_mode, description, template)
         for warning in warnings:
@@ -144,6 +144,6 @@ def register(app: typer.Typer) -> None:
             typer.echo(text, nl=False)
             return
         if output.exists() and not force:
-            raise SpecError(f"{output}: already exists; use --force to overwrite")
+            raise InputError(f"{output}: already exists; use --force to overwrite")
         output.write_text(text, encoding="utf-8")
         typer.echo(f"wrote {output}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
 _ORIGINAL: frozenset[int] | None = None
 
@@ -32,10 +32,10 @@ def check_cores(cores: Iterable[int] | None, where: str) -> None:
         return
     have = available_cores()
     if not have:
-        raise SpecError(f"{where}: CPU pinning needs Linux (os.sched_setaffinity)")
+        raise InputError(f"{where}: CPU pinning needs Linux (os.sched_setaffinity)")
     missing = sorted(set(cores) - have)
     if missing:
-        raise SpecError(f"{where}: core(s) {', '.join(map(str, missing))} not available here "
+        raise InputError(f"{where}: core(s) {', '.join(map(str, missing))} not available here "
                         f"(this process may use {cpu_string(have)})")
 
 

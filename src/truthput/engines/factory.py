@@ -15,9 +15,9 @@ from truthput.engines.base import LogSink
 from truthput.engines.external import ExternalEngine
 from truthput.engines.ports import free_port
 from truthput.engines.process import ProcessEngine
-from truthput.errors import SpecError
-from truthput.spec.argv import ServerArgv
-from truthput.spec.experiment import Experiment
+from truthput.errors import InputError
+from truthput.experiment.argv import ServerArgv
+from truthput.experiment.file import Experiment
 
 READY_PATHS = {
     "vllm": ("/health", "/v1/models"),
@@ -31,7 +31,7 @@ READY_PATHS = {
 def sim_requirements(exp: Experiment) -> None:
     missing = [s for s in ("hardware", "model") if getattr(exp, s) is None]
     if missing:
-        raise SpecError(
+        raise InputError(
             "the simulator needs " + " and ".join(f"[{m}]" for m in missing)
             + " in the experiment file (e.g. [hardware] gpu = \"RTX 3090\", count = 2; [model] profile = \"qwen3.6-27b-5.5bit\")")
 

@@ -157,7 +157,7 @@ def render_variant_unit(unit_text: str | None, unit_path: str | None, argv: Sequ
                         env: Mapping[str, str] | None, label: str) -> str:
     """The unit to install for one server start: the experiment's unit (or a minimal one when the
     experiment has none) with ExecStart= = argv, Environment= = env, Restart=no, no RestartSec=."""
-    from truthput.spec.unit import parse_unit, render_unit
+    from truthput.experiment.unit import parse_unit, render_unit
 
     if unit_text is None and unit_path:
         try:

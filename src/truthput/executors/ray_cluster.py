@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from truthput.cluster import Node, actor_class, cluster_nodes, connect, lost_errors, nodes_from_ray
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
 POLL_S = 0.2
 """How often the driver collects a node's writes and events."""
@@ -73,14 +73,14 @@ def needs(exp: Any, plan: Any) -> list[Need]:
     from truthput.runner import _int_flag
 
     if plan.engine == "external":
-        raise SpecError("--executor ray: an external server is not started by truthput, so there is nothing "
+        raise InputError("--executor ray: an external server is not started by truthput, so there is nothing "
                         "to place; use `truthput load URL --executor ray` to load it from several nodes")
     out = []
     for v in plan.variants:
         where = f"[[variant]] {v.name!r}"
         for flag in SPANNING_FLAGS:
             if v.argv.has(flag) and not (flag == "--distributed-executor-backend" and v.argv.get(flag) == "mp"):
-                raise SpecError(f"{where}: {flag} {v.argv.get(flag)}: a server spanning nodes (through the "
+                raise InputError(f"{where}: {flag} {v.argv.get(flag)}: a server spanning nodes (through the "
                                 "engine's own Ray placement) is out of scope for --executor ray: each start "
                                 "runs on one node")
         tp = _int_flag(v.argv, ("--tensor-parallel-size", "-tp"), where)
@@ -118,7 +118,7 @@ def choose_class(nodes: list[Node], wants: list[Need]) -> tuple[str, list[Node],
         classes.setdefault(n.hardware_class, []).append(n)
     usable = {c: ns for c, ns in classes.items() if all(any(w.fits(n) for n in ns) for w in wants)}
     if not usable:
-        raise SpecError("--executor ray: no single hardware class (GPU type and driver) can place every variant; "
+        raise InputError("--executor ray: no single hardware class (GPU type and driver) can place every variant; "
                         "variants are compared only within one class. Classes: "
                         + "; ".join(f"{c}: {len(ns)} node(s)" for c, ns in classes.items()))
     best = max(usable, key=lambda c: (len(usable[c]), sum(n.gpus for n in usable[c])))
@@ -216,7 +216,7 @@ class RayExecutor:
         nodes = cluster_nodes(self.ray)
         problems = check(nodes, wants)
         if problems:
-            raise SpecError("--executor ray: the cluster cannot place this plan:\n  " + "\n  ".join(problems))
+            raise InputError("--executor ray: the cluster cannot place this plan:\n  " + "\n  ".join(problems))
         self.hardware_class, self.nodes, self.notes = choose_class(nodes, wants)
         self.wants = {w.variant: w for w in wants}
         self.max_reruns = exp.cluster.max_reruns
@@ -258,7 +258,7 @@ class RayExecutor:
                     running[task] = (job, node)
                 if not running:
                     left = ", ".join(f"{j.variant} start {j.start_index + 1}" for j in queue)
-                    raise SpecError(f"--executor ray: no live node of class {self.hardware_class!r} can place "
+                    raise InputError(f"--executor ray: no live node of class {self.hardware_class!r} can place "
                                     f"{left}; finished trials are kept: resume when the nodes are back")
                 finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in finished:

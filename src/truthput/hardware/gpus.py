@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
 _CATALOG_PATH = Path(__file__).with_name("catalog.toml")
 
@@ -131,10 +131,10 @@ def load_profile(path: str | Path) -> GPU:
             raw = tomllib.load(fh)
         entries = raw["gpu"]
         if len(entries) != 1:
-            raise SpecError(f"{p}: a hardware profile holds one [[gpu]] entry, found {len(entries)}")
+            raise InputError(f"{p}: a hardware profile holds one [[gpu]] entry, found {len(entries)}")
         return _entry(entries[0])
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise SpecError(f"{p}: not a hardware profile ({type(exc).__name__}: {exc})") from None
+        raise InputError(f"{p}: not a hardware profile ({type(exc).__name__}: {exc})") from None
 
 
 @lru_cache(maxsize=1)
@@ -152,11 +152,11 @@ def list_gpus() -> list[GPU]:
 
 
 def get_gpu(name: str) -> GPU:
-    """Look a GPU up by name or alias; unknown names raise SpecError listing the known ones."""
+    """Look a GPU up by name or alias; unknown names raise InputError listing the known ones."""
     gpu = _alias_index().get(_normalise(name))
     if gpu is None and name.endswith(".toml") and Path(name).is_file():
         return load_profile(name)
     if gpu is None:
         known = ", ".join(g.name for g in _load_catalog())
-        raise SpecError(f"unknown GPU {name!r} (hardware catalog): known GPUs are {known}")
+        raise InputError(f"unknown GPU {name!r} (hardware catalog): known GPUs are {known}")
     return gpu

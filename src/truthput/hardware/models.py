@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def get_model(name_or_path: str) -> ModelProfile:
     if path.is_dir():
         return _from_directory(path)
     known = ", ".join(_NAMED)
-    raise SpecError(
+    raise InputError(
         f"unknown model {name_or_path!r}: not a named profile ({known}) and not a directory with config.json"
     )
 
@@ -143,15 +143,15 @@ def _read_safetensors_headers(directory: Path) -> tuple[float, float, float]:
                     dtype = tensor.get_dtype()
                     elems = float(math.prod(tensor.get_shape()))
                     if dtype not in _DTYPE_BYTES:
-                        raise SpecError(f"{file}: tensor {name!r} has unknown dtype {dtype}")
+                        raise InputError(f"{file}: tensor {name!r} has unknown dtype {dtype}")
                     total_bytes += elems * _DTYPE_BYTES[dtype]
                     total_elems += elems
                     if "mtp" in name or "nextn" in name:
                         mtp_elems += elems
-        except SpecError:
+        except InputError:
             raise
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
-            raise SpecError(f"{file}: cannot read safetensors header ({exc})") from exc
+            raise InputError(f"{file}: cannot read safetensors header ({exc})") from exc
     return total_bytes, total_elems, mtp_elems
 
 
@@ -172,11 +172,11 @@ def _quant_bits(config: dict) -> float | None:
 def _from_directory(directory: Path) -> ModelProfile:
     config_path = directory / "config.json"
     if not config_path.is_file():
-        raise SpecError(f"{directory}: no config.json (a model directory needs one)")
+        raise InputError(f"{directory}: no config.json (a model directory needs one)")
     try:
         config = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(f"{config_path}: cannot parse ({exc})") from exc
+        raise InputError(f"{config_path}: cannot parse ({exc})") from exc
     text = config.get("text_config") or config  # multimodal configs nest the LM under text_config
     try:
         layers = int(text["num_hidden_layers"])
@@ -185,7 +185,7 @@ def _from_directory(directory: Path) -> ModelProfile:
         intermediate = int(text.get("intermediate_size") or 4 * hidden)
         vocab = int(text.get("vocab_size") or config["vocab_size"])
     except KeyError as exc:
-        raise SpecError(f"{config_path}: missing key {exc.args[0]!r}") from None
+        raise InputError(f"{config_path}: missing key {exc.args[0]!r}") from None
     kv_heads = int(text.get("num_key_value_heads") or heads)
     head_dim = int(text.get("head_dim") or hidden // heads)
     tied = bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))

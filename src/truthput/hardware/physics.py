@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.hardware.gpus import GPU
 from truthput.hardware.models import ModelProfile
 
@@ -108,7 +108,7 @@ def link_bandwidth(gpu: GPU, tp: int) -> float:
     """The TP link's bandwidth; a profile without one (a CPU host) cannot be split over TP > 1."""
     link = gpu.interconnect.bandwidth_Bps
     if link <= 0:
-        raise SpecError(f"{gpu.name} has no tensor-parallel link in its profile: TP={tp} cannot be modelled on it")
+        raise InputError(f"{gpu.name} has no tensor-parallel link in its profile: TP={tp} cannot be modelled on it")
     return link
 
 
@@ -122,7 +122,7 @@ def _normalise_method(spec_k: int, spec_method: str | None, model: ModelProfile)
         return "draft_model"
     if "mtp" in method or "eagle" in method or method == "medusa":
         return "mtp"
-    raise SpecError(f"unknown speculative method {spec_method!r} (physics): use mtp, eagle, ngram or draft_model")
+    raise InputError(f"unknown speculative method {spec_method!r} (physics): use mtp, eagle, ngram or draft_model")
 
 
 def decode_step(
@@ -151,7 +151,7 @@ def decode_step(
     same step (FLOPs only, plus their share of the all-reduces).
     """
     if tp < 1 or batch < 0 or context_tokens_total < 0 or prefill_tokens < 0:
-        raise SpecError(f"decode_step: bad arguments tp={tp} batch={batch} context={context_tokens_total}")
+        raise InputError(f"decode_step: bad arguments tp={tp} batch={batch} context={context_tokens_total}")
     method = _normalise_method(spec_k, spec_method, model)
     k = spec_k if method else 0
     bw = eff.bw_frac * gpu.mem_bw_Bps
@@ -193,7 +193,7 @@ def decode_step(
         t_draft = eff.ngram_s_per_seq * batch
     elif method == "draft_model":
         if draft_model is None:
-            raise SpecError("decode_step: spec_method 'draft_model' needs draft_model= a ModelProfile")
+            raise InputError("decode_step: spec_method 'draft_model' needs draft_model= a ModelProfile")
         one = decode_step(gpu, draft_model, tp, batch, context_tokens_total,
                           kv_dtype_bytes=kv_dtype_bytes, eff=Efficiency(eff.bw_frac, eff.flops_frac, 0.0, eff.tp_latency_s, 0.0))
         t_draft = k * one.total
@@ -235,7 +235,7 @@ def expected_tokens_per_step(acceptance: Sequence[float]) -> float:
     total, running = 1.0, 1.0
     for a in acceptance:
         if not 0.0 <= a <= 1.0:
-            raise SpecError(f"acceptance probability {a} outside [0, 1] (physics)")
+            raise InputError(f"acceptance probability {a} outside [0, 1] (physics)")
         running *= a
         total += running
     return total
@@ -308,7 +308,7 @@ def memory_plan(
 ) -> MemoryPlan:
     """Per-GPU start-up budget: util x memory - weights - activations - sampler - other = KV cache."""
     if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise SpecError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1] (physics)")
+        raise InputError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1] (physics)")
     budget = gpu_memory_utilization * gpu.memory_bytes
     weights = model.weight_bytes / tp
     if spec_k > 0 and model.mtp_params:

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from truthput.errors import EngineError, SpecError
+from truthput.errors import EngineError, InputError
 from truthput.load.chunks import MalformedChunk, decode_chunk
 from truthput.load.records import RequestRecord
 from truthput.load.sse import EventTooLarge, SSEParser, single_event_payload
@@ -100,7 +100,7 @@ class StreamClient:
 
     def __init__(self, cfg: ClientConfig) -> None:
         if cfg.endpoint not in ("completions", "chat"):
-            raise SpecError(f"client endpoint {cfg.endpoint!r}: expected 'completions' or 'chat'")
+            raise InputError(f"client endpoint {cfg.endpoint!r}: expected 'completions' or 'chat'")
         self.cfg = cfg
         root = api_root(cfg.base_url)
         self.models_url = f"{root}/v1/models"
@@ -118,7 +118,7 @@ class StreamClient:
         if self.cfg.api_key_env:
             key = os.environ.get(self.cfg.api_key_env)
             if not key:
-                raise SpecError(f"client api_key_env: environment variable {self.cfg.api_key_env} is not set")
+                raise InputError(f"client api_key_env: environment variable {self.cfg.api_key_env} is not set")
             self._headers["Authorization"] = f"Bearer {key}"
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(

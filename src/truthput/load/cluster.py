@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from truthput.cluster import lost_errors
-from truthput.errors import MeasurementError, SpecError
+from truthput.errors import MeasurementError, InputError
 from truthput.load.client import ClientConfig
 from truthput.load.schedule import LoadResult
 from truthput.load.workers import Callback, StridedWorkload, TrialLoad, coordinate, merge_results, share
@@ -164,7 +164,7 @@ class RayLoadPool:
     def __init__(self, cfg: ClientConfig, n: int, address: str | None = None,
                  skews: dict[int, float] | None = None) -> None:
         if n < 1:
-            raise SpecError(f"--workers {n}: must be >= 1")
+            raise InputError(f"--workers {n}: must be >= 1")
         self.cfg, self.n, self.address = cfg, n, address
         self.skews = dict(skews or {})
         self.workers: list[Any] = []
@@ -182,7 +182,7 @@ class RayLoadPool:
         if is_loopback(self.cfg.base_url):
             nodes = [n for n in nodes if n.address == here]
             if not nodes:
-                raise SpecError(f"--executor ray: {self.cfg.base_url} is loopback, and no node of the cluster is on "
+                raise InputError(f"--executor ray: {self.cfg.base_url} is loopback, and no node of the cluster is on "
                                 "this host; pass the server's address as every node reaches it")
         nodes.sort(key=lambda n: (not n.head, n.node_id))
         cls = actor_class(self.ray, LoadWorkerImpl, num_cpus=0, max_restarts=0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.load.records import RequestRecord
 
 
@@ -33,7 +33,7 @@ class SLO:
     def __post_init__(self) -> None:
         for name, v in (("ttft_ms", self.ttft_ms), ("itl_ms", self.itl_ms)):
             if v is not None and not v > 0:
-                raise SpecError(f"SLO {name} {v}: must be > 0 milliseconds")
+                raise InputError(f"SLO {name} {v}: must be > 0 milliseconds")
 
     @property
     def any(self) -> bool:

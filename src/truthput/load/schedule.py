@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.load.client import StreamClient
 from truthput.load.records import RequestRecord
 from truthput.load.selfcheck import LagProbe, SelfCheck
@@ -51,11 +51,11 @@ class LoadResult:
 def _check_extent(what: str, duration_s: float | None, max_requests: int | None) -> None:
     """A load needs an end: a duration, a request count, or both (clear errors for bad values)."""
     if duration_s is None and max_requests is None:
-        raise SpecError(f"{what}: give duration_s or max_requests (or both)")
+        raise InputError(f"{what}: give duration_s or max_requests (or both)")
     if duration_s is not None and duration_s <= 0:
-        raise SpecError(f"{what} duration_s {duration_s}: must be > 0")
+        raise InputError(f"{what} duration_s {duration_s}: must be > 0")
     if max_requests is not None and max_requests < 1:
-        raise SpecError(f"{what} max_requests {max_requests}: must be >= 1")
+        raise InputError(f"{what} max_requests {max_requests}: must be >= 1")
 
 
 def refused_connection(error: str | None) -> bool:
@@ -88,7 +88,7 @@ class ClosedLoop:
         lead_s: float = 0.0,
     ) -> None:
         if concurrency < 1:
-            raise SpecError(f"closed loop concurrency {concurrency}: must be >= 1")
+            raise InputError(f"closed loop concurrency {concurrency}: must be >= 1")
         self.error_budget = max(ERROR_BUDGET_MIN, ERROR_BUDGET_PER_STREAM * concurrency)
         """Failed requests after which the load ends at once, when they are also the majority: a
         server that died or rejects everything must not be hammered in a tight loop (each failure
@@ -390,11 +390,11 @@ class OpenLoop:
         lead_s: float = 0.0,
     ) -> None:
         if not rate > 0:
-            raise SpecError(f"open loop rate {rate}: must be > 0 requests/s")
+            raise InputError(f"open loop rate {rate}: must be > 0 requests/s")
         if arrival not in ("poisson", "constant"):
-            raise SpecError(f"open loop arrival {arrival!r}: expected 'poisson' or 'constant'")
+            raise InputError(f"open loop arrival {arrival!r}: expected 'poisson' or 'constant'")
         if max_in_flight is not None and max_in_flight < 1:
-            raise SpecError(f"open loop max_in_flight {max_in_flight}: must be >= 1")
+            raise InputError(f"open loop max_in_flight {max_in_flight}: must be >= 1")
         _check_extent("open loop", duration_s, max_requests)
         self.client = client
         self.workload = workload
@@ -595,9 +595,9 @@ class Sweep:
 
     def __post_init__(self) -> None:
         if not self.start > 0 or self.max_level < self.start:
-            raise SpecError(f"sweep: need 0 < start ({self.start}) <= max level ({self.max_level})")
+            raise InputError(f"sweep: need 0 < start ({self.start}) <= max level ({self.max_level})")
         if not self.factor > 1:
-            raise SpecError(f"sweep factor {self.factor}: must be > 1")
+            raise InputError(f"sweep factor {self.factor}: must be > 1")
 
     def record(self, level: float, throughput: float | None) -> None:
         self.points.append(SweepPoint(level, throughput))

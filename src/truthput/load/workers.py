@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from truthput.errors import MeasurementError, SpecError
+from truthput.errors import MeasurementError, InputError
 from truthput.load.client import ClientConfig
 from truthput.load.schedule import LoadResult
 from truthput.load.selfcheck import SelfCheck
@@ -56,11 +56,11 @@ class TrialLoad:
 
     def __post_init__(self) -> None:
         if self.mode not in ("closed", "open"):
-            raise SpecError(f"load mode {self.mode!r}: expected 'closed' or 'open'")
+            raise InputError(f"load mode {self.mode!r}: expected 'closed' or 'open'")
         if self.duration_s is None and self.max_requests is None:
-            raise SpecError("load: give a duration or a number of requests")
+            raise InputError("load: give a duration or a number of requests")
         if self.mode == "open" and not (self.rate and self.rate > 0):
-            raise SpecError(f"open-loop rate {self.rate}: must be > 0 requests/s")
+            raise InputError(f"open-loop rate {self.rate}: must be > 0 requests/s")
 
 
 def split_evenly(total: int, parts: int) -> list[int]:
@@ -215,7 +215,7 @@ class WorkerPool:
 
     def __init__(self, cfg: ClientConfig, n: int) -> None:
         if n < 1:
-            raise SpecError(f"--workers {n}: must be >= 1")
+            raise InputError(f"--workers {n}: must be >= 1")
         self.cfg = cfg
         self.n = n
         self._procs: list[Any] = []

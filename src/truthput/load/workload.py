@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
 WORDS_PER_TOKEN = 0.75
 
@@ -88,23 +88,23 @@ class Distribution:
         k = self.kind
         if k == "fixed":
             if self.value < 1:
-                raise SpecError(f"distribution fixed value {self.value}: must be >= 1")
+                raise InputError(f"distribution fixed value {self.value}: must be >= 1")
         elif k == "uniform":
             if not 1 <= self.low <= self.high:
-                raise SpecError(f"distribution uniform [{self.low}, {self.high}]: need 1 <= low <= high")
+                raise InputError(f"distribution uniform [{self.low}, {self.high}]: need 1 <= low <= high")
         elif k == "normal":
             if self.std < 0 or not 1 <= self.low <= self.high:
-                raise SpecError(
+                raise InputError(
                     f"distribution normal mean {self.mean} std {self.std} clamp [{self.low}, {self.high}]: "
                     "need std >= 0 and 1 <= low <= high"
                 )
         elif k == "histogram":
             if not self.values or len(self.values) != len(self.weights) or min(self.values) < 1:
-                raise SpecError("distribution histogram: need values >= 1 and one weight per value")
+                raise InputError("distribution histogram: need values >= 1 and one weight per value")
             if min(self.weights) < 0 or sum(self.weights) <= 0:
-                raise SpecError("distribution histogram: weights must be >= 0 with a positive sum")
+                raise InputError("distribution histogram: weights must be >= 0 with a positive sum")
         else:
-            raise SpecError(f"distribution kind {k!r}: expected fixed, uniform, normal or histogram")
+            raise InputError(f"distribution kind {k!r}: expected fixed, uniform, normal or histogram")
 
     def draw(self, rng: random.Random) -> int:
         k = self.kind
@@ -141,15 +141,15 @@ def _as_dist(v: int | Distribution | dict[str, Any], what: str) -> Distribution:
     if isinstance(v, dict):
         unknown = sorted(set(v) - set(_DIST_FIELDS))
         if unknown:
-            raise SpecError(f"workload {what}: unknown key(s) {', '.join(unknown)}; expected {', '.join(_DIST_FIELDS)}")
+            raise InputError(f"workload {what}: unknown key(s) {', '.join(unknown)}; expected {', '.join(_DIST_FIELDS)}")
         kw = {k: tuple(x) if isinstance(x, list) else x for k, x in v.items()}
         try:
             return Distribution(**kw)
-        except SpecError as exc:
-            raise SpecError(f"workload {what}: {exc}") from None
+        except InputError as exc:
+            raise InputError(f"workload {what}: {exc}") from None
         except TypeError as exc:
-            raise SpecError(f"workload {what} {v!r}: {exc}") from None
-    raise SpecError(f"workload {what} {v!r}: expected an integer, a table or a Distribution")
+            raise InputError(f"workload {what} {v!r}: {exc}") from None
+    raise InputError(f"workload {what} {v!r}: expected an integer, a table or a Distribution")
 
 
 @dataclass
@@ -179,7 +179,7 @@ class Workload:
 
     def __init__(self, spec: WorkloadSpec, seed: int, tokenizer: Any = None) -> None:
         if spec.endpoint not in ("completions", "chat"):
-            raise SpecError(f"workload endpoint {spec.endpoint!r}: expected 'completions' or 'chat'")
+            raise InputError(f"workload endpoint {spec.endpoint!r}: expected 'completions' or 'chat'")
         self.spec = spec
         self.seed = seed
         self.tokenizer = tokenizer
@@ -194,17 +194,17 @@ class Workload:
             _, _, path = spec.prompt_source.partition(":")
             self._pairs = load_sharegpt(Path(path) if path else SHAREGPT_SAMPLE)
         elif self.kind in ("multi-turn", "tool-call") and spec.endpoint != "chat":
-            raise SpecError(f"workload {self.kind}: needs the chat endpoint (--endpoint chat)")
+            raise InputError(f"workload {self.kind}: needs the chat endpoint (--endpoint chat)")
         elif self.kind == "shared-prefix":
             if spec.prefixes < 1 or spec.suffixes < 1 or spec.prefix_tokens < 1:
-                raise SpecError(f"workload shared-prefix: prefixes ({spec.prefixes}), suffixes ({spec.suffixes}) "
+                raise InputError(f"workload shared-prefix: prefixes ({spec.prefixes}), suffixes ({spec.suffixes}) "
                                 f"and prefix_tokens ({spec.prefix_tokens}) must be >= 1")
         if self.kind == "multi-turn" and spec.turns < 1:
-            raise SpecError(f"workload multi-turn turns {spec.turns}: must be >= 1")
+            raise InputError(f"workload multi-turn turns {spec.turns}: must be >= 1")
         if spec.tool_choice not in ("auto", "required", "none"):
-            raise SpecError(f"workload tool_choice {spec.tool_choice!r}: expected auto, required or none")
+            raise InputError(f"workload tool_choice {spec.tool_choice!r}: expected auto, required or none")
         if spec.thinking is not None and spec.endpoint != "chat":
-            raise SpecError("workload thinking on/off: chat_template_kwargs apply to the chat endpoint only")
+            raise InputError("workload thinking on/off: chat_template_kwargs apply to the chat endpoint only")
         self._special = 0
         if tokenizer is not None:
             self._special = len(tokenizer.encode("the", add_special_tokens=True).ids) - len(
@@ -232,7 +232,7 @@ class Workload:
         tok = self.tokenizer
         target = n_tokens - (self._special if special else 0)
         if target < 1:
-            raise SpecError(f"workload input_tokens {n_tokens}: below the tokenizer's {self._special} special tokens")
+            raise InputError(f"workload input_tokens {n_tokens}: below the tokenizer's {self._special} special tokens")
         words = rng.choices(_VOCAB, k=target + 8)
         lead = head + " " if head else ""
         while True:
@@ -254,7 +254,7 @@ class Workload:
                     text = lead
             else:
                 text = text + " " + rng.choice(("a", "I", "x", "o"))
-        raise SpecError(f"workload: could not build a prompt of exactly {n_tokens} tokens with the given tokenizer")
+        raise InputError(f"workload: could not build a prompt of exactly {n_tokens} tokens with the given tokenizer")
 
     def text(self, rng: random.Random, n_tokens: int, head: str = "") -> str:
         """Generated text of n tokens (exact with a tokenizer, else round(0.75 n) words)."""
@@ -293,7 +293,7 @@ class Workload:
                 body["messages"] = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
             else:
                 if "prompt" not in row:
-                    raise SpecError(f"workload {spec.prompt_source}: the completions endpoint needs a 'prompt' per line")
+                    raise InputError(f"workload {spec.prompt_source}: the completions endpoint needs a 'prompt' per line")
                 body["prompt"] = row["prompt"]
         elif kind == "sharegpt":
             assert self._pairs is not None
@@ -378,7 +378,7 @@ def _source_kind(source: str) -> str:
     if source == "sharegpt" or source.startswith("sharegpt:"):
         return "sharegpt"
     if source.startswith("jsonl:"):
-        raise SpecError(f"workload prompt_source {source!r}: give the JSONL path without 'jsonl:'")
+        raise InputError(f"workload prompt_source {source!r}: give the JSONL path without 'jsonl:'")
     return "jsonl"
 
 
@@ -387,16 +387,16 @@ def load_sharegpt(path: Path) -> list[tuple[str, str]]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise SpecError(f"workload sharegpt {path}: cannot read ({exc.strerror})") from None
+        raise InputError(f"workload sharegpt {path}: cannot read ({exc.strerror})") from None
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         try:
             data = [orjson.loads(line) for line in raw.splitlines() if line.strip()]
         except orjson.JSONDecodeError as exc:
-            raise SpecError(f"workload sharegpt {path}: neither a JSON list nor JSONL ({exc})") from None
+            raise InputError(f"workload sharegpt {path}: neither a JSON list nor JSONL ({exc})") from None
     if not isinstance(data, list):
-        raise SpecError(f"workload sharegpt {path}: expected a list of conversations")
+        raise InputError(f"workload sharegpt {path}: expected a list of conversations")
     pairs: list[tuple[str, str]] = []
     for conv in data:
         turns = conv.get("conversations") if isinstance(conv, dict) else None
@@ -412,7 +412,7 @@ def load_sharegpt(path: Path) -> list[tuple[str, str]]:
         if q.strip() and a.strip():
             pairs.append((q, a))
     if not pairs:
-        raise SpecError(f"workload sharegpt {path}: no conversation with a human turn followed by a reply")
+        raise InputError(f"workload sharegpt {path}: no conversation with a human turn followed by a reply")
     return pairs
 
 
@@ -420,7 +420,7 @@ def _load_jsonl(path: Path) -> list[dict[str, Any]]:
     try:
         lines = path.read_bytes().splitlines()
     except OSError as exc:
-        raise SpecError(f"workload prompt_source {path}: cannot read ({exc.strerror})") from None
+        raise InputError(f"workload prompt_source {path}: cannot read ({exc.strerror})") from None
     rows: list[dict[str, Any]] = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -428,10 +428,10 @@ def _load_jsonl(path: Path) -> list[dict[str, Any]]:
         try:
             row = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            raise SpecError(f"workload prompt_source {path}:{n}: not JSON ({exc})") from None
+            raise InputError(f"workload prompt_source {path}:{n}: not JSON ({exc})") from None
         if not isinstance(row, dict) or not ("prompt" in row or "messages" in row):
-            raise SpecError(f"workload prompt_source {path}:{n}: expected an object with 'prompt' or 'messages'")
+            raise InputError(f"workload prompt_source {path}:{n}: expected an object with 'prompt' or 'messages'")
         rows.append(row)
     if not rows:
-        raise SpecError(f"workload prompt_source {path}: no prompts")
+        raise InputError(f"workload prompt_source {path}: no prompts")
     return rows

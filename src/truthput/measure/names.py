@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +108,11 @@ def metric_names(engine: str, user_names: dict[str, str] | None = None) -> Engin
     base = _BY_ENGINE.get(engine)
     if base is None:
         if engine not in ("command", "external"):
-            raise SpecError(f"unknown engine {engine!r} for metric names (known: vllm, sglang, llamacpp, command)")
+            raise InputError(f"unknown engine {engine!r} for metric names (known: vllm, sglang, llamacpp, command)")
         base = replace(_VLLM, engine=engine)
     if not user_names:
         return base
     unknown = sorted(set(user_names) - set(NAME_FIELDS))
     if unknown:
-        raise SpecError(f"unknown metric name field(s) {unknown} (known: {', '.join(NAME_FIELDS)})")
+        raise InputError(f"unknown metric name field(s) {unknown} (known: {', '.join(NAME_FIELDS)})")
     return replace(base, **user_names)  # type: ignore[arg-type]  # every key is a str-valued name field

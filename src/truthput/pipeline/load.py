@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.load.client import ClientConfig, StreamClient
 from truthput.load.goodput import SLO, goodput
 from truthput.load.schedule import ClosedLoop, LoadResult, OpenLoop, Sweep
@@ -56,17 +56,17 @@ class LoadOptions:
 
     def __post_init__(self) -> None:
         if self.requests is None and self.duration_s is None:
-            raise SpecError("truthput load: give --requests N or --duration SECONDS")
+            raise InputError("truthput load: give --requests N or --duration SECONDS")
         if self.workers < 1:
-            raise SpecError(f"--workers {self.workers}: must be >= 1")
+            raise InputError(f"--workers {self.workers}: must be >= 1")
         if any(c < 1 for c in self.concurrency):
-            raise SpecError(f"--concurrency {self.concurrency}: every level must be >= 1")
+            raise InputError(f"--concurrency {self.concurrency}: every level must be >= 1")
         if self.duration_s is not None and not 0 < self.duration_s < float("inf"):
-            raise SpecError(f"--duration {self.duration_s}: expected a finite number of seconds > 0")
+            raise InputError(f"--duration {self.duration_s}: expected a finite number of seconds > 0")
         if any(not 0 < r < float("inf") for r in self.rate):
-            raise SpecError(f"--rate {self.rate}: every rate must be > 0 requests/s")
+            raise InputError(f"--rate {self.rate}: every rate must be > 0 requests/s")
         if not 0 <= self.sample_interval_s < float("inf"):
-            raise SpecError(f"--sample-interval {self.sample_interval_s}: must be a number of seconds >= 0")
+            raise InputError(f"--sample-interval {self.sample_interval_s}: must be a number of seconds >= 0")
 
     @property
     def mode(self) -> str:
@@ -173,7 +173,7 @@ def load_tokenizer(path: str | None) -> Any:
     try:
         return Tokenizer.from_file(file)
     except Exception as exc:  # noqa: BLE001 - the tokenizers library raises its own Exception types
-        raise SpecError(f"--tokenizer {path}: cannot load {file}: {exc}") from None
+        raise InputError(f"--tokenizer {path}: cannot load {file}: {exc}") from None
 
 
 async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None = None,
@@ -311,7 +311,7 @@ def _commit(store: Any, run_id: str, start_id: int | None, opts: LoadOptions, ou
 
     # the store keys trials by level: a closed loop's streams or an open loop's rate; trial_index k
     # keeps a sweep's repeated levels distinct
-    from truthput.spec.levels import Rate
+    from truthput.experiment.levels import Rate
 
     level_key = Rate(out.level) if opts.rate else int(out.level)
     return commit(store, run_id, "load", start_id, key_type("load", 0, level_key, k), out.trial)

@@ -28,7 +28,7 @@ from truthput.analyze.cells import Cell
 from truthput.measure.model import Goodput
 from truthput.analyze.summary import RunSummary
 from truthput.report.runsummary import run_summary
-from truthput.spec.levels import Level, level_json, level_label
+from truthput.experiment.levels import Level, level_json, level_label
 from truthput.store.db import Store, StoredTrial
 
 SCHEMA = "truthput-report/1"
@@ -90,7 +90,7 @@ def _loads(text: str | None, default: Any) -> Any:
 def _experiment(run: Any) -> tuple[Any, str | None]:
     """The stored experiment parsed again (None and why when it no longer parses)."""
     from truthput.errors import TruthputError
-    from truthput.spec.experiment import parse_experiment
+    from truthput.experiment.file import parse_experiment
 
     try:
         return parse_experiment(run["experiment_toml"], f"{run['experiment_path'] or 'stored experiment'}"), None
@@ -122,7 +122,7 @@ def _slo(exp: Any, raw: dict[str, Any]) -> dict[str, float | None] | None:
 
 
 def _experiment_block(store: Store, run_id: str, run: Any, exp: Any, exp_error: str | None) -> dict[str, Any]:
-    from truthput.spec.argv import ServerArgv, speculative_settings
+    from truthput.experiment.argv import ServerArgv, speculative_settings
 
     raw = _raw_toml(run)
     variants = []
@@ -526,7 +526,7 @@ def _claims(exp: Any, raw_trials: list[StoredTrial], roof: dict[str, Any], simul
     if exp is None or not getattr(exp, "claim", None):
         return {"present": False, "results": []}
     from truthput.analyze.claims import check_claims
-    from truthput.spec.claims import parse_claims
+    from truthput.experiment.claims import parse_claims
 
     ceilings = nospec_ceilings(roof)
     try:

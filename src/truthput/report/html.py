@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from truthput.spec.levels import row_header, row_level
+from truthput.experiment.levels import row_header, row_level
 from truthput.store.db import Store
 
 SECTIONS = (

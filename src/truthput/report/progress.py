@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from truthput.events import Event, RunStarted, StartLaunching, TrialDone, style_of
-from truthput.spec.levels import Level, level_label
+from truthput.experiment.levels import Level, level_label
 
 
 @dataclass

@@ -18,7 +18,7 @@ def run_summary(store: Store, run_id: str, guard_texts: dict[str, list[str]] | N
     """Cells, verdict, failures and guard of a stored run (`guard_texts`: the output guard's texts
     when the caller has newer ones than the stored summary)."""
     from truthput.errors import TruthputError
-    from truthput.spec.experiment import MeasureSection, parse_experiment
+    from truthput.experiment.file import MeasureSection, parse_experiment
 
     run_id = store.resolve_run(run_id)
     run = store.run(run_id)

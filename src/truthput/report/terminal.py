@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from truthput.spec.levels import level_cell, level_header, level_label
+from truthput.experiment.levels import level_cell, level_header, level_label
 from truthput.store.db import Store
 
 

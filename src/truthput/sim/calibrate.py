@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.hardware.gpus import GPU, get_gpu
 from truthput.hardware.models import ModelProfile, get_model
 from truthput.hardware.physics import Efficiency, decode_step, prior_efficiency
@@ -107,7 +107,7 @@ class CalibrationPoint:
         if self.spec_k <= 0:
             return 1.0
         if self.acceptance_length is None:
-            raise SpecError(f"calibration point tp={self.tp} concurrency={self.concurrency} spec_k={self.spec_k}: "
+            raise InputError(f"calibration point tp={self.tp} concurrency={self.concurrency} spec_k={self.spec_k}: "
                             "acceptance_length is needed with speculation (1 + accepted/drafts from counters)")
         return self.acceptance_length
 
@@ -466,7 +466,7 @@ class CalibrationResult:
         try:
             target.write_text(json.dumps(self.to_dict(predictions), indent=2))
         except OSError as exc:
-            raise SpecError(f"{target}: cannot write calibration profile ({exc.strerror})") from exc
+            raise InputError(f"{target}: cannot write calibration profile ({exc.strerror})") from exc
         return target
 
 
@@ -484,11 +484,11 @@ def load_profile(path: str | Path) -> tuple[Efficiency, dict]:
     try:
         data = json.loads(source.read_text())
     except OSError as exc:
-        raise SpecError(f"{source}: cannot read calibration profile ({exc.strerror})") from exc
+        raise InputError(f"{source}: cannot read calibration profile ({exc.strerror})") from exc
     except json.JSONDecodeError as exc:
-        raise SpecError(f"{source}: calibration profile is not JSON (line {exc.lineno})") from exc
+        raise InputError(f"{source}: calibration profile is not JSON (line {exc.lineno})") from exc
     if not isinstance(data, dict):
-        raise SpecError(f"{source}: not a truthput simulator profile (expected a JSON object)")
+        raise InputError(f"{source}: not a truthput simulator profile (expected a JSON object)")
     known = set(Efficiency.__dataclass_fields__)
     if data.get("format") == PROFILE_FORMAT:
         raw, meta = data.get("efficiency") or {}, dict(data.get("metadata") or {})
@@ -496,14 +496,14 @@ def load_profile(path: str | Path) -> tuple[Efficiency, dict]:
         # a hand-written profile: {"bw_frac": 0.7, ...} or {"efficiency": {...}}
         raw, meta = data.get("efficiency", data), {"note": "hand-written profile, not calibrated"}
     else:
-        raise SpecError(f"{source}: not a truthput simulator profile (expected format {PROFILE_FORMAT!r})")
+        raise InputError(f"{source}: not a truthput simulator profile (expected format {PROFILE_FORMAT!r})")
     unknown = set(raw) - known
     if unknown:
-        raise SpecError(f"{source}: unknown efficiency keys {sorted(unknown)}")
+        raise InputError(f"{source}: unknown efficiency keys {sorted(unknown)}")
     try:
         eff = Efficiency(**raw)
     except TypeError as exc:
-        raise SpecError(f"{source}: bad efficiency values ({exc})") from exc
+        raise InputError(f"{source}: bad efficiency values ({exc})") from exc
     meta.setdefault("path", str(source))
     return eff, meta
 
@@ -516,12 +516,12 @@ def _at_bound(eff: Efficiency, name: str) -> bool:
 
 def _check_points(points: Sequence[CalibrationPoint]) -> None:
     if not points:
-        raise SpecError("calibration: no points to fit")
+        raise InputError("calibration: no points to fit")
     for i, p in enumerate(points):
         if p.measured_tokps is None or not p.measured_tokps > 0:
-            raise SpecError(f"calibration point {i}: measured_tokps must be a positive number")
+            raise InputError(f"calibration point {i}: measured_tokps must be a positive number")
         if p.tp < 1 or p.concurrency < 1 or p.context_tokens < 0:
-            raise SpecError(f"calibration point {i}: bad tp/concurrency/context")
+            raise InputError(f"calibration point {i}: bad tp/concurrency/context")
         p.tokens_per_step()
 
 
@@ -666,7 +666,7 @@ def _fit(
     _check_points(points)
     for name in free:
         if name not in BOUNDS:
-            raise SpecError(f"calibration: cannot fit {name!r}; choose from {', '.join(BOUNDS)}")
+            raise InputError(f"calibration: cannot fit {name!r}; choose from {', '.join(BOUNDS)}")
     prior = _resolved(prior, gpu)
     dropped: dict[str, str] = {}
     candidates = [n for n in PRIORITY if n in free]
@@ -907,14 +907,14 @@ def parse_point(text: str) -> CalibrationPoint:
         key, sep, raw = part.partition("=")
         key = key.strip()
         if not sep or key not in _POINT_KEYS:
-            raise SpecError(f"--point {text!r}: expected key=value pairs from {', '.join(_POINT_KEYS)}")
+            raise InputError(f"--point {text!r}: expected key=value pairs from {', '.join(_POINT_KEYS)}")
         try:
             values[key] = _POINT_KEYS[key](raw.strip())
         except ValueError:
-            raise SpecError(f"--point {text!r}: {key}={raw!r} is not a number") from None
+            raise InputError(f"--point {text!r}: {key}={raw!r} is not a number") from None
     for required in ("tp", "concurrency", "tokps"):
         if required not in values:
-            raise SpecError(f"--point {text!r}: missing {required}=")
+            raise InputError(f"--point {text!r}: missing {required}=")
     return CalibrationPoint(
         tp=values["tp"], concurrency=values["concurrency"], spec_k=values.get("spec_k", 0),
         spec_method=values.get("spec_method"), acceptance_length=values.get("acceptance"),
@@ -944,10 +944,10 @@ def main(argv: list[str] | None = None) -> int:
             print(worked_example_report())
             return 0
         if not args.gpu or not args.model or not args.point:
-            raise SpecError("calibrate: give --gpu, --model and at least one --point")
+            raise InputError("calibrate: give --gpu, --model and at least one --point")
         result = fit([parse_point(p) for p in args.point], args.gpu, args.model,
                      free=tuple(f for f in args.free.split(",") if f))
-    except SpecError as exc:
+    except InputError as exc:
         print(f"truthput-sim: error: {exc}", file=sys.stderr)
         return exc.exit_code
     eff = result.efficiency

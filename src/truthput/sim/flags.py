@@ -7,7 +7,7 @@ file carries many flags that do not change throughput (tool parsers, chat templa
 
 Speculation can be given three ways, as vLLM accepts them: `--speculative-config JSON`, dotted
 `--speculative-config.KEY VALUE`, and the older `--spec-method/--spec-model/--spec-tokens`.
-They are merged into one dict; the same key given two different values is a `SpecError`.
+They are merged into one dict; the same key given two different values is a `InputError`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
 #: vLLM's default for the OpenAI API server on most GPUs (V1 engine).
 DEFAULT_MAX_NUM_SEQS = 256
@@ -233,7 +233,7 @@ def _coerce_spec_value(key: str, raw: str) -> Any:
         try:
             return int(raw)
         except ValueError as exc:
-            raise SpecError(f"--speculative-config.{key}: expected an integer, got {raw!r}") from exc
+            raise InputError(f"--speculative-config.{key}: expected an integer, got {raw!r}") from exc
     try:
         return json.loads(raw)
     except (ValueError, TypeError):
@@ -259,7 +259,7 @@ def split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[s
                 key = name[len("--speculative-config."):].replace("-", "_")
                 if not eq:
                     if i + 1 >= len(argv):
-                        raise SpecError(f"{name} needs a value")
+                        raise InputError(f"{name} needs a value")
                     value = argv[i + 1]
                     i += 1
                 dotted[key] = _coerce_spec_value(key, value)
@@ -296,18 +296,18 @@ def _is_number(tok: str) -> bool:
 
 def _merge_speculative(argv: list[str]) -> dict[str, Any] | None:
     """One speculative dict from every spelling, by the same rules (and refusals) as truthput's
-    own argv model (`truthput.spec.argv.speculative_settings`, which mirrors vLLM's): the simulator
+    own argv model (`truthput.experiment.argv.speculative_settings`, which mirrors vLLM's): the simulator
     accepts exactly the speculative flags vLLM does."""
-    from truthput.spec.argv import ServerArgv, speculative_settings
+    from truthput.experiment.argv import ServerArgv, speculative_settings
 
     merged = speculative_settings(ServerArgv.parse(list(argv), engine="vllm")) or {}
     if not merged:
         return None
     k = merged.get("num_speculative_tokens")
     if k is None:
-        raise SpecError("speculative decoding needs num_speculative_tokens (--spec-tokens N)")
+        raise InputError("speculative decoding needs num_speculative_tokens (--spec-tokens N)")
     if not isinstance(k, int) or k < 0:
-        raise SpecError(f"num_speculative_tokens must be a non-negative integer, got {k!r}")
+        raise InputError(f"num_speculative_tokens must be a non-negative integer, got {k!r}")
     if k == 0:
         return None
     if "method" not in merged:
@@ -316,7 +316,7 @@ def _merge_speculative(argv: list[str]) -> dict[str, Any] | None:
 
 
 def parse_serve_args(argv: list[str]) -> SimServeConfig:
-    """Parse `sim serve` argv into a SimServeConfig; raises SpecError on bad or conflicting flags."""
+    """Parse `sim serve` argv into a SimServeConfig; raises InputError on bad or conflicting flags."""
     parser = build_parser()
     known, dotted, ignored = split_argv(parser, list(argv))
     try:
@@ -324,11 +324,11 @@ def parse_serve_args(argv: list[str]) -> SimServeConfig:
     except SystemExit as exc:  # argparse already printed its message (or --help)
         if exc.code == 0:
             raise
-        raise SpecError(f"bad sim serve arguments: {' '.join(argv)}") from exc
+        raise InputError(f"bad sim serve arguments: {' '.join(argv)}") from exc
     spec = _merge_speculative(list(argv))
     model = ns.model or ns.model_tag
     if ns.model and ns.model_tag and ns.model != ns.model_tag:
-        raise SpecError(f"two models given: positional {ns.model_tag!r} and --model {ns.model!r}")
+        raise InputError(f"two models given: positional {ns.model_tag!r} and --model {ns.model!r}")
     served = (ns.served_model_name or [model or ns.sim_model or "sim-model"])[0]
     for name, val in (("--tensor-parallel-size", ns.tensor_parallel_size),
                       ("--pipeline-parallel-size", ns.pipeline_parallel_size),
@@ -336,15 +336,15 @@ def parse_serve_args(argv: list[str]) -> SimServeConfig:
                       ("--max-num-batched-tokens", ns.max_num_batched_tokens),
                       ("--block-size", ns.block_size)):
         if val < 1:
-            raise SpecError(f"{name} must be >= 1, got {val}")
+            raise InputError(f"{name} must be >= 1, got {val}")
     if not 0.0 < ns.gpu_memory_utilization <= 1.0:
-        raise SpecError(f"--gpu-memory-utilization must lie in (0, 1], got {ns.gpu_memory_utilization}")
+        raise InputError(f"--gpu-memory-utilization must lie in (0, 1], got {ns.gpu_memory_utilization}")
     if ns.sim_copy_span < 1:
-        raise SpecError(f"--sim-copy-span must be at least 1 token, got {ns.sim_copy_span}")
+        raise InputError(f"--sim-copy-span must be at least 1 token, got {ns.sim_copy_span}")
     if ns.noise < 0:
-        raise SpecError(f"--noise must be >= 0, got {ns.noise}")
+        raise InputError(f"--noise must be >= 0, got {ns.noise}")
     if not 0 <= ns.port <= 65535:
-        raise SpecError(f"--port {ns.port}: expected 0..65535 (0 = any free port)")
+        raise InputError(f"--port {ns.port}: expected 0..65535 (0 = any free port)")
     return SimServeConfig(
         model=model,
         served_model_name=served,

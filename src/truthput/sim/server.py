@@ -28,7 +28,7 @@ from typing import Any, Callable
 import orjson
 from aiohttp import web
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.sim import textgen
 from truthput.sim.engine import EngineLimits, SimEngine, SimRequest, StepShape, method_family
 from truthput.sim.flags import SimServeConfig
@@ -83,7 +83,7 @@ def load_efficiency(path: str):
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise SpecError(f"--sim-profile {path}: cannot read JSON ({exc})") from exc
+        raise InputError(f"--sim-profile {path}: cannot read JSON ({exc})") from exc
     fields = raw.get("efficiency", raw)
     known = {k: fields[k] for k in ("bw_frac", "flops_frac", "step_overhead_s", "tp_latency_s") if k in fields}
     return Efficiency(**known), {"path": path}
@@ -100,12 +100,12 @@ def resolve_setup(cfg: SimServeConfig, eff=None) -> SimSetup:
     elif cfg.sim_model:
         model = get_model(cfg.sim_model)
     else:
-        raise SpecError(
+        raise InputError(
             f"sim serve: no model profile for {cfg.model!r}: pass --model DIR (a directory with "
             "config.json) or --sim-model NAME (or env TRUTHPUT_SIM_MODEL)"
         )
     if not cfg.sim_gpu:
-        raise SpecError("sim serve: no GPU given: pass --sim-gpu NAME (or env TRUTHPUT_SIM_GPU), e.g. 'RTX 3090'")
+        raise InputError("sim serve: no GPU given: pass --sim-gpu NAME (or env TRUTHPUT_SIM_GPU), e.g. 'RTX 3090'")
     gpu = get_gpu(cfg.sim_gpu)
     meta: dict = {}
     if eff is None:
@@ -188,10 +188,10 @@ def make_pricer(cfg: SimServeConfig, setup: SimSetup, metrics: SimMetrics | None
         spec_model = (cfg.speculative or {}).get("model")
         try:
             draft = get_model(spec_model) if spec_model else None
-        except SpecError:
+        except InputError:
             draft = None
         if draft is None:
-            raise SpecError(f"sim serve: draft model {spec_model!r} has no profile: give a directory with "
+            raise InputError(f"sim serve: draft model {spec_model!r} has no profile: give a directory with "
                             "config.json or a named profile as the speculative model")
     gpu, model, eff, tp = setup.gpu, setup.model, setup.eff, cfg.tensor_parallel_size
     kv_bytes = cfg.kv_dtype_bytes
@@ -1059,7 +1059,7 @@ def serve(argv: list[str]) -> int:
         for line in exc.lines:
             emit(line, sys.stderr)
         return 1
-    except SpecError as exc:
+    except InputError as exc:
         emit(f"truthput-sim: error: {exc}", sys.stderr)
         return 1
     try:

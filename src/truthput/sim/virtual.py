@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 from truthput.sim import textgen
 from truthput.sim.engine import SimRequest
 from truthput.sim.power import PowerMeter
@@ -350,7 +350,7 @@ def _meets(req: SimRequest, first_tokens: int, load: LoadSpec) -> bool:
 
 def run_start(argv: list[str], load: LoadSpec, seed: int) -> StartFigures:
     """One server start of `argv` (sim serve flags, `--seed` replaced by `seed`) under `load`, in
-    virtual time. Raises StartupFailure or SpecError as `sim serve` would refuse to start."""
+    virtual time. Raises StartupFailure or InputError as `sim serve` would refuse to start."""
     from truthput.sim.flags import parse_serve_args
     from truthput.sim.server import SimServer, make_pricer, resolve_setup
 
@@ -366,7 +366,7 @@ def _prepare() -> None:
     """What any line needs once per process: the modules a start imports and the GPU catalogue."""
     import truthput.hardware.physics  # noqa: F401
     import truthput.sim.flags  # noqa: F401
-    import truthput.spec.argv  # noqa: F401
+    import truthput.experiment.argv  # noqa: F401
     from truthput.hardware.gpus import list_gpus
     from truthput.hardware.models import list_models
 
@@ -393,7 +393,7 @@ def evaluate(config: dict) -> dict:
         kind = "oom" if ("memory" in text.lower() or "KV cache" in text) else "invalid"
         out.update(ok=False, failure=kind, reason=exc.lines[-1] if exc.lines else "start-up failed")
         return out
-    except SpecError as exc:
+    except InputError as exc:
         out.update(ok=False, failure="invalid", reason=str(exc))
         return out
     ttft = [v for r in runs for v in r.ttft_s]

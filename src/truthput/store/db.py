@@ -23,7 +23,7 @@ import orjson
 
 from truthput.errors import StoreError
 from truthput.measure.model import TrialResults
-from truthput.spec.levels import Level, Rate, level_label, level_of
+from truthput.experiment.levels import Level, Rate, level_label, level_of
 
 SCHEMA_VERSION = 3
 """3: trials have a `rate` column (an open loop's offered requests/s; 0 for a closed loop) and

@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from truthput.errors import SpecError
-from truthput.spec.argv import ServerArgv
-from truthput.spec.engines import metric_family
-from truthput.spec.experiment import Experiment, TuneSection, parse_experiment
+from truthput.errors import InputError
+from truthput.experiment.argv import ServerArgv
+from truthput.experiment.engines import metric_family
+from truthput.experiment.file import Experiment, TuneSection, parse_experiment
 from truthput.tune.screen import ScreenLoad, screen
-from truthput.spec.levels import Level, Rate, is_rate
-from truthput.spec.levels import level_label
+from truthput.experiment.levels import Level, Rate, is_rate
+from truthput.experiment.levels import level_label
 from truthput.tune.search import (Evaluation, SimFirst, objective_figure, objective_metric, objective_value,
                                   pareto_front, screen_field)
 from truthput.tune.space import DEFAULT, Space
@@ -68,7 +68,7 @@ def objective_level(exp: Experiment) -> Level:
     if tune.level is not None:
         return tune.level
     if exp.workload.mode == "open":
-        raise SpecError("[tune] searches tok/s at a closed-loop concurrency: give [tune] level = N (or objective = "
+        raise InputError("[tune] searches tok/s at a closed-loop concurrency: give [tune] level = N (or objective = "
                         "'goodput' at a rate)")
     return max(exp.workload.concurrency)
 
@@ -283,14 +283,14 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
 
     tune_cfg = exp.tune
     if tune_cfg is None:
-        raise SpecError(f"{path or 'experiment'}: no [tune] section (the space: [[tune.param]] flag = ..., values = [...])")
+        raise InputError(f"{path or 'experiment'}: no [tune] section (the space: [[tune.param]] flag = ..., values = [...])")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = Space.of(tune_cfg)
     base = ServerArgv.parse(exp.server.command, engine=metric_family(engine or exp.server.engine))
     baseline_name = exp.experiment.baseline
     baseline_variant = next((v for v in exp.variant if v.name == baseline_name), None)
     if baseline_variant is not None and (baseline_variant.set or baseline_variant.remove):
-        raise SpecError(f"[tune]: the baseline variant {baseline_name!r} must be the command as it is (no set/remove): "
+        raise InputError(f"[tune]: the baseline variant {baseline_name!r} must be the command as it is (no set/remove): "
                         "the space is applied to the command")
     baseline_config = _config_of(space, base)
     name = tune_name(exp)
@@ -306,7 +306,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
     evals, cpu = run_screen(exp, space, sim_study, say)
     if tune_cfg.objective == "tokps_per_watt" and evals and not any(e.values for e in evals if e.ok):
         gpu = exp.hardware.gpu if exp.hardware else "?"
-        raise SpecError(f"[tune] objective = 'tokps_per_watt': the simulator has no power model for [hardware] gpu = "
+        raise InputError(f"[tune] objective = 'tokps_per_watt': the simulator has no power model for [hardware] gpu = "
                         f"{gpu!r} (its profile gives no board_power_w, the board's power limit in watts)")
     search = SimFirst(space, tune_cfg)
     for e in evals:
@@ -405,7 +405,7 @@ def _check_energy_source(exp: Experiment, engine: str | None, executor: Any) -> 
     """tok/s per watt needs the GPUs' energy: NVML on a real server here (a Ray node reads its own),
     the power model on the simulator. Refused before anything is screened or started."""
     from truthput.executors.local import LocalExecutor
-    from truthput.spec.engines import SIMULATED_KINDS
+    from truthput.experiment.engines import SIMULATED_KINDS
 
     if exp.tune is None or exp.tune.objective != "tokps_per_watt":
         return
@@ -416,19 +416,19 @@ def _check_energy_source(exp: Experiment, engine: str | None, executor: Any) -> 
 
     nvml, why = load_nvml()
     if nvml is None:
-        raise SpecError(f"[tune] objective = 'tokps_per_watt' needs the GPUs' energy, read from NVML: {why}")
+        raise InputError(f"[tune] objective = 'tokps_per_watt' needs the GPUs' energy, read from NVML: {why}")
     nvml.nvmlShutdown()
 
 
 def _plain_baseline(name: str) -> Any:
-    from truthput.spec.experiment import VariantSection
+    from truthput.experiment.file import VariantSection
 
     return VariantSection(name=name)
 
 
 def _config_of(space: Space, base: ServerArgv) -> dict[str, Any]:
     """The baseline command's value of each searched flag ("off" where it lacks the flag)."""
-    from truthput.spec.argv import normalised_settings, speculative_settings
+    from truthput.experiment.argv import normalised_settings, speculative_settings
 
     out: dict[str, Any] = {}
     settings = normalised_settings(base)

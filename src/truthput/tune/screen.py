@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 from truthput.engines.factory import sim_argv, sim_requirements
 from truthput.errors import TruthputError
-from truthput.spec.argv import ServerArgv, variant_argv
-from truthput.spec.engines import metric_family
-from truthput.spec.experiment import Experiment
-from truthput.spec.levels import Level, is_rate
+from truthput.experiment.argv import ServerArgv, variant_argv
+from truthput.experiment.engines import metric_family
+from truthput.experiment.file import Experiment
+from truthput.experiment.levels import Level, is_rate
 from truthput.tune.search import Evaluation
 from truthput.tune.space import Space
 

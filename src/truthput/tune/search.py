@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from truthput.spec.experiment import TuneSection
+from truthput.experiment.file import TuneSection
 from truthput.tune.space import Space
 
 #: A configuration this many grid steps (or fewer) from one that failed to start on the server is not

@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from truthput.errors import SpecError
-from truthput.spec.argv import ServerArgv, speculative_settings, variant_argv
-from truthput.spec.experiment import TuneParam, TuneSection, VariantSection
+from truthput.errors import InputError
+from truthput.experiment.argv import ServerArgv, speculative_settings, variant_argv
+from truthput.experiment.file import TuneParam, TuneSection, VariantSection
 
 OFF = "off"
 DEFAULT = "default"
@@ -65,9 +65,9 @@ class Space:
         """Every configuration, in the file's order (the last param varies fastest)."""
         lists = [self.choices(p) for p in self.params]
         if any(c is None for c in lists):
-            raise SpecError("[tune]: a continuous range (low/high without step) has no grid")
+            raise InputError("[tune]: a continuous range (low/high without step) has no grid")
         if (self.size() or 0) > GRID_LIMIT:
-            raise SpecError(f"[tune]: the space has {self.size():,} configurations; more than {GRID_LIMIT:,} cannot be "
+            raise InputError(f"[tune]: the space has {self.size():,} configurations; more than {GRID_LIMIT:,} cannot be "
                             "listed (the search samples it instead)")
         return [dict(zip(self.flags, combo)) for combo in itertools.product(*lists)]  # type: ignore[arg-type]
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
 # ExecStart= may begin with these prefixes (systemd.service(5), "Table 1").
 _EXEC_PREFIX = re.compile(r"^[-@:+!]*")
@@ -90,7 +90,7 @@ class Unit:
         """The one effective ExecStart= value (an empty ExecStart= resets the list, as in systemd)."""
         service = self.section("Service")
         if service is None:
-            raise SpecError(f"{self.where}: no [Service] section, so no ExecStart= to run")
+            raise InputError(f"{self.where}: no [Service] section, so no ExecStart= to run")
         effective: list[str] = []
         for value in service.values("ExecStart"):
             if value.strip():
@@ -98,9 +98,9 @@ class Unit:
             else:
                 effective = []
         if not effective:
-            raise SpecError(f"{self.where}: [Service] has no ExecStart=")
+            raise InputError(f"{self.where}: [Service] has no ExecStart=")
         if len(effective) > 1:
-            raise SpecError(
+            raise InputError(
                 f"{self.where}: [Service] has {len(effective)} ExecStart= lines; truthput runs one server command"
             )
         return effective[0]
@@ -133,7 +133,7 @@ class Unit:
                 word = self._specifiers(word)
                 name, eq, val = word.partition("=")
                 if not eq or not name:
-                    raise SpecError(f"{self.where}: Environment=: expected NAME=VALUE, got {word!r}")
+                    raise InputError(f"{self.where}: Environment=: expected NAME=VALUE, got {word!r}")
                 env[name] = val
         return env
 
@@ -150,7 +150,7 @@ class Unit:
         ]
         try:
             value = self.exec_start_value()
-        except SpecError:
+        except InputError:
             return notes
         for word in split_words(value, self.where):
             for m in re.finditer(r"%(.)", word.replace("%%", "")):
@@ -220,7 +220,7 @@ def split_words(text: str, where: str) -> list[str]:
         c = text[i]
         if c == "\\":
             if i + 1 >= n:
-                raise SpecError(f"{where}: ends with a lone backslash")
+                raise InputError(f"{where}: ends with a lone backslash")
             nxt = text[i + 1]
             if nxt == "x" and i + 3 < n + 1 and re.fullmatch(r"[0-9a-fA-F]{2}", text[i + 2 : i + 4]):
                 current.append(chr(int(text[i + 2 : i + 4], 16)))
@@ -239,7 +239,7 @@ def split_words(text: str, where: str) -> list[str]:
                 current.append(";")  # "\;" is a literal semicolon, not a command separator
                 i += 2
             else:
-                raise SpecError(f"{where}: unknown escape \\{nxt}")
+                raise InputError(f"{where}: unknown escape \\{nxt}")
             in_word = True
             continue
         if quote is not None:
@@ -262,7 +262,7 @@ def split_words(text: str, where: str) -> list[str]:
             in_word = True
         i += 1
     if quote is not None:
-        raise SpecError(f"{where}: unterminated {quote} quote")
+        raise InputError(f"{where}: unterminated {quote} quote")
     if in_word:
         words.append("".join(current))
     return words
@@ -313,12 +313,12 @@ def parse_unit(text: str, path: str | None = None) -> Unit:
             continue
         if stripped.startswith("["):
             if not stripped.endswith("]"):
-                raise SpecError(f"{where}:{i + 1}: malformed section header {stripped!r}")
+                raise InputError(f"{where}:{i + 1}: malformed section header {stripped!r}")
             sections.append(UnitSection(name=stripped[1:-1], header=line))
             i += 1
             continue
         if not sections:
-            raise SpecError(f"{where}:{i + 1}: setting {stripped!r} outside any [Section]")
+            raise InputError(f"{where}:{i + 1}: setting {stripped!r} outside any [Section]")
         start = i
         logical = line.rstrip("\r\n")
         # a line ending in a backslash continues; comment lines inside are skipped (systemd >= 240)
@@ -333,7 +333,7 @@ def parse_unit(text: str, path: str | None = None) -> Unit:
         i += 1
         key, eq, value = logical.partition("=")
         if not eq:
-            raise SpecError(f"{where}:{start + 1}: expected Key=value, got {stripped!r}")
+            raise InputError(f"{where}:{start + 1}: expected Key=value, got {stripped!r}")
         target.append(UnitEntry(raw="".join(lines[start:i]), key=key.strip(), value=value.strip()))
     if text and not text.endswith("\n") and (sections or preamble):
         last = sections[-1].entries if sections and sections[-1].entries else preamble
@@ -350,7 +350,7 @@ def quote_word(word: str, dollars: bool = True) -> str:
     variable substitution): "%" -> "%%", "$" -> "$$", quotes where needed. Environment= values
     get no "$" substitution from systemd, so they are written with dollars=False."""
     if "\x00" in word:
-        raise SpecError(f"argument {word!r} contains a NUL byte, which no command line can carry")
+        raise InputError(f"argument {word!r} contains a NUL byte, which no command line can carry")
     escaped = word.replace("%", "%%")
     if dollars:
         escaped = escaped.replace("$", "$$")
@@ -386,7 +386,7 @@ def _groups(argv: Sequence[str]) -> list[list[str]]:
 def render_exec_start(argv: Sequence[str], prefix: str = "") -> str:
     """`ExecStart=...` with one flag group per continued line, as the seed writes it."""
     if not argv:
-        raise SpecError("cannot write an empty ExecStart=")
+        raise InputError("cannot write an empty ExecStart=")
     lines = [" ".join(quote_word(w) for w in g) for g in _groups(argv)]
     return "ExecStart=" + prefix + " \\\n  ".join(lines) + "\n"
 
@@ -396,7 +396,7 @@ def render_environment(env: Mapping[str, str]) -> str:
     out = []
     for name, value in env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise SpecError(f"environment variable name {name!r} is not valid for systemd")
+            raise InputError(f"environment variable name {name!r} is not valid for systemd")
         out.append("Environment=" + quote_word(f"{name}={value}", dollars=False) + "\n")
     return "".join(out)
 
@@ -416,7 +416,7 @@ def render_unit(
     """
     service = unit.section("Service")
     if service is None:
-        raise SpecError(f"{unit.where}: no [Service] section to write ExecStart= into")
+        raise InputError(f"{unit.where}: no [Service] section to write ExecStart= into")
     argv = list(argv)
     unchanged_exec = argv == _safe_argv(unit)
     prefix = unit.exec_start_prefix() if _has_exec(unit) else ""
@@ -462,7 +462,7 @@ def render_unit(
 def _has_exec(unit: Unit) -> bool:
     try:
         unit.exec_start_value()
-    except SpecError:
+    except InputError:
         return False
     return True
 
@@ -470,7 +470,7 @@ def _has_exec(unit: Unit) -> bool:
 def _safe_argv(unit: Unit) -> list[str] | None:
     try:
         return unit.exec_start_argv()
-    except SpecError:
+    except InputError:
         return None
 
 
@@ -485,7 +485,7 @@ def _insert_point(entries: list[UnitEntry]) -> int:
 def _with_description(entries: list[UnitEntry], description: str) -> list[UnitEntry]:
     line = UnitEntry(raw=f"Description={description}\n", key="Description", value=description)
     if "\n" in description:
-        raise SpecError("a unit Description= must be one line")
+        raise InputError("a unit Description= must be one line")
     out = [line if e.key == "Description" else e for e in entries]
     if not any(e.key == "Description" for e in entries):
         out.insert(0, line)
@@ -501,7 +501,7 @@ def consistency_warnings(unit: Unit) -> list[str]:
     The seed's Description says "MTP spec=5" while ExecStart says --spec-tokens 3: a label that
     lies is how an A/B gets misread, so `truthput import` says so.
     """
-    from truthput.spec.argv import ServerArgv, speculative_settings
+    from truthput.experiment.argv import ServerArgv, speculative_settings
 
     description = unit.get("Unit", "Description") or ""
     if not description or not _has_exec(unit):
@@ -632,11 +632,11 @@ def import_unit(path: str) -> str:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as exc:
-        raise SpecError(f"{path}: cannot read unit file: {exc.strerror}") from None
+        raise InputError(f"{path}: cannot read unit file: {exc.strerror}") from None
     unit = parse_unit(text, path)
     argv = unit.exec_start_argv()
     env = unit.environment()
-    from truthput.spec.argv import ServerArgv, speculative_settings
+    from truthput.experiment.argv import ServerArgv, speculative_settings
 
     argv, shell_env, shell_notes = unwrap_shell(argv, f"{path}: ExecStart=")
     env = {**env, **shell_env}

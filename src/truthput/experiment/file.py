@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
-from truthput.spec.engines import EngineKind
-from truthput.spec.levels import Level, Rate
+from truthput.experiment.engines import EngineKind
+from truthput.experiment.levels import Level, Rate
 
 
 class _Strict(BaseModel):
@@ -237,7 +237,7 @@ class MeasureSection(_Strict):
             return None
         value = _percentage(self.target)
         if value is None:
-            raise SpecError(f"[measure].target: expected a percentage like '±2%', got {self.target!r}")
+            raise InputError(f"[measure].target: expected a percentage like '±2%', got {self.target!r}")
         return value
 
     @property
@@ -428,7 +428,7 @@ class Experiment(_Strict):
         --sim-model`): `[hardware]` gets that GPU, as many as the base command's tensor x pipeline
         parallel size (or the file's count, if larger), and `[model]` that profile. Returns what was
         set, in words, for the run's record (a resume and the reports apply the same)."""
-        from truthput.spec.argv import ServerArgv
+        from truthput.experiment.argv import ServerArgv
 
         said = []
         if gpu:
@@ -451,7 +451,7 @@ class Experiment(_Strict):
         for v in self.variant:
             if v.name == name:
                 return v
-        raise SpecError(f"no variant named {name!r}")
+        raise InputError(f"no variant named {name!r}")
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -488,13 +488,13 @@ def parse_experiment(text: str, path: str = "<experiment>") -> Experiment:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path}: not valid TOML: {exc}") from exc
+        raise InputError(f"{path}: not valid TOML: {exc}") from exc
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(format_validation_error(path, exc)) from None
+        raise InputError(format_validation_error(path, exc)) from None
     if exp.claim:
-        from truthput.spec.claims import parse_claims
+        from truthput.experiment.claims import parse_claims
 
         parse_claims(exp.claim, where=f"{path}: [[claim]]")
     return exp
@@ -506,8 +506,8 @@ def load_experiment(path: str | Path) -> tuple[Experiment, str]:
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SpecError(f"{p}: cannot read experiment file: {exc.strerror}") from None
+        raise InputError(f"{p}: cannot read experiment file: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        raise SpecError(f"{p}: not UTF-8 text: byte {exc.start} (0x{exc.object[exc.start]:02x}) cannot be "
+        raise InputError(f"{p}: not UTF-8 text: byte {exc.start} (0x{exc.object[exc.start]:02x}) cannot be "
                         "decoded; save the file as UTF-8") from None
     return parse_experiment(text, str(p)), text

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from truthput.errors import SpecError
+from truthput.errors import InputError
 
 ClaimMethod = Literal["counter", "usage", "words", "log_line", "unknown"]
 ClaimKind = Literal["throughput", "speedup", "ceiling", "log_overcount"]
@@ -65,7 +65,7 @@ class Claim(_Strict):
 
 
 def parse_claims(entries: list[dict[str, Any]], where: str = "[[claim]]") -> list[Claim]:
-    """Validate raw `[[claim]]` tables; a bad one raises SpecError naming its position and key."""
+    """Validate raw `[[claim]]` tables; a bad one raises InputError naming its position and key."""
     out = []
     for i, raw in enumerate(entries):
         try:
@@ -73,7 +73,7 @@ def parse_claims(entries: list[dict[str, Any]], where: str = "[[claim]]") -> lis
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(x) for x in err["loc"])
-            raise SpecError(f"{where} #{i + 1} ({raw.get('text', '?')!r}): {loc}: {err['msg']}") from None
+            raise InputError(f"{where} #{i + 1} ({raw.get('text', '?')!r}): {loc}: {err['msg']}") from None
     return out
 
 
@@ -85,13 +85,13 @@ def load_claims_file(path: str) -> tuple[list[Claim], dict[str, Any]]:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
-        raise SpecError(f"{path}: no such claims file") from None
+        raise InputError(f"{path}: no such claims file") from None
     except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path}: not valid TOML: {exc}") from None
+        raise InputError(f"{path}: not valid TOML: {exc}") from None
     entries = data.get("claim", [])
     if not isinstance(entries, list) or not entries:
-        raise SpecError(f"{path}: no [[claim]] entries")
+        raise InputError(f"{path}: no [[claim]] entries")
     bounds = data.get("bounds", {})
     if not isinstance(bounds, dict):
-        raise SpecError(f"{path}: [bounds] must be a table")
+        raise InputError(f"{path}: [bounds] must be a table")
     return parse_claims(entries, where=f"{path}: [[claim]]"), bounds
