@@ -90,12 +90,13 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=5)
     args = ap.parse_args()
     from truthput.executors.ray_cluster import Need
-    from truthput.runner import _int_flag, build_plan
+    from truthput.experiment.argv import int_flag
+    from truthput.plan import build_plan
     from truthput.experiment.file import parse_experiment
 
     exp = parse_experiment(experiment_text(args.variants), "scaling.toml")
     plan = build_plan(exp)
-    wants = {v.name: Need(v.name, _int_flag(v.argv, ("--tensor-parallel-size",), v.name), None, {})
+    wants = {v.name: Need(v.name, int_flag(v.argv, ("--tensor-parallel-size",), v.name), None, {})
              for v in plan.variants}
     lo, _, hi = args.nodes.partition("-")
     counts = range(int(lo), int(hi or lo) + 1)

@@ -146,7 +146,7 @@ def test_what_no_start_can_survive_is_refused_by_plan(change, message):
     """Checked when the plan is built (`truthput plan`, and `run` before any store or server): one
     line naming the file's section or variant."""
     from truthput.errors import TruthputError
-    from truthput.runner import build_plan
+    from truthput.plan import build_plan
 
     fields = {"server": "", "gpu": "RTX 3090", "model": "qwen3.6-27b-5.5bit", "variant": "", "conc": "[1]", **change}
     with pytest.raises(TruthputError) as info:
@@ -155,7 +155,7 @@ def test_what_no_start_can_survive_is_refused_by_plan(change, message):
 
 
 def test_plan_warns_when_concurrency_exceeds_max_num_seqs():
-    from truthput.runner import build_plan, max_num_seqs_warnings
+    from truthput.plan import build_plan, max_num_seqs_warnings
 
     fields = {"server": "", "gpu": "RTX 3090", "model": "qwen3.6-27b-5.5bit",
               "variant": 'set = { "--max-num-seqs" = 4 }', "conc": "[1, 8]"}

@@ -72,7 +72,7 @@ def _toml(doc: dict) -> str:
                                                     "--speculative-config.num_speculative_tokens", "--port",
                                                     "--kv-cache-dtype"]), toml_values, max_size=3))
 def test_experiment_files_parse_or_fail_clearly(changes, variant_set):
-    from truthput.runner import build_plan
+    from truthput.plan import build_plan
     from truthput.experiment.file import parse_experiment
 
     doc = json.loads(json.dumps(BASE))

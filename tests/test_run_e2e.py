@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from truthput.runner import build_plan, run_experiment
+from truthput.plan import build_plan
+from truthput.runner import run_experiment
 from truthput.experiment.file import parse_experiment
 from truthput.store.db import Store
 
@@ -224,6 +225,36 @@ def test_server_without_metrics_falls_back_to_usage_and_says_so(tmp_path):
 
     (cell,) = run_summary(store, run_id).cells
     assert cell.sources == ["usage"]
+    store.close()
+    _roofline_says_usage_in_every_view(db, run_id, tmp_path, r["throughput"]["usage_window"]["value"])
+
+
+def _roofline_says_usage_in_every_view(db: Path, run_id: str, tmp_path: Path, usage_tokps: float) -> None:
+    """The roofline places the cell's own headline figure, and every view names its source: here no
+    server counter was read, so `usage` (never `server_counter`), in JSON, HTML, markdown and the
+    terminal, through the commands a user runs."""
+    out = tmp_path / "views"
+    args = [*TRUTHPUT, "report", run_id, "--store", str(db)]
+    made = subprocess.run([*args, "--json", str(out / "r.json"), "--md", str(out / "r.md"), "--html", str(out / "r.html")],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    doc = json.loads((out / "r.json").read_text())
+    (row,) = doc["roofline"]["cells"]
+    assert row["measured"]["source"] == "usage" and row["measured"]["label"] == "usage placed in time"
+    assert row["measured"]["value"] == pytest.approx(usage_tokps)
+    assert "server_counter" not in json.dumps(doc["roofline"])
+    md = (out / "r.md").read_text()
+    roof_md = md[md.index("### Roofline"):]
+    roof_md = roof_md[:roof_md.index("\n###")] if "\n###" in roof_md else roof_md
+    assert f"{row['measured']['value']:.1f} [usage placed in time]" in roof_md and "server counter" not in roof_md
+    html = (out / "r.html").read_text()
+    table = html[html.index('<table id="roofline-table">'):]
+    table = table[:table.index("</table>")]
+    assert "[usage placed in time]" in table and "server counter" not in table
+    term = subprocess.run(args, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert term.returncode == 0, term.stderr
+    line = next(x for x in term.stdout.splitlines() if x.strip().startswith("base c=2:"))
+    assert f"{row['measured']['value']:.1f} tok/s [usage placed in time]" in line
 
 
 def _pids_alive(pids):

@@ -26,6 +26,8 @@ class RunStarted:
     kept_trials: int = 0
     estimate_s: float | None = None
     max_estimate_s: float | None = None
+    total_trials: int | None = None
+    """Trials the planned starts hold (the stopping rule may add rounds)."""
 
     def text(self) -> str:
         sim = " (SIMULATED)" if self.simulated else ""

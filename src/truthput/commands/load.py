@@ -100,7 +100,8 @@ def register(app: typer.Typer) -> None:
 
         from truthput.errors import InputError
         from truthput.load.client import prepare_load_process
-        from truthput.pipeline.load import LoadOptions, load_tokenizer, run_load
+        from truthput.load.tokenizer import load_tokenizer
+        from truthput.pipeline.load import LoadOptions, run_load
         from truthput.load.goodput import SLO
         from truthput.load.workload import WorkloadSpec
 

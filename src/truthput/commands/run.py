@@ -97,7 +97,7 @@ def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float |
 def checked_plan(exp, engine: str | None, path: Path):
     """The plan, with a refusal naming the experiment file as well as the section or variant."""
     from truthput.errors import InputError
-    from truthput.runner import build_plan
+    from truthput.plan import build_plan
 
     try:
         return build_plan(exp, engine)
@@ -344,7 +344,7 @@ def register(app: typer.Typer) -> None:
                      else ""))
         for line in _starts_forecast(exp, p, store):
             con.print(line, markup=False)
-        from truthput.runner import max_num_seqs_warnings
+        from truthput.plan import max_num_seqs_warnings
 
         for line in max_num_seqs_warnings(exp, p):
             con.print("warning: " + line, markup=False, style="yellow")

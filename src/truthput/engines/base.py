@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 
 @dataclass
@@ -32,6 +32,14 @@ class Engine(Protocol):
     kind: str
     base_url: str
     controlled: bool  # False for external servers: the config was not controlled by truthput
+    port: int | None
+    """The port it listens on (None: not started by truthput)."""
+    pid: int | None
+    """The server's process (its process group's leader) once started; None where truthput has none."""
+    cpus: list[int] | None
+    """The cores the server runs on (None: the host's)."""
+    on_spawn: Callable[[int], None] | None
+    """Called with the pid as soon as the process exists, before it is ready (None: not called)."""
 
     async def start(self) -> StartOutcome: ...
 
@@ -40,6 +48,10 @@ class Engine(Protocol):
     def recent_log(self, n: int = 40) -> list[str]: ...
 
     def is_running(self) -> bool: ...
+
+    def crashed(self) -> StartOutcome | None:
+        """If the server died under load, its classified failure; else None."""
+        ...
 
 
 async def log_lines(stream: asyncio.StreamReader) -> AsyncIterator[str]:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from collections.abc import Sequence
+from typing import Callable
+
 from truthput.engines.base import StartOutcome
 
 
@@ -11,13 +14,17 @@ class ExternalEngine:
     kind = "external"
     controlled = False
 
-    def __init__(self, url: str, ready_paths=("/v1/models",), timeout_s: float = 10.0) -> None:
+    port: int | None = None
+    cpus: list[int] | None = None
+    on_spawn: Callable[[int], None] | None = None
+
+    def __init__(self, url: str, ready_paths: Sequence[str] = ("/v1/models",), timeout_s: float = 10.0) -> None:
         self.base_url = url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[:-3]
         self.ready_paths = list(ready_paths)
         self.timeout_s = timeout_s
-        self.pid = None
+        self.pid: int | None = None
 
     async def start(self) -> StartOutcome:
         import aiohttp
@@ -44,5 +51,5 @@ class ExternalEngine:
     def is_running(self) -> bool:
         return True
 
-    def crashed(self):
+    def crashed(self) -> StartOutcome | None:
         return None

@@ -34,7 +34,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from truthput.engines.base import LogSink, StartOutcome, log_lines
 from truthput.engines.ports import port_is_free, wait_port_free
@@ -177,6 +177,10 @@ class SystemdEngine:
 
     kind = "systemd"
     controlled = True
+    cpus: list[int] | None = None
+    """systemd places the unit's processes (its own CPUAffinity= when the unit sets one)."""
+    on_spawn: Callable[[int], None] | None = None
+    """Not called: the unit's main pid is known once systemd reports it (recorded at readiness)."""
 
     def __init__(self, name: str, unit_text: str, host: str, port: int, user: bool = False,
                  unit_dir: str | os.PathLike[str] | None = None, ready_paths: Sequence[str] = ("/health", "/v1/models"),

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from truthput.experiment.file import Experiment
+from truthput.plan import Plan
+from truthput.start import RunContext, run_start, skipped
+from truthput.store.db import TrialKey
+
 
 class LocalExecutor:
     name = "local"
 
-    async def run_order(self, ctx: Any, order: list[tuple[str, int]], done: set, tokenizer: Any) -> None:
-        from truthput.runner import run_starts_here
+    def prepare(self, exp: Experiment, plan: Plan) -> list[str]:
+        return []
 
-        await run_starts_here(ctx, order, done, tokenizer)
+    async def run_order(self, ctx: RunContext, order: list[tuple[str, int]], done: set[TrialKey],
+                        tokenizer: Any) -> None:
+        for name, start_index in order:
+            if not skipped(ctx, name, start_index):
+                await run_start(ctx, ctx.plan.variant(name), start_index, done, tokenizer)
 
     def describe(self) -> str:
         return "this machine"

@@ -8,7 +8,7 @@ How a start runs:
 - each server start is one Ray actor (`StartActor`) pinned to one node (node affinity, not soft)
   that reserves the GPUs its argv implies (tensor x pipeline parallel); the actor starts the
   server, drives the load against loopback and runs the trial pipeline there
-  (`runner.run_start_on_node`); a server never spans nodes;
+  (`executors.node.run_start_on_node`); a server never spans nodes;
 - its store writes come back to the driver (`recording.StoreOp`), which commits each trial to the
   SQLite store as it arrives: a trial that finished on a node but never arrived is not committed,
   and a resume runs it again (never twice);
@@ -70,7 +70,7 @@ class Need:
 
 def needs(exp: Any, plan: Any) -> list[Need]:
     """Per variant: the GPUs its argv implies (tensor x pipeline parallel, on one node)."""
-    from truthput.runner import _int_flag
+    from truthput.experiment.argv import int_flag
 
     if plan.engine == "external":
         raise InputError("--executor ray: an external server is not started by truthput, so there is nothing "
@@ -83,8 +83,8 @@ def needs(exp: Any, plan: Any) -> list[Need]:
                 raise InputError(f"{where}: {flag} {v.argv.get(flag)}: a server spanning nodes (through the "
                                 "engine's own Ray placement) is out of scope for --executor ray: each start "
                                 "runs on one node")
-        tp = _int_flag(v.argv, ("--tensor-parallel-size", "-tp"), where)
-        pp = _int_flag(v.argv, ("--pipeline-parallel-size", "-pp"), where)
+        tp = int_flag(v.argv, ("--tensor-parallel-size", "-tp"), where)
+        pp = int_flag(v.argv, ("--pipeline-parallel-size", "-pp"), where)
         out.append(Need(v.name, tp * pp, exp.cluster.accelerator_type, dict(exp.cluster.labels)))
     return out
 
@@ -160,7 +160,7 @@ class StartActorImpl:
     async def _run(self, job: Any) -> None:
         import traceback
 
-        from truthput.runner import run_start_on_node
+        from truthput.executors.node import run_start_on_node
 
         try:
             # through the attribute each time: poll() swaps the list
@@ -230,7 +230,7 @@ class RayExecutor:
         return {n.node_id for n in nodes_from_ray(self.ray)}
 
     async def run_order(self, ctx: Any, order: list[tuple[str, int]], done: set, tokenizer: Any) -> None:
-        from truthput.runner import skipped
+        from truthput.start import skipped
 
         queue = deque(_Job(name, i) for name, i in order)
         used = {n.node_id: 0 for n in self.nodes}  # starts placed per node: the least used goes first
@@ -283,7 +283,7 @@ class RayExecutor:
 
         from truthput.events import Note
         from truthput.executors.recording import StoreApplier
-        from truthput.runner import StartJob, apply_outcome
+        from truthput.executors.node import StartJob, apply_outcome
 
         ray = self.ray
         gpus = self.wants[job.variant].gpus

@@ -752,3 +752,36 @@ def argv_diff(base: ServerArgv, other: ServerArgv) -> ArgvDiff:
         if name not in after:
             diff.removed.append((name, value))
     return diff
+
+
+_SUFFIX = {"k": 1000, "K": 1024, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}
+
+
+def whole_number(text: str) -> int | None:
+    """An integer as vLLM reads it, with its human-readable suffixes ("32k" = 32000, "32K" = 32768)."""
+    t = text.strip()
+    mult = 1
+    if t and t[-1] in _SUFFIX:
+        t, mult = t[:-1], _SUFFIX[t[-1]]
+    try:
+        return int(t) * mult
+    except ValueError:
+        try:
+            f = float(t) * mult
+        except ValueError:
+            return None
+        return int(f) if f.is_integer() else None
+
+
+def int_flag(argv: ServerArgv, names: Sequence[str], where: str) -> int:
+    for name in names:
+        if argv.has(name):
+            value = argv.get(name)
+            text = value[-1] if isinstance(value, list) else value
+            n = whole_number(str(text))
+            if n is None:
+                raise InputError(f"{where}: {name} {text!r} is not a whole number") from None
+            if n < 1:
+                raise InputError(f"{where}: {name} {n} must be >= 1")
+            return n
+    return 1

@@ -162,20 +162,6 @@ class LoadRun:
     simulated: bool = False
 
 
-def load_tokenizer(path: str | None) -> Any:
-    if not path:
-        return None
-    import os
-
-    from tokenizers import Tokenizer
-
-    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-    try:
-        return Tokenizer.from_file(file)
-    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises its own Exception types
-        raise InputError(f"--tokenizer {path}: cannot load {file}: {exc}") from None
-
-
 async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None = None,
                    progress: Callable[[str], None] | None = None, tokenizer: Any = None) -> LoadRun:
     """Every load level as a trial: scrape, load, scrape, measure, store. `pool` when --workers > 1

@@ -23,8 +23,9 @@ from datetime import datetime, timezone
 from statistics import mean
 from typing import Any
 
+from truthput.experiment.argv import ServerArgv, whole_number
 from truthput.hardware.dtypes import kv_dtype_bytes
-from truthput.analyze.cells import Cell
+from truthput.analyze.cells import Cell, source_label
 from truthput.measure.model import Goodput
 from truthput.analyze.summary import RunSummary
 from truthput.report.runsummary import run_summary
@@ -333,16 +334,6 @@ def _context_tokens(workload: dict | None) -> tuple[int, str]:
     return int(inp + out / 2), f"input {inp:g} + output {out:g} / 2 (mean context during decode)"
 
 
-def _flag(argv: list[str], *names: str) -> str | None:
-    for i, tok in enumerate(argv):
-        for n in names:
-            if tok == n and i + 1 < len(argv):
-                return argv[i + 1]
-            if tok.startswith(n + "="):
-                return tok.split("=", 1)[1]
-    return None
-
-
 def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
     from truthput.analyze.roofline import place, roofline
     from truthput.hardware.gpus import get_gpu
@@ -371,10 +362,13 @@ def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
                 notes.append(note)
             continue
         v = next((x for x in exp["variants"] if x["name"] == c["variant"]), None)
-        argv = v["argv"] if v else []
-        tp_text = _flag(argv, "--tensor-parallel-size", "-tp")
-        tp = int(tp_text) if tp_text and tp_text.isdigit() else 1
-        kv_text = (_flag(argv, "--kv-cache-dtype") or "auto").lower()
+        argv = ServerArgv.parse(v["argv"] if v else [])
+        tp_text = argv.get("--tensor-parallel-size")
+        tp = (whole_number(tp_text) or 1) if isinstance(tp_text, str) else 1
+        kv_text = str(argv.get("--kv-cache-dtype") or "auto").lower()
+        # the cell's own headline source (the counter, or usage where there is none) and its flags
+        tokps = c["tokps"]
+        source = tokps.get("read_via") or tokps["source"]
         kv_bytes = kv_dtype_bytes(kv_text)
         spec = v.get("speculative") if v else None
         k = int(spec.get("num_speculative_tokens") or 0) if isinstance(spec, dict) else 0
@@ -389,7 +383,7 @@ def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
         try:
             roof = roofline(gpu, profile, tp, kv_bytes, context, int(c["concurrency"]), k, acc)
             pl = place(roof, float(c["tokps"]["value"]), acc,
-                       measured_source="simulator" if simulated else "server_counter",
+                       measured_source="simulator" if simulated else source,
                        model_bits=getattr(profile, "bits_per_weight", None))
         except Exception as exc:
             notes.append(f"{c['variant']} {c['level']}: {exc}")
@@ -400,7 +394,8 @@ def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
         rows.append({
             "variant": c["variant"], "concurrency": c["concurrency"], "rate": None, "level": c["level"], "tp": tp, "kv_cache_dtype": kv_text,
             "kv_dtype_bytes": kv_bytes, "spec_k": k, "acceptance_length": acc,
-            "measured": figure(c["tokps"]["value"], "tok/s", "server_counter", simulated),
+            "measured": figure(tokps["value"], "tok/s", source, simulated, label=source_label(source),
+                               flags=list(tokps.get("flags") or [])),
             "tightest_ceiling": {"value": roof.concurrency * pl.tokens_per_step_per_stream / tight.step_floor_s,
                                  "unit": "tok/s", "source": "model", "name": tight.name},
             "pct_of_tightest": {"value": pl.fraction_of_ceiling * 100.0, "unit": "%", "source": "model",
@@ -699,8 +694,10 @@ def roofline_lines(roof: dict[str, Any]) -> list[str]:
     out = [f"roofline ({roof.get('gpu_count')} x {roof['gpu']}, {roof['model']}, {roof['context_tokens']} context "
            "tokens per stream; ceilings are physics-model figures at peak datasheet numbers, not measurements):"]
     for r in roof["cells"]:
-        kind = "SIMULATED" if r["measured"].get("source") == "simulator" else "measured"
-        out.append(f"  {r['variant']} {r['level']}: {kind} {r['measured']['value']:.1f} tok/s, "
+        m = r["measured"]
+        kind = "SIMULATED" if m.get("source") == "simulator" else "measured"
+        flags = "".join(f" !{f['code']}" for f in m.get("flags") or [])
+        out.append(f"  {r['variant']} {r['level']}: {kind} {m['value']:.1f} tok/s [{m.get('label')}]{flags}, "
                    f"{r['measured_step_ms']['value']:.1f} ms/step; {r['reading']}")
     out += [f"  note: {n}" for n in roof.get("notes") or []]
     return out

@@ -27,6 +27,12 @@ def _num(f: dict[str, Any] | None, scale: float = 1.0, fmt: str = "{:.1f}") -> s
     return fmt.format(f["value"] * scale)
 
 
+def _measured(f: dict[str, Any]) -> str:
+    """A measured figure with its source and flags, as every table of the report shows them."""
+    flags = "".join(f" !{md_text(x['code'])}" for x in f.get("flags") or [])
+    return f"{_num(f)} [{md_text(f.get('label') or f.get('source'))}]{flags}"
+
+
 _NUMBER = re.compile(r"^[+\-–]?(\d|–$)")
 
 
@@ -103,7 +109,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += _table(["variant", row_header(roof["cells"]), "measured tok/s", "tightest ceiling", "% of it",
                          "simulator overhead ms/step" if sim else "unexplained ms/step",
                          "reading"],
-                        [[md_text(r["variant"]), row_level(r), _num(r["measured"]),
+                        [[md_text(r["variant"]), row_level(r), _measured(r["measured"]),
                           _num(r["tightest_ceiling"]), _num(r["pct_of_tightest"], 1, "{:.0f}%"),
                           _num(r["unexplained_ms"]), md_text(r["reading"])] for r in roof["cells"]])
         lines += [f"- {md_text(n)}" for n in roof.get("notes") or []]

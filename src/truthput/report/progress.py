@@ -124,8 +124,11 @@ class LiveProgress:
         elif isinstance(event, StartLaunching):
             self.state.variant, self.state.start = event.variant, event.start_index + 1
             self.state.level = self.state.trial = None
-        elif isinstance(event, RunStarted) and event.resumed:
-            self.state.kept_trials = event.kept_trials
+        elif isinstance(event, RunStarted):
+            if event.total_trials is not None:
+                self.set_plan(total_trials=event.total_trials, estimate_s=event.estimate_s)
+            if event.resumed:
+                self.state.kept_trials = event.kept_trials
         self._print(event.text(), style_of(event))
 
     def __call__(self, msg: str) -> None:

@@ -398,10 +398,10 @@ class SimServer:
         self._runner: web.AppRunner | None = None
         self._log_task: asyncio.Task | None = None
         self.port: int | None = None
-        from truthput.sim.tokenizer import load_tokenizer
+        from truthput.sim.tokenizer import find_model_tokenizer
 
         model_dir = cfg.model if cfg.model and os.path.isdir(cfg.model) else None
-        self.tokenizer = load_tokenizer(cfg.tokenizer, model_dir)
+        self.tokenizer = find_model_tokenizer(cfg.tokenizer, model_dir)
         self.vocab = self.tokenizer.vocab_size if self.tokenizer is not None else DEFAULT_VOCAB
         self.repetition = Repetition(cfg.sim_repetition, cfg.sim_copy_span)
         self.fingerprint = _fingerprint()

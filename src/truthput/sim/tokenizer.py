@@ -17,10 +17,10 @@ class ModelTokenizer:
     """`tokenizer.json` (Hugging Face `tokenizers`) plus the chat template beside it."""
 
     def __init__(self, folder: str) -> None:
-        from tokenizers import Tokenizer
+        from truthput.load.tokenizer import load_tokenizer
 
         self.folder = folder
-        self.tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        self.tok = load_tokenizer(folder, where="--tokenizer")
         self.template = _chat_template(folder)
 
     @property
@@ -76,7 +76,7 @@ def _chat_template(folder: str):
     return env.from_string(text)
 
 
-def load_tokenizer(*candidates: str | None) -> ModelTokenizer | None:
+def find_model_tokenizer(*candidates: str | None) -> ModelTokenizer | None:
     """The first candidate folder that holds a tokenizer.json, or None."""
     for folder in candidates:
         if folder and os.path.isfile(os.path.join(folder, "tokenizer.json")):

@@ -1,0 +1,163 @@
+"""The plan of a run: every variant's argv resolved (parsed, never string-replaced), the order of
+server starts, and every check that no server start could survive, made before any start.
+
+Why here and not in the runner: `truthput plan` and `truthput run` must refuse the same inputs,
+and the Ray executor reads the same GPU counts the checks read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from truthput.engines.factory import sim_requirements
+from truthput.errors import InputError
+from truthput.experiment.argv import ServerArgv, argv_diff, int_flag, speculative_settings, variant_argv, whole_number
+from truthput.experiment.engines import metric_family
+from truthput.experiment.file import Experiment
+from truthput.experiment.levels import Level
+
+
+@dataclass
+class VariantPlan:
+    name: str
+    position: int
+    is_baseline: bool
+    argv: ServerArgv
+    env: dict[str, str]
+    diff: Any
+    diff_text: list[str]
+    speculative: dict | None
+
+
+@dataclass
+class Plan:
+    engine: str
+    variants: list[VariantPlan]
+    order: list[tuple[str, int]]
+    levels: list[Level]
+    """Streams per closed-loop level, or a `Rate` per open-loop level."""
+    repeats: int
+    estimate_s: float
+    max_estimate_s: float
+
+    def variant(self, name: str) -> VariantPlan:
+        return next(v for v in self.variants if v.name == name)
+
+
+def _check_names(exp: Experiment, kind: str) -> None:
+    """Names every start would trip over, checked before any starts: the GPU and model the
+    roofline and simulator read, and the host the servers listen on."""
+    import socket
+
+    from truthput.hardware.gpus import get_gpu
+    from truthput.hardware.models import get_model
+
+    if exp.hardware is not None:
+        try:
+            get_gpu(exp.hardware.gpu)
+        except InputError as exc:
+            raise InputError(f"[hardware].gpu: {exc}") from None
+    if exp.model is not None and (kind == "sim" or exp.model.profile):
+        try:
+            get_model(exp.model.ref)
+        except InputError as exc:
+            raise InputError(f"[model]: {exc}") from None
+    host = exp.server.host
+    if host and kind != "external":
+        try:
+            socket.getaddrinfo(host, None)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise InputError(f"[server].host {host!r}: cannot be resolved ({exc})") from None
+
+
+INT_FLAGS = ("--max-num-seqs", "--max-model-len", "--max-num-batched-tokens", "--block-size",
+             "--tensor-parallel-size", "--pipeline-parallel-size")
+"""vLLM flags that take a whole number >= 1: a typo there ("lots") fails every start otherwise."""
+
+
+def max_num_seqs_warnings(exp: Experiment, plan: Plan) -> list[str]:
+    """Concurrency levels above a variant's --max-num-seqs: the extra streams queue in the server
+    (TTFT grows, tok/s does not), a legitimate experiment but one a user should see coming."""
+    out: list[str] = []
+    if exp.workload.mode == "open":
+        return out
+    top = max(exp.workload.concurrency)
+    for v in plan.variants:
+        if v.argv.has("--max-num-seqs"):
+            raw = v.argv.get("--max-num-seqs")
+            cap = whole_number(str(raw[-1] if isinstance(raw, list) else raw))
+            if cap is not None and top > cap:
+                out.append(f"{v.name}: concurrency {top} is above its --max-num-seqs {cap}: {top - cap} streams "
+                           "will wait in the server's queue")
+    return out
+
+
+def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
+    """What no server start can survive, refused before any starts: a NUL byte in an argument (the
+    exec'd argv would be cut there) and more GPUs (tensor x pipeline parallel) than [hardware] has."""
+    where = f"[[variant]] {name!r}"
+    for i, word in enumerate(argv.to_argv()):
+        if "\x00" in word:
+            raise InputError(f"{where}: argument {i} ({word.split(chr(0))[0]!r}...) contains a NUL byte")
+    if argv.engine == "vllm":
+        for flag in INT_FLAGS:
+            int_flag(argv, (flag,), where)
+        if argv.has("--gpu-memory-utilization"):
+            raw = argv.get("--gpu-memory-utilization")
+            try:
+                util = float(str(raw[-1] if isinstance(raw, list) else raw))
+            except ValueError:
+                util = float("nan")
+            if not 0.0 < util <= 1.0:
+                raise InputError(f"{where}: --gpu-memory-utilization {raw!r}: expected a fraction in (0, 1]")
+    if exp.hardware is None:
+        return
+    tp = int_flag(argv, ("--tensor-parallel-size",), where)
+    pp = int_flag(argv, ("--pipeline-parallel-size",), where)
+    if tp * pp > exp.hardware.count:
+        raise InputError(f"{where}: --tensor-parallel-size {tp} x --pipeline-parallel-size {pp} = {tp * pp} GPUs, "
+                        f"but [hardware].count = {exp.hardware.count}")
+
+
+def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
+    """Resolve every variant's argv (parsed, never string-replaced) and the order of server starts."""
+    from truthput.analyze.design import estimate_plan_time, interleaved_order
+
+    kind = engine or exp.server.engine
+    if kind == "sim":
+        sim_requirements(exp)
+    _check_names(exp, kind)
+    from truthput.engines.cpus import check_cores
+
+    check_cores(exp.server.cpus, "[server].cpus")
+    check_cores(exp.workload.client_cpus, "[workload].client_cpus")
+    if exp.server.cpus and exp.workload.client_cpus and set(exp.server.cpus) & set(exp.workload.client_cpus):
+        raise InputError("[server].cpus and [workload].client_cpus share core(s) "
+                        f"{sorted(set(exp.server.cpus) & set(exp.workload.client_cpus))}: pinning is for keeping "
+                        "them apart")
+    base = ServerArgv.parse(exp.server.command, engine=metric_family(kind))
+    variants: list[VariantPlan] = []
+    for pos, v in enumerate(exp.variant):
+        argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
+        try:
+            spec = speculative_settings(argv)
+        except InputError as exc:
+            raise InputError(f"[[variant]] {v.name!r}: {exc}") from None
+        _check_variant_argv(exp, v.name, argv)
+        diff = argv_diff(base, argv)
+        variants.append(VariantPlan(
+            name=v.name, position=pos, is_baseline=(v.name == exp.experiment.baseline), argv=argv,
+            env={**exp.server.env, **v.env}, diff=diff.to_dict(), diff_text=str(diff).splitlines() or ["(no change)"],
+            speculative=spec))
+    order = interleaved_order([v.name for v in variants], exp.measure.starts, exp.experiment.seed,
+                              randomized=exp.measure.randomize_order)
+    wl = exp.workload
+    # a trial is its window plus ramp-up, drain and scrapes (~3 s); a start is load + readiness
+    restart_s = {"sim": 1.5 + exp.sim.startup_s, "external": 0.0}.get(kind, 60.0)
+    cost = estimate_plan_time(len(variants), len(wl.levels), exp.measure.starts, exp.measure.repeats,
+                              restart_s=restart_s, trial_s=(wl.duration_s or 30.0) + 3.0, warmup_s=wl.warmup_s,
+                              max_starts=exp.measure.planned_max_starts)
+    return Plan(engine=kind, variants=variants, order=order, levels=wl.levels,
+                repeats=exp.measure.repeats, estimate_s=cost.total_s, max_estimate_s=cost.max_total_s)

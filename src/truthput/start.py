@@ -1,0 +1,307 @@
+"""One server start, wherever it runs (this machine, or a cluster node): launch and health-check
+the server, then per load level a warm-up and the timed trials (`truthput.pipeline.trial`), each
+committed before the next; a failed start or a crash under load is a recorded outcome.
+
+Why apart from the runner: an executor runs starts, the runner decides which starts to run; a
+cluster node runs exactly this code with a recording store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from truthput.engines.base import Engine
+from truthput.engines.factory import make_engine
+from truthput.events import Event, Note, StartFailed, StartLaunching, StartReady, TrialDone
+from truthput.experiment.engines import SIMULATED_KINDS, metric_family
+from truthput.experiment.file import Experiment
+from truthput.experiment.levels import Level, is_rate
+from truthput.load.client import StreamClient
+from truthput.plan import Plan, VariantPlan
+from truthput.store.db import Store, TrialKey
+
+CRASHES_TO_FAIL = 2
+"""Server crashes under load after which a variant is failed instead of started again."""
+
+
+# ---- the run ---------------------------------------------------------------------------------
+@dataclass
+class RunContext:
+    exp: Experiment
+    store: Store
+    run_id: str
+    plan: Plan
+    emit: Callable[[Event], None]
+    log_buffer: list[tuple[float, str, str]] = field(default_factory=list)
+    log_seq: int = 0
+    start_id: int | None = None
+    guard_texts: dict[str, list[str]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    crashes: dict[str, int] = field(default_factory=dict)
+    """Starts per variant whose server crashed under load."""
+    simulated: bool = False
+    placement: dict[str, Any] | None = None
+    """Where this start's server runs, when an executor placed it on a cluster node."""
+
+
+def _log_sink(ctx: RunContext) -> Callable[[float, str, str], None]:
+    def sink(t: float, stream: str, line: str) -> None:
+        ctx.log_buffer.append((t, stream, line))
+    return sink
+
+
+def _flush_logs(ctx: RunContext) -> None:
+    if ctx.start_id is not None and ctx.log_buffer:
+        lines, ctx.log_buffer = ctx.log_buffer, []
+        ctx.log_seq = ctx.store.add_logs(ctx.start_id, ctx.log_seq, lines)
+
+
+def _workload(exp: Experiment, seed: int, tokenizer: Any = None) -> Any:
+    from truthput.load.workload import Workload, WorkloadSpec
+
+    wl = exp.workload
+    spec = WorkloadSpec(input_tokens=wl.input_tokens, output_tokens=wl.output_tokens, ignore_eos=wl.ignore_eos,
+                        temperature=wl.temperature, top_p=wl.top_p, seed=wl.seed, prompt_source=wl.prompt_source,
+                        endpoint=wl.endpoint, extra_body=dict(wl.extra_body))
+    return Workload(spec, seed=seed, tokenizer=tokenizer)
+
+
+def experiment_tokenizer(exp: Experiment) -> Any:
+    """The served model directory's tokenizer.json, when there is one (counting method 3)."""
+    from truthput.experiment.argv import ServerArgv
+    from truthput.load.tokenizer import load_tokenizer
+
+    ref = exp.model.path if exp.model else None
+    if not ref and exp.server.command:
+        model = ServerArgv.parse(exp.server.command).model()
+        ref = model if isinstance(model, str) else None
+    return load_tokenizer(ref, where="[model]", optional=True)
+
+
+def _level_seed(level: Level, index: int) -> int:
+    """A seed part per level: the streams, or the level's place in the rate list."""
+    return index + 1_000 if is_rate(level) else int(level)
+
+
+def _loop(ctx: RunContext, client: StreamClient, level: Level, workload: Any, *, duration_s: float | None,
+          max_requests: int | None, seed: int, lead_s: float = 0.0, drain: bool = True) -> Any:
+    """The load of one level: a closed loop of N streams, or an open loop at a rate."""
+    from truthput.load.schedule import ClosedLoop, OpenLoop
+
+    wl = ctx.exp.workload
+    if is_rate(level):
+        return OpenLoop(client, workload, float(level), wl.arrival, wl.max_in_flight, duration_s=duration_s,
+                        max_requests=max_requests, seed=seed, lead_s=lead_s)
+    return ClosedLoop(client, workload, int(level), duration_s=duration_s, max_requests=max_requests,
+                      lead_s=lead_s, drain=drain)
+
+
+async def _run_trial(ctx: RunContext, engine: Engine, client: StreamClient, vp: VariantPlan, start_index: int,
+                     level: Level, trial_index: int, tokenizer: Any, lead_s: float = 0.0) -> Any:
+    from truthput.measure.model import LoadLevel
+    from truthput.measure.names import metric_names
+    from truthput.pipeline.trial import TrialSetup, commit, run_trial
+
+    exp = ctx.exp
+    wl = exp.workload
+    seed = (exp.experiment.seed * 1_000_003 + start_index * 10_007
+            + _level_seed(level, ctx.plan.levels.index(level)) * 101 + trial_index)
+    loop = _loop(ctx, client, level, _workload(exp, seed, tokenizer), duration_s=wl.duration_s,
+                 max_requests=wl.requests, seed=seed, lead_s=lead_s)
+
+    def in_flight(result: Any) -> int:
+        # an open loop's streams are what the server made of the offered rate
+        return int(level) if not is_rate(level) else max(1, wl.max_in_flight or result.max_in_flight)
+
+    def logs(t_from: float, t_to: float) -> list[tuple[float, str]]:
+        return [(t, line) for (t, _s, line) in ctx.log_buffer if t_from <= t <= t_to]
+
+    setup = TrialSetup(
+        base_url=engine.base_url, names=metric_names(metric_family(ctx.plan.engine), exp.server.metric_names or None),
+        engine=metric_family(ctx.plan.engine), speculative=vp.speculative, tokenizer=tokenizer,
+        simulated=ctx.simulated, sample_gpu=not ctx.simulated, error_threshold=exp.measure.request_error_threshold,
+        log_lines=logs, crashed=engine.crashed, server_pgids={engine.pid} if engine.pid else set(),
+        open_loop=is_rate(level))
+    trial = await run_trial(setup, lambda ws, we: loop.run(on_window_start=ws, on_window_end=we), in_flight)
+    if is_rate(level):
+        trial.results.load = LoadLevel(mode="open", level=float(level), unit="req/s", arrival=wl.arrival,
+                                       max_in_flight_seen=trial.load.max_in_flight)
+    if exp.slo is not None and (exp.slo.ttft_ms or exp.slo.itl_ms):
+        from truthput.load.goodput import SLO, goodput
+        from truthput.measure.model import Goodput
+
+        start, end = trial.window
+        trial.results.goodput = Goodput.model_validate(goodput(
+            trial.load.records, SLO(ttft_ms=exp.slo.ttft_ms, itl_ms=exp.slo.itl_ms),
+            (start, end) if start is not None and end is not None else None))
+    _flush_logs(ctx)
+    commit(ctx.store, ctx.run_id, vp.name, ctx.start_id, TrialKey(vp.name, start_index, level, trial_index), trial)
+    return trial
+
+
+async def _warmup(ctx: RunContext, client: StreamClient, level: Level, tokenizer: Any) -> None:
+    wl = ctx.exp.workload
+    if wl.warmup_s <= 0:
+        return
+    workload = _workload(ctx.exp, 999_999 + _level_seed(level, ctx.plan.levels.index(level)), tokenizer)
+    await _loop(ctx, client, level, workload, duration_s=wl.warmup_s, max_requests=None, seed=999_999,
+                drain=False).run()
+
+
+async def _engine_version(kind: str, launched: list[str]) -> str | None:
+    """The engine's own version string (recorded per start, principle 1)."""
+    if kind == "sim":
+        import truthput
+
+        return f"truthput-sim {truthput.__version__} (simulator, not vLLM)"
+    if kind in ("vllm", "sglang", "llamacpp", "systemd") and launched:
+        if kind == "systemd":
+            kind = "vllm"
+        from truthput.engines.versions import engine_version
+
+        return await asyncio.get_running_loop().run_in_executor(None, engine_version, launched, kind)
+    return None
+
+
+def _record_spawns(store: Store, start_id: int) -> Callable[[int], None]:
+    """Records a server's pid and identity as soon as it is spawned: a later resume or run can stop
+    exactly that process, never a stranger reusing the pid."""
+    def record(pid: int) -> None:
+        from truthput.engines.process import process_identity
+
+        store.update_start(start_id, pid=pid)
+        store.merge_start_info(start_id, {"process": process_identity(pid)})
+    return record
+
+
+async def run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: set[TrialKey], tokenizer: Any) -> None:
+    """One server start of a variant: launch, health-check, its unfinished trials, the output guard,
+    and the server stopped whatever happens."""
+    exp, store = ctx.exp, ctx.store
+    todo = [(c, t) for c in ctx.plan.levels for t in range(ctx.plan.repeats)
+            if TrialKey(vp.name, start_index, c, t) not in done]
+    need_guard = exp.measure.output_guard and vp.name not in ctx.guard_texts
+    if not todo and not need_guard:
+        return
+    seed = exp.experiment.seed * 7919 + start_index * 131 + vp.position
+    engine, launched = make_engine(exp, ctx.plan.engine, vp.argv, vp.env, seed, log_sink=_log_sink(ctx),
+                                   run_id=ctx.run_id, variant=vp.name, start_index=start_index)
+    ctx.log_buffer = []
+    ctx.log_seq = 0
+    ctx.start_id = start_id = store.begin_start(ctx.run_id, vp.name, start_index, launched, engine.port)
+    if ctx.placement:
+        store.merge_start_info(start_id, {"placement": ctx.placement})
+    engine.on_spawn = _record_spawns(store, start_id)
+    ctx.emit(StartLaunching(vp.name, start_index, ctx.plan.engine))
+    start_failed = False
+    try:
+        if not await _launch(ctx, engine, vp, start_index, launched):
+            return
+        start_failed = await _trials(ctx, engine, vp, start_index, todo, tokenizer, need_guard)
+    finally:
+        await engine.stop()
+        if engine.pid and ctx.plan.engine not in SIMULATED_KINDS:
+            from truthput.engines.telemetry import gpu_memory_released
+
+            released = await asyncio.get_running_loop().run_in_executor(None, gpu_memory_released, [engine.pid], 60.0)
+            if released is False:
+                ctx.emit(Note(f"{vp.name}: GPU memory of pid {engine.pid} not released after 60 s", "warning"))
+        _flush_logs(ctx)
+        row_status = "failed" if start_failed or vp.name in ctx.failed else "stopped"
+        store.update_start(start_id, stopped_at=time.time(), status=row_status)
+
+
+async def _launch(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index: int, launched: list[str]) -> bool:
+    """Start the server and record how it went; False when it failed (a recorded outcome)."""
+    from truthput.pipeline.trial import serves_simulator
+
+    exp, store, start_id = ctx.exp, ctx.store, ctx.start_id
+    assert start_id is not None
+    outcome = await engine.start()
+    _flush_logs(ctx)
+    if not outcome.ok:
+        store.update_start(start_id, status="failed", failure_class=outcome.failure_kind,
+                           failure_reason=outcome.reason, failure_line=outcome.root_cause_line,
+                           log_excerpt=outcome.excerpt or "\n".join(engine.recent_log(30)), pid=outcome.pid,
+                           stopped_at=time.time())
+        ctx.failed[vp.name] = f"{outcome.failure_kind}: {outcome.reason}"
+        ctx.emit(StartFailed(vp.name, start_index, outcome.failure_kind, outcome.reason))
+        store.event(ctx.run_id, "start_failed", f"{vp.name} start {start_index}: {outcome.failure_kind}: {outcome.reason}")
+        return False
+    if not ctx.simulated and await serves_simulator(engine.base_url):
+        # a simulator behind `command`/`external`/`systemd` is still a simulator (principle 1)
+        ctx.simulated = True
+        store.mark_simulated(ctx.run_id)
+        ctx.emit(Note("the server reports itself as the truthput SIMULATOR: figures are simulated", "warning"))
+    info = dict(outcome.info or {})
+    if ctx.placement:
+        info["placement"] = ctx.placement
+    if exp.server.cpus or exp.workload.client_cpus:
+        info["cpus"] = {"server": engine.cpus, "client": exp.workload.client_cpus}
+    store.update_start(start_id, status="ready", ready_s=outcome.ready_s, pid=outcome.pid,
+                       engine_version=await _engine_version(ctx.plan.engine, launched))
+    store.merge_start_info(start_id, info)
+    ctx.emit(StartReady(vp.name, start_index, outcome.ready_s))
+    return True
+
+
+async def _trials(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index: int,
+                  todo: list[tuple[Level, int]], tokenizer: Any, need_guard: bool) -> bool:
+    """Every unfinished trial of this start, level by level; True when the server crashed under load
+    (the start ends there, its finished trials kept)."""
+    from truthput.analyze.cells import headline, source_label
+    from truthput.load.client import ClientConfig
+    from truthput.load.guard import guard_texts
+
+    exp, store = ctx.exp, ctx.store
+    wl = exp.workload
+    cfg = ClientConfig(base_url=engine.base_url, endpoint=wl.endpoint, model=wl.model, api_key_env=wl.api_key_env)
+    async with StreamClient(cfg) as client:
+        await client.resolve_model()
+        for c in ctx.plan.levels:
+            trials = [t for (cc, t) in todo if cc == c]
+            if not trials:
+                continue
+            # the level's warm-up: inside the first trial's own load (all N streams generating
+            # for warmup_s before its window opens), or a load of its own when trials count requests
+            lead = wl.warmup_s if wl.requests is None else 0.0
+            if not lead:
+                await _warmup(ctx, client, c, tokenizer)
+            for i, t in enumerate(trials):
+                trial = await _run_trial(ctx, engine, client, vp, start_index, c, t, tokenizer,
+                                         lead_s=lead if i == 0 else 0.0)
+                h = headline(trial.results)
+                ctx.emit(TrialDone(vp.name, start_index, c, t, h.number(), source_label(h.source),
+                                   trial.results.simulated, trial.status))
+                if trial.crashed:
+                    _crashed(ctx, engine, vp, start_index, trial.error)
+                    return True
+        if need_guard:
+            m = exp.measure
+            ctx.guard_texts[vp.name] = await guard_texts(client, wl.endpoint, m.guard_max_tokens, m.guard_prompts)
+    return False
+
+
+def _crashed(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index: int, error: str | None) -> None:
+    """A crash under load ends this start; a variant whose server crashes in CRASHES_TO_FAIL starts
+    is failed, not started again."""
+    assert ctx.start_id is not None
+    crashes = ctx.crashes.get(vp.name, 0) + 1
+    ctx.crashes[vp.name] = crashes
+    ctx.store.update_start(ctx.start_id, status="failed", failure_class="crash_under_load", failure_reason=error,
+                           log_excerpt="\n".join(engine.recent_log(30)))
+    if crashes >= CRASHES_TO_FAIL:
+        ctx.failed[vp.name] = f"crash_under_load in {crashes} starts: {error or 'crashed'}"
+    ctx.emit(Note(f"{vp.name} start {start_index + 1}: the server crashed under load ({error}); "
+                  "this start ends here", "warning"))
+
+
+def skipped(ctx: RunContext, name: str, start_index: int) -> bool:
+    """A start of a failed variant is not made; the run says so (every executor asks here)."""
+    if name not in ctx.failed:
+        return False
+    ctx.emit(Note(f"{name} start {start_index + 1}: skipped (variant failed: {ctx.failed[name]})"))
+    return True
