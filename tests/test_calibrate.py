@@ -14,7 +14,7 @@ from truthput.errors import InputError
 from truthput.hardware.gpus import get_gpu
 from truthput.hardware.models import get_model
 from truthput.hardware.physics import Efficiency, decode_step
-from truthput.sim.calibrate import CalibrationPoint, fit, load_profile, model_tokps, worked_example_report
+from truthput.sim.calibrate import CalibrationPoint, explain_misfit, fit, load_profile, model_tokps
 
 TRUE = Efficiency(bw_frac=0.7, flops_frac=0.4, step_overhead_s=0.004, tp_latency_s=30e-6)
 GPU = get_gpu("RTX 3090")
@@ -100,27 +100,38 @@ def test_speculation_point_needs_acceptance() -> None:
         fit([CalibrationPoint(1, 1, 2, "mtp", None, 100, 50.0)], GPU, MODEL)
 
 
-def test_worked_example_report() -> None:
-    text = worked_example_report()
-    assert "339.9" in text and "1.95" in text
-    assert "flops_frac: achieved compute fraction 0.2" in text
-    assert "tp_latency_s: no value explains it" in text
+SEED_1_STREAM, SEED_8_STREAMS = 66.9, 339.9
+"""Fixture: the seed case's measured counter figures (2x RTX 3090, TP=2, MTP k=1)."""
 
 
-def test_hand_written_profile_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_misfit_names_the_constants_that_could_explain_it() -> None:
+    one = CalibrationPoint(2, 1, 1, "qwen3_5_mtp", 1.95, 2048, SEED_1_STREAM, kv_dtype_bytes=1.0)
+    eight = CalibrationPoint(**{**one.__dict__, "concurrency": 8, "measured_tokps": SEED_8_STREAMS})
+    result = fit([one], "RTX 3090", "qwen3.6-27b-5.5bit")
+    lines = {line.split(":")[0]: line for line in explain_misfit(result, one, eight)}
+    assert "achieved compute fraction 0.2" in lines["flops_frac"]
+    assert "no value explains it" in lines["tp_latency_s"]
+
+
+def test_hand_written_profile_and_the_calibrate_command(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from truthput.cli import app
+
     (tmp_path / "hand.json").write_text(json.dumps({"bw_frac": 0.6, "step_overhead_s": 0.01}))
     eff, meta = load_profile(tmp_path / "hand.json")
     assert eff.bw_frac == 0.6 and eff.step_overhead_s == 0.01 and "hand-written" in meta["note"]
-    from truthput.sim.calibrate import main
-
     out = tmp_path / "p.json"
-    rc = main(["--gpu", "RTX 3090", "--model", "qwen3.6-27b-5.5bit", "--out", str(out), "--point",
-               "tp=2,concurrency=1,spec_k=1,spec_method=mtp,acceptance=1.95,context=2048,tokps=66.9,kv=1"])
-    assert rc == 0
+    res = CliRunner().invoke(app, ["sim", "calibrate", "--gpu", "RTX 3090", "--model", "qwen3.6-27b-5.5bit",
+                                   "--free", "step_overhead_s", "--out", str(out), "--store", str(tmp_path / "none.db"),
+                                   "--point", "tp=2,concurrency=1,spec_k=1,spec_method=mtp,acceptance=1.95,"
+                                   f"context=2048,tokps={SEED_1_STREAM},kv=1"])
+    assert res.exit_code == 0, res.output
     eff, meta = load_profile(out)
     assert meta["fitted"] == ["step_overhead_s"] and 0.005 < eff.step_overhead_s < 0.015
-    assert main(["--gpu", "RTX 3090", "--model", "x", "--point", "tp=2"]) != 0
-    assert "error" in capsys.readouterr().err
+    bad = CliRunner().invoke(app, ["sim", "calibrate", "--gpu", "RTX 3090", "--model", "x", "--point", "tp=2",
+                                   "--store", str(tmp_path / "none.db")])
+    assert bad.exit_code != 0
 
 
 def test_two_seed_points_pick_the_constants_that_explain_them() -> None:

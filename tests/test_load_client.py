@@ -404,8 +404,8 @@ def test_closed_loop_builds_bodies_off_the_event_loop() -> None:
             return await loop.run(), loop
 
     res, loop = asyncio.run(with_stub(StubConfig(token_delay_s=0.006), go))
-    assert len(res.records) > loop._prefetch  # more requests than the first prefetched batch
-    assert loop.inline_builds == 0
+    assert len(res.records) > loop.bodies.ahead  # more requests than the first prefetched batch
+    assert loop.bodies.late == 0
     assert not any("prefetched" in n for n in res.notes)
 
 

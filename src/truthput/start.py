@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from truthput.engines.base import Engine
+from truthput.engines.base import Engine, LogSink
 from truthput.engines.factory import make_engine
 from truthput.events import Event, Note, StartFailed, StartLaunching, StartReady, TrialDone
 from truthput.experiment.engines import SIMULATED_KINDS, metric_family
@@ -47,9 +47,9 @@ class RunContext:
     """Where this start's server runs, when an executor placed it on a cluster node."""
 
 
-def _log_sink(ctx: RunContext) -> Callable[[float, str, str], None]:
-    def sink(t: float, stream: str, line: str) -> None:
-        ctx.log_buffer.append((t, stream, line))
+def _log_sink(ctx: RunContext) -> LogSink:
+    def sink(t_mono: float, stream: str, line: str) -> None:
+        ctx.log_buffer.append((t_mono, stream, line))
     return sink
 
 
@@ -228,7 +228,7 @@ async def _launch(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index:
                            log_excerpt=outcome.excerpt or "\n".join(engine.recent_log(30)), pid=outcome.pid,
                            stopped_at=time.time())
         ctx.failed[vp.name] = f"{outcome.failure_kind}: {outcome.reason}"
-        ctx.emit(StartFailed(vp.name, start_index, outcome.failure_kind, outcome.reason))
+        ctx.emit(StartFailed(vp.name, start_index, outcome.failure_kind or "unknown", outcome.reason or "no reason given"))
         store.event(ctx.run_id, "start_failed", f"{vp.name} start {start_index}: {outcome.failure_kind}: {outcome.reason}")
         return False
     if not ctx.simulated and await serves_simulator(engine.base_url):
@@ -244,7 +244,7 @@ async def _launch(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index:
     store.update_start(start_id, status="ready", ready_s=outcome.ready_s, pid=outcome.pid,
                        engine_version=await _engine_version(ctx.plan.engine, launched))
     store.merge_start_info(start_id, info)
-    ctx.emit(StartReady(vp.name, start_index, outcome.ready_s))
+    ctx.emit(StartReady(vp.name, start_index, outcome.ready_s or 0.0))
     return True
 
 

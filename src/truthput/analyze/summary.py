@@ -69,14 +69,15 @@ def _mark_flagged(verdict: Verdict, cells: list[Cell], baseline: str) -> None:
                 cv.lines = [comp.line if x == old else x for x in cv.lines]
 
 
-def _block_by_node(cells: list[Cell], values: dict, extra: dict, placements: Mapping[int, Mapping[str, Any]]):
+def _block_by_node(cells: list[Cell], values: dict[Any, Any], extra: dict[Any, Any],
+                   placements: Mapping[int, Mapping[str, Any]]) -> Any:
     from truthput.analyze.blocks import NodeBlocks, remove_node_effects
 
     node_of = {sid: str(p.get("node_id") or p.get("node")) for sid, p in placements.items()}
     used = {sid for c in cells for sid in c.servers("tok/s")}
     classes = sorted({str(placements[s].get("hardware_class")) for s in used if s in placements})
 
-    def labels(metric: str, keys) -> dict:
+    def labels(metric: str, keys: Any) -> dict[Any, list[str | None]]:
         return {c.key: [node_of.get(s) for s in c.servers(metric)] for c in cells if c.key in keys}
 
     values, factors, tests = remove_node_effects(values, labels("tok/s", values))

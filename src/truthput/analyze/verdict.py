@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 from dataclasses import asdict, dataclass, field
 
 from truthput.analyze.decide import ComparisonKey, Decision, decide_family, metric, more_starts_to_decide
@@ -91,7 +92,7 @@ class Verdict:
     def to_dict(self) -> dict:
         """JSON-ready dict (NaN becomes None)."""
 
-        def clean(x):
+        def clean(x: Any) -> Any:
             if isinstance(x, float) and not math.isfinite(x):
                 return None
             if isinstance(x, dict):
@@ -288,7 +289,7 @@ def make_verdict(
                    confidence=confidence, notes=notes, family=family)
 
 
-def _zero_notes(spec, level: Level, zeroed: Mapping[str, Sequence[Sequence[float]]],
+def _zero_notes(spec: Any, level: Level, zeroed: Mapping[str, Sequence[Sequence[float]]],
                 measured: Mapping[str, Sequence[Sequence[float]]], baseline: str) -> list[str]:
     """Cells with a zero (goodput when no request met the SLOs): no ratio exists on the log scale,
     so say what was seen instead of leaving the comparison out without a word."""
@@ -316,7 +317,7 @@ def _positive(data: Sequence[Sequence[float]]) -> bool:
     return bool(vals) and all(math.isfinite(x) and x > 0 for x in vals)
 
 
-def _comparison(d: Decision, v: str, baseline: str, conc: Level, spec, guard: Mapping[str, GuardResult],
+def _comparison(d: Decision, v: str, baseline: str, conc: Level, spec: Any, guard: Mapping[str, GuardResult],
                 expected_divergence: Collection[str], confidence: float, family: int, sequential: bool,
                 min_effect: float, tag: str) -> ComparisonVerdict:
     est = d.estimate

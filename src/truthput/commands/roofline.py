@@ -104,16 +104,17 @@ def register(app: typer.Typer) -> None:
             table.add_row(f"ceiling: {key} tok/s (per stream)",
                           *[f"{r.ceilings[key].aggregate_tokps:.1f} ({r.ceilings[key].per_stream_tokps:.1f})"
                             for r, _ in results])
-        if measured_values:
-            table.add_row("measured tok/s (server counter)", *[f"{p.measured_tokps:.1f}" for _, p in results])
-            table.add_row("tokens/step/stream used", *[f"{p.tokens_per_step_per_stream:g}" for _, p in results])
-            table.add_row("measured ms/step", *[f"{p.measured_step_s * 1e3:.1f}" for _, p in results])
-            table.add_row("% of tightest ceiling", *[f"{p.fraction_of_ceiling * 100:.0f}%" for _, p in results])
-            table.add_row("% of weight-streaming ceiling", *[f"{p.fraction_of_weight_streaming * 100:.0f}%" for _, p in results])
-            table.add_row("unexplained ms/step", *[f"{p.unexplained_step_s * 1e3:.1f}" for _, p in results])
+        placed = [p for _, p in results if p is not None]
+        if placed:
+            table.add_row("measured tok/s (as given)", *[f"{p.measured_tokps:.1f}" for p in placed])
+            table.add_row("tokens/step/stream used", *[f"{p.tokens_per_step_per_stream:g}" for p in placed])
+            table.add_row("measured ms/step", *[f"{p.measured_step_s * 1e3:.1f}" for p in placed])
+            table.add_row("% of tightest ceiling", *[f"{p.fraction_of_ceiling * 100:.0f}%" for p in placed])
+            table.add_row("% of weight-streaming ceiling", *[f"{p.fraction_of_weight_streaming * 100:.0f}%" for p in placed])
+            table.add_row("unexplained ms/step", *[f"{p.unexplained_step_s * 1e3:.1f}" for p in placed])
         console.print(table)
-        if measured_values:
-            for roof, p in results:
+        for roof, p in results:
+            if p is not None:
                 console.print(f"{roof.concurrency} stream(s): {p.sentence}")
         for note in first.notes:
             console.print(f"[dim]note: {note}[/dim]")

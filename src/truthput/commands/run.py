@@ -80,7 +80,7 @@ def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float |
     try:
         runs = [r for r in db.runs() if r["engine"] == engine
                 and json.loads(r["machine_json"] or "{}").get("hostname") == hostname][-5:]
-        cells = []
+        cells: list[list[list[float]]] = []
         for r in runs:
             cells.extend(c.per_start for c in build_cells(db.trial_results(r["id"])) if len(c.per_start) >= 2)
         pooled = pooled_start_noise(cells)
@@ -122,7 +122,7 @@ def stop_signals() -> list[int]:
     `nohup truthput run ...` keeps running when its terminal closes)."""
     import signal
 
-    sigs = [signal.SIGTERM]
+    sigs: list[int] = [signal.SIGTERM]
     if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
         sigs.append(signal.SIGHUP)
     return sigs

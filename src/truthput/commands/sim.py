@@ -132,7 +132,7 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
     from truthput.errors import InputError
     from truthput.hardware.dtypes import kv_dtype_bytes
     from truthput.sim.calibrate import CalibrationPoint, observed_steps
-    from truthput.experiment.argv import ServerArgv, speculative_settings
+    from truthput.experiment.argv import ServerArgv, speculative_settings, whole_number
     from truthput.experiment.file import parse_experiment
 
     points = []
@@ -175,7 +175,8 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
                 skipped.append((label, "the simulator logged that the host CPU could not keep up"))
                 continue
             a = argv[t.variant]
-            tp = int(a.get("--tensor-parallel-size") or 1)
+            tp_text = a.get("--tensor-parallel-size")
+            tp = (whole_number(tp_text) or 1) if isinstance(tp_text, str) else 1
             kv = kv_dtype_bytes(str(a.get("--kv-cache-dtype") or "auto"))
             spec = speculative_settings(a) or {}
             k = int(spec.get("num_speculative_tokens") or 0)
@@ -245,7 +246,6 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--out", help="Write the profile JSON here (for \\[sim] profile / --sim-profile); its metadata keeps the fit's covariance and every --predict with its band."),
         start_spread: Optional[float] = typer.Option(None, "--start-spread", help="Relative spread of throughput from one server start to the next (default: the simulator's noise for simulated runs, else 0.02): trials of one start share it, so the fit weighs start-to-start differences less."),
         keep_outliers: bool = typer.Option(False, "--keep-outliers", help="Fit every trial, even windows far off the others (host stalls); by default they are left out and listed."),
-        worked_example: bool = typer.Option(False, "--worked-example", help="Print the worked example (2x RTX 3090, Qwen 27B): calibrate on 66.9 tok/s at 1 stream, predict 8 streams."),
     ) -> None:
         """Fit the simulator's free constants to measured runs; predict other configs with a band.
 
@@ -269,12 +269,9 @@ def register(app: typer.Typer) -> None:
         from truthput.report.terminal import make_console
 
         from truthput.errors import InputError
-        from truthput.sim.calibrate import fit, parse_point, worked_example_report
+        from truthput.sim.calibrate import fit, parse_point
 
         con = make_console()
-        if worked_example:
-            con.print(worked_example_report(), highlight=False, markup=False)
-            return
         points = [parse_point(p) for p in (point or [])]
         simulated_runs = []
         lengths: dict = {}

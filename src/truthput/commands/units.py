@@ -57,6 +57,8 @@ def export_variant_unit(
 
     base_command: list[str] | None = None
     notes: list[str] = []
+    unit_text: str | None
+    unit_path: str | None
     if template is not None:
         try:
             unit_text, unit_path = template.read_text(encoding="utf-8"), str(template)

@@ -70,7 +70,7 @@ def make_engine(exp: Experiment, engine_kind: str, argv: ServerArgv, env: dict[s
         launched = [a.replace("{port}", str(port)).replace("{host}", host) for a in argv.to_argv()]
     else:
         launched = argv.with_host_port(host, port).to_argv()
-    ready = READY_PATHS.get(engine_kind, ("/health", "/v1/models"))
+    ready: tuple[str, ...] = READY_PATHS.get(engine_kind, ("/health", "/v1/models"))
     if engine_kind == "systemd":
         return _systemd_engine(exp, launched, env, host, port, seed, log_sink, run_id, variant, start_index), launched
     if engine_kind == "command" and srv.ready_url:

@@ -57,7 +57,7 @@ def _process_ticks(pid: int, own: bool = False) -> tuple[int, int] | None:
 
 def group_ticks(pgids: set[int]) -> tuple[int, set[int]]:
     """CPU ticks of every live process in these process groups, and their pids."""
-    total, pids = 0, set()
+    total, pids = 0, set[int]()
     if not pgids:
         return 0, pids
     for name in os.listdir("/proc"):

@@ -88,9 +88,10 @@ def load_nvml(module: ModuleType | None = None) -> tuple[ModuleType | None, str 
     """Import and initialise pynvml (or the injected module). Returns (nvml, None) or (None, why)."""
     if module is None:
         try:
-            import pynvml as module  # type: ignore[import-not-found,no-redef]
+            import pynvml
         except ImportError:
             return None, "nvidia-ml-py (module pynvml) is not installed"
+        module = pynvml
     try:
         module.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
@@ -113,10 +114,10 @@ def _shutdown(nvml: ModuleType) -> None:
         pass
 
 
-def _try(fn: Callable[[], Any]) -> Any:
-    """One NVML reading; None when this GPU does not support it (NVMLError_NotSupported etc.)."""
+def _try(fn: Callable[..., Any], *args: Any) -> Any:
+    """One NVML reading, `fn(*args)`; None when this GPU does not support it (NVMLError_NotSupported etc.)."""
     try:
-        return fn()
+        return fn(*args)
     except Exception:
         return None
 
@@ -242,7 +243,7 @@ class GpuSampler:
         if self._nvml is not None:
             nvml_mod = self._nvml
             self._handles = [nvml_mod.nvmlDeviceGetHandleByIndex(i) for i in range(nvml_mod.nvmlDeviceGetCount())]
-            self.names = {i: _text(_try(lambda h=h: nvml_mod.nvmlDeviceGetName(h)) or f"GPU {i}")
+            self.names = {i: _text(_try(nvml_mod.nvmlDeviceGetName, h) or f"GPU {i}")
                           for i, h in enumerate(self._handles)}
 
     @property
@@ -250,9 +251,11 @@ class GpuSampler:
         return self._nvml is not None
 
     def _energy_mj(self) -> dict[int, float]:
-        out = {}
+        out: dict[int, float] = {}
+        if self._nvml is None:
+            return out
         for i, h in enumerate(self._handles):
-            v = _try(lambda h=h: self._nvml.nvmlDeviceGetTotalEnergyConsumption(h))  # type: ignore[union-attr]
+            v = _try(self._nvml.nvmlDeviceGetTotalEnergyConsumption, h)
             if v is not None:
                 out[i] = float(v)
         return out
@@ -330,7 +333,7 @@ def _gpu_pids(mod: ModuleType) -> set[int]:
     for i in range(mod.nvmlDeviceGetCount()):
         h = mod.nvmlDeviceGetHandleByIndex(i)
         for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            procs = _try(lambda g=getter: getattr(mod, g)(h)) or []
+            procs = _try(getattr(mod, getter), h) or []
             pids.update(int(p.pid) for p in procs)
     return pids
 

@@ -441,7 +441,7 @@ def _spec_value(key: str, value: Any, know: FlagKnowledge, where: str) -> Any:
 def _parse_spec_json(text: str, where: str) -> dict[str, Any]:
     try:
         parsed = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}): {text!r}") from None
     if not isinstance(parsed, dict):
         raise InputError(f"{where}: expected a JSON object, got {text!r}")
@@ -602,9 +602,10 @@ def _apply_spec(
         keep = json_at[-1]
         for i in json_at[:-1]:
             result[i] = None
-        flag = result[keep]
-        assert flag is not None and flag.value is not None
-        original = _norm_keys(_parse_spec_json(flag.value, json_flag))
+        json_flag_at = result[keep]
+        assert json_flag_at is not None and json_flag_at.value is not None
+        flag = json_flag_at
+        original = _norm_keys(_parse_spec_json(json_flag_at.value, json_flag))
         if not remaining:
             result[keep] = None
         elif original != remaining:

@@ -283,9 +283,9 @@ class StreamClient:
                     _spin(spin)
                 # One read = one whole event is the usual case of a client that keeps up: take it
                 # without feed()'s call and list (the parser holds nothing, so it stays idle).
-                payload = one_event(data) if parser.idle else None
-                if payload is not None:
-                    payloads: Any = (payload,)
+                single = one_event(data) if parser.idle else None
+                if single is not None:
+                    payloads: Any = (single,)
                 else:
                     try:
                         payloads = feed(data)
@@ -335,22 +335,22 @@ class StreamClient:
                     choice = choices[0]
                     if chat:
                         delta = choice.delta
-                        text = delta.text() if delta is not None else None
+                        piece = delta.text() if delta is not None else None
                     else:
-                        text = choice.text
+                        piece = choice.text
                     fr = choice.finish_reason
                     if fr is not None:
                         rec.finish_reason = fr
                     if ct >= 0:
                         saw_running_usage = True
-                    if text or ct > last_ct:
+                    if piece or ct > last_ct:
                         if rec.t_first is None:
                             rec.t_first = t
                             if on_first_token is not None:
                                 on_first_token(rec.idx)
                         times_append(t)
                         tokens_append(ct)
-                        texts_append(text or "")
+                        texts_append(piece or "")
                         if ct > last_ct:
                             last_ct = ct
                 if len(rec.chunk_times) > MAX_CHUNKS_PER_RESPONSE:  # once per read, not per chunk

@@ -21,6 +21,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from truthput.errors import InputError
 from truthput.load.client import StreamClient
@@ -65,6 +66,67 @@ def refused_connection(error: str | None) -> bool:
 
 ERROR_BUDGET_MIN = 20
 ERROR_BUDGET_PER_STREAM = 4
+
+
+class BodyPrefetch:
+    """Request bodies built ahead of use, off the event loop (a worker thread), so building a long
+    exact-length prompt never delays chunk timestamps. `get(i)` falls back to an inline build in a
+    thread when the prefetch fell behind (counted in `late`)."""
+
+    def __init__(self, workload: Workload, ahead: int, limit: int | None) -> None:
+        self.workload = workload
+        self.ahead = ahead
+        self.limit = limit
+        self.bodies: dict[int, dict] = {}
+        self.next_build = 0
+        self.next_use = 0
+        self.late = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def _build(self, start: int, stop: int) -> dict[int, dict]:
+        return {i: self.workload.body(i) for i in range(start, stop)}
+
+    def prime(self) -> None:
+        """Build the first batch here (before the load starts) and the rest in a thread from now on."""
+        stop = self.ahead if self.limit is None else min(self.ahead, self.limit)
+        self.bodies = self._build(0, stop)
+        self.next_build = stop
+        self._task = asyncio.get_running_loop().create_task(self._refill(), name="truthput-body-refill")
+
+    async def _refill(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.next_build - self.next_use < self.ahead:
+                start = max(self.next_build, self.next_use)
+                stop = start + max(1, self.ahead // 2)
+                if self.limit is not None:
+                    stop = min(stop, self.limit)
+                if stop <= start:
+                    return
+                self.bodies.update(await asyncio.to_thread(self._build, start, stop))
+                self.next_build = stop
+
+    def first(self) -> dict[str, Any]:
+        """The first body (to see whether the workload names the model)."""
+        return self.bodies.get(0, {})
+
+    async def get(self, i: int) -> dict[str, Any]:
+        self.next_use = i + 1
+        body = self.bodies.pop(i, None)
+        if self.next_build - self.next_use < self.ahead // 2:
+            self._wake.set()
+        if body is not None:
+            return body
+        self.late += 1
+        return await asyncio.to_thread(self.workload.body, i)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
 
 class ClosedLoop:
@@ -123,11 +185,7 @@ class ClosedLoop:
         # Bodies are built ahead (the first batch before the load, the rest in a worker thread):
         # an exact-length prompt of 32k tokens costs ~0.1 s of tokenizer time, which would stall
         # the event loop and delay every stream's chunk timestamps if built inline.
-        prefetch = max(4 * concurrency, 32)
-        self._prefetch = prefetch if max_requests is None else min(prefetch, max_requests)
-        self._bodies: dict[int, dict] = {}
-        self._next_build = 0
-        self._need_more = asyncio.Event()
+        self.bodies = BodyPrefetch(workload, max(4 * concurrency, 32), max_requests)
         self._end_window = asyncio.Event()
         self.inline_builds = 0
 
@@ -142,7 +200,7 @@ class ClosedLoop:
             self._settled.set()
 
     async def _worker(self) -> None:
-        client, workload, records = self.client, self.workload, self._records
+        client, bodies, records = self.client, self.bodies, self._records
         while not self._stop:
             if self.max_requests is not None and self._next_idx >= self.max_requests:
                 self._all_issued.set()
@@ -151,12 +209,7 @@ class ClosedLoop:
             self._next_idx += 1
             if self.max_requests is not None and self._next_idx >= self.max_requests:
                 self._all_issued.set()
-            body = self._bodies.pop(idx, None)
-            if body is None:  # prefetch fell behind: build it off the loop, and say so
-                self.inline_builds += 1
-                body = await asyncio.to_thread(workload.body, idx)
-            if self._next_build - self._next_idx < self._prefetch // 2:
-                self._need_more.set()
+            body = await bodies.get(idx)
             self._in_flight += 1
             if self._in_flight > self.max_in_flight:
                 self.max_in_flight = self._in_flight
@@ -190,44 +243,11 @@ class ClosedLoop:
             # back off a little after consecutive failures (never a tight loop against a dead server)
             await asyncio.sleep(min(1.0, 0.01 * 2 ** min(self._consecutive, 7)))
 
-    def _build(self, start: int, stop: int) -> dict[int, dict]:
-        return {i: self.workload.body(i) for i in range(start, stop)}
-
-    async def _refill(self) -> None:
-        while not self._stop:
-            await self._need_more.wait()
-            self._need_more.clear()
-            while not self._stop and self._next_build - self._next_idx < self._prefetch:
-                start = max(self._next_build, self._next_idx)
-                stop = start + max(1, self._prefetch // 2)
-                if self.max_requests is not None:
-                    stop = min(stop, self.max_requests)
-                if stop <= start:
-                    return
-                self._bodies.update(await asyncio.to_thread(self._build, start, stop))
-                self._next_build = stop
-
-    async def _timed(self, cb: Callback | None) -> float:
-        t0 = time.monotonic()
-        if cb is not None:
-            await cb()
-        return (t0 + time.monotonic()) / 2.0
-
-    async def _wait_any(self, *aws: Awaitable[object], timeout: float | None) -> None:
-        tasks = [asyncio.ensure_future(a) for a in aws]
-        try:
-            await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in tasks:
-                t.cancel()
-
     async def run(self, on_window_start: Callback | None = None, on_window_end: Callback | None = None) -> LoadResult:
         notes: list[str] = []
-        self._bodies = self._build(0, self._prefetch)
-        self._next_build = self._prefetch
-        if "model" not in self._bodies[0]:
+        self.bodies.prime()
+        if "model" not in self.bodies.first():
             await self.client.resolve_model()
-        refill = asyncio.create_task(self._refill(), name="truthput-body-refill")
         probe = LagProbe()
         probe.start()
         t_start = time.monotonic()
@@ -238,7 +258,7 @@ class ClosedLoop:
         never_settled = False
 
         try:
-            await self._wait_any(self._settled.wait(), self._all_issued.wait(), asyncio.shield(workers_done),
+            await _wait_first(self._settled.wait(), self._all_issued.wait(), asyncio.shield(workers_done),
                                  self._abort.wait(), timeout=self.settle_timeout_s)
             if self._abort.is_set():
                 notes.append(f"load ended early: {self.stopped_early}")
@@ -250,33 +270,31 @@ class ClosedLoop:
                 )
             window_possible = (self._settled.is_set() or not self._all_issued.is_set()) and not self._abort.is_set()
             if window_possible and self.lead_s > 0 and not workers_done.done():
-                await self._wait_any(asyncio.shield(workers_done), timeout=self.lead_s)
+                await _wait_first(asyncio.shield(workers_done), timeout=self.lead_s)
             if window_possible and not workers_done.done():
-                t_ws = await self._timed(on_window_start)
+                t_ws = await _timed(on_window_start)
                 remaining = None if self.duration_s is None else max(0.0, self.duration_s - (time.monotonic() - t_ws))
-                await self._wait_any(self._all_issued.wait(), asyncio.shield(workers_done), self._end_window.wait(),
+                await _wait_first(self._all_issued.wait(), asyncio.shield(workers_done), self._end_window.wait(),
                                      self._abort.wait(), timeout=remaining)
-                t_we = await self._timed(on_window_end)
+                t_we = await _timed(on_window_end)
         except BaseException:
             # A failing callback (e.g. the runner's scrape) or a cancel: stop the load, then re-raise.
             self._stop = True
-            for task in (*workers, refill):
+            for task in workers:
                 task.cancel()
-            await asyncio.gather(*workers, refill, return_exceptions=True)
+            await asyncio.gather(*workers, return_exceptions=True)
+            await self.bodies.close()
             await probe.stop()
             raise
         self._stop = True
-        self._need_more.set()
         if not self.drain or self._abort.is_set():
             for task in workers:
                 task.cancel()
         await workers_done
-        refill.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await refill
-        if self.inline_builds:
+        await self.bodies.close()
+        if self.bodies.late:
             notes.append(
-                f"{self.inline_builds} request bodies were not prefetched in time (the workload is slow to build): "
+                f"{self.bodies.late} request bodies were not prefetched in time (the workload is slow to build): "
                 "those requests started late, so fewer than N were in flight meanwhile"
             )
         for res in workers_done.result():
@@ -303,62 +321,6 @@ class ClosedLoop:
 
 
 # ---- open loop ---------------------------------------------------------------------------------
-
-
-class _BodyQueue:
-    """Request bodies built ahead of use, off the event loop (a worker thread), so building a long
-    exact-length prompt never delays chunk timestamps. `get(i)` falls back to an inline build in a
-    thread when the prefetch fell behind (counted in `late`)."""
-
-    def __init__(self, workload: Workload, ahead: int, limit: int | None) -> None:
-        self.workload = workload
-        self.ahead = ahead
-        self.limit = limit
-        self.bodies: dict[int, dict] = {}
-        self.next_build = 0
-        self.next_use = 0
-        self.late = 0
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def _build(self, start: int, stop: int) -> dict[int, dict]:
-        return {i: self.workload.body(i) for i in range(start, stop)}
-
-    def prime(self) -> None:
-        stop = self.ahead if self.limit is None else min(self.ahead, self.limit)
-        self.bodies = self._build(0, stop)
-        self.next_build = stop
-        self._task = asyncio.get_running_loop().create_task(self._refill(), name="truthput-body-refill")
-
-    async def _refill(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self.next_build - self.next_use < self.ahead:
-                start = max(self.next_build, self.next_use)
-                stop = start + max(1, self.ahead // 2)
-                if self.limit is not None:
-                    stop = min(stop, self.limit)
-                if stop <= start:
-                    return
-                self.bodies.update(await asyncio.to_thread(self._build, start, stop))
-                self.next_build = stop
-
-    async def get(self, i: int) -> dict:
-        self.next_use = i + 1
-        body = self.bodies.pop(i, None)
-        if self.next_build - self.next_use < self.ahead // 2:
-            self._wake.set()
-        if body is None:
-            self.late += 1
-            body = await asyncio.to_thread(self.workload.body, i)
-        return body
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
 
 class OpenLoop:
@@ -433,9 +395,9 @@ class OpenLoop:
         notes: list[str] = []
         records: list[RequestRecord] = []
         ahead = max(64, int(self.rate * 2))
-        bodies = _BodyQueue(self.workload, ahead, self.max_requests)
+        bodies = BodyPrefetch(self.workload, ahead, self.max_requests)
         bodies.prime()
-        if "model" not in bodies.bodies.get(0, {}):
+        if "model" not in bodies.first():
             await self.client.resolve_model()
         first_done = asyncio.Event()
         slots = asyncio.Semaphore(self.max_in_flight_cap) if self.max_in_flight_cap else None
@@ -632,11 +594,11 @@ class Sweep:
 
     def saturation(self) -> SweepPoint | None:
         """The lowest level whose throughput is within `tolerance` of the best seen."""
-        measured = [p for p in self.points if p.throughput is not None]
+        measured = [(p, p.throughput) for p in self.points if p.throughput is not None]
         if not measured:
             return None
-        best = max(p.throughput for p in measured)  # type: ignore[type-var]
-        return min((p for p in measured if p.throughput >= best * (1 - self.tolerance)), key=lambda p: p.level)
+        best = max(t for _, t in measured)
+        return min((p for p, t in measured if t >= best * (1 - self.tolerance)), key=lambda p: p.level)
 
     @property
     def saturated(self) -> bool:

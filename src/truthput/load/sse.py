@@ -67,15 +67,15 @@ class SSEParser:
             # Whole events with comment lines, other fields or multi-line data: one split, no copies.
             parts = data.split(_SEP)
             parts.pop()  # after the final separator
-            out = []
+            whole: list[bytes] = []
             for part in parts:
                 if part.startswith(b"data: ") and b"\n" not in part:
-                    out.append(part[6:])
+                    whole.append(part[6:])
                 else:
                     payload = _event_data(part, 0, len(part))
                     if payload is not None:
-                        out.append(payload)
-            return out
+                        whole.append(payload)
+            return whole
         if self._pending_cr:
             data = b"\r" + data
             self._pending_cr = False

@@ -224,7 +224,7 @@ class WorkerPool:
     def start(self) -> WorkerPool:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # fork after a tokenizer was used
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        ctx = multiprocessing.get_context(method)
+        ctx: Any = multiprocessing.get_context(method)  # fork or spawn: typeshed's BaseContext lacks Process
         for k in range(self.n):
             parent_end, child_end = ctx.Pipe()
             p = ctx.Process(target=_worker_main, args=(child_end, self.cfg, k), name=f"truthput-load-{k}", daemon=True)

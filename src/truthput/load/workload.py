@@ -142,7 +142,7 @@ def _as_dist(v: int | Distribution | dict[str, Any], what: str) -> Distribution:
         unknown = sorted(set(v) - set(_DIST_FIELDS))
         if unknown:
             raise InputError(f"workload {what}: unknown key(s) {', '.join(unknown)}; expected {', '.join(_DIST_FIELDS)}")
-        kw = {k: tuple(x) if isinstance(x, list) else x for k, x in v.items()}
+        kw: dict[str, Any] = {k: tuple(x) if isinstance(x, list) else x for k, x in v.items()}
         try:
             return Distribution(**kw)
         except InputError as exc:

@@ -148,7 +148,7 @@ def text_chunks(table: ChunkTable) -> np.ndarray:
     return (table.n_chars > 0).astype(np.int64)
 
 
-def tokenizer_tokens_per_chunk(table: ChunkTable, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+def tokenizer_tokens_per_chunk(table: ChunkTable, tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
     """(tokens per chunk, tokens per request) with a `tokenizers.Tokenizer`: each request's text is
     encoded once without special tokens; a token belongs to the chunk holding its last character."""
     per_chunk = np.zeros(table.size, dtype=np.int64)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
+
+from truthput.measure.prom import Scrape
 
 
-async def scrape_metrics(session, base_url: str, phase: str):
+async def scrape_metrics(session: Any, base_url: str, phase: str) -> Scrape:
     import aiohttp
-
-    from truthput.measure.prom import Scrape
 
     t_send = time.monotonic()
     try:
@@ -24,7 +25,7 @@ async def scrape_metrics(session, base_url: str, phase: str):
                       f"GET {base_url}/metrics failed: {exc.__class__.__name__} {exc}".strip())
 
 
-async def settled_post_scrapes(session, base_url: str, emitted_names: tuple[str, ...]) -> list:
+async def settled_post_scrapes(session: Any, base_url: str, emitted_names: tuple[str, ...]) -> list[Scrape]:
     """After the drain, scrape until the emitted-token counter stops moving (a /metrics may lag).
 
     Returns the first `post` scrape (the drain's end: what a rate over the whole trial divides
@@ -34,10 +35,10 @@ async def settled_post_scrapes(session, base_url: str, emitted_names: tuple[str,
     from truthput.measure.prom import parse_scrape
 
     last = None
-    first = scrape = None
-    for _ in range(12):
-        scrape = await scrape_metrics(session, base_url, "post")
-        first = first or scrape
+    first = scrape = await scrape_metrics(session, base_url, "post")
+    for attempt in range(12):
+        if attempt:
+            scrape = await scrape_metrics(session, base_url, "post")
         if scrape.text is None:
             break
         parsed = parse_scrape(scrape)

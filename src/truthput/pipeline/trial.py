@@ -17,8 +17,9 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable
 
+from truthput.engines.base import StartOutcome
 from truthput.load.schedule import LoadResult
 from truthput.measure.model import ClientCheck, Figure, SelfCheckFigures, TrialResults
 from truthput.measure.names import EngineMetricNames
@@ -30,11 +31,6 @@ SAMPLE_INTERVAL_S = 0.5
 
 WindowCallback = Callable[[], Awaitable[None]]
 Drive = Callable[[WindowCallback, WindowCallback], Awaitable[LoadResult]]
-
-
-class Crashed(Protocol):
-    failure_kind: str
-    reason: str
 
 
 @dataclass
@@ -53,7 +49,8 @@ class TrialSetup:
     """A trial with more than this share of failed requests is a failed trial."""
     sample_interval_s: float = SAMPLE_INTERVAL_S
     log_lines: Callable[[float, float], list[tuple[float, str]]] | None = None
-    crashed: Callable[[], Crashed | None] | None = None
+    crashed: Callable[[], StartOutcome | None] | None = None
+    """The server's classified failure once it died under load (None: still up, or not known)."""
     server_pgids: set[int] = field(default_factory=set)
     """Process groups of the server's processes (empty: unknown, e.g. a server someone else runs)."""
     open_loop: bool = False

@@ -21,7 +21,7 @@ import tomllib
 from collections import defaultdict
 from datetime import datetime, timezone
 from statistics import mean
-from typing import Any
+from typing import Any, Callable
 
 from truthput.experiment.argv import ServerArgv, whole_number
 from truthput.hardware.dtypes import kv_dtype_bytes
@@ -209,7 +209,7 @@ def _cells(summary: RunSummary, simulated: bool) -> list[dict[str, Any]]:
 
 
 # ---- requests, latency, goodput -----------------------------------------------------------------
-def _record(row: Any):
+def _record(row: Any) -> Any:
     from truthput.load.records import RequestRecord
 
     from truthput.store.db import decode_chunks
@@ -459,7 +459,7 @@ def _telemetry(store: Store, trials: list[StoredTrial]) -> dict[str, Any]:
         if t is not None:
             groups[(t.variant, t.level, r["gpu"])].append(r)
 
-    def avg(xs: list[Any], key: str, fn=mean) -> float | None:
+    def avg(xs: list[Any], key: str, fn: Callable[[list[float]], float] = mean) -> float | None:
         vals = [x[key] for x in xs if x[key] is not None]
         return fn(vals) if vals else None
 

@@ -61,7 +61,7 @@ def safe_svg(svg: str | None) -> str | None:
     return svg
 
 
-def _environment():
+def _environment() -> Any:
     from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
     env = Environment(loader=PackageLoader("truthput.report", "templates"),

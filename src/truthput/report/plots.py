@@ -17,7 +17,7 @@ from typing import Any, Callable
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
-def _figure(width: float = 7.0, height: float = 3.6, ncols: int = 1):
+def _figure(width: float = 7.0, height: float = 3.6, ncols: int = 1) -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
@@ -31,7 +31,7 @@ def _figure(width: float = 7.0, height: float = 3.6, ncols: int = 1):
     return fig, list(axes)
 
 
-def _svg(fig, salt: str) -> str:
+def _svg(fig: Any, salt: str) -> str:
     import matplotlib
 
     matplotlib.rcParams["svg.hashsalt"] = f"truthput-{salt}"
@@ -68,7 +68,7 @@ def _x_label(rows: list[dict[str, Any]]) -> str:
     return ("offered rate (req/s)" if any(r.get("rate") is not None for r in rows) else "concurrency (streams)")
 
 
-def _level_axis(ax, rows: list[dict[str, Any]]) -> None:
+def _level_axis(ax: Any, rows: list[dict[str, Any]]) -> None:
     """A log2 level axis with ticks at the measured levels only, in plain numbers ("1", "8", "2.5")."""
     from matplotlib.ticker import FixedLocator, NullLocator
 
@@ -82,7 +82,7 @@ def _level_axis(ax, rows: list[dict[str, Any]]) -> None:
     ax.set_xlabel(_x_label(rows))
 
 
-def _plain_log_axis(axis) -> None:
+def _plain_log_axis(axis: Any) -> None:
     """A log axis labelled in plain numbers (300, not 3x10^2)."""
     from matplotlib.ticker import FuncFormatter
 
@@ -91,7 +91,7 @@ def _plain_log_axis(axis) -> None:
     axis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))
 
 
-def place_labels(ax, points: list[tuple[float, float]], texts: list[str]) -> list[Any]:
+def place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str]) -> list[Any]:
     """Annotations next to their points, none overlapping another or a point's marker: each tries
     offsets around its point and keeps the first whose box is clear (else the least crowded)."""
     fig = ax.figure
@@ -189,7 +189,8 @@ def tradeoff(doc: dict[str, Any]) -> str | None:
     return _svg(fig, "tradeoff")
 
 
-def _line_per_variant(ax, doc: dict[str, Any], rows: list[dict[str, Any]], value) -> None:
+def _line_per_variant(ax: Any, doc: dict[str, Any], rows: list[dict[str, Any]],
+                      value: Callable[[dict[str, Any]], Any]) -> None:
     """One line per variant over concurrency (log2 axis), in the variant's colour."""
     for name in _variants(doc):
         rs = sorted((r for r in rows if r["variant"] == name), key=_x)

@@ -14,7 +14,7 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if x is None or x != x else fmt.format(x)
 
 
-def make_console(stderr: bool = False, **kwargs):
+def make_console(stderr: bool = False, **kwargs: Any) -> Any:
     """A rich Console; when output is not a terminal (CI logs, pipes) lines are not wrapped at 80."""
     from rich.console import Console
 

@@ -1,14 +1,13 @@
 """`python -m truthput.sim serve [vLLM flags...] [--sim-* flags]`: the simulated vLLM server.
 
-Launched as a subprocess exactly like a real engine. `calibrate` is forwarded to
-truthput.sim.calibrate when that module provides a `main(argv)`.
+Launched as a subprocess exactly like a real engine. Calibration is `truthput sim calibrate`.
 """
 
 from __future__ import annotations
 
 import sys
 
-USAGE = ("usage: python -m truthput.sim {serve,batch,calibrate} [args...]  (serve --help lists every flag; "
+USAGE = ("usage: python -m truthput.sim {serve,batch} [args...]  (serve --help lists every flag; "
          "batch evaluates JSON-lines configurations in virtual time)")
 
 
@@ -26,14 +25,6 @@ def main(argv: list[str] | None = None) -> int:
         from truthput.sim.virtual import batch_main
 
         return batch_main(rest)
-    if cmd == "calibrate":
-        from truthput.sim import calibrate  # written by the calibration module's owner
-
-        entry = getattr(calibrate, "main", None)
-        if entry is None:
-            print("truthput-sim: error: truthput.sim.calibrate has no main(argv)", file=sys.stderr)
-            return 2
-        return int(entry(rest) or 0)
     print(f"truthput-sim: error: unknown command {cmd!r}; {USAGE}", file=sys.stderr)
     return 2
 

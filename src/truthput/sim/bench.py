@@ -9,6 +9,7 @@ plus the server process's CPU seconds (one core at most: the server is single-th
 from __future__ import annotations
 
 import argparse
+from typing import Any
 import asyncio
 import json
 import os
@@ -51,7 +52,7 @@ async def _run(port: int, streams: int, max_tokens: int, chat: bool, pid: int) -
             before = parse_prometheus(await r.text())["vllm:generation_tokens_total"]
         cpu0 = _cpu_seconds(pid)
         t0 = time.monotonic()
-        body = {"max_tokens": max_tokens, "ignore_eos": True}
+        body: dict[str, Any] = {"max_tokens": max_tokens, "ignore_eos": True}
         if chat:
             body["messages"] = [{"role": "user", "content": "tell me a story"}]
         else:

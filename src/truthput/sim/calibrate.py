@@ -29,7 +29,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from truthput.errors import InputError
 from truthput.hardware.gpus import GPU, get_gpu
@@ -160,6 +160,8 @@ def closed_loop_cycle(point: CalibrationPoint) -> tuple[float, float, float, flo
     apart, so each prefill rides in its own step while there are fewer prefills than steps.
     """
     c, o = point.concurrency, point.output_tokens
+    if o is None:
+        raise InputError("a closed loop's cycle needs the point's output_tokens")
     decode_steps = max(o - 1.0, 0.0) / point.tokens_per_step()
     cycle = decode_steps + 1.0 + (1.0 if c > 1 else 0.0)
     prefills = c / cycle
@@ -204,7 +206,7 @@ def model_tokps(gpu: GPU, model: ModelProfile, point: CalibrationPoint, eff: Eff
 
 def observed_steps(chunks: Sequence[tuple[float, int, float, float, float]], window: tuple[float, float],
                    sent: dict[int, float] | None = None, counter_cut: tuple[float, float] | None = None,
-                   ) -> tuple[list[tuple[int, float, float]], float, float, float]:
+                   ) -> tuple[list[tuple[int, float, float]], float, Any, float]:
     """Engine steps rebuilt from streamed chunks: (the steps of the window as (decode seqs, their
     context tokens, prefill tokens), tokens they emitted, window time not covered by them (may be
     negative), idle time among them).
@@ -673,9 +675,9 @@ def _fit(
     if "tp_latency_s" in candidates and all(p.tp == 1 for p in points):
         candidates.remove("tp_latency_s")
         dropped["tp_latency_s"] = "no point has TP > 1"
-    measured = np.log([p.measured_tokps for p in points])
+    measured = np.log([p.measured_tokps or float("nan") for p in points])  # _check_points refused None
 
-    def with_values(names: Sequence[str], x: Sequence[float]) -> Efficiency:
+    def with_values(names: Sequence[str], x: Any) -> Efficiency:
         return replace(prior, **dict(zip(names, (float(v) for v in x))))
 
     n_starts = (max(start_groups) + 1) if start_groups else 0
@@ -687,7 +689,7 @@ def _fit(
             return np.log([model_tokps(gpu, model, p, eff) for p in points]) - measured
         u = x[k:]
         return np.log([model_tokps(gpu, model, p, replace(eff, bw_frac=eff.bw_frac * (1.0 + u[g])))
-                       for p, g in zip(points, start_groups)]) - measured
+                       for p, g in zip(points, start_groups or ())]) - measured
 
     def residuals(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
         r = raw_residuals(x, names)
@@ -699,7 +701,7 @@ def _fit(
 
     def identified_fit(names: list[str]) -> tuple[list[str], Efficiency, np.ndarray, np.ndarray, dict[str, str]]:
         """Fit `names`; drop flat or collinear constants and refit until the rest are identified."""
-        names, lost = list(names), {}
+        names, lost = list(names), dict[str, str]()
         while True:
             if not names and not n_starts:
                 return names, prior, np.zeros((len(points), 0)), residuals(np.array([]), []), lost
@@ -711,7 +713,7 @@ def _fit(
                              + [0.01] * n_starts)
             # several starts: max(mem, compute) has a kink, and at the prior a resource that does not
             # bind yet has a zero gradient although a lower efficiency would make it bind
-            sol = None
+            sol: Any = None
             for frac_factor, time_factor in ((1.0, 1.0), (0.4, 2.0), (0.15, 0.5)):
                 start = np.array([v * (time_factor if n.endswith("_s") else frac_factor) for n, v in zip(names, x0)]
                                  + [0.0] * n_starts)
@@ -740,7 +742,7 @@ def _fit(
     if len(candidates) > len(points):
         # fewer points than constants: fit the subset of len(points) constants that explains the data
         # best (ties go to the PRIORITY order: one point fits the fixed per-step overhead).
-        best = None
+        best: Any = None
         for subset in itertools.combinations(candidates, len(points)):
             trial = identified_fit(list(subset))
             ssr = float(np.sum(trial[3] ** 2))
@@ -797,10 +799,7 @@ def _fit(
     )
 
 
-# --- the worked example (a published 2-GPU case) -------------------------------------------------------------------------------
-
-EXAMPLE_ACCEPTANCE_LENGTH = 1.95  # assumption: MTP k=1 on chat text; the example's notes did not record it
-EXAMPLE_CONTEXT = 2048  # assumption: mean context per stream during the example's runs
+# --- what a misfit asks of the model ----------------------------------------------------------------
 
 
 def _solve_alternative(result: CalibrationResult, target: CalibrationPoint, name: str,
@@ -810,10 +809,13 @@ def _solve_alternative(result: CalibrationResult, target: CalibrationPoint, name
     from scipy.optimize import brentq
 
     lo_b, hi_b = BOUNDS[name]
+    anchor_tokps, target_tokps = anchor.measured_tokps, target.measured_tokps
+    if anchor_tokps is None or target_tokps is None:
+        raise InputError("explaining a misfit takes two measured points")
 
     def overhead_for(value: float) -> Efficiency | None:
         eff = replace(result.efficiency, **{name: value}, step_overhead_s=0.0)
-        step0 = anchor.concurrency * anchor.tokens_per_step() / anchor.measured_tokps
+        step0 = anchor.concurrency * anchor.tokens_per_step() / anchor_tokps
         modelled = anchor.concurrency * anchor.tokens_per_step() / model_tokps(result.gpu, result.model, anchor, eff)
         c = step0 - modelled
         return replace(eff, step_overhead_s=c) if c >= 0 else None
@@ -822,7 +824,7 @@ def _solve_alternative(result: CalibrationResult, target: CalibrationPoint, name
         eff = overhead_for(value)
         if eff is None:
             return float("nan")
-        return math.log(model_tokps(result.gpu, result.model, target, eff)) - math.log(target.measured_tokps)
+        return math.log(model_tokps(result.gpu, result.model, target, eff)) - math.log(target_tokps)
 
     import numpy as np
 
@@ -836,56 +838,32 @@ def _solve_alternative(result: CalibrationResult, target: CalibrationPoint, name
     return None
 
 
-def worked_example_report() -> str:
-    """Calibrate on the worked example's 1-stream figure, predict 8 streams, and compare with the measurement."""
-    gpu, model = get_gpu("RTX 3090"), get_model("qwen3.6-27b-5.5bit")
-    c1 = CalibrationPoint(tp=2, concurrency=1, spec_k=1, spec_method="qwen3_5_mtp",
-                          acceptance_length=EXAMPLE_ACCEPTANCE_LENGTH, context_tokens=EXAMPLE_CONTEXT,
-                          measured_tokps=66.9, kv_dtype_bytes=1.0)
-    c8 = replace(c1, concurrency=8, measured_tokps=339.9)
-    result = fit([c1], gpu, model)
-    value, lo, hi = result.predict(c8)
-    eff = result.efficiency
-    lines = [
-        "Worked example: Qwen3.6-27B 5.5-bit on 2x RTX 3090, TP=2, MTP spec-tokens 1, KV fp8 (model figures, "
-        "calibrated to the measured 1-stream counter figure).",
-        f"Assumptions: mean acceptance length {EXAMPLE_ACCEPTANCE_LENGTH} (not recorded in the example), "
-        f"{EXAMPLE_CONTEXT} context tokens per stream, priors bw_frac={eff.bw_frac}, flops_frac={eff.flops_frac}, "
-        f"TP alpha={eff.tp_latency_s * 1e6:.0f} us (estimate). The example's figures are whole-run counter deltas "
-        "(read, run load, read, divide) with unrecorded prompt lengths, so the steady-decode model is used: any "
-        "prefill and ramp time in them is absorbed by the fitted step overhead.",
-        f"Fit: {', '.join(result.fitted)} = {eff.step_overhead_s * 1e3:.1f} ms/step from 1 point "
-        f"(66.9 tok/s at 1 stream). {result.notes[0] if result.notes else ''}",
-        f"Band basis: {result.noise_basis}.",
-        f"Predicted at 8 streams: {value:.0f} tok/s (95% band {lo:.0f}-{hi:.0f}); measured (server counter): 339.9 tok/s "
-        f"({339.9 / value:.0%} of the prediction).",
-    ]
-    step_pred = 8 * EXAMPLE_ACCEPTANCE_LENGTH / value
-    step_meas = 8 * EXAMPLE_ACCEPTANCE_LENGTH / 339.9
-    lines.append(f"Per step: predicted {step_pred * 1e3:.1f} ms, measured {step_meas * 1e3:.1f} ms: "
-                 f"{(step_meas - step_pred) * 1e3:.1f} ms/step that grows with the batch and the model does not have.")
-    lines.append("What would have to change (each alone, refitted through both points):")
-    explanations = {
-        "flops_frac": lambda v: f"achieved compute fraction {v:.2f} of dense bf16 peak (the step turns compute-bound "
-                                "at 8 streams x 2 verified positions: quantised-kernel efficiency on Ampere)",
-        "bw_frac": lambda v: f"bandwidth fraction {v:.2f}",
-        "tp_latency_s": lambda v: f"TP all-reduce alpha {v * 1e6:.0f} us",
-        "per_seq_overhead_s": lambda v: f"a CPU cost of {v * 1e3:.2f} ms per running sequence per step "
-                                        "(scheduling, sampling, detokenising)",
-    }
-    for name, say in explanations.items():
-        solved = _solve_alternative(result, c8, name, c1)
+EXPLAINED_BY = {
+    "flops_frac": "achieved compute fraction {v:.2f} of dense bf16 peak",
+    "bw_frac": "bandwidth fraction {v:.2f}",
+    "tp_latency_s": "TP all-reduce alpha {us:.0f} us",
+    "per_seq_overhead_s": "a CPU cost of {ms:.2f} ms per running sequence per step (scheduling, sampling, detokenising)",
+}
+"""The constants a second point can ask to change, and how each reads to a person."""
+
+
+def explain_misfit(result: CalibrationResult, anchor: CalibrationPoint, target: CalibrationPoint) -> list[str]:
+    """Where a fit on `anchor` misses `target`: what each constant alone would have to be (refitted,
+    with the step overhead, through both points exactly), or that none explains it. Model figures:
+    which one is right takes a measurement at a third batch size."""
+    lines = []
+    for name, text in EXPLAINED_BY.items():
+        solved = _solve_alternative(result, target, name, anchor)
         if solved is None:
-            lines.append(f"  - {name}: no value explains it (this term barely depends on the batch).")
+            lines.append(f"{name}: no value explains it (this term barely depends on the batch)")
         else:
             v, overhead = solved
-            lines.append(f"  - {name}: {say(v)}, with step overhead {overhead * 1e3:.1f} ms.")
-    lines.append("No pass/fail: this is the first-order model; a measurement at a third batch size (e.g. 4 or 16) "
-                 "would tell a compute-efficiency term (grows with positions) from a per-sequence CPU cost.")
-    return "\n".join(lines)
+            lines.append(f"{name}: {text.format(v=v, us=v * 1e6, ms=v * 1e3)}, with step overhead "
+                         f"{overhead * 1e3:.1f} ms")
+    return lines
 
 
-# --- `python -m truthput.sim calibrate` ----------------------------------------------------------
+# --- points as `truthput sim calibrate --point` takes them ---------------------------------------
 
 _POINT_KEYS = {"tp": int, "concurrency": int, "spec_k": int, "spec_method": str, "acceptance": float,
                "context": float, "tokps": float, "kv": float, "input": float, "output": float,
@@ -902,7 +880,7 @@ def parse_point(text: str) -> CalibrationPoint:
     input= and output= (a closed loop's prompt and output lengths) price the whole request cycle,
     prefill included, instead of steady decode at context=. drafted= is the draft tokens verified
     per sequence-step (counters: draft tokens / (drafts + undrafted steps)); without it, spec_k."""
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}
     for part in text.split(","):
         key, sep, raw = part.partition("=")
         key = key.strip()
@@ -922,42 +900,3 @@ def parse_point(text: str) -> CalibrationPoint:
         kv_dtype_bytes=values.get("kv", 2.0), input_tokens=values.get("input"),
         output_tokens=values.get("output"), draft_tokens_per_step=_number(values.get("drafted")),
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: fit a profile from measured points and write it for --sim-profile."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="python -m truthput.sim calibrate",
-                                     description="Fit the physics model's efficiency constants to measured tok/s.")
-    parser.add_argument("--gpu", help="GPU name from the catalog")
-    parser.add_argument("--model", help="named model profile or model directory")
-    parser.add_argument("--point", action="append", default=[],
-                        help="tp=2,concurrency=8,spec_k=1,spec_method=mtp,acceptance=1.95,context=2048,tokps=339.9,kv=1")
-    parser.add_argument("--free", default=",".join(DEFAULT_FREE), help="constants to fit (comma-separated)")
-    parser.add_argument("--out", help="write the profile JSON here")
-    parser.add_argument("--worked-example", action="store_true", help="print the worked example report and exit")
-    args = parser.parse_args(argv)
-    try:
-        if args.worked_example:
-            print(worked_example_report())
-            return 0
-        if not args.gpu or not args.model or not args.point:
-            raise InputError("calibrate: give --gpu, --model and at least one --point")
-        result = fit([parse_point(p) for p in args.point], args.gpu, args.model,
-                     free=tuple(f for f in args.free.split(",") if f))
-    except InputError as exc:
-        print(f"truthput-sim: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    eff = result.efficiency
-    for name in result.fitted:
-        print(f"{name} = {getattr(eff, name):.6g} +/- {result.std[name]:.2g}  (model, fitted)")
-    for name, why in result.dropped.items():
-        print(f"{name} = {getattr(eff, name)!r}  (prior; not fitted: {why})")
-    for note in result.notes:
-        print(f"note: {note}")
-    print(f"noise: {result.noise_log:.3f} in log tok/s ({result.noise_basis})")
-    if args.out:
-        print(f"profile written to {result.save_profile(args.out)}")
-    return 0

@@ -69,24 +69,12 @@ def _physics_method(family: str | None) -> str | None:
     return {"mtp": "mtp", "eagle": "eagle", "ngram": "ngram", "draft_model": "draft_model"}.get(family or "")
 
 
-def load_efficiency(path: str):
-    """--sim-profile: calibrate.load_profile when present, else a JSON of Efficiency's fields."""
-    from truthput.hardware.physics import Efficiency
+def load_efficiency(path: str) -> tuple[Any, dict[str, Any]]:
+    """--sim-profile: a calibrated profile, or a hand-written JSON of Efficiency's fields."""
+    from truthput.sim.calibrate import load_profile
 
-    try:
-        from truthput.sim.calibrate import load_profile  # written by the calibration module
-    except ImportError:
-        load_profile = None
-    if load_profile is not None:
-        eff, meta = load_profile(path)
-        return eff, dict(meta or {})
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--sim-profile {path}: cannot read JSON ({exc})") from exc
-    fields = raw.get("efficiency", raw)
-    known = {k: fields[k] for k in ("bw_frac", "flops_frac", "step_overhead_s", "tp_latency_s") if k in fields}
-    return Efficiency(**known), {"path": path}
+    eff, meta = load_profile(path)
+    return eff, dict(meta or {})
 
 
 def resolve_setup(cfg: SimServeConfig, eff=None) -> SimSetup:
@@ -445,7 +433,8 @@ class SimServer:
         site = web.TCPSite(self._runner, host or cfg.host, cfg.port if port is None else port,
                            reuse_address=True, backlog=2048)
         await site.start()
-        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+        server: Any = site._server  # aiohttp keeps the asyncio Server here; its sockets give the bound port
+        sockets = server.sockets if server else []
         self.port = sockets[0].getsockname()[1] if sockets else (port or cfg.port)
         if not cfg.disable_log_stats:
             self._log_task = asyncio.get_running_loop().create_task(self._log_loop())
@@ -877,7 +866,7 @@ class SimServer:
             if done:
                 break
         if include_usage:
-            final = {"id": ("chatcmpl-" if chat else "cmpl-") + req.rid,
+            final: dict[str, Any] = {"id": ("chatcmpl-" if chat else "cmpl-") + req.rid,
                      "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": created, "model": self.model_name, "choices": [],
                      "usage": {"prompt_tokens": p, "total_tokens": p + sent, "completion_tokens": sent},

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from truthput.sim.textgen import _mix
 
@@ -171,12 +171,11 @@ def lookup_window(speculative: dict | None) -> tuple[int, int]:
     """(prompt_lookup_min, prompt_lookup_max) as vLLM fills them in: both 5 when neither is given,
     the given one for the other when only one is."""
     cfg = speculative or {}
-    lo, hi = cfg.get("prompt_lookup_min"), cfg.get("prompt_lookup_max")
+    lo: Any = cfg.get("prompt_lookup_min")
+    hi: Any = cfg.get("prompt_lookup_max")
     if lo is None and hi is None:
         return DEFAULT_LOOKUP
-    lo = hi if lo is None else lo
-    hi = lo if hi is None else hi
-    return int(lo), int(hi)
+    return int(hi if lo is None else lo), int(lo if hi is None else hi)
 
 
 @dataclass(frozen=True)
