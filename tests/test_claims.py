@@ -179,3 +179,21 @@ def test_check_claims_command_without_and_with_run(tmp_path, run):
     bad.write_text("[[claim]]\ntext = 'x'\nfigure = { value = 1, unit = 'parsecs' }\n")
     out = runner.invoke(app, ["check-claims", str(bad)])
     assert out.exit_code != 0 and "bad.toml" in str(out.exception)
+
+
+def test_a_claims_figure_is_per_server_start_like_the_verdicts(run):
+    """One start with one trial, another with three: the cell's figure is the geometric mean of the
+    starts' means (what the verdict uses), not a mean over trials, which weighs the second start 3x."""
+    a = next(i for i in run if i.variant == "nospec").results
+    b = next(i for i in run if i.variant == "spec1" and i.concurrency == 1).results
+    ha, hb = a.headline().number(), b.headline().number()
+    trials = [Measured("x", 1, a, start_index=0),
+              *(Measured("x", 1, b, start_index=1, trial_index=i) for i in range(3))]
+    per_start = (ha * hb) ** 0.5
+    claims = parse_claims([{"text": "c", "figure": {"value": round(per_start, 1)}, "method": "counter",
+                            "conditions": {"concurrency": 1}}])
+    (res,) = check_claims(claims, trials, {})
+    assert res.measured["counter_tps"] == pytest.approx(per_start)
+    assert res.measured["counter_tps"] != pytest.approx((ha + 3 * hb) / 4)
+    assert res.measured["counter_tps"] != pytest.approx((ha * hb ** 3) ** 0.25)
+    assert res.verdict == "plausible" and "server_counter" in res.measured["source"]

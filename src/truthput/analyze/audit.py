@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any
 
-from truthput.analyze.cells import TrialLike
+from truthput.analyze.cells import TrialLike, group_trials
 from truthput.measure.model import Check, MethodRow, TrialResults
 from truthput.experiment.levels import Level, level_cell, level_header, level_json, level_of
 
@@ -62,14 +62,11 @@ class IntegrityRow:
         return {"variant": self.variant, **level_json(self.level), **doc}
 
 
-def group_trials(items: Iterable[TrialLike]) -> dict[tuple[str, Level], list[TrialResults]]:
-    """Ok trials' results with method rows, grouped by (variant, level), in first-seen order."""
-    groups: dict[tuple[str, Level], list[TrialResults]] = defaultdict(list)
-    for t in items:
-        if t.status != "ok" or not t.results.methods:
-            continue
-        groups[(t.variant, level_of(t))].append(t.results)
-    return dict(groups)
+def method_groups(items: Iterable[TrialLike]) -> dict[tuple[str, Level], list[TrialResults]]:
+    """Ok trials' results with method rows, by (variant, level) (`cells.group_trials`)."""
+    groups = {key: [t.results for t in ts if t.status == "ok" and t.results.methods]
+              for key, ts in group_trials(items).items()}
+    return {key: rs for key, rs in groups.items() if rs}
 
 
 def _ordered(groups: dict[tuple[str, Level], list[TrialResults]]) -> list[tuple[str, Level]]:
@@ -80,7 +77,7 @@ def _ordered(groups: dict[tuple[str, Level], list[TrialResults]]) -> list[tuple[
 def audit_rows(trials: Sequence[TrialLike], simulated: bool = False) -> list[AuditRow]:
     """One row per variant x concurrency x method: tokps, error_pct_vs_counter, cause, n_trials."""
     rows: list[AuditRow] = []
-    groups = group_trials(trials)
+    groups = method_groups(trials)
     for key in _ordered(groups):
         variant, conc = key
         per_method: dict[str, list[MethodRow]] = defaultdict(list)
@@ -105,7 +102,7 @@ def audit_rows(trials: Sequence[TrialLike], simulated: bool = False) -> list[Aud
 def integrity_rows(trials: Sequence[TrialLike]) -> list[IntegrityRow]:
     """Per variant x concurrency: how many trials' counter identity held, and every warning raised."""
     rows = []
-    groups = group_trials(trials)
+    groups = method_groups(trials)
     for key in _ordered(groups):
         results = groups[key]
         checks: list[Check] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from truthput.analyze.stats import CellEstimate, cell_estimate, noise_warnings
 from truthput.measure.model import Figure, TrialResults
@@ -221,6 +221,18 @@ def _median(values: Iterable[float | None]) -> float | None:
     return median(vals) if vals else None
 
 
+T = TypeVar("T", bound=TrialLike)
+
+
+def group_trials(trials: Iterable[T]) -> dict[tuple[str, Level], list[T]]:
+    """Trials by (variant, load level), in first-seen order: the one grouping behind every figure a
+    cell shows (its headline per start, its audit rows, its claims, its latency and spec-decode means)."""
+    groups: dict[tuple[str, Level], list[T]] = {}
+    for t in trials:
+        groups.setdefault((t.variant, level_of(t)), []).append(t)
+    return groups
+
+
 def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = None, baseline: str | None = None,
                 failed: dict[str, str] | None = None) -> list[Cell]:
     """Every variant x concurrency cell, in variant order then concurrency order.
@@ -231,9 +243,7 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
     failed = failed or {}
     names = list(variants) if variants is not None else list(dict.fromkeys(t.variant for t in trials))
     levels = sorted({level_of(t) for t in trials})
-    by_key: dict[tuple[str, Level], list[TrialLike]] = {}
-    for t in trials:
-        by_key.setdefault((t.variant, level_of(t)), []).append(t)
+    by_key = group_trials(trials)
     cells = []
     for v in names:
         for c in levels:

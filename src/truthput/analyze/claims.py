@@ -13,12 +13,13 @@ Verdicts:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from statistics import mean, pstdev
+from statistics import mean
 from collections.abc import Sequence
 from typing import Any
 
-from truthput.analyze.audit import group_trials
-from truthput.analyze.cells import TrialLike, headline
+import math
+
+from truthput.analyze.cells import TrialLike, build_cells, source_label
 from truthput.experiment.claims import Claim
 from truthput.experiment.levels import Level, level_value
 
@@ -64,7 +65,11 @@ class _Cell:
     """Streams; a `Rate` for an open loop (never equal to a claim's concurrency)."""
     spec_tokens: int
     counter: float | None
+    """The cell's headline tok/s: the mean of its server starts' means, as the verdict's."""
     counter_cv_pct: float
+    """Start-to-start spread (within a start's trials where there is one start), in %."""
+    source: str
+    """Where the headline came from (the server counter, or usage where no counter was read)."""
     methods: dict[str, float]
     mean_acceptance_length: float | None
     simulated: bool
@@ -72,8 +77,10 @@ class _Cell:
 
 def _cells(measurements: Sequence[TrialLike] | None, simulated: bool) -> list[_Cell]:
     cells = []
-    for (variant, conc), trials in group_trials(measurements or []).items():
-        counters = [v for v in (headline(t).number() for t in trials) if v is not None]
+    for cell in build_cells(measurements or []):
+        trials = [t.results for t in cell.trials if t.status == "ok" and t.results.methods]
+        if not trials:
+            continue
         spec = trials[0].speculative or {}
         k = int(spec.get("num_speculative_tokens") or 0)
         methods: dict[str, list[float]] = {}
@@ -87,10 +94,12 @@ def _cells(measurements: Sequence[TrialLike] | None, simulated: bool) -> list[_C
             v = w.mean_acceptance_length.number() if w is not None and w.mean_acceptance_length is not None else None
             if v:
                 mal.append(v)
-        c = mean(counters) if counters else None
-        cv = (pstdev(counters) / c * 100) if (c and len(counters) > 1) else 0.0
-        cells.append(_Cell(variant, conc, k, c, cv, {m: mean(v) for m, v in methods.items()},
-                           mean(mal) if mal else None, simulated))
+        est = cell.estimate
+        spread = est.cv_between if est is not None and math.isfinite(est.cv_between) else \
+            est.cv_within if est is not None and math.isfinite(est.cv_within) else 0.0
+        cells.append(_Cell(cell.variant, cell.level, k, est.mean if est is not None else None, spread * 100,
+                           cell.source, {m: mean(v) for m, v in methods.items()}, mean(mal) if mal else None,
+                           simulated))
     return cells
 
 
@@ -124,6 +133,11 @@ def _tag(cell: _Cell) -> str:
     return " (SIMULATED run)" if cell.simulated else ""
 
 
+def _source(cell: _Cell) -> str:
+    """The headline's source as the claim results name it, e.g. `server_counter (SIMULATED run)`."""
+    return cell.source + _tag(cell)
+
+
 def _check_speedup(claim: Claim, cells: list[_Cell]) -> ClaimResult:
     cond = claim.conditions
     gain_pct = claim.figure.value if claim.figure.unit == "%" else (claim.figure.value - 1.0) * 100.0
@@ -152,9 +166,9 @@ def _check_speedup(claim: Claim, cells: list[_Cell]) -> ClaimResult:
         measured_gain = _pct(v.counter, b.counter)
         noise = max(NOISE_FLOOR_PCT, 2 * (v.counter_cv_pct + b.counter_cv_pct))
         measured = {"gain_pct": measured_gain, "variant": v.variant, "baseline": b.variant,
-                    "variant_tps": v.counter, "baseline_tps": b.counter, "source": "server_counter" + _tag(v)}
+                    "variant_tps": v.counter, "baseline_tps": b.counter, "source": _source(v)}
         if abs(measured_gain - gain_pct) <= noise:
-            return ClaimResult(claim.text, "plausible", f"measured {measured_gain:+.1f}% (counter){_tag(v)}",
+            return ClaimResult(claim.text, "plausible", f"measured {measured_gain:+.1f}% ({source_label(v.source)}){_tag(v)}",
                                claimed, measured, bound)
         return _from_run(ClaimResult(claim.text, "contradicted",
                                      f"claimed {gain_pct:+.1f}% but the counters give {measured_gain:+.1f}% "
@@ -193,7 +207,7 @@ def _check_ceiling(claim: Claim, cells: list[_Cell], bounds: dict[str, Any]) -> 
     measured = None
     if matches and matches[0].counter:
         m = matches[0]
-        measured = {"tps": m.counter, "variant": m.variant, "source": "server_counter" + _tag(m)}
+        measured = {"tps": m.counter, "variant": m.variant, "source": _source(m)}
         if (m.counter or 0.0) > value * (1 + NOISE_FLOOR_PCT / 100):
             return _from_run(ClaimResult(claim.text, "contradicted",
                                          f"the run measured {m.counter:.1f} tok/s, above the claimed wall of "
@@ -283,10 +297,10 @@ def _check_throughput(claim: Claim, cells: list[_Cell], bounds: dict[str, Any]) 
     err = _pct(value, m.counter)
     noise = max(NOISE_FLOOR_PCT, 2 * m.counter_cv_pct)
     measured = {"counter_tps": m.counter, "variant": m.variant, "concurrency": level_value(m.concurrency),
-                "error_pct_vs_counter": err, "noise_pct": noise, "source": "server_counter" + _tag(m)}
+                "error_pct_vs_counter": err, "noise_pct": noise, "source": _source(m)}
     if abs(err) <= noise:
         return ClaimResult(claim.text, "plausible",
-                           f"{value:g} vs counter {m.counter:.1f} tok/s ({err:+.1f}%, within noise {noise:.1f}%){_tag(m)}",
+                           f"{value:g} vs {source_label(m.source)} {m.counter:.1f} tok/s ({err:+.1f}%, within noise {noise:.1f}%){_tag(m)}",
                            claimed, measured, bound)
     cause_text = CAUSE_TEXT.get(claim.method, "")
     likely = {"words": "unit", "log_line": "window", "usage": "window", "counter": "window"}.get(claim.method)
@@ -309,7 +323,7 @@ def _check_throughput(claim: Claim, cells: list[_Cell], bounds: dict[str, Any]) 
     if cond.stat == "peak":
         cause_text += "; a peak is not a mean over a window"
     return _from_run(ClaimResult(claim.text, "contradicted",
-                                 f"{value:g} vs counter {m.counter:.1f} tok/s ({err:+.1f}%, beyond noise "
+                                 f"{value:g} vs {source_label(m.source)} {m.counter:.1f} tok/s ({err:+.1f}%, beyond noise "
                                  f"{noise:.1f}%){_tag(m)}: " + cause_text, claimed, measured, bound, likely), m)
 
 

@@ -23,11 +23,11 @@ from datetime import datetime, timezone
 from statistics import mean
 from typing import Any, Callable
 
-from truthput.experiment.argv import ServerArgv, whole_number
-from truthput.hardware.dtypes import kv_dtype_bytes
 from truthput.analyze.cells import Cell, source_label
-from truthput.measure.model import Goodput
+from truthput.analyze.roofline import RooflineSection, context_tokens, place_cells
+from truthput.analyze.specdecode import SpecDecodeCell, spec_decode_cells
 from truthput.analyze.summary import RunSummary
+from truthput.measure.model import Goodput
 from truthput.report.runsummary import run_summary
 from truthput.experiment.levels import Level, level_json, level_label
 from truthput.store.db import Store, StoredTrial
@@ -284,120 +284,48 @@ def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict | No
 
 
 # ---- spec decode ------------------------------------------------------------------------------
-def _spec_decode(by_cell: dict[tuple[str, Level], list[StoredTrial]], simulated: bool) -> list[dict[str, Any]]:
-    out = []
-    for (variant, conc), trials in by_cell.items():
-        blocks = [t.results.spec_decode for t in trials if t.ok and t.results.spec_decode is not None]
-        if not blocks:
-            continue
-        pos: dict[int, list[float]] = defaultdict(list)
-        mal, rate = [], []
-        for b in blocks:
-            w = b.best_interval()
-            if w is None:
-                continue
-            for p in w.per_position_acceptance:
-                if p.value is not None:
-                    pos[int(p.extra("position", 0))].append(float(p.value))
-            if w.mean_acceptance_length is not None and w.mean_acceptance_length.value is not None:
-                mal.append(float(w.mean_acceptance_length.value))
-            if w.acceptance_rate is not None and w.acceptance_rate.value is not None:
-                rate.append(float(w.acceptance_rate.value))
-        out.append({
-            "variant": variant, **level_json(conc), "k": blocks[0].k, "method": blocks[0].method,
-            "note": blocks[0].note,
-            "per_position": [figure(mean(v), "ratio", "server_counter", simulated, position=p, n_trials=len(v))
-                             for p, v in sorted(pos.items())],
-            "mean_acceptance_length": figure(mean(mal) if mal else None, "tokens/step", "server_counter", simulated,
-                                             note="1 + accepted / drafts over the window, mean over trials"),
-            "acceptance_rate": figure(mean(rate) if rate else None, "ratio", "server_counter", simulated),
-            "n_trials": len(blocks),
-        })
-    return out
+def _spec_decode(cells: list[SpecDecodeCell], simulated: bool) -> list[dict[str, Any]]:
+    return [{
+        "variant": c.variant, **level_json(c.level), "k": c.k, "method": c.method, "note": c.note,
+        "per_position": [figure(m, "ratio", "server_counter", simulated, position=p, n_trials=n)
+                         for p, m, n in c.per_position],
+        "mean_acceptance_length": figure(c.mean_acceptance_length, "tokens/step", "server_counter", simulated,
+                                         note="1 + accepted / drafts over the window, mean over trials"),
+        "acceptance_rate": figure(c.acceptance_rate, "ratio", "server_counter", simulated),
+        "n_trials": c.n_trials,
+    } for c in cells]
 
 
 # ---- roofline ---------------------------------------------------------------------------------
-def _context_tokens(workload: dict | None) -> tuple[int, str]:
-    """Mean context a stream holds during decode: prompt + half the output (what is known of it)."""
-    def size(x: Any, default: int) -> float:
-        if isinstance(x, (int, float)):
-            return float(x)
-        if isinstance(x, dict):
-            for k in ("mean", "value", "max", "tokens"):
-                if isinstance(x.get(k), (int, float)):
-                    return float(x[k])
-        return float(default)
-
-    wl = workload or {}
-    inp = size(wl.get("input_tokens"), 256)
-    out = size(wl.get("output_tokens"), 256)
-    return int(inp + out / 2), f"input {inp:g} + output {out:g} / 2 (mean context during decode)"
-
-
-def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
-    from truthput.analyze.roofline import place, roofline
-    from truthput.hardware.gpus import get_gpu
-    from truthput.hardware.models import get_model
-
-    exp = doc["experiment"]
-    hw, model = exp.get("hardware"), exp.get("model")
+def _roofline_section(exp_block: dict[str, Any], summary: RunSummary, spec: list[SpecDecodeCell],
+                      simulated: bool) -> RooflineSection:
+    """The run's cells against the roofline (`analyze.roofline.place_cells`), from the stored
+    experiment's [hardware], [model] and workload and the variants' stored argv."""
+    hw, model = exp_block.get("hardware"), exp_block.get("model")
     if not hw or not model:
-        return {"available": False, "reason": "the experiment has no [hardware] and [model] sections, so no "
-                                              "roofline (add gpu/count and a model profile or path)"}
-    try:
-        gpu = get_gpu(hw["gpu"])
-        profile = get_model(model.get("path") or model.get("profile"))
-    except Exception as exc:
-        return {"available": False, "reason": f"roofline inputs: {exc}"}
-    context, context_basis = _context_tokens(exp.get("workload"))
-    spec_by_cell = {(s["variant"], s["level"]): s for s in doc["spec_decode"]}
-    rows, notes = [], []
-    for c in doc["cells"]:
-        if c.get("status") != "ok" or not c["tokps"].get("value"):
-            continue
-        if c.get("concurrency") is None:
-            note = ("open-loop levels are not placed against the roofline: their streams are what the server "
-                    "made of the offered rate, not a setting")
-            if note not in notes:
-                notes.append(note)
-            continue
-        v = next((x for x in exp["variants"] if x["name"] == c["variant"]), None)
-        argv = ServerArgv.parse(v["argv"] if v else [])
-        tp_text = argv.get("--tensor-parallel-size")
-        tp = (whole_number(tp_text) or 1) if isinstance(tp_text, str) else 1
-        kv_text = str(argv.get("--kv-cache-dtype") or "auto").lower()
-        # the cell's own headline source (the counter, or usage where there is none) and its flags
-        tokps = c["tokps"]
-        source = tokps.get("read_via") or tokps["source"]
-        kv_bytes = kv_dtype_bytes(kv_text)
-        spec = v.get("speculative") if v else None
-        k = int(spec.get("num_speculative_tokens") or 0) if isinstance(spec, dict) else 0
-        acc = None
-        if k:
-            s = spec_by_cell.get((c["variant"], c["level"]))
-            acc = s["mean_acceptance_length"]["value"] if s else None
-            if acc is not None and not 1.0 <= acc <= k + 1:
-                notes.append(f"{c['variant']} {c['level']}: measured acceptance length {acc:.3f} outside "
-                             f"[1, {k + 1}]; the ceiling uses k+1")
-                acc = None
-        try:
-            roof = roofline(gpu, profile, tp, kv_bytes, context, int(c["concurrency"]), k, acc)
-            pl = place(roof, float(c["tokps"]["value"]), acc,
-                       measured_source="simulator" if simulated else source,
-                       model_bits=getattr(profile, "bits_per_weight", None))
-        except Exception as exc:
-            notes.append(f"{c['variant']} {c['level']}: {exc}")
-            continue
-        if hw.get("count") and int(hw["count"]) != tp:
-            notes.append(f"{c['variant']}: [hardware].count = {hw['count']} but TP = {tp}; one TP replica modelled")
-        tight = roof.tightest_ceiling
+        return RooflineSection(False, "the experiment has no [hardware] and [model] sections, so no roofline "
+                                      "(add gpu/count and a model profile or path)")
+    wl = exp_block.get("workload") or {}
+    return place_cells(hw["gpu"], hw.get("count"), model.get("path") or model.get("profile"),
+                       context_tokens(wl.get("input_tokens"), wl.get("output_tokens")), summary.cells,
+                       {v["name"]: v["argv"] for v in exp_block["variants"]},
+                       {(c.variant, c.level): c.mean_acceptance_length for c in spec}, simulated)
+
+
+def _roofline(section: RooflineSection, simulated: bool) -> dict[str, Any]:
+    if not section.available:
+        return {"available": False, "reason": section.reason}
+    rows = []
+    for r in section.cells:
+        roof, pl = r.roof, r.placement
         rows.append({
-            "variant": c["variant"], "concurrency": c["concurrency"], "rate": None, "level": c["level"], "tp": tp, "kv_cache_dtype": kv_text,
-            "kv_dtype_bytes": kv_bytes, "spec_k": k, "acceptance_length": acc,
-            "measured": figure(tokps["value"], "tok/s", source, simulated, label=source_label(source),
-                               flags=list(tokps.get("flags") or [])),
-            "tightest_ceiling": {"value": roof.concurrency * pl.tokens_per_step_per_stream / tight.step_floor_s,
-                                 "unit": "tok/s", "source": "model", "name": tight.name},
+            "variant": r.variant, **level_json(r.level), "tp": r.tp, "kv_cache_dtype": r.kv_cache_dtype,
+            "kv_dtype_bytes": r.kv_dtype_bytes, "spec_k": r.spec_k, "acceptance_length": r.acceptance_length,
+            "measured": figure(r.measured_tokps, "tok/s", r.measured_source, simulated,
+                               label=source_label(r.measured_source),
+                               flags=[dataclasses.asdict(f) for f in r.measured_flags]),
+            "tightest_ceiling": {"value": r.tightest_ceiling_tokps, "unit": "tok/s", "source": "model",
+                                 "name": roof.tightest_ceiling.name},
             "pct_of_tightest": {"value": pl.fraction_of_ceiling * 100.0, "unit": "%", "source": "model",
                                 "note": "measured / tightest ceiling"},
             "pct_of_weight_streaming": {"value": pl.fraction_of_weight_streaming * 100.0, "unit": "%",
@@ -409,16 +337,12 @@ def _roofline(doc: dict[str, Any], simulated: bool) -> dict[str, Any]:
             "bounds_ms": {name: {"value": b.seconds_per_step * 1e3, "unit": "ms/step", "source": "model",
                                  "additive": b.additive, "detail": b.detail} for name, b in roof.bounds.items()},
             "weight_passes_per_s": {"value": roof.weight_passes_per_s, "unit": "1/s", "source": "model"},
-            "binding": pl.binding, "sentence": pl.sentence,
-            "reading": pl.sentence.partition(" — candidates: ")[0],
+            "binding": pl.binding, "sentence": pl.sentence, "reading": r.reading,
             "roofline": roof.to_dict(), "placement": pl.to_dict(),
         })
-    candidates = sorted({r["sentence"].partition(" — candidates: ")[2] for r in rows} - {""})
-    if candidates:
-        notes.append("where no modelled resource binds, candidates for the rest of the step: " + "; ".join(candidates))
-    return {"available": bool(rows), "reason": None if rows else "no cell could be placed", "gpu": gpu.name,
-            "gpu_count": hw.get("count"), "model": profile.name, "context_tokens": context,
-            "context_basis": context_basis, "cells": rows, "notes": notes,
+    return {"available": True, "reason": None, "gpu": section.gpu, "gpu_count": section.gpu_count,
+            "model": section.model, "context_tokens": section.context_tokens, "context_basis": section.context_basis,
+            "cells": rows, "notes": section.notes,
             "source_note": "ceilings and bounds: source 'model' (peak datasheet figures, first-order physics), "
                            "not measurements"}
 
@@ -547,9 +471,6 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
         store.apply_sim_target(run_id, exp)
     machine = _loads(run["machine_json"], {})
     trials = store.trial_results(run_id)
-    by_cell: dict[tuple[str, Level], list[StoredTrial]] = defaultdict(list)
-    for t in trials:
-        by_cell[(t.variant, t.level)].append(t)
     starts = store.starts(run_id)
     engine_versions = sorted({s["engine_version"] for s in starts if s["engine_version"]})
     summary = run_summary(store, run_id)
@@ -582,9 +503,10 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
     doc["warnings"] = summary.warnings()
     doc["flags"] = summary.flag_lines()
     doc["audit"] = [r.to_dict() for r in audit_rows(trials, simulated=simulated)]
-    doc["spec_decode"] = _spec_decode(by_cell, simulated)
+    spec = spec_decode_cells(trials)
+    doc["spec_decode"] = _spec_decode(spec, simulated)
     doc["latency"], doc["goodput"] = _latency_and_goodput(store, trials, doc["experiment"]["slo"], simulated)
-    doc["roofline"] = _roofline(doc, simulated)
+    doc["roofline"] = _roofline(_roofline_section(doc["experiment"], summary, spec, simulated), simulated)
     doc["claims"] = _claims(exp, trials, doc["roofline"], simulated)
     doc["failures"] = _failures(store, run_id, trials)
     doc["telemetry"] = _telemetry(store, trials)
@@ -679,12 +601,9 @@ def roofline_for_run(store: Store, run_id: str) -> dict[str, Any]:
     exp, exp_error = _experiment(run)
     if exp is not None:
         store.apply_sim_target(run_id, exp)
-    by_cell: dict[tuple[str, Level], list[StoredTrial]] = defaultdict(list)
-    for t in store.trial_results(run_id):
-        by_cell[(t.variant, t.level)].append(t)
-    part = {"experiment": _experiment_block(store, run_id, run, exp, exp_error),
-            "cells": _cells(run_summary(store, run_id), simulated), "spec_decode": _spec_decode(by_cell, simulated)}
-    return clean(_roofline(part, simulated))
+    section = _roofline_section(_experiment_block(store, run_id, run, exp, exp_error), run_summary(store, run_id),
+                                spec_decode_cells(store.trial_results(run_id)), simulated)
+    return clean(_roofline(section, simulated))
 
 
 def roofline_lines(roof: dict[str, Any]) -> list[str]:

@@ -17,10 +17,12 @@ class ModelTokenizer:
     """`tokenizer.json` (Hugging Face `tokenizers`) plus the chat template beside it."""
 
     def __init__(self, folder: str) -> None:
-        from truthput.load.tokenizer import load_tokenizer
+        # the server's own read of the model directory: the simulator stands beside the core (it is
+        # launched, never imported), so it does not share the client's loader in truthput.load
+        from tokenizers import Tokenizer
 
         self.folder = folder
-        self.tok = load_tokenizer(folder, where="--tokenizer")
+        self.tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
         self.template = _chat_template(folder)
 
     @property
