@@ -24,6 +24,7 @@ from statistics import mean
 from typing import Any, Callable
 
 from truthput.analyze.cells import Cell, source_label
+from truthput.analyze.latency import latency_and_goodput
 from truthput.analyze.roofline import RooflineSection, context_tokens, place_cells
 from truthput.analyze.specdecode import SpecDecodeCell, spec_decode_cells
 from truthput.analyze.summary import RunSummary
@@ -222,65 +223,23 @@ def _record(row: Any) -> Any:
         http_status=row["http_status"], error=row["error"])
 
 
-def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict | None,
+def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict[str, float | None] | None,
                          simulated: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    from truthput.load.goodput import SLO, goodput, request_itl_ms, request_ttft_ms
-
-    per_cell: dict[tuple[str, Level], dict[str, Any]] = {}
-    slo_obj = SLO(slo.get("ttft_ms"), slo.get("itl_ms")) if slo else None
-    good_rows: dict[tuple[str, Level], list[Goodput]] = defaultdict(list)
-    for t in trials:
-        key = (t.variant, t.level)
-        cell = per_cell.setdefault(key, {"variant": key[0], **level_json(key[1]), "ttft_ms": [], "itl_ms": [],
-                                         "n_requests": 0, "n_failed": 0, "from_results": []})
-        records = [_record(r) for r in store.requests(t.id)]
-        cell["n_requests"] += len(records)
-        for r in records:
-            if r.status != "ok":
-                cell["n_failed"] += 1
-                continue
-            ttft = request_ttft_ms(r)
-            itl = request_itl_ms(r)
-            if ttft is not None:
-                cell["ttft_ms"].append(round(ttft, 4))
-            if itl is not None:
-                cell["itl_ms"].append(round(itl, 4))
-        lat = t.results.latency.model_dump(mode="json", include={"ttft", "itl", "tpot", "e2e", "server_window"})
-        cell["from_results"].append({"trial_id": t.id, "start_index": t.start_index, "trial_index": t.trial_index,
-                                     **lat})
-        if slo_obj is not None and t.ok:
-            good_rows[key].append(Goodput.model_validate(goodput(records, slo_obj, t.window)))
-        elif slo_obj is None and t.ok and t.results.goodput is not None:
-            stored = t.results.goodput  # computed by the measuring side under its own SLOs
-            if any(v is not None for v in stored.slo.values()):
-                good_rows[key].append(stored)
-    latency = []
-    for cell in per_cell.values():  # the throughput table's order: variant order, then level
-        cell["ttft_ms"] = sorted(cell["ttft_ms"])
-        cell["itl_ms"] = sorted(cell["itl_ms"])
-        cell["source"] = "simulator" if simulated else "client_clock"
-        cell["note"] = ("per request, from the requests table: TTFT = first chunk - request sent; "
-                        "ITL = (last chunk - first chunk) / (completion tokens - 1)")
-        latency.append(cell)
-    good = None
-    if good_rows:
-        good = []
-        for (variant, conc), rows in good_rows.items():
-            slo = slo or rows[0].slo
-            rps = [r.goodput_rps.number() if r.goodput_rps else None for r in rows]
-            tps = [r.good_tokens_per_s.number() if r.good_tokens_per_s else None for r in rows]
-            frac = [r.good_fraction.number() if r.good_fraction else None for r in rows]
-            good.append({
-                "variant": variant, **level_json(conc), "slo": slo,
-                "goodput_rps": figure(mean([v for v in rps if v is not None]) if any(v is not None for v in rps) else None,
-                                      "req/s", "client_clock", simulated),
-                "good_tokens_per_s": figure(mean([v for v in tps if v is not None]) if any(v is not None for v in tps) else None,
-                                            "tok/s", "usage", simulated),
-                "good_fraction": figure(mean([v for v in frac if v is not None]) if any(v is not None for v in frac) else None,
-                                        "fraction", "client_clock", simulated),
-                "n_trials": len(rows),
-            })
-    return latency, good
+    latency, good = latency_and_goodput(trials, lambda t: [_record(r) for r in store.requests(t.id)], slo)
+    lat_rows = [{"variant": c.variant, **level_json(c.level), "ttft_ms": c.ttft_ms, "itl_ms": c.itl_ms,
+                 "n_requests": c.n_requests, "n_failed": c.n_failed, "from_results": c.per_trial,
+                 "source": "simulator" if simulated else "client_clock",
+                 "note": ("per request, from the requests table: TTFT = first chunk - request sent; "
+                          "ITL = (last chunk - first chunk) / (completion tokens - 1)")} for c in latency]
+    if good is None:
+        return lat_rows, None
+    return lat_rows, [{
+        "variant": g.variant, **level_json(g.level), "slo": g.slo,
+        "goodput_rps": figure(g.goodput_rps, "req/s", "client_clock", simulated),
+        "good_tokens_per_s": figure(g.good_tokens_per_s, "tok/s", "usage", simulated),
+        "good_fraction": figure(g.good_fraction, "fraction", "client_clock", simulated),
+        "n_trials": g.n_trials,
+    } for g in good]
 
 
 # ---- spec decode ------------------------------------------------------------------------------
@@ -529,54 +488,38 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
     faster, slower, equivalent within +-2%, or not decided), e.g. before/after a vLLM upgrade. Server
     starts are the unit of replication; each ratio uses its two cells' own variances (Welch), since
     two runs need not share their noise."""
-    from truthput.analyze.decide import ComparisonKey, decide_family
-    from truthput.analyze.stats import cell_estimate, ratio_estimate
+    from truthput.analyze.compare import compare_cells, flag_notes
 
     run_a, run_b = store_a.resolve_run(run_a), store_b.resolve_run(run_b)
     ra, rb = store_a.run(run_a), store_b.run(run_b)
     cells_a, cells_b = run_cells(store_a, run_a), run_cells(store_b, run_b)
-    ca = {k: c.per_start for k, c in cells_a.items()}
-    cb = {k: c.per_start for k, c in cells_b.items()}
-    shared = sorted(set(ca) & set(cb), key=lambda k: (k[0], k[1]))
     argv_a = {v["name"]: _loads(v["argv_json"], []) for v in store_a.variants(run_a)}
     argv_b = {v["name"]: _loads(v["argv_json"], []) for v in store_b.variants(run_b)}
     sim_a, sim_b = bool(ra["simulated"]), bool(rb["simulated"])
+    comparisons = compare_cells(cells_a, cells_b, confidence)
     rows = []
-    keys = {key: ComparisonKey("tok/s", key[1], key[0]) for key in shared}
-    raw = {keys[key]: ratio_estimate(cb[key], ca[key], confidence) for key in shared}
-    decided = decide_family(raw, 1.0 - confidence, 0.02) if raw else {}
-    for key in shared:
-        ea, eb = cell_estimate(ca[key], confidence), cell_estimate(cb[key], confidence)
-        d = decided[keys[key]]
-        r = d.estimate
-        outcome = {"different": "faster" if r.ratio > 1 else "slower"}.get(d.kind, d.kind)
+    for c in comparisons:
+        ea, eb, r = c.a_estimate, c.b_estimate, c.ratio
         rows.append({
-            "variant": key[0], **level_json(key[1]),
-            "a": figure(ea.mean, "tok/s", cells_a[key].source, sim_a, lo=ea.lo, hi=ea.hi, n_starts=ea.n_starts,
-                        n_trials=ea.n_trials, flags=[dataclasses.asdict(f) for f in cells_a[key].flags_on("tok/s")]),
-            "b": figure(eb.mean, "tok/s", cells_b[key].source, sim_b, lo=eb.lo, hi=eb.hi, n_starts=eb.n_starts,
-                        n_trials=eb.n_trials, flags=[dataclasses.asdict(f) for f in cells_b[key].flags_on("tok/s")]),
-            "ratio": {"value": r.ratio, "lo": r.lo, "hi": r.hi, "unit": "B/A",
-                      "source": cells_a[key].source if cells_a[key].source == cells_b[key].source
-                      else f"{cells_b[key].source} / {cells_a[key].source}",
+            "variant": c.variant, **level_json(c.level),
+            "a": figure(ea.mean, "tok/s", c.a.source, sim_a, lo=ea.lo, hi=ea.hi, n_starts=ea.n_starts,
+                        n_trials=ea.n_trials, flags=[dataclasses.asdict(f) for f in c.a.flags_on("tok/s")]),
+            "b": figure(eb.mean, "tok/s", c.b.source, sim_b, lo=eb.lo, hi=eb.hi, n_starts=eb.n_starts,
+                        n_trials=eb.n_trials, flags=[dataclasses.asdict(f) for f in c.b.flags_on("tok/s")]),
+            "ratio": {"value": r.ratio, "lo": r.lo, "hi": r.hi, "unit": "B/A", "source": c.source,
                       "pct": r.pct, "pct_lo": r.pct_lo, "pct_hi": r.pct_hi, "p_value": r.p_value,
                       "significant": r.significant, "method": r.method, "correction": r.correction,
-                      "warning": r.warning, "outcome": outcome},
-            "same_argv": argv_a.get(key[0]) == argv_b.get(key[0]),
+                      "warning": r.warning, "outcome": c.outcome},
+            "same_argv": argv_a.get(c.variant) == argv_b.get(c.variant),
         })
-    notes = []
-    for key in shared:
-        for side, cells in (("A", cells_a), ("B", cells_b)):
-            for f in cells[key].flags_on("tok/s"):
-                notes.append(f"{side} {key[0]} {level_label(key[1])}: flagged {f.code} ({f.trials} of {f.of} trials): "
-                             f"{f.reason}; the ratio rests on it")
+    notes = flag_notes(comparisons)
     if sim_a != sim_b:
         notes.append("one run is SIMULATED and the other is not: the ratio compares a model with a measurement")
     elif sim_a:
         notes.append("both runs are SIMULATED: no figure here is a measurement")
-    only_a = sorted(set(ca) - set(cb))
-    only_b = sorted(set(cb) - set(ca))
-    if not shared:
+    only_a = sorted(set(cells_a) - set(cells_b))
+    only_b = sorted(set(cells_b) - set(cells_a))
+    if not comparisons:
         notes.append("the runs share no variant x level cell (same variant name and load level)")
 
     def head(store: Store, run_id: str, row: Any) -> dict[str, Any]:
