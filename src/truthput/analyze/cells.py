@@ -175,14 +175,14 @@ class Cell:
                 starts.setdefault(_replicate(t), []).append(v)
         return starts
 
-    def quantile(self, metric: str, q: str) -> float | None:
+    def median_over_trials(self, metric: str, q: str) -> float | None:
         """Median over the cell's ok trials of each trial's client-clock latency quantile."""
         vals = []
         for t in self.trials:
             if t.status != "ok":
                 continue
             d = t.results.latency.metric(metric)
-            v = d.quantile(q) if d is not None else None
+            v = d.at(q) if d is not None else None
             if v is not None:
                 vals.append(v)
         return median(vals) if vals else None
@@ -205,7 +205,7 @@ def trial_metric(results: TrialResults, metric: str) -> float | None:
         return tokens_per_joule(results)
     name, _, q = metric.partition("_")
     d = results.latency.metric(name)
-    return d.quantile(q) if d is not None else None
+    return d.at(q) if d is not None else None
 
 
 def tokens_per_joule(results: TrialResults) -> float | None:
@@ -281,8 +281,8 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
                     if h is not counter and counter.value is not None:
                         _collect(cell.flags, "counter", counter, len(ok))
                 cell.per_stream = _median(t.results.per_stream.decode_tps_median.number() for t in ok)
-                cell.ttft_p50 = _median(t.results.latency.ttft.quantile("p50") for t in ok)
-                cell.itl_p50 = _median(t.results.latency.itl.quantile("p50") for t in ok)
+                cell.ttft_p50 = _median(t.results.latency.ttft.at("p50") for t in ok)
+                cell.itl_p50 = _median(t.results.latency.itl.at("p50") for t in ok)
             elif v in failed:
                 cell.status = f"failed: {failed[v]}"
             cells.append(cell)

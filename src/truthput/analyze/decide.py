@@ -34,13 +34,6 @@ class MetricSpec:
     """The word for a ratio above 1: "faster", "higher"."""
     down: str
 
-    def quantile(self) -> tuple[str, str] | None:
-        """(latency metric, quantile) for a latency verdict, e.g. ("itl", "p99")."""
-        if self.key.startswith(("ttft_", "itl_", "e2e_", "tpot_")):
-            name, q = self.key.split("_", 1)
-            return name, q
-        return None
-
 
 METRICS: dict[str, MetricSpec] = {
     "tok/s": MetricSpec("tok/s", "tok/s", True, "faster", "slower"),

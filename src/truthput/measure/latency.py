@@ -113,7 +113,7 @@ def server_histograms(window_hists: dict[str, Histogram | None],
             why = (notes or {}).get(key, "histogram not exposed (or a window scrape is missing)")
             out[key] = Distribution(mean=figure(None, "s", "server_counter", why))
             continue
-        quantiles = {f"p{q}": figure(h.quantile(q / 100), "s", "server_counter", "interpolated inside histogram buckets")
+        quantiles = {f"p{q}": figure(h.histogram_quantile(q / 100), "s", "server_counter", "interpolated inside histogram buckets")
                      for q in QUANTILES}
         out[key] = Distribution(n=h.count, mean=figure(h.mean, "s", "server_counter",
                                                        None if h.count else "no observations in window"), **quantiles)

@@ -235,7 +235,8 @@ class Distribution(Section):
     p90: Figure | None = None
     p99: Figure | None = None
 
-    def quantile(self, name: str) -> float | None:
+    def at(self, name: str) -> float | None:
+        """The stored figure `name` ("p50", "p99", "mean") as a number; None where it is missing."""
         f = getattr(self, name, None)
         return f.number() if isinstance(f, Figure) else None
 

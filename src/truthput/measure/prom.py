@@ -116,7 +116,7 @@ class Histogram:
     def mean(self) -> float | None:
         return self.sum / self.count if self.count > 0 else None
 
-    def quantile(self, q: float) -> float | None:
+    def histogram_quantile(self, q: float) -> float | None:
         """Linear interpolation inside the bucket, as Prometheus' histogram_quantile does."""
         if self.count <= 0 or not self.buckets:
             return None

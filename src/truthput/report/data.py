@@ -197,7 +197,7 @@ def _cells(summary: RunSummary, simulated: bool) -> list[dict[str, Any]]:
                 for q in ("p50", "p90", "p99"):
                     key = f"{name}_{q}"
                     if key not in c:
-                        c[key] = figure(cell.quantile(name, q), "s", "client_clock", simulated,
+                        c[key] = figure(cell.median_over_trials(name, q), "s", "client_clock", simulated,
                                         note="median over the cell's trials of each trial's quantile")
             comp = summary.comparison(cell.variant, cell.level)
             if comp is not None:
@@ -377,8 +377,8 @@ def _trial_table(trials: list[StoredTrial], simulated: bool) -> list[dict[str, A
             "counter_tokps": figure(r.throughput.counter_window.number(), "tok/s", "server_counter", simulated),
             "usage_tokps": figure(r.throughput.usage_window.number(), "tok/s", "usage", simulated),
             "per_stream_median": figure(r.per_stream.decode_tps_median.number(), "tok/s/stream", "usage", simulated),
-            "ttft_p50": figure(r.latency.ttft.quantile("p50"), "s", "client_clock", simulated),
-            "itl_p99": figure(r.latency.itl.quantile("p99"), "s", "client_clock", simulated),
+            "ttft_p50": figure(r.latency.ttft.at("p50"), "s", "client_clock", simulated),
+            "itl_p99": figure(r.latency.itl.at("p99"), "s", "client_clock", simulated),
             "acceptance_length": figure(spec_w.mean_acceptance_length.number()
                                         if spec_w is not None and spec_w.mean_acceptance_length is not None else None,
                                         "tokens/step", "server_counter", simulated),

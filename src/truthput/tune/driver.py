@@ -249,7 +249,7 @@ def _real_evaluation(summary: Any, trials: list[Any], variant: str, config: dict
 
     def p99(name: str) -> float | None:
         vals = sorted(v for t in trials if t.variant == variant and t.status == "ok"
-                      for v in [t.results.latency.metric(name).quantile("p99") if t.results.latency.metric(name) else None]
+                      for v in [t.results.latency.metric(name).at("p99") if t.results.latency.metric(name) else None]
                       if v is not None)
         return vals[len(vals) // 2] if vals else None
 
