@@ -318,7 +318,7 @@ def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path
 
 def test_the_winner_is_written_back_as_a_unit_that_imports_to_its_argv(tmp_path):
     """Import the seed's unit, A/B it on the simulator, and get the winning variant as a unit again."""
-    from truthput.commands.run import write_winner_units
+    from truthput.report.units import write_winner_units
     from truthput.experiment.unit import import_unit, parse_unit
 
     unit_path = ROOT / "tests" / "fixtures" / "units" / "gwen-original-config.service"

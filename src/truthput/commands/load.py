@@ -164,11 +164,11 @@ def register(app: typer.Typer) -> None:
         received: list[int] = []
 
         async def main() -> None:
-            from truthput.commands.run import _stop_task, stop_signals
+            from truthput.commands.common import stop_signals, stop_task
 
             loop = asyncio.get_running_loop()
             for sig in stop_signals():  # SIGTERM / SIGHUP end the load like Ctrl-C: finished trials kept
-                loop.add_signal_handler(sig, _stop_task, asyncio.current_task(), sig, received)
+                loop.add_signal_handler(sig, stop_task, asyncio.current_task(), sig, received)
             # The result leaves through a list, not as the task's result: on exit asyncio.run
             # restores the SIGINT handler, and CPython's signal module then formats a repr of the
             # handler, whose partial holds the main task, whose repr includes its result: every

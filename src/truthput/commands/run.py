@@ -7,34 +7,9 @@ from typing import Optional
 
 import typer
 
-ENGINE_HELP = "Run on this engine instead of the file's [server].engine (e.g. 'sim': the embedded simulator)."
-STORE_HELP = "Results store (SQLite)."
-
-
-def write_winner_units(db, store_path: Path, run_id: str, folder: Path) -> list[Path]:
-    """The variant the verdict names the winner, as a systemd unit (when the baseline came from one)."""
-    import json
-
-    from truthput.commands.units import export_variant_unit
-
-    run = db.run(run_id)
-    summary = json.loads(run["summary_json"] or "{}")
-    per = (summary.get("verdict") or {}).get("per_concurrency") or []
-    winners: dict[str, list[str]] = {}
-    for cv in per:
-        if cv.get("winner"):
-            winners.setdefault(cv["winner"], []).append(cv.get("level"))
-    if not winners or "systemd_unit" not in (run["experiment_toml"] or ""):
-        return []
-    out = []
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, levels in winners.items():
-        text, _warnings = export_variant_unit(store_path, run_id, name,
-                                              description=None)
-        path = folder / f"{run_id}-{name}.service"
-        path.write_text(text)
-        out.append(path)
-    return out
+from truthput.commands.common import (
+    ADDRESS_HELP, ENGINE_HELP, EXECUTOR_HELP, STORE_HELP, make_executor, stop_signals, stop_task,
+)
 
 
 def _starts_forecast(exp, plan, store_path: Path) -> list[str]:
@@ -117,59 +92,6 @@ def simulate_on(exp, engine: str | None, gpu: str | None, model: str | None) -> 
     return exp.simulate_on(gpu, model)
 
 
-def stop_signals() -> list[int]:
-    """The signals that stop a run: SIGTERM, and SIGHUP unless it was inherited as ignored (so
-    `nohup truthput run ...` keeps running when its terminal closes)."""
-    import signal
-
-    sigs: list[int] = [signal.SIGTERM]
-    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-        sigs.append(signal.SIGHUP)
-    return sigs
-
-
-def _stop_task(task, signum: int, received: list[int]) -> None:
-    """The first stop signal cancels the run (servers are stopped gracefully, the run is marked
-    interrupted); a second one during that teardown kills every server's process group at once,
-    and the teardown goes on recording the state."""
-    import signal
-    import sys
-
-    first = not received
-    received.append(signum)
-    if first:
-        task.cancel()
-        return
-    if len(received) == 2:
-        from truthput.engines.process import kill_all_servers
-
-        n = kill_all_servers()
-        print(f"truthput: second {signal.Signals(signum).name}: killed {n} server process group(s) with SIGKILL; "
-              "recording the run's state", file=sys.stderr, flush=True)
-
-
-EXECUTOR_HELP = ("Where server starts run: 'local' (this machine, one after another) or 'ray' (nodes of a Ray "
-                 "cluster, in parallel; pip install 'truthput[ray]').")
-ADDRESS_HELP = "With --executor ray: the cluster ('auto', the default: the one this machine is in; or HOST:PORT)."
-
-
-def make_executor(kind: str, address: str | None):
-    """The executor the --executor option names."""
-    from truthput.errors import InputError
-
-    if kind == "local":
-        if address:
-            raise InputError("--address is for --executor ray")
-        from truthput.executors.local import LocalExecutor
-
-        return LocalExecutor()
-    if kind == "ray":
-        from truthput.executors.ray_cluster import RayExecutor
-
-        return RayExecutor(address=address)
-    raise InputError(f"--executor {kind!r}: expected 'local' or 'ray'")
-
-
 def register(app: typer.Typer) -> None:
     @app.command()
     def run(
@@ -241,7 +163,7 @@ def register(app: typer.Typer) -> None:
             loop = asyncio.get_running_loop()
             task = asyncio.current_task()
             for sig in (*stop_signals(), signal.SIGINT):
-                loop.add_signal_handler(sig, _stop_task, task, sig, received)
+                loop.add_signal_handler(sig, stop_task, task, sig, received)
             return await run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress,
                                         sim_target={"gpu": sim_gpu, "model": sim_model, "said": overrides}
                                         if overrides else None, executor=placer)
@@ -272,6 +194,8 @@ def register(app: typer.Typer) -> None:
                     typer.echo(f"report: {p}")
             except ImportError:
                 pass
+            from truthput.report.units import write_winner_units
+
             for p in write_winner_units(db, store, run_id, reports):
                 typer.echo(f"winning unit: {p}")
         if not any(t.status == "ok" for t in db.trial_results(run_id)):

@@ -9,7 +9,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from truthput.commands.run import ADDRESS_HELP, ENGINE_HELP, EXECUTOR_HELP, STORE_HELP
+    from truthput.commands.common import ADDRESS_HELP, ENGINE_HELP, EXECUTOR_HELP, STORE_HELP
 
     @app.command()
     def tune(
@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         import json
         import signal
 
-        from truthput.commands.run import _stop_task, make_executor, stop_signals
+        from truthput.commands.common import make_executor, stop_signals, stop_task
         from truthput.engines.process import become_subreaper
         from truthput.load.client import prepare_load_process
         from truthput.report.progress import make_progress
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
             loop = asyncio.get_running_loop()
             task = asyncio.current_task()
             for sig in (*stop_signals(), signal.SIGINT):
-                loop.add_signal_handler(sig, _stop_task, task, sig, received)
+                loop.add_signal_handler(sig, stop_task, task, sig, received)
             return await run_tune(exp, text, str(experiment), db, store, engine, progress, say, executor=placer)
 
         try:
@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
             (reports / f"{outcome.name}.json").write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
             typer.echo(f"report: {html}")
             if outcome.chosen_run and outcome.chosen_variant and outcome.chosen_variant != exp.experiment.baseline:
-                from truthput.commands.units import export_variant_unit
+                from truthput.report.units import export_variant_unit
 
                 text_unit, warnings = export_variant_unit(store, outcome.chosen_run, outcome.chosen_variant)
                 unit_path = reports / f"{outcome.name}-chosen.service"
