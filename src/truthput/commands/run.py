@@ -251,9 +251,6 @@ def register(app: typer.Typer) -> None:
         con.print(f"order of server starts: {' '.join(f'{n}#{i + 1}' for n, i in p.order)}")
         for line in placed:
             con.print(line, markup=False, highlight=False)
-        for w in getattr(placer, "wants", {}).values():
-            con.print(f"  {w.variant}: {w.describe()}, "
-                      f"{sum(1 for n in placer.nodes if w.fits(n))} node(s) can hold it", markup=False)
         if wl.mode == "open":
             cap = f", at most {wl.max_in_flight} in flight" if wl.max_in_flight else ""
             levels = f"an open loop ({wl.arrival} arrivals{cap}) at {', '.join(level_label(x) for x in p.levels)}"

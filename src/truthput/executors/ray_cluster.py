@@ -221,7 +221,9 @@ class RayExecutor:
         self.wants = {w.variant: w for w in wants}
         self.max_reruns = exp.cluster.max_reruns
         return [f"Ray cluster: {len(self.nodes)} node(s) of class {self.hardware_class!r}: "
-                + "; ".join(n.describe() for n in self.nodes), *self.notes]
+                + "; ".join(n.describe() for n in self.nodes), *self.notes,
+                *(f"  {w.variant}: {w.describe()}, {sum(1 for n in self.nodes if w.fits(n))} node(s) can hold it"
+                  for w in wants)]
 
     def describe(self) -> str:
         return f"Ray, {len(self.nodes)} node(s) of class {self.hardware_class!r}"
