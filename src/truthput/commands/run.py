@@ -230,7 +230,7 @@ def register(app: typer.Typer) -> None:
         simulate_on(exp, engine, sim_gpu, sim_model)
         p = checked_plan(exp, engine, experiment)
         placer = make_executor(executor, address)
-        placed = placer.prepare(exp, p) if hasattr(placer, "prepare") else []
+        placed = placer.prepare(exp, p)
         con = make_console()
         con.print(f"[bold]{exp.experiment.name}[/bold]: engine {p.engine}"
                   + (" (embedded simulator: every figure will be SIMULATED)" if p.engine == "sim" else ""))
