@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from truthput.hardware.physics import Efficiency
-from truthput.sim.testing import parse_prometheus, running_sim, stream_request
+from simhelpers import parse_prometheus, running_sim, stream_request
 from truthput.sim.textgen import WORDS_PER_TOKEN
 
 FAST_FAKE = Efficiency(bw_frac=40.0, flops_frac=40.0, step_overhead_s=0.0002, tp_latency_s=0.0)

@@ -10,7 +10,7 @@ import json
 import aiohttp
 
 from truthput.hardware.physics import Efficiency
-from truthput.sim.testing import running_sim
+from simhelpers import running_sim
 
 FAST = Efficiency(bw_frac=40.0, flops_frac=40.0, step_overhead_s=0.0002, tp_latency_s=0.0)
 BASE = ["--sim-gpu", "H100", "--sim-model", "llama-3.1-8b", "--max-model-len", "4096"]
@@ -114,7 +114,7 @@ def test_tools_without_a_parser_are_refused_as_vllm_refuses_them():
 def test_the_added_metric_families_count_what_was_served():
     """After one request with known counts: tokens per step add up to prompt + output, the request
     parameters are observed once, and the physics model's estimates grew."""
-    from truthput.sim.testing import parse_prometheus
+    from simhelpers import parse_prometheus
 
     async def fn(url):
         _, out = await _post(url, "/v1/completions", {"prompt": "hello there", "max_tokens": 12, "ignore_eos": True,

@@ -13,7 +13,7 @@ import pytest
 from truthput.hardware.gpus import get_gpu
 from truthput.hardware.models import get_model
 from truthput.hardware.physics import Efficiency, decode_step
-from truthput.sim.testing import parse_prometheus, running_sim, stream_request
+from simhelpers import parse_prometheus, running_sim, stream_request
 
 BASE = ["--sim-gpu", "H100", "--sim-model", "llama-3.1-8b", "--max-model-len", "4096"]
 

@@ -1,8 +1,10 @@
-"""Helpers to run the simulator in-process and stream from it (tests, demos, benchmarks).
+"""Test helpers: the simulator in-process, and a client that keeps every chunk it streams.
 
 `running_sim(argv, eff=...)` starts a SimServer on a free 127.0.0.1 port inside the caller's
 event loop (no start-up delay, no subprocess), so a test can read the engine's exact totals next
-to what the HTTP API returned. `stream_request` is a minimal SSE reader that keeps every chunk.
+to what the HTTP API returned. `stream_request` keeps every chunk, read through truthput's own SSE
+parser (`truthput.load.sse`); `parse_prometheus` reads /metrics through truthput's own reader
+(`truthput.measure.prom`): the tests and the product read the server the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import AsyncIterator
 
 import orjson
 
+from truthput.load.sse import SSEParser
+from truthput.measure.prom import Scrape, parse_scrape
 from truthput.sim.flags import parse_serve_args
 from truthput.sim.server import SimServer, resolve_setup
 
@@ -66,46 +70,49 @@ async def stream_request(session, base_url: str, body: dict, chat: bool = False)
                             headers={"Content-Type": "application/json"}) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:]
-            if data == b"[DONE]":
+        parser = SSEParser()
+        done = False
+        async for raw in resp.content.iter_any():
+            for data in parser.feed(raw):
+                if data == b"[DONE]":
+                    done = True
+                    break
+                _take(res, parts, orjson.loads(data), time.monotonic())
+            if done:
                 break
-            obj = orjson.loads(data)
-            now = time.monotonic()
-            res.chunks.append(obj)
-            if obj.get("usage") and not obj.get("choices"):
-                res.usage = obj["usage"]
-                continue
-            if obj.get("usage"):
-                res.usage = obj["usage"]
-            for ch in obj.get("choices", []):
-                piece = ch.get("text")
-                if piece is None:
-                    piece = (ch.get("delta") or {}).get("content")
-                if piece:
-                    parts.append(piece)
-                    res.chunk_times.append(now)
-                    if res.t_first is None:
-                        res.t_first = now
-                    res.t_last = now
-                if ch.get("finish_reason"):
-                    res.finish_reason = ch["finish_reason"]
     res.text = "".join(parts)
     return res
 
 
+def _take(res: StreamResult, parts: list[str], obj: dict, now: float) -> None:
+    """One chunk into the result: its usage (running or final) and its text."""
+    res.chunks.append(obj)
+    if obj.get("usage"):
+        res.usage = obj["usage"]
+    for ch in obj.get("choices") or []:
+        piece = ch.get("text")
+        if piece is None:
+            piece = (ch.get("delta") or {}).get("content")
+        if piece:
+            parts.append(piece)
+            res.chunk_times.append(now)
+            if res.t_first is None:
+                res.t_first = now
+            res.t_last = now
+        if ch.get("finish_reason"):
+            res.finish_reason = ch["finish_reason"]
+
+
 def parse_prometheus(text: str) -> dict[str, float]:
     """Sample name with sorted labels -> value, e.g. 'vllm:generation_tokens_total' (labels dropped
-    when the only labels are model_name/engine)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    when the only labels are model_name/engine), from truthput's own /metrics reader."""
+    parsed = parse_scrape(Scrape("test", 0.0, text))
+    if parsed.error:
+        raise ValueError(parsed.error)
     out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine")}
-            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}" if labels else "")
-            out[key] = s.value
+    for name, samples in parsed.samples.items():
+        for labels, value in samples:
+            kept = {k: v for k, v in labels.items() if k not in ("model_name", "engine")}
+            key = name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(kept.items())) + "}" if kept else "")
+            out[key] = value
     return out
