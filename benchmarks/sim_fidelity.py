@@ -339,7 +339,7 @@ def main() -> int:
 
     def stored_runs(store: Path) -> list[str]:
         db = Store(store, read_only=True)
-        ids = [row["id"] for row in db.runs()]
+        ids = [row.id for row in db.runs()]
         db.close()
         return ids
 

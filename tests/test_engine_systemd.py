@@ -139,7 +139,7 @@ env = { FAKE_SERVER_FAIL = "oom" }
     db = tmp_path / "r.db"
     run_id = _run(experiment(variants, [sys.executable, SERVER, *SIM_FLAGS]), db)
     store = Store(db)
-    assert store.run(run_id)["status"] == "done"
+    assert store.run(run_id).status == "done"
 
     # counter figures from a real server, and the whole-trial identity
     trials = {t.variant: t for t in store.trial_results(run_id)}
@@ -147,26 +147,26 @@ env = { FAKE_SERVER_FAIL = "oom" }
     for t in trials.values():
         assert t.status == "ok"
         reqs = store.requests(t.id)
-        assert reqs and all(q["completion_tokens"] == 16 for q in reqs)
+        assert reqs and all(q.completion_tokens == 16 for q in reqs)
         integ = t.results.to_json_dict()["integrity"]
         assert integ["holds"] is True
         assert integ["counter_delta"]["value"] == 16 * len(reqs)
         assert integ["counter_delta"]["source"] == "server_counter"
         assert t.results.to_json_dict()["throughput"]["counter_window"]["source"] == "server_counter"
 
-    starts = {s["variant"]: s for s in store.starts(run_id)}
+    starts = {s.variant: s for s in store.starts(run_id)}
     # the OOM unit is a recorded failure with the right class, not a crashed run
     bad = starts["oom"]
-    assert bad["status"] == "failed" and bad["failure_class"] == "oom"
-    assert "CUDA out of memory" in bad["failure_line"]
-    assert "Result=exit-code" in bad["failure_reason"] and "ExecMainStatus=1" in bad["failure_reason"]
+    assert bad.status == "failed" and bad.failure_class == "oom"
+    assert "CUDA out of memory" in bad.failure_line
+    assert "Result=exit-code" in bad.failure_reason and "ExecMainStatus=1" in bad.failure_reason
 
     # what systemd was asked to start: Restart=no, no RestartSec=, the variant's exact argv and env
     started = {p.name: p.read_text() for p in (state / "started").iterdir()}
     assert len(started) == 3
     for variant, row in starts.items():
-        launched = json.loads(row["argv_json"])
-        (name, text), = [(n, t) for n, t in started.items() if f"--port {row['port']}\n" in t]
+        launched = row.argv
+        (name, text), = [(n, t) for n, t in started.items() if f"--port {row.port}\n" in t]
         unit = parse_unit(text, name)
         assert unit.exec_start_argv() == launched
         assert unit.get("Service", "Restart") == "no"
@@ -177,7 +177,7 @@ env = { FAKE_SERVER_FAIL = "oom" }
         if variant == "seqs4":
             assert launched[launched.index("--max-num-seqs") + 1] == "4"
         # the journal reached the store: systemd's own line and the server's
-        logs = [(r["stream"], r["line"]) for r in store.logs(row["id"])]
+        logs = [(r.stream, r.line) for r in store.logs(row.id)]
         assert ("journal", f"Started {name} - vLLM under test (truthput systemd engine).") in logs
         assert ("unit", "Restart=no") in logs
 
@@ -191,7 +191,7 @@ env = { FAKE_SERVER_FAIL = "oom" }
         assert seq[i_start - 1] == ["daemon-reload"]
         assert i_stop > i_start and ["daemon-reload"] in seq[i_stop:]
         assert "show" in verbs
-    assert not any(port_is_listening(s["port"]) for s in starts.values())
+    assert not any(port_is_listening(s.port) for s in starts.values())
 
 
 def _engine(units: Path, argv: list[str], env: dict[str, str], port: int, **kw) -> SystemdEngine:
@@ -381,8 +381,8 @@ def test_cancel_during_a_trial_stops_the_unit_and_removes_it(fake_systemd, tmp_p
     seq = calls(state)
     i_stop = seq.index(["stop", name])
     assert ["daemon-reload"] in seq[i_stop:]
-    (start_row,) = Store(tmp_path / "r.db").starts(Store(tmp_path / "r.db").runs()[0]["id"])
-    assert not port_is_listening(start_row["port"])
+    (start_row,) = Store(tmp_path / "r.db").starts(Store(tmp_path / "r.db").runs()[0].id)
+    assert not port_is_listening(start_row.port)
 
 
 def test_atexit_net_stops_without_an_event_loop(fake_systemd):

@@ -56,10 +56,10 @@ def test_load_counts_every_token_and_stores_the_trials(stub, tmp_path: Path, mon
     assert trials[0].results.to_json_dict()["integrity"]["holds"] is True
     assert trials[0].results.to_json_dict()["load"]["mode"] == "closed"
     assert len(db.requests(trials[0].id)) == 24
-    assert {s["phase"] for s in db.scrapes(trials[1].id)} == {"pre", "window_start", "window_end", "post"}
+    assert {s.phase for s in db.scrapes(trials[1].id)} == {"pre", "window_start", "window_end", "post"}
     runrow = db.run(run.run_id)
-    assert runrow["status"] == "done" and runrow["engine"] == "external" and not runrow["simulated"]
-    assert "TRUTHPUT_SECRET_KEY" in runrow["experiment_toml"]
+    assert runrow.status == "done" and runrow.engine == "external" and not runrow.simulated
+    assert "TRUTHPUT_SECRET_KEY" in runrow.experiment_toml
     blob = Path(tmp_path / "t.db").read_bytes()
     assert b"sk-very-secret-123" not in blob  # the key itself is never stored
 

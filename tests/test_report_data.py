@@ -92,8 +92,8 @@ def test_spec_decode_per_position_is_mean_over_trials(doc, store):
 def test_latency_from_requests_table(doc, store):
     cell = next(x for x in doc["latency"] if x["variant"] == "nospec" and x["concurrency"] == 1)
     ids = [t.id for t in store.trial_results(store.resolve_run("latest")) if t.variant == "nospec" and t.concurrency == 1]
-    ttft = sorted(round((r["t_first"] - r["t_start"]) * 1000, 4) for i in ids for r in store.requests(i)
-                  if r["status"] == "ok" and r["t_first"] is not None)
+    ttft = sorted(round((r.t_first - r.t_start) * 1000, 4) for i in ids for r in store.requests(i)
+                  if r.status == "ok" and r.t_first is not None)
     assert cell["ttft_ms"] == ttft
     assert len(cell["itl_ms"]) == cell["n_requests"]
 

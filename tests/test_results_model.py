@@ -47,18 +47,18 @@ def store(tmp_path_factory) -> Store:
 
 
 def run_id(store: Store, name: str) -> str:
-    return next(r["id"] for r in store.runs() if r["name"] == name)
+    return next(r.id for r in store.runs() if r.name == name)
 
 
 def _records(store: Store, trial_id: int) -> list[RequestRecord]:
     out = []
     for r in store.requests(trial_id):
-        t, running, text = decode_chunks(r["chunks_json"])
-        out.append(RequestRecord(idx=r["idx"], t_start=r["t_start"], t_end=r["t_end"], t_first=r["t_first"],
+        t, running, text = decode_chunks(r.chunks_json)
+        out.append(RequestRecord(idx=r.idx, t_start=r.t_start, t_end=r.t_end or r.t_start, t_first=r.t_first,
                                  chunk_times=t, chunk_tokens=running, chunk_texts=text,
-                                 prompt_tokens=r["prompt_tokens"], completion_tokens=r["completion_tokens"],
-                                 finish_reason=r["finish_reason"], status=r["status"], http_status=r["http_status"],
-                                 error=r["error"]))
+                                 prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
+                                 finish_reason=r.finish_reason, status=r.status, http_status=r.http_status,
+                                 error=r.error))
     return out
 
 
@@ -81,22 +81,23 @@ def _comparable(doc: dict) -> dict:
 def recompute(store: Store, rid: str, raw: bool = False) -> list:
     """(stored, recomputed) results documents of every trial of a run, in the order they ran."""
     run = store.run(rid)
-    engine = {"sim": "vllm", "command": "command", "external": "vllm"}[run["engine"]]
-    spec = {v["name"]: speculative_settings(ServerArgv.parse(json.loads(v["argv_json"])))
-            for v in store.variants(rid)} if run["engine"] != "external" else {}
+    engine = {"sim": "vllm", "command": "command", "external": "vllm"}[run.engine]
+    spec = {v.name: speculative_settings(ServerArgv.parse(v.argv))
+            for v in store.variants(rid)} if run.engine != "external" else {}
     out = []
     flushed: dict[int | None, float] = {}
-    for row in sorted(store.trials(rid), key=lambda r: r["t0_mono"]):
+    for row in sorted(store.trial_results(rid), key=lambda r: r.t0_mono):
         logs = None
-        if row["start_id"] is not None and run["engine"] != "external":
+        if row.start_id is not None and run.engine != "external":
             # the runner saw the lines it had read since its last flush, up to the end of the trial
-            lo = max(row["t0_mono"] - 1.0, flushed.get(row["start_id"], float("-inf")))
-            logs = [(x["t_mono"], x["line"]) for x in store.logs(row["start_id"]) if lo < x["t_mono"] <= row["t_end"]]
-            flushed[row["start_id"]] = row["t_end"]
-        scrapes = [Scrape(s["phase"], s["t_mono"], s["text"], s["error"]) for s in store.scrapes(row["id"])]
-        new = measure_trial(_records(store, row["id"]), scrapes, logs, (row["window_start"], row["window_end"]),
-                            row["concurrency"], engine=engine, speculative=spec.get(row["variant"]))
-        old = TrialResults.from_stored(json.loads(row["results_json"]))
+            lo = max(row.t0_mono - 1.0, flushed.get(row.start_id, float("-inf")))
+            end = row.t_end if row.t_end is not None else float("inf")
+            logs = [(x.t_mono, x.line) for x in store.logs(row.start_id) if lo < x.t_mono <= end]
+            flushed[row.start_id] = end
+        scrapes = [Scrape(s.phase, s.t_mono, s.text, s.error) for s in store.scrapes(row.id)]
+        new = measure_trial(_records(store, row.id), scrapes, logs, (row.window_start, row.window_end),
+                            row.concurrency, engine=engine, speculative=spec.get(row.variant))
+        old = row.results
         out.append((old, new) if raw else (_comparable(old.to_json_dict()), _comparable(new.to_json_dict())))
     return out
 
@@ -297,7 +298,7 @@ def test_load_against_the_simulator_is_labelled_simulated_everywhere(tmp_path):
     assert "SIMULATED" in out.stdout and "simulated" in out.stdout
     store = Store(db)
     rid = store.resolve_run("latest")
-    assert store.run(rid)["simulated"] == 1
+    assert store.run(rid).simulated == 1
     (trial,) = store.trial_results(rid)
     assert trial.results.simulated and trial.results.server_samples.n >= 1
     doc = build_report_data(store, rid)

@@ -101,8 +101,8 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
     text = experiment_text(BASE_VARIANTS)
     run_id = _run(text, db)
     store = Store(db)
-    assert store.run(run_id)["status"] == "done"
-    assert store.run(run_id)["simulated"] == 1
+    assert store.run(run_id).status == "done"
+    assert store.run(run_id).simulated == 1
     trials = store.trial_results(run_id)
     assert {(t.variant, t.concurrency) for t in trials} == {
         (v, c) for v in ("base", "spec1", "nospec") for c in (1, 4)}
@@ -110,9 +110,9 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
         r = t.results.to_json_dict()
         assert t.status == "ok"
         reqs = store.requests(t.id)
-        assert reqs and all(q["status"] == "ok" for q in reqs)
+        assert reqs and all(q.status == "ok" for q in reqs)
         # known truth: ignore_eos -> exactly output_tokens per request
-        assert all(q["completion_tokens"] == 24 for q in reqs)
+        assert all(q.completion_tokens == 24 for q in reqs)
         integ = r["integrity"]
         assert integ["holds"] is True
         assert integ["counter_delta"]["value"] == 24 * len(reqs) == integ["usage_sum_ok"]["value"]
@@ -121,7 +121,7 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
         assert tp["source"] == "server_counter" and tp["value"] > 0
         assert r["simulated"] is True
         # four scrapes, raw Prometheus text kept
-        phases = [s["phase"] for s in store.scrapes(t.id)]
+        phases = [s.phase for s in store.scrapes(t.id)]
         assert list(dict.fromkeys(p for p in phases if p != "periodic")) == ["pre", "window_start", "window_end", "post"]
         # in-window samples: the server's own running-requests gauge saw the intended concurrency
         assert phases.count("periodic") >= 1
@@ -134,13 +134,13 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
         assert t.results.flagged_figures() == [], t.results.flagged_figures()
         host = t.results.interference.host_other_cores  # the sim's process group is the server's
         assert host is not None and host.value is not None and host.value < 0.5
-        assert "vllm:generation_tokens_total" in store.scrapes(t.id)[0]["text"]
+        assert "vllm:generation_tokens_total" in store.scrapes(t.id)[0].text
     # speculation counters only where speculation is on
     by_variant = {t.variant: t.results.to_json_dict() for t in trials if t.concurrency == 4}
     assert by_variant["base"]["spec_decode"]["k"] == 3
     assert by_variant["spec1"]["spec_decode"]["k"] == 1
     assert not by_variant["nospec"].get("spec_decode")
-    summary = json.loads(store.run(run_id)["summary_json"])
+    summary = store.run(run_id).summary
     assert summary["verdict_lines"], "a verdict is written"
     # greedy output unchanged by speculation (the simulator promises it; the guard checks it)
     assert summary["guard"]["spec1"]["exact_match_rate"] == 1.0
@@ -173,14 +173,14 @@ set = { "--max-model-len" = 4000000, "--gpu-memory-utilization" = 0.2 }
     db = tmp_path / "r.db"
     run_id = _run(experiment_text(variants, concurrency=(2,)), db)
     store = Store(db)
-    starts = {s["variant"]: s for s in store.starts(run_id)}
+    starts = {s.variant: s for s in store.starts(run_id)}
     bad = starts["too-long"]
-    assert bad["status"] == "failed"
-    assert bad["failure_class"] in ("kv_too_small", "oom", "invalid_config")
-    assert bad["failure_line"]
+    assert bad.status == "failed"
+    assert bad.failure_class in ("kv_too_small", "oom", "invalid_config")
+    assert bad.failure_line
     assert {t.variant for t in store.trial_results(run_id)} == {"base", "spec1", "nospec"}
-    assert store.run(run_id)["status"] == "done"
-    assert "too-long" in json.loads(store.run(run_id)["summary_json"])["failed"]
+    assert store.run(run_id).status == "done"
+    assert "too-long" in store.run(run_id).summary["failed"]
 
 
 def test_pinned_port_in_use_is_recorded(tmp_path):
@@ -193,8 +193,8 @@ def test_pinned_port_in_use_is_recorded(tmp_path):
         run_id = _run(text, db)
     store = Store(db)
     (start,) = store.starts(run_id)
-    assert start["failure_class"] == "port_in_use"
-    assert str(port) in start["failure_reason"]
+    assert start.failure_class == "port_in_use"
+    assert str(port) in start.failure_reason
     assert store.trial_results(run_id) == []
 
 
@@ -204,8 +204,8 @@ def test_server_that_exits_at_once(tmp_path):
     db = tmp_path / "r.db"
     run_id = _run(text, db)
     (start,) = Store(db).starts(run_id)
-    assert start["status"] == "failed"
-    assert "bad flag" in (start["log_excerpt"] or "") + (start["failure_line"] or "")
+    assert start.status == "failed"
+    assert "bad flag" in (start.log_excerpt or "") + (start.failure_line or "")
 
 
 def test_server_without_metrics_falls_back_to_usage_and_says_so(tmp_path):
@@ -285,10 +285,10 @@ def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path
     assert b"--resume" in out
     store = Store(db)
     run_id = store.resolve_run("latest")
-    assert store.run(run_id)["status"] == "interrupted"
+    assert store.run(run_id).status == "interrupted"
     starts = store.starts(run_id)
-    assert not _pids_alive([s["pid"] for s in starts if s["pid"]]), "a server outlived Ctrl-C"
-    assert not any(_port_listening(s["port"]) for s in starts if s["port"])
+    assert not _pids_alive([s.pid for s in starts if s.pid]), "a server outlived Ctrl-C"
+    assert not any(_port_listening(s.port) for s in starts if s.port)
     before = {(t.variant, t.start_index, t.concurrency, t.trial_index): t.id
               for t in store.trial_results(run_id)}
     store.close()
@@ -296,7 +296,7 @@ def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path
                           capture_output=True, env=env, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
     store = Store(db)
-    assert store.run(run_id)["status"] == "done"
+    assert store.run(run_id).status == "done"
     after = {(t.variant, t.start_index, t.concurrency, t.trial_index): t.id
              for t in store.trial_results(run_id)}
     assert len(after) == 3 * 2 * 2  # every planned trial, once
@@ -361,7 +361,7 @@ guard_max_tokens = 8
     run_id = asyncio.run(run_experiment(exp, text, "imported.toml", Store(db), progress=lambda m: None))
     store = Store(db)
     paths = write_winner_units(store, db, run_id, tmp_path / "out")
-    assert [p.name for p in paths] == [f"{run_id}-mtp3.service"], json.loads(store.run(run_id)["summary_json"])["verdict_lines"]
+    assert [p.name for p in paths] == [f"{run_id}-mtp3.service"], store.run(run_id).summary["verdict_lines"]
     unit = parse_unit(paths[0].read_text())
     original = parse_unit(unit_path.read_text())
     # same argv as the user's own unit (mtp3 changed nothing), same sections, normal restart policy kept
@@ -373,10 +373,10 @@ def _assert_interrupted_and_nothing_left(db, why: str) -> None:
     """The stopped run is marked interrupted, and no server pid or port of it is left."""
     store = Store(db, read_only=True)
     run_id = store.resolve_run("latest")
-    assert store.run(run_id)["status"] == "interrupted"
+    assert store.run(run_id).status == "interrupted"
     starts = store.starts(run_id)
-    assert not _pids_alive([s["pid"] for s in starts if s["pid"]]), why
-    assert not any(_port_listening(s["port"]) for s in starts if s["port"])
+    assert not _pids_alive([s.pid for s in starts if s.pid]), why
+    assert not any(_port_listening(s.port) for s in starts if s.port)
 
 
 def _start_run(tmp_path, name: str, min_trials: int, preexec=None, text: str | None = None):
@@ -461,15 +461,15 @@ def test_a_server_dies_with_truthput_even_after_kill_9(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "left by a stopped truthput" in out.stderr
     store = Store(db, read_only=True)
-    statuses = [s["status"] for s in store.starts(run_id)]
+    statuses = [s.status for s in store.starts(run_id)]
     assert "lost" in statuses and not {"starting", "ready"} & set(statuses)
     trials = store.trial_results(run_id)
-    assert len(trials) >= kept and store.run(run_id)["status"] == "done"
-    assert "port_in_use" not in out.stderr and all(s["port"] == port for s in store.starts(run_id))
-    lost = {s["id"]: (s["variant"], s["start_index"]) for s in store.starts(run_id) if s["status"] == "lost"}
+    assert len(trials) >= kept and store.run(run_id).status == "done"
+    assert "port_in_use" not in out.stderr and all(s.port == port for s in store.starts(run_id))
+    lost = {s.id: (s.variant, s.start_index) for s in store.starts(run_id) if s.status == "lost"}
     for t in trials:  # a trial belongs to the server it ran on; none of the resume's runs on a lost one
-        start = next(s for s in store.starts(run_id) if s["id"] == t.start_id)
-        assert (start["variant"], start["start_index"]) == (t.variant, t.start_index)
+        start = next(s for s in store.starts(run_id) if s.id == t.start_id)
+        assert (start.variant, start.start_index) == (t.variant, t.start_index)
     resumed = [t for t in trials if (t.variant, t.start_index) in lost.values() and t.start_id not in lost]
     if resumed:  # the round's rest ran on a new server: the cell counts it as a replicate of its own
         from truthput.analyze.cells import build_cells
@@ -502,8 +502,8 @@ def test_sequential_run_adds_rounds_until_decided_or_max_starts(tmp_path):
     exp = parse_experiment(text, "e2e.toml")
     run_id = asyncio.run(run_experiment(exp, text, "e2e.toml", Store(db), progress=lines.append))
     store = Store(db)
-    starts = [(s["variant"], s["start_index"]) for s in store.starts(run_id)]
-    summary = json.loads(store.run(run_id)["summary_json"])
+    starts = [(s.variant, s.start_index) for s in store.starts(run_id)]
+    summary = store.run(run_id).summary
     (cv,) = [c for c in summary["verdict"]["per_concurrency"] if c["metric"] == "tok/s"]
     (comp,) = cv["comparisons"]
     events = [r[0] for r in store.conn.execute(
@@ -561,8 +561,8 @@ set = { "--max-model-len" = 99999999, "--max-num-seqs" = 8 }
     assert "no variant produced a measurement (base: " in out.stderr
     store = Store(db)
     run_id = store.resolve_run("latest")
-    assert store.run(run_id)["status"] == "done"
-    assert {s["status"] for s in store.starts(run_id)} == {"failed"}
+    assert store.run(run_id).status == "done"
+    assert {s.status for s in store.starts(run_id)} == {"failed"}
 
 
 def test_a_full_disk_is_one_line_and_keeps_committed_trials(tmp_path):
@@ -587,7 +587,7 @@ def test_a_full_disk_is_one_line_and_keeps_committed_trials(tmp_path):
     store = Store(db, read_only=True)
     run_id = store.resolve_run("latest")
     starts = store.starts(run_id)
-    assert not _pids_alive([s["pid"] for s in starts if s["pid"]]), "a server outlived the failure"
+    assert not _pids_alive([s.pid for s in starts if s.pid]), "a server outlived the failure"
     assert all(t.status in ("ok", "failed") for t in store.trial_results(run_id))
 
 
@@ -604,7 +604,7 @@ def test_a_second_resume_of_a_running_run_is_refused_in_one_line(tmp_path):
     finally:
         proc.communicate(timeout=240)
     assert proc.returncode == 0
-    assert Store(db, read_only=True).run(run_id)["status"] == "done"
+    assert Store(db, read_only=True).run(run_id).status == "done"
 
 
 @pytest.mark.slow
@@ -737,10 +737,10 @@ def test_a_crash_under_load_ends_that_start_and_two_fail_the_variant(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     store = Store(db, read_only=True)
     run_id = store.resolve_run("latest")
-    starts = {(s["variant"], s["start_index"]): s for s in store.starts(run_id)}
-    crashed = [k for k, s in starts.items() if s["failure_class"] == "crash_under_load"]
-    assert crashed == [("crashy", 0), ("crashy", 1)], {k: (s["status"], s["failure_class"]) for k, s in starts.items()}
+    starts = {(s.variant, s.start_index): s for s in store.starts(run_id)}
+    crashed = [k for k, s in starts.items() if s.failure_class == "crash_under_load"]
+    assert crashed == [("crashy", 0), ("crashy", 1)], {k: (s.status, s.failure_class) for k, s in starts.items()}
     assert all(starts[k]["status"] == "failed" for k in crashed)
     assert ("crashy", 2) not in starts  # not started a third time
     assert [k for k in starts if k[0] == "base"] == [("base", 0), ("base", 1), ("base", 2)]
-    assert "crashy: failed" in " ".join(json.loads(store.run(run_id)["summary_json"])["verdict_lines"])
+    assert "crashy: failed" in " ".join(store.run(run_id).summary["verdict_lines"])

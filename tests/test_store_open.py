@@ -83,8 +83,8 @@ def test_failed_requests_beyond_the_cap_are_counted_not_stored(tmp_path):
     run_id = store.create_run("x", "sim", True, None, "", 1, {})
     trial_id = commit(store, run_id, "v", None, TrialKey("v", 0, 1, 0), run)
     rows = store.requests(trial_id)
-    assert sum(1 for r in rows if r["status"] == "ok") == 50
-    assert sum(1 for r in rows if r["status"] != "ok") == FAILED_ROWS_STORED == 200
+    assert sum(1 for r in rows if r.status == "ok") == 50
+    assert sum(1 for r in rows if r.status != "ok") == FAILED_ROWS_STORED == 200
     (t,) = store.trial_results(run_id)
     assert t.results.requests.failed_not_stored == 300
 

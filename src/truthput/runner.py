@@ -30,24 +30,24 @@ def _stop_leftovers(store: Store, run_id: str, emit: Callable[[Event], None]) ->
     from truthput.engines.process import stop_leftover_server
 
     for s in store.starts(run_id):
-        if s["status"] not in ("starting", "ready"):
+        if s.status not in ("starting", "ready"):
             continue
         what = "no server was recorded"
-        info = json.loads(s["info_json"]) if s["info_json"] else {}
+        info = s.info
         placement = info.get("placement")
         if placement and placement.get("executor") == "ray":
             # its pid is on a cluster node: the server died with its actor (parent-death signal)
             what = f"its server ran on node {placement.get('node')}, and died with its actor"
-        elif s["pid"]:
-            argv = json.loads(s["argv_json"] or "[]")
-            what = {"stopped": f"its server (pid {s['pid']}) was still running and was stopped",
+        elif s.pid:
+            argv = s.argv
+            what = {"stopped": f"its server (pid {s.pid}) was still running and was stopped",
                     "gone": "its server had already exited",
-                    "not ours": f"pid {s['pid']} is now another process, left alone"}[
-                stop_leftover_server(int(s["pid"]), float(s["started_at"] or 0.0), argv,
+                    "not ours": f"pid {s.pid} is now another process, left alone"}[
+                stop_leftover_server(int(s.pid), float(s.started_at or 0.0), argv,
                                      identity=info.get("process"))]
-        store.update_start(s["id"], status="lost", stopped_at=time.time(),
+        store.update_start(s.id, status="lost", stopped_at=time.time(),
                            failure_reason=f"the truthput running this start stopped before it ended; {what}")
-        emit(Note(f"{s['variant']} start {s['start_index'] + 1}: left by a stopped truthput; {what}", "warning"))
+        emit(Note(f"{s.variant} start {s.start_index + 1}: left by a stopped truthput; {what}", "warning"))
 
 
 def summarize(store: Store, run_id: str, guard_texts: dict[str, list[str]] | None = None) -> dict:
@@ -76,7 +76,7 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
     if resume:
         run_id = store.resolve_run(resume)
         run_lock = store.lock_run(run_id)
-        engine = store.run(run_id)["engine"]
+        engine = store.run(run_id).engine
         store.set_run_status(run_id, "running")
         store.event(run_id, "resumed", "run resumed")
     plan = build_plan(exp, engine)
@@ -97,11 +97,9 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
         store.put_variant(run_id, vp.name, vp.position, vp.is_baseline, vp.argv.to_argv(),
                           {"diff": vp.diff, "lines": vp.diff_text, "speculative": vp.speculative}, vp.env)
     ctx = RunContext(exp=exp, store=store, run_id=run_id, plan=plan, emit=emit,
-                     simulated=plan.engine in SIMULATED_KINDS or bool(store.run(run_id)["simulated"]))
+                     simulated=plan.engine in SIMULATED_KINDS or bool(store.run(run_id).simulated))
     if resume:
-        prev = store.run(run_id)["summary_json"]
-        if prev:
-            ctx.guard_texts = json.loads(prev).get("guard_texts") or {}
+        ctx.guard_texts = (store.run(run_id).summary or {}).get("guard_texts") or {}
     if pinned or exp.server.cpus:
         where = (f"client on core(s) {cpu_string(pinned) if pinned else 'any'}, servers on "
                  f"{cpu_string(exp.server.cpus) if exp.server.cpus else 'all of the host'}")

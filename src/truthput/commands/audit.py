@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         try:
             rid = db.resolve_run(run_id)
             run = db.run(rid)
-            simulated = bool(run["simulated"])
+            simulated = bool(run.simulated)
             trials = db.trial_results(rid)
             rows = audit_rows(trials, simulated=simulated)
             checks = integrity_rows(trials)

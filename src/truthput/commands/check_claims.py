@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
             db = Store(store, read_only=True)
             try:
                 rid = db.resolve_run(run_id)
-                simulated = bool(db.run(rid)["simulated"])
+                simulated = bool(db.run(rid).simulated)
                 measurements = db.trial_results(rid)
                 from truthput.report.data import nospec_ceilings, roofline_for_run
 

@@ -53,11 +53,11 @@ def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float |
     except Exception:  # an unreadable store gives no noise, the default applies
         return None, ""
     try:
-        runs = [r for r in db.runs() if r["engine"] == engine
-                and json.loads(r["machine_json"] or "{}").get("hostname") == hostname][-5:]
+        runs = [r for r in db.runs() if r.engine == engine
+                and r.machine.get("hostname") == hostname][-5:]
         cells: list[list[list[float]]] = []
         for r in runs:
-            cells.extend(c.per_start for c in build_cells(db.trial_results(r["id"])) if len(c.per_start) >= 2)
+            cells.extend(c.per_start for c in build_cells(db.trial_results(r.id)) if len(c.per_start) >= 2)
         pooled = pooled_start_noise(cells)
     except (sqlite3.Error, ValueError, KeyError):
         return None, ""
@@ -136,12 +136,12 @@ def register(app: typer.Typer) -> None:
         if resume:
             run_id = db.resolve_run(resume)
             row = db.run(run_id)
-            if row["status"] == "done":
+            if row.status == "done":
                 typer.echo(f"run {run_id} is complete (status done): nothing to resume; its summary follows")
                 print_run(db, run_id)
                 return
-            exp = parse_experiment(row["experiment_toml"], f"{row['experiment_path'] or 'stored experiment'} (run {run_id})")
-            text, path = row["experiment_toml"], row["experiment_path"]
+            exp = parse_experiment(row.experiment_toml, f"{row.experiment_path or 'stored experiment'} (run {run_id})")
+            text, path = row.experiment_toml, row.experiment_path
             db.apply_sim_target(run_id, exp)
         elif experiment is None:
             raise InputError("give an experiment file (truthput run EXP.toml) or --resume RUN_ID")

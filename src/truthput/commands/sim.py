@@ -9,14 +9,17 @@ parses exactly the argv a real vLLM would; `--help` after `serve` shows the full
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from truthput.store.db import Store
 
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
-def _trial_chunks(store, trial_id: int, default_prompt: float) -> list[tuple[float, int, float, float, float]]:
+def _trial_chunks(store: Store, trial_id: int, default_prompt: float) -> list[tuple[float, int, float, float, float]]:
     """(arrival time, request, prompt tokens, tokens before, tokens in chunk) of every chunk that
     carried tokens. Token counts come from the running usage the server streams
     (continuous_usage_stats); without it each text chunk counts as one token."""
@@ -24,12 +27,12 @@ def _trial_chunks(store, trial_id: int, default_prompt: float) -> list[tuple[flo
 
     out = []
     for row in store.requests(trial_id):
-        prompt = float(row["prompt_tokens"] or default_prompt)
+        prompt = float(row.prompt_tokens or default_prompt)
         before = 0.0
-        for t, running, text in zip(*decode_chunks(row["chunks_json"])):
+        for t, running, text in zip(*decode_chunks(row.chunks_json)):
             now = float(running) if running is not None and running >= 0 else (before + 1.0 if text else before)
             if now > before:
-                out.append((float(t), int(row["idx"]), prompt, before, now - before))
+                out.append((float(t), int(row.idx), prompt, before, now - before))
                 before = now
     return out
 
@@ -78,7 +81,7 @@ def _counter_before_and_inside(res: Any) -> tuple[float | None, float | None]:
     return before, None
 
 
-def _served_model_dir(store, rid: str) -> str | None:
+def _served_model_dir(store: Store, rid: str) -> str | None:
     """The model directory the run's baseline served (its --model or positional model), when it
     holds a config.json: a profile can be built from it (config.json and the safetensors sizes)."""
     import json
@@ -87,7 +90,7 @@ def _served_model_dir(store, rid: str) -> str | None:
     from truthput.experiment.argv import ServerArgv
 
     for v in store.variants(rid):
-        argv = ServerArgv.parse(json.loads(v["argv_json"]))
+        argv = ServerArgv.parse(v.argv)
         candidates = [argv.get("--model"), *argv.positionals]
         for c in candidates:
             if isinstance(c, str) and os.path.isfile(os.path.join(c, "config.json")):
@@ -111,7 +114,7 @@ def _draft_tokens_per_step(window) -> float | None:
     return window.draft_tokens.number() / steps if steps > 0 else None
 
 
-def calibration_points(store, run_ids: list[str], gpu: str | None = None, model: str | None = None) -> StorePoints:
+def calibration_points(store: Store, run_ids: list[str], gpu: str | None = None, model: str | None = None) -> StorePoints:
     """One point per ok trial: its server-counter tok/s over the steady-state window, and the
     engine steps that produced it.
 
@@ -143,7 +146,7 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
     for rid in run_ids:
         rid = store.resolve_run(rid)
         run = store.run(rid)
-        exp = parse_experiment(run["experiment_toml"], f"run {rid}")
+        exp = parse_experiment(run.experiment_toml, f"run {rid}")
         run_gpu = exp.hardware.gpu if exp.hardware is not None else gpu
         run_model = exp.model.ref if exp.model is not None else (model or _served_model_dir(store, rid))
         if run_gpu is None or run_model is None:
@@ -151,27 +154,25 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
                                    if v is None)
             raise InputError(f"run {rid}: no {missing}; calibration needs the hardware and the model")
         hw.add((run_gpu, run_model))
-        if run["simulated"]:
+        if run.simulated:
             sim_noise[rid] = float(exp.sim.noise) if exp.sim is not None else 0.0
         wl = exp.workload
         inp, outp = _mean_length(wl.input_tokens, "input_tokens"), _mean_length(wl.output_tokens, "output_tokens")
-        argv = {v["name"]: ServerArgv.parse(json.loads(v["argv_json"])) for v in store.variants(rid)}
-        rows = {row["id"]: row for row in store.trials(rid)}
+        argv = {v.name: ServerArgv.parse(v.argv) for v in store.variants(rid)}
         stalls: dict[int, list[float]] = {}
-        if run["simulated"]:
+        if run.simulated:
             for st in store.starts(rid):
-                stalls[st["id"]] = [float(line["t_mono"]) for line in store.logs(st["id"]) if STALL_MARK in line["line"]]
+                stalls[st.id] = [float(line.t_mono) for line in store.logs(st.id) if STALL_MARK in line.line]
         for t in store.trial_results(rid):
             res = t.results
             tokps = res.throughput.counter_window.number()
             window_s = res.throughput.counter_window.extra("seconds")
             if not t.ok or tokps is None or not window_s:
                 continue
-            row = rows[t.id]
             label = f"{rid}/{t.variant}/c{t.concurrency}/s{t.start_index}t{t.trial_index}"
             lag = 2.0 * float(exp.sim.log_stats_interval_s)  # the warning comes with the next stats line
-            if any(row["t0_mono"] <= x <= (row["t_end"] or row["t0_mono"]) + lag
-                   for x in stalls.get(row["start_id"], [])):
+            if t.start_id is not None and any(t.t0_mono <= x <= (t.t_end or t.t0_mono) + lag
+                                              for x in stalls.get(t.start_id, [])):
                 skipped.append((label, "the simulator logged that the host CPU could not keep up"))
                 continue
             a = argv[t.variant]
@@ -180,9 +181,9 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
             kv = kv_dtype_bytes(str(a.get("--kv-cache-dtype") or "auto"))
             spec = speculative_settings(a) or {}
             k = int(spec.get("num_speculative_tokens") or 0)
-            chunks = _trial_chunks(store, row["id"], inp or 0.0)
+            chunks = _trial_chunks(store, t.id, inp or 0.0)
             start, end = res.window.start, res.window.end
-            sent = {int(r["idx"]): float(r["t_start"]) for r in store.requests(row["id"])}
+            sent = {int(r.idx): float(r.t_start) for r in store.requests(t.id)}
             before, inside = _counter_before_and_inside(res)
             cut = (before, before + inside) if before is not None and inside is not None else None
             steps, tokens, edges, idle = (observed_steps(chunks, (start, end), sent, cut) if start and end
@@ -217,8 +218,8 @@ def calibration_points(store, run_ids: list[str], gpu: str | None = None, model:
                 tail_s=tail if steps else 0.0, idle_s=idle if steps else 0.0,
                 head_s=head if steps else None, following_step=following if steps else None,
                 label=label,
-                group=f"{rid}/start{row['start_id']}",
-                front_cpu_s=_front_cpu_s(res, window_s) if not run["simulated"] else None,
+                group=f"{rid}/start{t.start_id}",
+                front_cpu_s=_front_cpu_s(res, window_s) if not run.simulated else None,
                 draft_tokens_per_step=drafted))
     return StorePoints(points, hw, lengths, sim_noise, skipped)
 
@@ -284,7 +285,7 @@ def register(app: typer.Typer) -> None:
             for label, why in skipped:
                 con.print(f"  left out {label}: {why}", highlight=False)
             points += pts
-            simulated_runs = [r for r in run_ids if db.run(db.resolve_run(r))["simulated"]]
+            simulated_runs = [r for r in run_ids if db.run(db.resolve_run(r)).simulated]
             if len(hw) > 1 and not (gpu and model):
                 raise InputError(f"runs differ in hardware/model {sorted(hw)}: give --gpu and --model")
             if hw and not gpu:
@@ -395,7 +396,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(sim_app, name="sim")
 
 
-def ngram_counters_of_run(store, run_id: str, variant: str | None):
+def ngram_counters_of_run(store: Store, run_id: str, variant: str | None):
     """(counters, k, lookup window, mean prompt tokens, mean output tokens) summed over the ok
     trials of a run's n-gram variant, from the spec-decode counter deltas each trial recorded."""
     from truthput.errors import InputError
@@ -426,10 +427,10 @@ def ngram_counters_of_run(store, run_id: str, variant: str | None):
     prompts, outputs = [], []
     for t in trials:
         for row in store.requests(t.id):
-            if row["prompt_tokens"]:
-                prompts.append(float(row["prompt_tokens"]))
-            if row["completion_tokens"]:
-                outputs.append(float(row["completion_tokens"]))
+            if row.prompt_tokens:
+                prompts.append(float(row.prompt_tokens))
+            if row.completion_tokens:
+                outputs.append(float(row.completion_tokens))
     mean = (lambda xs: sum(xs) / len(xs) if xs else None)
     return (NgramCounters(int(emitted), int(drafts), 0, int(accepted)), k, lookup_window(spec),
             mean(prompts), mean(outputs))

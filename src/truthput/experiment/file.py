@@ -112,6 +112,9 @@ class VariantSection(_Strict):
     remove: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     description: str = ""
+    tune_config: dict[str, str | int | float | bool] | None = None
+    """Written by `truthput tune` into its rounds' experiments: the point of the search space this
+    variant measures (flag -> value), so a resumed or re-read round knows it without parsing text."""
 
 
 MAX_CONCURRENCY = 8192

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from truthput.errors import InputError
+from truthput.store.db import Store
 from truthput.load.client import ClientConfig, StreamClient
 from truthput.load.goodput import SLO, goodput
 from truthput.load.schedule import ClosedLoop, LoadResult, OpenLoop, Sweep
@@ -162,7 +163,7 @@ class LoadRun:
     simulated: bool = False
 
 
-async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None = None,
+async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPool | None = None,
                    progress: Callable[[str], None] | None = None, tokenizer: Any = None) -> LoadRun:
     """Every load level as a trial: scrape, load, scrape, measure, store. `pool` when --workers > 1
     (forked before the event loop started)."""
@@ -189,8 +190,9 @@ async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None
         run_id = store.create_run(opts.name, engine="external", simulated=simulated, experiment_path=None,
                                   experiment_toml=opts.toml(), seed=opts.seed, machine=machine)
         store.put_variant(run_id, "load", 0, True, [opts.url], {"lines": ["(load only: a running endpoint)"]}, {})
-    start_id = store.begin_start(run_id, "load", 0, [opts.url], None) if store is not None else None
-    if store is not None:
+    start_id = None
+    if store is not None and run_id is not None:
+        start_id = store.begin_start(run_id, "load", 0, [opts.url], None)
         store.update_start(start_id, status="ready")
     outcomes: list[TrialOutcome] = []
     sweep: Sweep | None = None
@@ -237,8 +239,10 @@ async def run_load(opts: LoadOptions, store: Any = None, pool: WorkerPool | None
                 summary["sweep"] = {"saturation_level": sat.level if sat else None,
                                     "saturation_tps": sat.throughput if sat else None,
                                     "saturated": sweep.saturated}
-            store.update_start(start_id, status="stopped", stopped_at=time.time())
-            store.set_run_status(run_id, status, summary)
+            if start_id is not None:
+                store.update_start(start_id, status="stopped", stopped_at=time.time())
+            if run_id is not None:
+                store.set_run_status(run_id, status, summary)
     return LoadRun(run_id=run_id, outcomes=outcomes, sweep=sweep, simulated=simulated)
 
 
@@ -291,7 +295,7 @@ async def _one_trial(opts: LoadOptions, base: str, client: StreamClient, pool: W
     return TrialOutcome(level=level, mode=opts.mode, trial=trial)
 
 
-def _commit(store: Any, run_id: str, start_id: int | None, opts: LoadOptions, out: TrialOutcome, k: int,
+def _commit(store: Store, run_id: str, start_id: int | None, opts: LoadOptions, out: TrialOutcome, k: int,
             key_type: Any) -> int:
     from truthput.pipeline.trial import commit
 

@@ -32,6 +32,7 @@ from truthput.measure.model import Goodput
 from truthput.report.runsummary import run_summary
 from truthput.experiment.levels import Level, level_json, level_label
 from truthput.store.db import Store, StoredTrial
+from truthput.store.rows import RequestRow, RunRow, TelemetryRow
 
 SCHEMA = "truthput-report/1"
 GPU_UTIL_NOTE = ("GPU utilisation is the share of the sample period in which any kernel ran (time busy), "
@@ -79,32 +80,23 @@ def _get(d: Any, *path: str) -> Any:
     return cur
 
 
-def _loads(text: str | None, default: Any) -> Any:
-    if not text:
-        return default
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return default
-
-
 # ---- experiment -------------------------------------------------------------------------------
-def _experiment(run: Any) -> tuple[Any, str | None]:
+def _experiment(run: RunRow) -> tuple[Any, str | None]:
     """The stored experiment parsed again (None and why when it no longer parses)."""
     from truthput.errors import TruthputError
     from truthput.experiment.file import parse_experiment
 
     try:
-        return parse_experiment(run["experiment_toml"], f"{run['experiment_path'] or 'stored experiment'}"), None
+        return parse_experiment(run.experiment_toml, f"{run.experiment_path or 'stored experiment'}"), None
     except TruthputError as exc:
         return None, str(exc)
     except Exception as exc:  # a schema that changed since the run
         return None, f"stored experiment no longer parses: {exc}"
 
 
-def _raw_toml(run: Any) -> dict[str, Any]:
+def _raw_toml(run: RunRow) -> dict[str, Any]:
     try:
-        return tomllib.loads(run["experiment_toml"] or "")
+        return tomllib.loads(run.experiment_toml or "")
     except tomllib.TOMLDecodeError:
         return {}
 
@@ -123,26 +115,26 @@ def _slo(exp: Any, raw: dict[str, Any]) -> dict[str, float | None] | None:
     return None
 
 
-def _experiment_block(store: Store, run_id: str, run: Any, exp: Any, exp_error: str | None) -> dict[str, Any]:
+def _experiment_block(store: Store, run_id: str, run: RunRow, exp: Any, exp_error: str | None) -> dict[str, Any]:
     from truthput.experiment.argv import ServerArgv, speculative_settings
 
     raw = _raw_toml(run)
     variants = []
     for v in store.variants(run_id):
-        argv = _loads(v["argv_json"], [])
-        diff = _loads(v["diff_json"], {})
+        argv = v.argv
+        diff = v.diff
         try:
             spec = speculative_settings(ServerArgv.parse(argv))
         except Exception as exc:  # a stored argv the parser no longer accepts
             spec = {"error": str(exc)}
         variants.append({
-            "name": v["name"], "position": v["position"], "baseline": bool(v["is_baseline"]), "argv": argv,
-            "diff": diff.get("diff", diff), "diff_lines": diff.get("lines") or [], "env": _loads(v["env_json"], {}),
+            "name": v.name, "position": v.position, "baseline": bool(v.is_baseline), "argv": argv,
+            "diff": diff.get("diff", diff), "diff_lines": diff.get("lines") or [], "env": v.env,
             "speculative": spec,
-            "description": next((x.description for x in exp.variant if x.name == v["name"]), "") if exp else "",
+            "description": next((x.description for x in exp.variant if x.name == v.name), "") if exp else "",
         })
     block: dict[str, Any] = {
-        "name": run["name"], "path": run["experiment_path"], "toml": run["experiment_toml"],
+        "name": run.name, "path": run.experiment_path, "toml": run.experiment_toml,
         "parse_error": exp_error,
         "base_command": list(exp.server.command) if exp else list(_get(raw, "server", "command") or []),
         "base_command_shell": shlex.join(str(w) for w in (exp.server.command if exp else
@@ -210,17 +202,17 @@ def _cells(summary: RunSummary, simulated: bool) -> list[dict[str, Any]]:
 
 
 # ---- requests, latency, goodput -----------------------------------------------------------------
-def _record(row: Any) -> Any:
+def _record(row: RequestRow) -> Any:
     from truthput.load.records import RequestRecord
 
     from truthput.store.db import decode_chunks
 
-    times, running, texts = decode_chunks(row["chunks_json"])
+    times, running, texts = decode_chunks(row.chunks_json)
     return RequestRecord(
-        idx=row["idx"], t_start=row["t_start"], t_end=row["t_end"] or row["t_start"], t_first=row["t_first"],
-        chunk_times=times, chunk_tokens=running, chunk_texts=texts, prompt_tokens=row["prompt_tokens"],
-        completion_tokens=row["completion_tokens"], finish_reason=row["finish_reason"], status=row["status"],
-        http_status=row["http_status"], error=row["error"])
+        idx=row.idx, t_start=row.t_start, t_end=row.t_end or row.t_start, t_first=row.t_first,
+        chunk_times=times, chunk_tokens=running, chunk_texts=texts, prompt_tokens=row.prompt_tokens,
+        completion_tokens=row.completion_tokens, finish_reason=row.finish_reason, status=row.status,
+        http_status=row.http_status, error=row.error)
 
 
 def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict[str, float | None] | None,
@@ -310,14 +302,14 @@ def _roofline(section: RooflineSection, simulated: bool) -> dict[str, Any]:
 def _failures(store: Store, run_id: str, trials: list[StoredTrial]) -> list[dict[str, Any]]:
     out = []
     for s in store.starts(run_id):
-        if s["status"] != "failed" and not s["failure_class"]:
+        if s.status != "failed" and not s.failure_class:
             continue
-        excerpt = s["log_excerpt"]
+        excerpt = s.log_excerpt
         if not excerpt:
-            excerpt = "\n".join(r["line"] for r in store.logs(s["id"])[-30:])
-        out.append({"kind": "start", "variant": s["variant"], "start_index": s["start_index"],
-                    "failure_class": s["failure_class"], "reason": s["failure_reason"], "line": s["failure_line"],
-                    "log_excerpt": excerpt or "", "argv": _loads(s["argv_json"], []), "source": "log_line"})
+            excerpt = "\n".join(r.line for r in store.logs(s.id)[-30:])
+        out.append({"kind": "start", "variant": s.variant, "start_index": s.start_index,
+                    "failure_class": s.failure_class, "reason": s.failure_reason, "line": s.failure_line,
+                    "log_excerpt": excerpt or "", "argv": s.argv, "source": "log_line"})
     for t in trials:
         if not t.ok:
             out.append({"kind": "trial", "variant": t.variant, "start_index": t.start_index,
@@ -329,21 +321,19 @@ def _failures(store: Store, run_id: str, trials: list[StoredTrial]) -> list[dict
 
 def _telemetry(store: Store, trials: list[StoredTrial]) -> dict[str, Any]:
     by_id = {t.id: t for t in trials}
-    rows = store.conn.execute(
-        "SELECT telemetry.* FROM telemetry JOIN trials ON trials.id = telemetry.trial_id WHERE trials.run_id = ?",
-        (trials[0].run_id,) if trials else ("",)).fetchall()
+    rows = store.telemetry(trials[0].run_id) if trials else []
     if not rows:
         return {"available": False, "note": "no GPU telemetry recorded for this run", "util_note": GPU_UTIL_NOTE,
                 "rows": [], "samples": 0}
-    groups: dict[tuple[str, Level, int], list[Any]] = defaultdict(list)
+    groups: dict[tuple[str, Level, int], list[TelemetryRow]] = defaultdict(list)
     order = list(dict.fromkeys((t.variant, t.level) for t in trials))
     for r in rows:
-        t = by_id.get(r["trial_id"])
+        t = by_id.get(r.trial_id)
         if t is not None:
-            groups[(t.variant, t.level, r["gpu"])].append(r)
+            groups[(t.variant, t.level, r.gpu)].append(r)
 
-    def avg(xs: list[Any], key: str, fn: Callable[[list[float]], float] = mean) -> float | None:
-        vals = [x[key] for x in xs if x[key] is not None]
+    def avg(xs: list[TelemetryRow], key: str, fn: Callable[[list[float]], float] = mean) -> float | None:
+        vals = [v for v in (getattr(x, key) for x in xs) if v is not None]
         return fn(vals) if vals else None
 
     out = []
@@ -424,14 +414,14 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
 
     run_id = store.resolve_run(run_id)
     run = store.run(run_id)
-    simulated = bool(run["simulated"])
+    simulated = bool(run.simulated)
     exp, exp_error = _experiment(run)
     if exp is not None:
         store.apply_sim_target(run_id, exp)
-    machine = _loads(run["machine_json"], {})
+    machine = run.machine
     trials = store.trial_results(run_id)
     starts = store.starts(run_id)
-    engine_versions = sorted({s["engine_version"] for s in starts if s["engine_version"]})
+    engine_versions = sorted({s.engine_version for s in starts if s.engine_version})
     summary = run_summary(store, run_id)
 
     doc: dict[str, Any] = {
@@ -441,9 +431,9 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
         "simulated_note": ("SIMULATED: every figure comes from the embedded simulator (a physics model), "
                            "not from a measurement of real hardware") if simulated else None,
         "run": {
-            "id": run_id, "name": run["name"], "status": run["status"], "created_at": run["created_at"],
-            "finished_at": run["finished_at"], "engine": run["engine"], "simulated": simulated,
-            "seed": run["seed"], "experiment_path": run["experiment_path"], "machine": machine,
+            "id": run_id, "name": run.name, "status": run.status, "created_at": run.created_at,
+            "finished_at": run.finished_at, "engine": run.engine, "simulated": simulated,
+            "seed": run.seed, "experiment_path": run.experiment_path, "machine": machine,
             "versions": {"truthput": machine.get("truthput_version"), "git": machine.get("git"),
                          "python": machine.get("python"), "engine": engine_versions},
         },
@@ -470,8 +460,7 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
     doc["failures"] = _failures(store, run_id, trials)
     doc["telemetry"] = _telemetry(store, trials)
     doc["trials"] = _trial_table(trials, simulated)
-    doc["events"] = [dict(e) for e in store.conn.execute(
-        "SELECT t_wall, kind, message FROM events WHERE run_id=? ORDER BY t_wall", (run_id,)).fetchall()]
+    doc["events"] = [{"t_wall": e.t_wall, "kind": e.kind, "message": e.message} for e in store.events(run_id)]
     return clean(doc)
 
 
@@ -493,9 +482,9 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
     run_a, run_b = store_a.resolve_run(run_a), store_b.resolve_run(run_b)
     ra, rb = store_a.run(run_a), store_b.run(run_b)
     cells_a, cells_b = run_cells(store_a, run_a), run_cells(store_b, run_b)
-    argv_a = {v["name"]: _loads(v["argv_json"], []) for v in store_a.variants(run_a)}
-    argv_b = {v["name"]: _loads(v["argv_json"], []) for v in store_b.variants(run_b)}
-    sim_a, sim_b = bool(ra["simulated"]), bool(rb["simulated"])
+    argv_a = {v.name: v.argv for v in store_a.variants(run_a)}
+    argv_b = {v.name: v.argv for v in store_b.variants(run_b)}
+    sim_a, sim_b = bool(ra.simulated), bool(rb.simulated)
     comparisons = compare_cells(cells_a, cells_b, confidence)
     rows = []
     for c in comparisons:
@@ -522,11 +511,11 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
     if not comparisons:
         notes.append("the runs share no variant x level cell (same variant name and load level)")
 
-    def head(store: Store, run_id: str, row: Any) -> dict[str, Any]:
-        machine = _loads(row["machine_json"], {})
-        versions = sorted({s["engine_version"] for s in store.starts(run_id) if s["engine_version"]})
-        return {"store": store.path, "id": run_id, "name": row["name"], "created_at": row["created_at"],
-                "engine": row["engine"], "simulated": bool(row["simulated"]), "engine_versions": versions,
+    def head(store: Store, run_id: str, row: RunRow) -> dict[str, Any]:
+        machine = row.machine
+        versions = sorted({s.engine_version for s in store.starts(run_id) if s.engine_version})
+        return {"store": store.path, "id": run_id, "name": row.name, "created_at": row.created_at,
+                "engine": row.engine, "simulated": bool(row.simulated), "engine_versions": versions,
                 "truthput": machine.get("truthput_version"), "host": machine.get("hostname")}
 
     return clean({"a": head(store_a, run_a, ra), "b": head(store_b, run_b, rb), "rows": rows,
@@ -540,7 +529,7 @@ def roofline_for_run(store: Store, run_id: str) -> dict[str, Any]:
     """The roofline section of the report document without building the rest of it."""
     run_id = store.resolve_run(run_id)
     run = store.run(run_id)
-    simulated = bool(run["simulated"])
+    simulated = bool(run.simulated)
     exp, exp_error = _experiment(run)
     if exp is not None:
         store.apply_sim_target(run_id, exp)

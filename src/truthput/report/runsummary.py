@@ -23,19 +23,19 @@ def run_summary(store: Store, run_id: str, guard_texts: dict[str, list[str]] | N
     run_id = store.resolve_run(run_id)
     run = store.run(run_id)
     variants = store.variants(run_id)
-    baseline = next((v["name"] for v in variants if v["is_baseline"]), variants[0]["name"] if variants else "")
+    baseline = next((v.name for v in variants if v.is_baseline), variants[0].name if variants else "")
     measure = MeasureSection()
     try:
-        exp = parse_experiment(run["experiment_toml"] or "", run["experiment_path"] or "stored experiment")
+        exp = parse_experiment(run.experiment_toml or "", run.experiment_path or "stored experiment")
         baseline, measure = exp.experiment.baseline, exp.measure
     except TruthputError:
         pass  # a `truthput load` run, or an experiment whose schema changed: defaults apply
-    prev = json.loads(run["summary_json"]) if run["summary_json"] else {}
+    prev = run.summary or {}
     placements = {}
     for s in store.starts(run_id):
-        info = json.loads(s["info_json"]) if s["info_json"] else {}
+        info = s.info
         if info.get("placement"):
-            placements[int(s["id"])] = info["placement"]
-    return summarize(store.trial_results(run_id), [v["name"] for v in variants], store.failed_variants(run_id),
-                     baseline, measure, bool(run["simulated"]), guard_texts or prev.get("guard_texts") or {},
+            placements[int(s.id)] = info["placement"]
+    return summarize(store.trial_results(run_id), [v.name for v in variants], store.failed_variants(run_id),
+                     baseline, measure, bool(run.simulated), guard_texts or prev.get("guard_texts") or {},
                      placements=placements or None)

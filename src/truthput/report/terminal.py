@@ -52,14 +52,14 @@ def print_run(store: Store, run_id: str, console: Any = None) -> None:
     con = console or make_console()
     run_id = store.resolve_run(run_id)
     run = store.run(run_id)
-    sim = bool(run["simulated"])
+    sim = bool(run.simulated)
     tag = ", simulated" if sim else ""
     summary = run_summary(store, run_id)
     if sim:
         con.print("[bold yellow]SIMULATED[/bold yellow]: every figure below comes from the embedded simulator "
                   "(a physics model), not from a measurement of real hardware.")
     level = f"{summary.verdict.confidence:.0%}"
-    t = Table(title=Text(f"run {run_id} ({run['status']})"))
+    t = Table(title=Text(f"run {run_id} ({run.status})"))
     t.add_column("variant")
     t.add_column(level_header(c.level for c in summary.cells), justify="right")
     t.add_column(Text(f"output tok/s (95% CI)\n[server counter{tag}]"), justify="right")
@@ -127,7 +127,7 @@ def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
 
     con = console or make_console()
     run_id = store.resolve_run(run_id)
-    sim = bool(store.run(run_id)["simulated"])
+    sim = bool(store.run(run_id).simulated)
     items = [t for t in store.trial_results(run_id) if t.status == "ok" and t.results.methods]
     if not items:
         return

@@ -4,7 +4,9 @@ a winner can be installed without retyping a flag."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
+
+from truthput.store.db import Store
 
 
 def export_variant_unit(
@@ -33,16 +35,16 @@ def export_variant_unit(
     db = Store(store_path, read_only=True)
     try:
         row = db.run(run_id)
-        full_id = row["id"]
-        variants = {v["name"]: v for v in db.variants(full_id)}
+        full_id = row.id
+        variants = {v.name: v for v in db.variants(full_id)}
     finally:
         db.close()
     if variant not in variants:
         names = ", ".join(variants) or "none"
         raise StoreError(f"{store_path}: run {full_id} has no variant {variant!r} (variants: {names})")
     stored = variants[variant]
-    argv = json.loads(stored["argv_json"])
-    env = json.loads(stored["env_json"] or "{}")
+    argv = stored.argv
+    env = stored.env
 
     base_command: list[str] | None = None
     notes: list[str] = []
@@ -56,7 +58,7 @@ def export_variant_unit(
     else:
         where = f"run {full_id}'s experiment"
         try:
-            experiment = tomllib.loads(row["experiment_toml"])
+            experiment = tomllib.loads(row.experiment_toml)
         except tomllib.TOMLDecodeError as exc:
             raise InputError(f"{where}: not valid TOML: {exc}") from None
         ref = experiment.get("server", {}).get("systemd_unit") or {}
@@ -90,18 +92,18 @@ def export_variant_unit(
     return text, warnings
 
 
-def write_winner_units(db: Any, store_path: Path, run_id: str, folder: Path) -> list[Path]:
+def write_winner_units(db: Store, store_path: Path, run_id: str, folder: Path) -> list[Path]:
     """The variant the verdict names the winner, as a systemd unit (when the baseline came from one)."""
     import json
 
     run = db.run(run_id)
-    summary = json.loads(run["summary_json"] or "{}")
+    summary = run.summary or {}
     per = (summary.get("verdict") or {}).get("per_concurrency") or []
     winners: dict[str, list[str]] = {}
     for cv in per:
         if cv.get("winner"):
             winners.setdefault(cv["winner"], []).append(cv.get("level"))
-    if not winners or "systemd_unit" not in (run["experiment_toml"] or ""):
+    if not winners or "systemd_unit" not in (run.experiment_toml or ""):
         return []
     out = []
     folder.mkdir(parents=True, exist_ok=True)

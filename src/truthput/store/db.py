@@ -22,6 +22,8 @@ from urllib.parse import quote
 import orjson
 
 from truthput.errors import StoreError
+from truthput.store.rows import EventRow, LogLine, RequestRow, RunRow, ScrapeRow, StartRow, TelemetryRow, \
+    VariantRow, from_row
 from truthput.measure.model import TrialResults
 from truthput.experiment.levels import Level, Rate, level_label, level_of
 
@@ -278,12 +280,12 @@ class Store:
             raise StoreError(f"{self.path}: no run {run_id!r} (try `latest`)")
         raise StoreError(f"{self.path}: {run_id!r} matches {len(rows)} runs; give more of the id")
 
-    def run(self, run_id: str) -> sqlite3.Row:
+    def run(self, run_id: str) -> RunRow:
         row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (self.resolve_run(run_id),)).fetchone()
-        return row
+        return from_row(RunRow, row)
 
-    def runs(self) -> list[sqlite3.Row]:
-        return self.conn.execute("SELECT * FROM runs ORDER BY created_at").fetchall()
+    def runs(self) -> list[RunRow]:
+        return [from_row(RunRow, r) for r in self.conn.execute("SELECT * FROM runs ORDER BY created_at").fetchall()]
 
     def set_run_status(self, run_id: str, status: str, summary: dict[str, Any] | None = None) -> None:
         with self._lock, self.conn:
@@ -313,8 +315,9 @@ class Store:
                 (run_id, name, position, int(is_baseline), _dumps(list(argv)), _dumps(diff), _dumps(env)),
             )
 
-    def variants(self, run_id: str) -> list[sqlite3.Row]:
-        return self.conn.execute("SELECT * FROM variants WHERE run_id=? ORDER BY position", (run_id,)).fetchall()
+    def variants(self, run_id: str) -> list[VariantRow]:
+        return [from_row(VariantRow, r) for r in
+                self.conn.execute("SELECT * FROM variants WHERE run_id=? ORDER BY position", (run_id,)).fetchall()]
 
     # ---- server starts ----------------------------------------------------------------------
     def begin_start(self, run_id: str, variant: str, start_index: int, argv: Sequence[str], port: int | None) -> int:
@@ -345,11 +348,12 @@ class Store:
 
     def failed_variants(self, run_id: str) -> dict[str, str]:
         """Variant -> '<failure class>: <reason>' of its failed server starts (the last one wins)."""
-        return {s["variant"]: f"{s['failure_class']}: {s['failure_reason']}" for s in self.starts(run_id)
-                if s["status"] == "failed" and s["failure_class"]}
+        return {s.variant: f"{s.failure_class}: {s.failure_reason}" for s in self.starts(run_id)
+                if s.status == "failed" and s.failure_class}
 
-    def starts(self, run_id: str) -> list[sqlite3.Row]:
-        return self.conn.execute("SELECT * FROM starts WHERE run_id=? ORDER BY id", (run_id,)).fetchall()
+    def starts(self, run_id: str) -> list[StartRow]:
+        return [from_row(StartRow, r) for r in
+                self.conn.execute("SELECT * FROM starts WHERE run_id=? ORDER BY id", (run_id,)).fetchall()]
 
     def add_logs(self, start_id: int, first_seq: int, lines: Iterable[tuple[float, str, str]]) -> int:
         rows = [(start_id, first_seq + i, t, stream, line) for i, (t, stream, line) in enumerate(lines)]
@@ -359,8 +363,9 @@ class Store:
                     "INSERT OR REPLACE INTO server_logs(start_id, seq, t_mono, stream, line) VALUES (?,?,?,?,?)", rows)
         return first_seq + len(rows)
 
-    def logs(self, start_id: int) -> list[sqlite3.Row]:
-        return self.conn.execute("SELECT * FROM server_logs WHERE start_id=? ORDER BY seq", (start_id,)).fetchall()
+    def logs(self, start_id: int) -> list[LogLine]:
+        return [from_row(LogLine, r) for r in
+                self.conn.execute("SELECT * FROM server_logs WHERE start_id=? ORDER BY seq", (start_id,)).fetchall()]
 
     # ---- trials -----------------------------------------------------------------------------
     def commit_trial(self, run_id: str, variant: str, start_id: int | None, key: TrialKey, status: str,
@@ -407,7 +412,7 @@ class Store:
         return {TrialKey(r["variant"], r["start_index"], Rate(r["rate"]) if r["rate"] else int(r["concurrency"]),
                          r["trial_index"]) for r in rows}
 
-    def trials(self, run_id: str) -> list[sqlite3.Row]:
+    def _trial_rows(self, run_id: str) -> list[sqlite3.Row]:
         return self.conn.execute(
             "SELECT * FROM trials WHERE run_id=? ORDER BY (SELECT position FROM variants v WHERE v.run_id = trials.run_id"
             " AND v.name = trials.variant), variant, concurrency, "
@@ -417,7 +422,7 @@ class Store:
     def trial_results(self, run_id: str) -> list[StoredTrial]:
         """The run's trials with their figures in the results model (older documents converted)."""
         out = []
-        for row in self.trials(run_id):
+        for row in self._trial_rows(run_id):
             doc = orjson.loads(row["results_json"]) if row["results_json"] else {}
             out.append(StoredTrial(
                 id=row["id"], run_id=row["run_id"], variant=row["variant"], start_id=row["start_id"],
@@ -436,8 +441,20 @@ class Store:
             target = orjson.loads(message)
             exp.simulate_on(target.get("gpu"), target.get("model"))
 
-    def requests(self, trial_id: int) -> list[sqlite3.Row]:
-        return self.conn.execute("SELECT * FROM requests WHERE trial_id=? ORDER BY idx", (trial_id,)).fetchall()
+    def requests(self, trial_id: int) -> list[RequestRow]:
+        return [from_row(RequestRow, r) for r in
+                self.conn.execute("SELECT * FROM requests WHERE trial_id=? ORDER BY idx", (trial_id,)).fetchall()]
 
-    def scrapes(self, trial_id: int) -> list[sqlite3.Row]:
-        return self.conn.execute("SELECT * FROM scrapes WHERE trial_id=? ORDER BY t_mono", (trial_id,)).fetchall()
+    def scrapes(self, trial_id: int) -> list[ScrapeRow]:
+        return [from_row(ScrapeRow, r) for r in
+                self.conn.execute("SELECT * FROM scrapes WHERE trial_id=? ORDER BY t_mono", (trial_id,)).fetchall()]
+
+    def events(self, run_id: str) -> list[EventRow]:
+        return [from_row(EventRow, r) for r in
+                self.conn.execute("SELECT * FROM events WHERE run_id=? ORDER BY t_wall", (run_id,)).fetchall()]
+
+    def telemetry(self, run_id: str) -> list[TelemetryRow]:
+        """Every NVML sample of the run's trials."""
+        return [from_row(TelemetryRow, r) for r in self.conn.execute(
+            "SELECT telemetry.* FROM telemetry JOIN trials ON trials.id = telemetry.trial_id WHERE trials.run_id = ?",
+            (run_id,)).fetchall()]

@@ -40,6 +40,8 @@ from truthput.experiment.levels import level_label
 from truthput.tune.search import (Evaluation, SimFirst, objective_figure, objective_metric, objective_value,
                                   pareto_front, screen_field)
 from truthput.tune.space import DEFAULT, Space
+from truthput.store.db import Store
+from truthput.store.rows import RunRow
 
 BATCH = 32  # configurations per optuna ask/tell batch when the space is sampled, not listed
 
@@ -257,22 +259,22 @@ def _real_evaluation(summary: Any, trials: list[Any], variant: str, config: dict
                       starts=len(per_start), server_s=server_s)
 
 
-def _server_seconds(store: Any, run_id: str) -> dict[str, float]:
+def _server_seconds(store: Store, run_id: str) -> dict[str, float]:
     """Seconds each variant's servers ran (start to stop), summed over its starts."""
     out: dict[str, float] = {}
     for st in store.starts(run_id):
-        if st["started_at"] and st["stopped_at"]:
-            out[st["variant"]] = out.get(st["variant"], 0.0) + max(0.0, st["stopped_at"] - st["started_at"])
+        if st.started_at and st.stopped_at:
+            out[st.variant] = out.get(st.variant, 0.0) + max(0.0, st.stopped_at - st.started_at)
     return out
 
 
-def _round_run(store: Any, exp_name: str) -> Any:
+def _round_run(store: Store, exp_name: str) -> RunRow | None:
     """The newest run of this round's experiment in the store (the round to resume or read)."""
-    rows = [r for r in store.runs() if r["name"] == exp_name]
+    rows = [r for r in store.runs() if r.name == exp_name]
     return rows[-1] if rows else None
 
 
-async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_path: Path, engine: str | None,
+async def tune(exp: Experiment, text: str, path: str | None, store: Store, store_path: Path, engine: str | None,
                progress: Any, say: Callable[[str], None], executor: Any = None) -> TuneOutcome:
     """Screen, then measure rounds of candidates until a stop rule holds; see the module docstring."""
     import optuna
@@ -329,13 +331,12 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
         round_name = f"{name}-round{index}"
         row = _round_run(store, round_name)
         if row is not None:
-            stored = parse_experiment(row["experiment_toml"], round_name)
-            configs = [json.loads(v.description.split("config=", 1)[1]) for v in stored.variant
-                       if v.name != baseline_name and "config=" in v.description]
+            stored = parse_experiment(row.experiment_toml, round_name)
+            configs = [dict(v.tune_config) for v in stored.variant if v.name != baseline_name and v.tune_config]
             cands = {space.key(c): c for c in configs}
-            round_exp, round_text = stored, row["experiment_toml"]
-            run_id: str | None = row["id"] if row["status"] != "done" else None
-            done_id = row["id"] if row["status"] == "done" else None
+            round_exp, round_text = stored, row.experiment_toml
+            run_id: str | None = row.id if row.status != "done" else None
+            done_id = row.id if row.status == "done" else None
         else:
             if search.real and search.done():
                 stop_reason = "no unmeasured configuration can beat the best measured one (corrected prediction)"
@@ -358,7 +359,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
             variants = [baseline_variant or _plain_baseline(baseline_name)]
             for c in picked:
                 v = space.variant(base, c.config)
-                v.description = "a configuration proposed by truthput tune: config=" + json.dumps(c.config)
+                v.tune_config = dict(c.config)
                 variants.append(v)
             round_exp, round_text = round_experiment(exp, text, name, index, variants)
             say(f"round {index}: measuring on the server, beside the baseline: "
@@ -373,8 +374,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Any, store_p
         secs = _server_seconds(store, done_id)
         starts_used += len(store.starts(done_id))
         server_s += sum(secs.values())
-        names = {v.name: json.loads(v.description.split("config=", 1)[1]) for v in round_exp.variant
-                 if "config=" in v.description}
+        names = {v.name: dict(v.tune_config) for v in round_exp.variant if v.tune_config}
         names[baseline_name] = baseline_config
         known = {t.user_attrs.get("round_key") for t in real_study.get_trials(deepcopy=False)}
         for vname, config in names.items():
@@ -454,7 +454,7 @@ def _config_of(space: Space, base: ServerArgv) -> dict[str, Any]:
     return out
 
 
-def _choose(store: Any, rounds: list[RoundResult], search: SimFirst, space: Space, baseline: str,
+def _choose(store: Store, rounds: list[RoundResult], search: SimFirst, space: Space, baseline: str,
             baseline_config: dict[str, Any], level: Level, tune_cfg: TuneSection):
     """The configuration decided better than the baseline on the objective's metric by the most,
     with its verdict line."""
