@@ -7,7 +7,6 @@ and the Ray executor reads the same GPU counts the checks read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 

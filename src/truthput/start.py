@@ -256,7 +256,7 @@ async def _trials(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index:
     from truthput.load.client import ClientConfig
     from truthput.load.guard import guard_texts
 
-    exp, store = ctx.exp, ctx.store
+    exp = ctx.exp
     wl = exp.workload
     cfg = ClientConfig(base_url=engine.base_url, endpoint=wl.endpoint, model=wl.model, api_key_env=wl.api_key_env)
     async with StreamClient(cfg) as client:

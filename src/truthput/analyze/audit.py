@@ -17,7 +17,7 @@ from typing import Any
 
 from truthput.analyze.cells import TrialLike, group_trials
 from truthput.measure.model import Check, MethodRow, TrialResults
-from truthput.experiment.levels import Level, level_cell, level_header, level_json, level_of
+from truthput.experiment.levels import Level, level_cell, level_header, level_json
 
 CAUSE_ORDER = ("reference", "agrees", "unit", "window", "definition", "missing data")
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from truthput.commands.common import (
+from truthput.commandline import (
     ADDRESS_HELP, ENGINE_HELP, EXECUTOR_HELP, STORE_HELP, make_executor, stop_signals, stop_task,
 )
 
@@ -41,7 +41,6 @@ def _starts_forecast(exp, plan, store_path: Path) -> list[str]:
 
 
 def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float | None, str]:
-    import json
     import sqlite3
 
     from truthput.analyze.cells import build_cells
@@ -92,180 +91,182 @@ def simulate_on(exp, engine: str | None, gpu: str | None, model: str | None) -> 
     return exp.simulate_on(gpu, model)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def run(
-        experiment: Optional[Path] = typer.Argument(None, help="Experiment file (TOML). Not needed with --resume."),
-        engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
-        store: Path = typer.Option(Path("truthput.db"), "--store", help=STORE_HELP),
-        resume: Optional[str] = typer.Option(None, "--resume", help="Continue an interrupted run (id or 'latest') without redoing finished trials."),
-        reports: Optional[Path] = typer.Option(Path("reports"), "--reports", help="Folder for the HTML and markdown reports."),
-        sim_gpu: Optional[str] = typer.Option(None, "--sim-gpu", help="With the simulator: model this GPU (a catalog "
-                                              "name), as many as the command's TP x PP, instead of the file's [hardware]."),
-        sim_model: Optional[str] = typer.Option(None, "--sim-model", help="With the simulator: model this profile "
-                                                "instead of the file's [model]."),
-        executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP),
-        address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
-    ) -> None:
-        """Run every variant x load level, measure from server counters, print the verdict."""
-        import asyncio
-        import signal
+def run(
+    experiment: Optional[Path] = typer.Argument(None, help="Experiment file (TOML). Not needed with --resume."),
+    engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
+    store: Path = typer.Option(Path("truthput.db"), "--store", help=STORE_HELP),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue an interrupted run (id or 'latest') without redoing finished trials."),
+    reports: Optional[Path] = typer.Option(Path("reports"), "--reports", help="Folder for the HTML and markdown reports."),
+    sim_gpu: Optional[str] = typer.Option(None, "--sim-gpu", help="With the simulator: model this GPU (a catalog "
+                                          "name), as many as the command's TP x PP, instead of the file's [hardware]."),
+    sim_model: Optional[str] = typer.Option(None, "--sim-model", help="With the simulator: model this profile "
+                                            "instead of the file's [model]."),
+    executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP),
+    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
+) -> None:
+    """Run every variant x load level, measure from server counters, print the verdict."""
+    import asyncio
+    import signal
 
-        from truthput.errors import InputError
-        from truthput.load.client import prepare_load_process
-        from truthput.report.data import roofline_for_run, roofline_lines
-        from truthput.report.progress import make_progress
-        from truthput.report.terminal import print_audit_matrix, print_run
-        from truthput.runner import run_experiment
-        from truthput.experiment.file import load_experiment, parse_experiment
-        from truthput.store.db import Store
+    from truthput.errors import InputError
+    from truthput.load.client import prepare_load_process
+    from truthput.report.data import roofline_for_run, roofline_lines
+    from truthput.report.progress import make_progress
+    from truthput.report.terminal import print_audit_matrix, print_run
+    from truthput.runner import run_experiment
+    from truthput.experiment.file import load_experiment, parse_experiment
+    from truthput.store.db import Store
 
-        from truthput.experiment.engines import ENGINE_KINDS
+    from truthput.experiment.engines import ENGINE_KINDS
 
-        if engine is not None and engine not in ENGINE_KINDS:
-            raise InputError(f"--engine {engine!r}: expected one of {', '.join(ENGINE_KINDS)}")
-        overrides: list[str] = []
-        if not resume and experiment is not None:
-            # a bad file or an impossible plan fails before a store is created
-            exp, text = load_experiment(experiment)
-            overrides = simulate_on(exp, engine, sim_gpu, sim_model)
-            checked_plan(exp, engine, experiment)
-        elif resume and not store.exists():
-            raise InputError(f"--resume {resume}: no results store at {store}")
-        db = Store(store)
-        if resume:
-            run_id = db.resolve_run(resume)
-            row = db.run(run_id)
-            if row.status == "done":
-                typer.echo(f"run {run_id} is complete (status done): nothing to resume; its summary follows")
-                print_run(db, run_id)
-                return
-            exp = parse_experiment(row.experiment_toml, f"{row.experiment_path or 'stored experiment'} (run {run_id})")
-            text, path = row.experiment_toml, row.experiment_path
-            db.apply_sim_target(run_id, exp)
-        elif experiment is None:
-            raise InputError("give an experiment file (truthput run EXP.toml) or --resume RUN_ID")
-        else:
-            path = str(experiment)
-            run_id = None
-        placer = make_executor(executor, address)
-        prepare_load_process()
-        from truthput.engines.process import become_subreaper
+    if engine is not None and engine not in ENGINE_KINDS:
+        raise InputError(f"--engine {engine!r}: expected one of {', '.join(ENGINE_KINDS)}")
+    overrides: list[str] = []
+    if not resume and experiment is not None:
+        # a bad file or an impossible plan fails before a store is created
+        exp, text = load_experiment(experiment)
+        overrides = simulate_on(exp, engine, sim_gpu, sim_model)
+        checked_plan(exp, engine, experiment)
+    elif resume and not store.exists():
+        raise InputError(f"--resume {resume}: no results store at {store}")
+    db = Store(store)
+    if resume:
+        run_id = db.resolve_run(resume)
+        row = db.run(run_id)
+        if row.status == "done":
+            typer.echo(f"run {run_id} is complete (status done): nothing to resume; its summary follows")
+            print_run(db, run_id)
+            return
+        exp = parse_experiment(row.experiment_toml, f"{row.experiment_path or 'stored experiment'} (run {run_id})")
+        text, path = row.experiment_toml, row.experiment_path
+        db.apply_sim_target(run_id, exp)
+    elif experiment is None:
+        raise InputError("give an experiment file (truthput run EXP.toml) or --resume RUN_ID")
+    else:
+        path = str(experiment)
+        run_id = None
+    placer = make_executor(executor, address)
+    prepare_load_process()
+    from truthput.engines.process import become_subreaper
 
-        become_subreaper()  # a server's descendant that leaves its process group is still found at teardown
-        progress = make_progress()
-        received: list[int] = []
+    become_subreaper()  # a server's descendant that leaves its process group is still found at teardown
+    progress = make_progress()
+    received: list[int] = []
 
-        async def main() -> str:
-            # SIGTERM and SIGHUP (what `timeout`, `systemctl stop`, a closed terminal or a CI cancel
-            # send) stop the run like Ctrl-C: the running task is cancelled, so every server this
-            # run started is stopped and the run is marked interrupted.
-            loop = asyncio.get_running_loop()
-            task = asyncio.current_task()
-            for sig in (*stop_signals(), signal.SIGINT):
-                loop.add_signal_handler(sig, stop_task, task, sig, received)
-            return await run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress,
-                                        sim_target={"gpu": sim_gpu, "model": sim_model, "said": overrides}
-                                        if overrides else None, executor=placer)
+    async def main() -> str:
+        # SIGTERM and SIGHUP (what `timeout`, `systemctl stop`, a closed terminal or a CI cancel
+        # send) stop the run like Ctrl-C: the running task is cancelled, so every server this
+        # run started is stopped and the run is marked interrupted.
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        for sig in (*stop_signals(), signal.SIGINT):
+            loop.add_signal_handler(sig, stop_task, task, sig, received)
+        return await run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress,
+                                    sim_target={"gpu": sim_gpu, "model": sim_model, "said": overrides}
+                                    if overrides else None, executor=placer)
 
-        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C works even when inherited ignored
-        try:
-            run_id = asyncio.run(main())
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            progress.close()
-            latest = db.resolve_run("latest") if run_id is None else run_id
-            why = f"stopped by {signal.Signals(received[0]).name}" if received and received[0] != signal.SIGINT \
-                else "interrupted"
-            typer.echo(f"truthput: {why}; finished trials are kept. Resume with: truthput run --resume {latest} "
-                       f"--store {store}", err=True)
-            raise typer.Exit(128 + received[0] if received else 130)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C works even when inherited ignored
+    try:
+        run_id = asyncio.run(main())
+    except (KeyboardInterrupt, asyncio.CancelledError):
         progress.close()
-        print_run(db, run_id)
-        print_audit_matrix(db, run_id)
-        for line in roofline_lines(roofline_for_run(db, run_id)):
-            typer.echo(line)
-        if reports is not None:
-            try:
-                from truthput.report.files import write_reports
+        latest = db.resolve_run("latest") if run_id is None else run_id
+        why = f"stopped by {signal.Signals(received[0]).name}" if received and received[0] != signal.SIGINT \
+            else "interrupted"
+        typer.echo(f"truthput: {why}; finished trials are kept. Resume with: truthput run --resume {latest} "
+                   f"--store {store}", err=True)
+        raise typer.Exit(128 + received[0] if received else 130)
+    progress.close()
+    print_run(db, run_id)
+    print_audit_matrix(db, run_id)
+    for line in roofline_lines(roofline_for_run(db, run_id)):
+        typer.echo(line)
+    if reports is not None:
+        try:
+            from truthput.report.files import write_reports
 
-                paths = write_reports(db, run_id, reports)
-                for p in paths:
-                    typer.echo(f"report: {p}")
-            except ImportError:
-                pass
-            from truthput.report.units import write_winner_units
+            paths = write_reports(db, run_id, reports)
+            for p in paths:
+                typer.echo(f"report: {p}")
+        except ImportError:
+            pass
+        from truthput.report.units import write_winner_units
 
-            for p in write_winner_units(db, store, run_id, reports):
-                typer.echo(f"winning unit: {p}")
-        if not any(t.status == "ok" for t in db.trial_results(run_id)):
-            failed = db.failed_variants(run_id)
-            why = "; ".join(f"{k}: {v}" for k, v in failed.items()) or "every trial failed"
-            typer.echo(f"truthput: no variant produced a measurement ({why})", err=True)
-            raise typer.Exit(1)
+        for p in write_winner_units(db, store, run_id, reports):
+            typer.echo(f"winning unit: {p}")
+    if not any(t.status == "ok" for t in db.trial_results(run_id)):
+        failed = db.failed_variants(run_id)
+        why = "; ".join(f"{k}: {v}" for k, v in failed.items()) or "every trial failed"
+        typer.echo(f"truthput: no variant produced a measurement ({why})", err=True)
+        raise typer.Exit(1)
 
-    @app.command()
-    def plan(
-        experiment: Path = typer.Argument(..., help="Experiment file (TOML)."),
-        engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
-        store: Path = typer.Option(Path("truthput.db"), "--store",
-                                   help="Results store whose earlier runs on this host give the expected noise "
-                                        "(read only; not created)."),
-        sim_gpu: Optional[str] = typer.Option(None, "--sim-gpu", help="As for run: the simulator's GPU."),
-        sim_model: Optional[str] = typer.Option(None, "--sim-model", help="As for run: the simulator's model profile."),
-        executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP + " With ray: check the cluster's "
-                                     "nodes against the plan and name what cannot be placed."),
-        address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
-    ) -> None:
-        """Print the trial plan, each variant's argv diff, the starts the stopping rule will likely
-        need and a time estimate; runs nothing."""
-        from truthput.report.terminal import make_console
-        from rich.table import Table
+def plan(
+    experiment: Path = typer.Argument(..., help="Experiment file (TOML)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
+    store: Path = typer.Option(Path("truthput.db"), "--store",
+                               help="Results store whose earlier runs on this host give the expected noise "
+                                    "(read only; not created)."),
+    sim_gpu: Optional[str] = typer.Option(None, "--sim-gpu", help="As for run: the simulator's GPU."),
+    sim_model: Optional[str] = typer.Option(None, "--sim-model", help="As for run: the simulator's model profile."),
+    executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP + " With ray: check the cluster's "
+                                 "nodes against the plan and name what cannot be placed."),
+    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
+) -> None:
+    """Print the trial plan, each variant's argv diff, the starts the stopping rule will likely
+    need and a time estimate; runs nothing."""
+    from truthput.report.terminal import make_console
+    from rich.table import Table
 
-        from truthput.experiment.file import load_experiment
-        from truthput.experiment.levels import level_label
-        from truthput.text import plural
+    from truthput.experiment.file import load_experiment
+    from truthput.experiment.levels import level_label
+    from truthput.text import plural
 
-        exp, _ = load_experiment(experiment)
-        simulate_on(exp, engine, sim_gpu, sim_model)
-        p = checked_plan(exp, engine, experiment)
-        placer = make_executor(executor, address)
-        placed = placer.prepare(exp, p)
-        con = make_console()
-        con.print(f"[bold]{exp.experiment.name}[/bold]: engine {p.engine}"
-                  + (" (embedded simulator: every figure will be SIMULATED)" if p.engine == "sim" else ""))
-        import shlex
+    exp, _ = load_experiment(experiment)
+    simulate_on(exp, engine, sim_gpu, sim_model)
+    p = checked_plan(exp, engine, experiment)
+    placer = make_executor(executor, address)
+    placed = placer.prepare(exp, p)
+    con = make_console()
+    con.print(f"[bold]{exp.experiment.name}[/bold]: engine {p.engine}"
+              + (" (embedded simulator: every figure will be SIMULATED)" if p.engine == "sim" else ""))
+    import shlex
 
-        con.print(f"base command: {shlex.join(exp.server.command) or '(none)'}", markup=False, highlight=False)
-        t = Table(title="variants (argv diff vs the baseline's command)")
-        t.add_column("variant")
-        t.add_column("diff")
-        t.add_column("speculation")
-        for v in p.variants:
-            name = v.name + (" (baseline)" if v.is_baseline else "")
-            spec = "off" if not v.speculative else ", ".join(f"{k}={val}" for k, val in v.speculative.items())
-            t.add_row(name, "\n".join(v.diff_text), spec)
-        con.print(t)
-        wl = exp.workload
-        window = f"{wl.duration_s:g} s window" if wl.duration_s else f"{wl.requests} requests"
-        con.print(f"order of server starts: {' '.join(f'{n}#{i + 1}' for n, i in p.order)}")
-        for line in placed:
-            con.print(line, markup=False, highlight=False)
-        if wl.mode == "open":
-            cap = f", at most {wl.max_in_flight} in flight" if wl.max_in_flight else ""
-            levels = f"an open loop ({wl.arrival} arrivals{cap}) at {', '.join(level_label(x) for x in p.levels)}"
-        else:
-            levels = f"concurrency {', '.join(map(str, p.levels))}"
-        con.print(f"per start: {levels}; each level {wl.warmup_s:g} s warm-up + {plural(p.repeats, 'trial')} x {window}")
-        trials = len(p.order) * len(p.levels) * p.repeats
-        m = exp.measure
-        con.print(f"{len(p.order)} server starts, {trials} timed trials; estimated time {p.estimate_s / 60:.1f} min"
-                  + (f"; the stopping rule may add starts up to {m.planned_max_starts} per variant"
-                     f" (at most {p.max_estimate_s / 60:.1f} min)" if m.sequential and m.planned_max_starts > m.starts
-                     else ""))
-        for line in _starts_forecast(exp, p, store):
-            con.print(line, markup=False)
-        from truthput.plan import max_num_seqs_warnings
+    con.print(f"base command: {shlex.join(exp.server.command) or '(none)'}", markup=False, highlight=False)
+    t = Table(title="variants (argv diff vs the baseline's command)")
+    t.add_column("variant")
+    t.add_column("diff")
+    t.add_column("speculation")
+    for v in p.variants:
+        name = v.name + (" (baseline)" if v.is_baseline else "")
+        spec = "off" if not v.speculative else ", ".join(f"{k}={val}" for k, val in v.speculative.items())
+        t.add_row(name, "\n".join(v.diff_text), spec)
+    con.print(t)
+    wl = exp.workload
+    window = f"{wl.duration_s:g} s window" if wl.duration_s else f"{wl.requests} requests"
+    con.print(f"order of server starts: {' '.join(f'{n}#{i + 1}' for n, i in p.order)}")
+    for line in placed:
+        con.print(line, markup=False, highlight=False)
+    if wl.mode == "open":
+        cap = f", at most {wl.max_in_flight} in flight" if wl.max_in_flight else ""
+        levels = f"an open loop ({wl.arrival} arrivals{cap}) at {', '.join(level_label(x) for x in p.levels)}"
+    else:
+        levels = f"concurrency {', '.join(map(str, p.levels))}"
+    con.print(f"per start: {levels}; each level {wl.warmup_s:g} s warm-up + {plural(p.repeats, 'trial')} x {window}")
+    trials = len(p.order) * len(p.levels) * p.repeats
+    m = exp.measure
+    con.print(f"{len(p.order)} server starts, {trials} timed trials; estimated time {p.estimate_s / 60:.1f} min"
+              + (f"; the stopping rule may add starts up to {m.planned_max_starts} per variant"
+                 f" (at most {p.max_estimate_s / 60:.1f} min)" if m.sequential and m.planned_max_starts > m.starts
+                 else ""))
+    for line in _starts_forecast(exp, p, store):
+        con.print(line, markup=False)
+    from truthput.plan import max_num_seqs_warnings
 
-        for line in max_num_seqs_warnings(exp, p):
-            con.print("warning: " + line, markup=False, style="yellow")
+    for line in max_num_seqs_warnings(exp, p):
+        con.print("warning: " + line, markup=False, style="yellow")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(run)
+    app.command()(plan)

@@ -9,7 +9,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from truthput.commands.common import ADDRESS_HELP, ENGINE_HELP, EXECUTOR_HELP, STORE_HELP
+    from truthput.commandline import ADDRESS_HELP, ENGINE_HELP, EXECUTOR_HELP, STORE_HELP
 
     @app.command()
     def tune(
@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         import json
         import signal
 
-        from truthput.commands.common import make_executor, stop_signals, stop_task
+        from truthput.commandline import make_executor, stop_signals, stop_task
         from truthput.engines.process import become_subreaper
         from truthput.load.client import prepare_load_process
         from truthput.report.progress import make_progress

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Callable
 
 from truthput.engines.base import LogSink
 from truthput.engines.external import ExternalEngine

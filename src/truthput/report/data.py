@@ -14,7 +14,6 @@ strict JSON.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import shlex
 import tomllib
@@ -28,7 +27,6 @@ from truthput.analyze.latency import latency_and_goodput
 from truthput.analyze.roofline import RooflineSection, context_tokens, place_cells
 from truthput.analyze.specdecode import SpecDecodeCell, spec_decode_cells
 from truthput.analyze.summary import RunSummary
-from truthput.measure.model import Goodput
 from truthput.report.runsummary import run_summary
 from truthput.experiment.levels import Level, level_json, level_label
 from truthput.store.db import Store, StoredTrial

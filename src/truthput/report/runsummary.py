@@ -8,7 +8,6 @@ defaults apply.
 
 from __future__ import annotations
 
-import json
 
 from truthput.analyze.summary import RunSummary, summarize
 from truthput.store.db import Store

@@ -22,7 +22,6 @@ def export_variant_unit(
     The variant's stored argv is what was launched, with the runner's host/port; the unit gets the
     listen address of the original unit back (or none, when the original had none).
     """
-    import json
     import tomllib
 
     from truthput.errors import InputError, StoreError
@@ -94,8 +93,6 @@ def export_variant_unit(
 
 def write_winner_units(db: Store, store_path: Path, run_id: str, folder: Path) -> list[Path]:
     """The variant the verdict names the winner, as a systemd unit (when the baseline came from one)."""
-    import json
-
     run = db.run(run_id)
     summary = run.summary or {}
     per = (summary.get("verdict") or {}).get("per_concurrency") or []

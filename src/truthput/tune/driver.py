@@ -20,7 +20,6 @@ resumes without redoing its finished trials.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
