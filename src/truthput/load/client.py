@@ -76,6 +76,13 @@ class ClientConfig:
     test_chunk_spin_s: float = 0.0
 
 
+def _failed(rec: RequestRecord, t: float, why: str) -> bool:
+    """The request failed at `t` for `why` (its record is final)."""
+    rec.status, rec.t_end = "error", t
+    rec.error = f"request {rec.idx}: {why}"
+    return True
+
+
 def _spin(seconds: float) -> None:
     """Burn CPU for `seconds` (the test-only slow-client hook)."""
     end = time.perf_counter() + seconds
@@ -255,10 +262,7 @@ class StreamClient:
                 text = (await resp.read()).decode("utf-8", "replace")
                 if self._handle_rejection(resp.status, text, asked_running, sent_options):
                     return False
-                rec.status = "error"
-                rec.error = f"request {rec.idx}: HTTP {resp.status} from {url}: {_one_line(text, 200)}"
-                rec.t_end = time.monotonic()
-                return True
+                return _failed(rec, time.monotonic(), f"HTTP {resp.status} from {url}: {_one_line(text, 200)}")
 
             parser = SSEParser()
             feed = parser.feed_not_single
@@ -290,9 +294,7 @@ class StreamClient:
                     try:
                         payloads = feed(data)
                     except EventTooLarge as exc:
-                        rec.status, rec.t_end = "error", t
-                        rec.error = f"request {rec.idx}: {exc}, from {url} after {len(rec.chunk_times)} chunks"
-                        return True
+                        return _failed(rec, t, f"{exc}, from {url} after {len(rec.chunk_times)} chunks")
                 for payload in payloads:
                     if payload == done_marker:
                         got_done = True
@@ -300,25 +302,16 @@ class StreamClient:
                     try:
                         obj = decode(payload)
                     except MalformedChunk as exc:
-                        rec.status = "error"
-                        rec.error = (
-                            f"request {rec.idx}: malformed SSE data from {url} at chunk {len(rec.chunk_times)} "
-                            f"({_one_line(str(exc), 120)}): {_one_line(payload[:120].decode('utf-8', 'replace'), 160)}"
-                        )
-                        rec.t_end = t
-                        return True
+                        return _failed(rec, t, f"malformed SSE data from {url} at chunk {len(rec.chunk_times)} "
+                                               f"({_one_line(str(exc), 120)}): "
+                                               f"{_one_line(payload[:120].decode('utf-8', 'replace'), 160)}")
                     if obj is None:
                         continue
                     err = obj.error
                     if err:
                         msg = err.get("message", err) if isinstance(err, dict) else err
-                        rec.status = "error"
-                        rec.error = (
-                            f"request {rec.idx}: server error event from {url} after "
-                            f"{len(rec.chunk_times)} chunks: {_one_line(str(msg), 200)}"
-                        )
-                        rec.t_end = t
-                        return True
+                        return _failed(rec, t, f"server error event from {url} after {len(rec.chunk_times)} chunks: "
+                                               f"{_one_line(str(msg), 200)}")
                     usage = obj.usage
                     ct = -1
                     if usage is not None:
@@ -354,32 +347,21 @@ class StreamClient:
                         if ct > last_ct:
                             last_ct = ct
                 if len(rec.chunk_times) > MAX_CHUNKS_PER_RESPONSE:  # once per read, not per chunk
-                    rec.status, rec.t_end = "error", t
-                    rec.error = (f"request {rec.idx}: more than {MAX_CHUNKS_PER_RESPONSE} chunks from {url}: "
-                                 "the response is cut here to bound the client's memory")
-                    return True
+                    return _failed(rec, t, f"more than {MAX_CHUNKS_PER_RESPONSE} chunks from {url}: the response is "
+                                           "cut here to bound the client's memory")
             rec.t_end = now()
-            if not got_done:
-                for payload in parser.flush():
-                    if payload == _DONE:
-                        got_done = True
-            if not got_done:
-                rec.status = "error"
-                rec.error = (
-                    f"request {rec.idx}: stream from {url} ended without [DONE] after {len(rec.chunk_times)} chunks"
-                    + (f" ({parser.pending_bytes} bytes of an unfinished event)" if parser.pending_bytes else "")
-                )
-                return True
-            if saw_running_usage:
-                self.continuous_usage_supported = True
-            elif (
-                self.continuous_usage_supported is None
-                and self._stream_options_supported
-                and rec.chunk_times
-            ):
-                self.continuous_usage_supported = False
-                self._note(
-                    f"{url} ignored stream_options.continuous_usage_stats (no running usage in chunks); "
-                    "per-chunk token counts are unavailable"
-                )
+            if not got_done and _DONE not in parser.flush():
+                return _failed(rec, rec.t_end, f"stream from {url} ended without [DONE] after {len(rec.chunk_times)} "
+                               "chunks" + (f" ({parser.pending_bytes} bytes of an unfinished event)"
+                                           if parser.pending_bytes else ""))
+            self._learn_running_usage(saw_running_usage, bool(rec.chunk_times))
             return True
+
+    def _learn_running_usage(self, saw_running_usage: bool, had_chunks: bool) -> None:
+        """Whether the server sends running usage counts, learnt from the first streams that show it."""
+        if saw_running_usage:
+            self.continuous_usage_supported = True
+        elif self.continuous_usage_supported is None and self._stream_options_supported and had_chunks:
+            self.continuous_usage_supported = False
+            self._note(f"{self.url} ignored stream_options.continuous_usage_stats (no running usage in chunks); "
+                       "per-chunk token counts are unavailable")
