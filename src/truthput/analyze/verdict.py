@@ -200,9 +200,35 @@ def make_verdict(
         alpha = 1.0 - confidence
     by_metric: dict[str, tuple[Cells, Rounds | None]] = {
         **({"tok/s": (cells, rounds)} if decide_throughput else {}), **dict(metrics or {})}
+    raw, groups, notes = _estimates(by_metric, baseline, failed)
+    describe = (f"look {look} of {stopping_rule.min_starts}..{stopping_rule.max_starts}"
+                if stopping_rule is not None else "")
+    decisions = decide_family(raw, alpha, min_effect, describe) if raw else {}
+    family = sum(1 for d in decisions.values() if d.step is not None)
+    out: list[ConcurrencyVerdict] = []
+    sequential = stopping_rule is not None
+    for mkey, conc, group, others, noise_note in groups:
+        spec = metric(mkey)
+        comps = [_comparison(decisions[ComparisonKey(mkey, conc, v)], v, baseline, conc, spec, guard,
+                             expected_divergence, confidence, family, sequential, min_effect, tag)
+                 for v in others]
+        out.append(_level_verdict(mkey, conc, group, comps, baseline, noise_note, confidence, tag))
+    return Verdict(per_concurrency=out, failed=failed, method_notes=_method_notes(family, min_effect, stopping_rule, look,
+                                                                              simulated),
+                   simulated=simulated, confidence=confidence, notes=notes, family=family)
+
+
+Group = tuple[str, Level, dict[str, Sequence[Sequence[float]]], list[str], str]
+"""(metric, level, variant -> per-start values, the variants compared with the baseline, noise note)."""
+
+
+def _estimates(by_metric: Mapping[str, tuple[Cells, Rounds | None]], baseline: str, failed: Mapping[str, str],
+               ) -> tuple[dict[ComparisonKey, RatioEstimate], list[Group], list[str]]:
+    """Every comparison's ratio estimate (each level's arms sharing one noise model), the groups
+    compared, and notes on cells left out (a zero figure, no baseline)."""
     notes: list[str] = []
     raw: dict[ComparisonKey, RatioEstimate] = {}
-    groups: list[tuple[str, Level, dict[str, Sequence[Sequence[float]]], list[str], str]] = []
+    groups: list[Group] = []
     for mkey, (mcells, mrounds) in by_metric.items():
         by_conc: dict[Level, dict[str, Sequence[Sequence[float]]]] = {}
         zeros: dict[Level, dict[str, Sequence[Sequence[float]]]] = {}
@@ -230,45 +256,47 @@ def make_verdict(
                     group[v], group[baseline], noise=noise, rounds_variant=None if rr is None else rr[i],
                     rounds_baseline=None if rr is None else rr[0])
             groups.append((mkey, conc, group, others, noise.note if noise.df or noise.paired else ""))
-    describe = (f"look {look} of {stopping_rule.min_starts}..{stopping_rule.max_starts}"
-                if stopping_rule is not None else "")
-    decisions = decide_family(raw, alpha, min_effect, describe) if raw else {}
-    family = sum(1 for d in decisions.values() if d.step is not None)
-    out: list[ConcurrencyVerdict] = []
-    sequential = stopping_rule is not None
-    for mkey, conc, group, others, noise_note in groups:
-        spec = metric(mkey)
-        comps = [_comparison(decisions[ComparisonKey(mkey, conc, v)], v, baseline, conc, spec, guard,
-                             expected_divergence, confidence, family, sequential, min_effect, tag)
-                 for v in others]
-        lines = [c.line for c in comps]
-        winner = None
-        base_mean = None
-        if mkey == "tok/s":
-            base_est = cell_estimate(group[baseline], confidence=confidence)
-            base_mean = base_est.mean
-            qualifiers = [c for c in comps if c.outcome == "faster" and not c.vetoed]
-            if qualifiers:
-                best = max(qualifiers, key=lambda c: c.estimate.ratio)
-                rivals = [c for c in qualifiers if c is not best]
-                # Head-to-head: best must beat every other qualifier at its own decision level.
-                if all(ratio_estimate(group[best.variant], group[c.variant], confidence=best.estimate.level).significant
-                       for c in rivals):
-                    winner = best.variant
-                    lines.append(f"{tag}{level_label(conc)}: winner {winner}")
-                else:
-                    beat = ", ".join(c.variant for c in qualifiers)
-                    lines.append(
-                        f"{tag}{level_label(conc)}: {beat} all beat {baseline}; their intervals overlap, so no single winner")
-            elif comps:
-                lines.append(f"{tag}{level_label(conc)}: no winner: {baseline} stays")
-            if base_est.noisy and base_est.warning:
-                lines.append(f"{tag}{level_label(conc)}: {baseline} is noisy: {base_est.warning}")
-        if comps and noise_note:
-            where = level_label(conc) if mkey == "tok/s" else f"{level_label(conc)} {spec.label}"
-            lines.append(f"{tag}{where}: noise: {noise_note}")
-        out.append(ConcurrencyVerdict(level=conc, baseline=baseline, baseline_mean=base_mean,
-                                      comparisons=comps, winner=winner, lines=lines, metric=mkey, noise=noise_note))
+    return raw, groups, notes
+
+
+def _level_verdict(mkey: str, conc: Level, group: dict[str, Sequence[Sequence[float]]],
+                   comps: list[ComparisonVerdict], baseline: str, noise_note: str, confidence: float,
+                   tag: str) -> ConcurrencyVerdict:
+    """One level's decision lines: its comparisons, the winner (tok/s: best of the faster, and
+    head-to-head better than every other faster one), the baseline's noise."""
+    spec = metric(mkey)
+    lines = [c.line for c in comps]
+    winner = None
+    base_mean = None
+    if mkey == "tok/s":
+        base_est = cell_estimate(group[baseline], confidence=confidence)
+        base_mean = base_est.mean
+        qualifiers = [c for c in comps if c.outcome == "faster" and not c.vetoed]
+        if qualifiers:
+            best = max(qualifiers, key=lambda c: c.estimate.ratio)
+            rivals = [c for c in qualifiers if c is not best]
+            # Head-to-head: best must beat every other qualifier at its own decision level.
+            if all(ratio_estimate(group[best.variant], group[c.variant], confidence=best.estimate.level).significant
+                   for c in rivals):
+                winner = best.variant
+                lines.append(f"{tag}{level_label(conc)}: winner {winner}")
+            else:
+                beat = ", ".join(c.variant for c in qualifiers)
+                lines.append(
+                    f"{tag}{level_label(conc)}: {beat} all beat {baseline}; their intervals overlap, so no single winner")
+        elif comps:
+            lines.append(f"{tag}{level_label(conc)}: no winner: {baseline} stays")
+        if base_est.noisy and base_est.warning:
+            lines.append(f"{tag}{level_label(conc)}: {baseline} is noisy: {base_est.warning}")
+    if comps and noise_note:
+        where = level_label(conc) if mkey == "tok/s" else f"{level_label(conc)} {spec.label}"
+        lines.append(f"{tag}{where}: noise: {noise_note}")
+    return ConcurrencyVerdict(level=conc, baseline=baseline, baseline_mean=base_mean,
+                              comparisons=comps, winner=winner, lines=lines, metric=mkey, noise=noise_note)
+
+
+def _method_notes(family: int, min_effect: float, stopping_rule: StoppingRule | None, look: int | None,
+                  simulated: bool) -> list[str]:
     method_notes = [
         "unit of replication: the server start; each start's trials are averaged (mean log value)",
         "ratio = exp(difference of mean per-start log values); t interval with each arm's between-start variance "
@@ -285,8 +313,7 @@ def make_verdict(
         method_notes.append(stopping_rule.describe() + f"; intervals reported at look {look}")
     if simulated:
         method_notes.insert(0, "SIMULATED: every figure comes from the simulator, not a real server")
-    return Verdict(per_concurrency=out, failed=failed, method_notes=method_notes, simulated=simulated,
-                   confidence=confidence, notes=notes, family=family)
+    return method_notes
 
 
 def _zero_notes(spec: Any, level: Level, zeroed: Mapping[str, Sequence[Sequence[float]]],
