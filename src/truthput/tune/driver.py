@@ -340,15 +340,9 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Store, store
             if search.real and search.done():
                 stop_reason = "no unmeasured configuration can beat the best measured one (corrected prediction)"
                 break
-            k = tune_cfg.candidates
-            if tune_cfg.budget_starts is not None:
-                room = tune_cfg.budget_starts - starts_used
-                k = min(k, room // per_variant - 1)
-                if k < 1:
-                    stop_reason = f"the budget of {tune_cfg.budget_starts} server starts is spent"
-                    break
-            if tune_cfg.budget_server_minutes is not None and server_s / 60 >= tune_cfg.budget_server_minutes:
-                stop_reason = f"the budget of {tune_cfg.budget_server_minutes:g} server-minutes is spent"
+            k, spent = _round_size(tune_cfg, starts_used, server_s, per_variant)
+            if spent:
+                stop_reason = spent
                 break
             picked = search.next_candidates(k)
             if not picked:
@@ -375,18 +369,9 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Store, store
         server_s += sum(secs.values())
         names = {v.name: dict(v.tune_config) for v in round_exp.variant if v.tune_config}
         names[baseline_name] = baseline_config
-        known = {t.user_attrs.get("round_key") for t in real_study.get_trials(deepcopy=False)}
-        for vname, config in names.items():
-            e = _real_evaluation(summary, trials, vname, config, level, secs.get(vname, 0.0), metric)
-            key = space.key(config)
-            if key in search.real and vname == baseline_name:
-                prev = search.real[key]  # the baseline is measured every round: its starts add up
-                e.values = prev.values + e.values
-                e.starts += prev.starts
-            search.add_real(e)
-            if f"{index}:{key}" not in known and space.contains(config):
-                _record(real_study, space, e, tune_cfg,
-                        {"run": done_id, "variant": vname, "round": index, "round_key": f"{index}:{key}"})
+        _add_round(search, real_study, space, tune_cfg, index, done_id, names, baseline_name,
+                   lambda vname, config: _real_evaluation(summary, trials, vname, config, level, secs.get(vname, 0.0),
+                                                          metric))
         winner = next((cv.winner for cv in summary.verdict.per_concurrency if cv.metric == metric and cv.level == level),
                       None)
         rounds.append(RoundResult(index, done_id, list(cands.values()),
@@ -398,6 +383,37 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Store, store
     front = pareto_front(list(search.real.values()), tune_cfg) if tune_cfg.objective == "pareto" else []
     return TuneOutcome(name, len(evals), failed, cpu, rounds, search, chosen, line, chosen_run, chosen_variant,
                        server_s, starts_used, rho, n, front, stop_reason, level)
+
+
+def _round_size(tune_cfg: TuneSection, starts_used: int, server_s: float, per_variant: int) -> tuple[int, str | None]:
+    """How many candidates the next round measures, or why the budget allows none."""
+    k = tune_cfg.candidates
+    if tune_cfg.budget_starts is not None:
+        k = min(k, (tune_cfg.budget_starts - starts_used) // per_variant - 1)
+        if k < 1:
+            return 0, f"the budget of {tune_cfg.budget_starts} server starts is spent"
+    if tune_cfg.budget_server_minutes is not None and server_s / 60 >= tune_cfg.budget_server_minutes:
+        return 0, f"the budget of {tune_cfg.budget_server_minutes:g} server-minutes is spent"
+    return k, None
+
+
+def _add_round(search: SimFirst, real_study: Any, space: Space, tune_cfg: TuneSection, index: int, run_id: str,
+               configs: dict[str, dict[str, Any]], baseline_name: str,
+               evaluate: Callable[[str, dict[str, Any]], Evaluation]) -> None:
+    """A measured round's configurations into the search (the baseline's starts add up over the
+    rounds, since it is measured in every one) and into the server study (once per round)."""
+    known = {t.user_attrs.get("round_key") for t in real_study.get_trials(deepcopy=False)}
+    for vname, config in configs.items():
+        e = evaluate(vname, config)
+        key = space.key(config)
+        if key in search.real and vname == baseline_name:
+            prev = search.real[key]
+            e.values = prev.values + e.values
+            e.starts += prev.starts
+        search.add_real(e)
+        if f"{index}:{key}" not in known and space.contains(config):
+            _record(real_study, space, e, tune_cfg,
+                    {"run": run_id, "variant": vname, "round": index, "round_key": f"{index}:{key}"})
 
 
 def _check_energy_source(exp: Experiment, engine: str | None, executor: Any) -> None:
