@@ -650,7 +650,7 @@ def _fit(
     free: Sequence[str],
     prior: Efficiency,
     loss: str = "linear",
-    whiten=None,
+    whiten: Any = None,
     start_groups: Sequence[int] | None = None,
     sigma_u: float = 0.0,
     sigma_e: float = 1.0,
@@ -761,32 +761,13 @@ def _fit(
     dropped.update(lost)
     candidates = names
 
-    n, k = len(points), len(candidates)
-    notes = []
     raw = raw_residuals(np.concatenate([[getattr(eff, name) for name in candidates], start_values[0]]), candidates)
-    if n_starts:
-        scale = float(math.sqrt(float(np.sum(res**2)) / (n - k))) if n > k else 1.0
-        noise = max(scale, 1.0)
-        basis = "start effects on bandwidth"
-    elif whiten is not None:
-        # residuals are in units of the assumed covariance: scale it up if they say it is too small
-        scale = float(math.sqrt(float(np.sum(res**2)) / (n - k))) if n > k else 1.0
-        noise = max(scale, 1.0)
-        basis = "generalized least squares"
-    elif n - k > 0:
-        noise = float(math.sqrt(float(np.sum(res**2)) / (n - k)))
-        basis = f"residual scatter of the fit ({n - k} degrees of freedom)"
-    else:
-        noise = ASSUMED_REL_NOISE
-        basis = (f"assumed {ASSUMED_REL_NOISE:.0%} measurement noise: {n} point(s) for {k} constant(s) "
-                 "leave no degrees of freedom to estimate it")
-    if k:
-        jtj = jac.T @ jac
-        cov = (np.linalg.pinv(jtj) * noise**2)[:k, :k]
-    else:
-        cov = np.zeros((0, 0))
+    noise, basis = _fit_noise(res, len(points), len(candidates), bool(n_starts), whiten is not None)
+    k = len(candidates)
+    cov = (np.linalg.pinv(jac.T @ jac) * noise**2)[:k, :k] if k else np.zeros((0, 0))
     std = {name: float(math.sqrt(max(cov[i, i], 0.0))) for i, name in enumerate(candidates)}
-    if k == 1 and n == 1:
+    notes = []
+    if k == 1 and len(points) == 1:
         notes.append(f"one data point: fitted one constant ({candidates[0]}); "
                      f"the others stay at their priors ({', '.join(f'{d}' for d in dropped)})")
     for name in candidates:
@@ -797,6 +778,21 @@ def _fit(
         covariance=cov.tolist(), points=points, residuals_log=[float(r) for r in raw],
         noise_log=noise, noise_basis=basis, notes=notes,
     )
+
+
+def _fit_noise(res: Any, n: int, k: int, start_effects: bool, whitened: bool) -> tuple[float, str]:
+    """The fit's noise in log tok/s and where it came from: the residuals on the degrees of freedom
+    the constants leave (in units of the assumed covariance when start effects or a whitening are
+    modelled, and then never below it), else an assumed measurement noise."""
+    import numpy as np
+
+    if start_effects or whitened:
+        scale = float(math.sqrt(float(np.sum(res**2)) / (n - k))) if n > k else 1.0
+        return max(scale, 1.0), "start effects on bandwidth" if start_effects else "generalized least squares"
+    if n - k > 0:
+        return float(math.sqrt(float(np.sum(res**2)) / (n - k))), f"residual scatter of the fit ({n - k} degrees of freedom)"
+    return ASSUMED_REL_NOISE, (f"assumed {ASSUMED_REL_NOISE:.0%} measurement noise: {n} point(s) for {k} constant(s) "
+                               "leave no degrees of freedom to estimate it")
 
 
 # --- what a misfit asks of the model ----------------------------------------------------------------
