@@ -94,11 +94,7 @@ def load(
     name: str = typer.Option("load", "--name", help="Run name in the store"),
 ) -> None:
     """Load a running endpoint (closed loop, open loop or a sweep) and report the server-counted throughput."""
-    import asyncio
-
-    from truthput.load.client import prepare_load_process
     from truthput.load.tokenizer import load_tokenizer
-    from truthput.pipeline.load import run_load
 
     opts = _options(url, concurrency, rate, arrival, max_in_flight, sweep, sweep_max, requests, duration, seed,
                     model, api_key_env, slo_ttft_ms, slo_itl_ms, workers, tokenizer, engine, name, sample_interval,
@@ -115,7 +111,22 @@ def load(
         from truthput.store.db import Store
 
         db = Store(store)
-    skews = _cluster_options(executor, address, clock_skew)
+    result = _drive(opts, db, tok, executor, workers, address, _cluster_options(executor, address, clock_skew))
+    from truthput.report.loadtable import print_summary
+
+    print_summary(result, opts, store=None if no_store else str(store))
+    _exit_if_nothing_measured(result)
+
+
+def _drive(opts: Any, db: Any, tok: Any, executor: str, workers: int, address: str | None,
+           skews: dict[int, float]) -> Any:
+    """The load itself, on this machine's worker processes or a Ray cluster's; a stop signal or
+    Ctrl-C ends it like an interrupted run (finished trials kept, exit 128 + signal)."""
+    import asyncio
+
+    from truthput.load.client import prepare_load_process
+    from truthput.pipeline.load import run_load
+
     pool: Any = None
     if executor == "ray":
         from truthput.cluster import import_ray
@@ -166,10 +177,7 @@ def load(
     finally:
         if pool is not None:
             pool.close()
-    from truthput.report.loadtable import print_summary
-
-    print_summary(result, opts, store=None if no_store else str(store))
-    _exit_if_nothing_measured(result)
+    return result
 
 
 def _workload_spec(workload: str, input_tokens: str, output_tokens: str, max_tokens: int | None,
