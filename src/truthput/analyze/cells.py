@@ -47,7 +47,7 @@ def headline(results: TrialResults) -> Figure:
 
 def source_label(source: str) -> str:
     """How a person reads a headline's source."""
-    return HEADLINE_SOURCES.get(source, source)
+    return " + ".join(HEADLINE_SOURCES.get(part, part) for part in source.split("+"))
 
 
 def trial_warnings(trial: TrialLike) -> list[str]:
