@@ -333,7 +333,8 @@ def _gpu_pids(mod: ModuleType) -> set[int]:
     for i in range(mod.nvmlDeviceGetCount()):
         h = mod.nvmlDeviceGetHandleByIndex(i)
         for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            procs = _try(getattr(mod, getter), h) or []
+            read = getattr(mod, getter, None)  # an older NVML binding may lack one of the two
+            procs = (_try(read, h) if read is not None else None) or []
             pids.update(int(p.pid) for p in procs)
     return pids
 
