@@ -29,7 +29,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from truthput.errors import InputError
 from truthput.hardware.gpus import GPU, get_gpu
@@ -660,7 +660,6 @@ def _fit(
     start on the achieved bandwidth, bw_frac x (1 + u_start), u ~ N(0, sigma_u), point scatter
     sigma_e: the simulator's (and a real box's) start-to-start noise, modelled where it acts."""
     import numpy as np
-    from scipy.optimize import least_squares
 
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     model = get_model(model) if isinstance(model, str) else model
@@ -706,23 +705,7 @@ def _fit(
             if not names and not n_starts:
                 return names, prior, np.zeros((len(points), 0)), residuals(np.array([]), []), lost
             k = len(names)
-            x0 = np.array([min(max(getattr(prior, n), BOUNDS[n][0]), BOUNDS[n][1]) for n in names] + [0.0] * n_starts)
-            lo = np.array([BOUNDS[n][0] for n in names] + [-0.5] * n_starts)
-            hi = np.array([BOUNDS[n][1] for n in names] + [0.5] * n_starts)
-            scale = np.array([max(abs(v), 1e-3 if n.endswith("_s") else 0.1) for n, v in zip(names, x0)]
-                             + [0.01] * n_starts)
-            # several starts: max(mem, compute) has a kink, and at the prior a resource that does not
-            # bind yet has a zero gradient although a lower efficiency would make it bind
-            sol: Any = None
-            for frac_factor, time_factor in ((1.0, 1.0), (0.4, 2.0), (0.15, 0.5)):
-                start = np.array([v * (time_factor if n.endswith("_s") else frac_factor) for n, v in zip(names, x0)]
-                                 + [0.0] * n_starts)
-                start = np.clip(start, lo + 1e-12, hi)
-                trial = least_squares(residuals, start, bounds=(lo, hi), x_scale=scale, args=(names,),
-                                      loss=loss, f_scale=f_scale,
-                                      method="trf", jac="3-point", xtol=1e-12, ftol=1e-12, gtol=1e-12)
-                if sol is None or trial.cost < sol.cost - 1e-12:
-                    sol = trial
+            sol, scale = _least_squares(residuals, names, prior, n_starts, loss, f_scale)
             if not names:
                 start_values[0] = sol.x[k:]
                 return names, prior, sol.jac, sol.fun, lost
@@ -740,18 +723,7 @@ def _fit(
             return names, with_values(names, sol.x[:k]), sol.jac, sol.fun, lost
 
     if len(candidates) > len(points):
-        # fewer points than constants: fit the subset of len(points) constants that explains the data
-        # best (ties go to the PRIORITY order: one point fits the fixed per-step overhead).
-        best: Any = None
-        for subset in itertools.combinations(candidates, len(points)):
-            trial = identified_fit(list(subset))
-            ssr = float(np.sum(trial[3] ** 2))
-            pinned = sum(_at_bound(trial[1], n) for n in trial[0])  # a constant at its bound explains less
-            tol = 1e-10 + 1e-6 * (best[0] if best else 0.0)
-            if (best is None or ssr < best[0] - tol
-                    or (abs(ssr - best[0]) <= tol and pinned < best[1])):
-                best = (ssr, pinned, trial)
-        names, eff, jac, res, lost = best[2]
+        names, eff, jac, res, lost = _best_subset(candidates, len(points), identified_fit)
         for name in candidates:
             if name not in names and name not in lost:
                 dropped[name] = (f"{len(points)} point(s) identify at most {len(points)} constant(s); "
@@ -778,6 +750,48 @@ def _fit(
         covariance=cov.tolist(), points=points, residuals_log=[float(r) for r in raw],
         noise_log=noise, noise_basis=basis, notes=notes,
     )
+
+
+def _least_squares(residuals: Callable[..., Any], names: list[str], prior: Efficiency, n_starts: int, loss: str,
+                   f_scale: float) -> tuple[Any, Any]:
+    """The bounded least-squares fit of `names` (and one start effect per server start), from the
+    prior and two starting points below it: max(mem, compute) has a kink, and at the prior a resource
+    that does not bind yet has a zero gradient although a lower efficiency would make it bind.
+    Returns (the best solution, the parameters' scales)."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    x0 = np.array([min(max(getattr(prior, n), BOUNDS[n][0]), BOUNDS[n][1]) for n in names] + [0.0] * n_starts)
+    lo = np.array([BOUNDS[n][0] for n in names] + [-0.5] * n_starts)
+    hi = np.array([BOUNDS[n][1] for n in names] + [0.5] * n_starts)
+    scale = np.array([max(abs(v), 1e-3 if n.endswith("_s") else 0.1) for n, v in zip(names, x0)] + [0.01] * n_starts)
+    sol: Any = None
+    for frac_factor, time_factor in ((1.0, 1.0), (0.4, 2.0), (0.15, 0.5)):
+        start = np.array([v * (time_factor if n.endswith("_s") else frac_factor) for n, v in zip(names, x0)]
+                         + [0.0] * n_starts)
+        start = np.clip(start, lo + 1e-12, hi)
+        trial = least_squares(residuals, start, bounds=(lo, hi), x_scale=scale, args=(names,), loss=loss,
+                              f_scale=f_scale, method="trf", jac="3-point", xtol=1e-12, ftol=1e-12, gtol=1e-12)
+        if sol is None or trial.cost < sol.cost - 1e-12:
+            sol = trial
+    return sol, scale
+
+
+def _best_subset(candidates: list[str], n_points: int, identified_fit: Callable[[list[str]], Any]) -> Any:
+    """Fewer points than constants: the subset of n_points constants that explains the data best
+    (ties go to the PRIORITY order, so one point fits the fixed per-step overhead; a constant
+    pinned at its bound explains less)."""
+    import numpy as np
+
+    best: Any = None
+    for subset in itertools.combinations(candidates, n_points):
+        trial = identified_fit(list(subset))
+        ssr = float(np.sum(trial[3] ** 2))
+        pinned = sum(_at_bound(trial[1], n) for n in trial[0])
+        tol = 1e-10 + 1e-6 * (best[0] if best else 0.0)
+        if best is None or ssr < best[0] - tol or (abs(ssr - best[0]) <= tol and pinned < best[1]):
+            best = (ssr, pinned, trial)
+    return best[2]
 
 
 def _fit_noise(res: Any, n: int, k: int, start_effects: bool, whitened: bool) -> tuple[float, str]:
