@@ -141,7 +141,7 @@ def analyse(store_path: Path, run_ids: list[str], train: set[tuple[str, int]],
     identify stays at the server front end's measured share (fit's default on a CPU host); False:
     at 0. `plan`: only the bands the training fit gives the held-out configurations, from their
     shapes and start counts, never their measurements (what decides whether to measure more)."""
-    from truthput.commands.sim import calibration_points
+    from truthput.sim.runs import calibration_points
     from truthput.hardware.gpus import get_gpu
     from truthput.hardware.physics import prior_efficiency
     from truthput.sim.calibrate import fit

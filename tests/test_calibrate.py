@@ -252,13 +252,13 @@ def test_a_cpu_hosts_step_pays_for_each_row_on_top_of_streaming_the_weights() ->
 def test_the_rows_a_step_verifies_come_from_the_servers_draft_counters() -> None:
     """Draft tokens per sequence-step: the counters' draft tokens over the sequence-steps, those
     that drafted (drafts) and those that did not (emitted - drafts - accepted)."""
-    from truthput.commands.sim import _draft_tokens_per_step
+    from truthput.sim.runs import draft_tokens_per_step
     from truthput.measure.specdecode import SpecDeltas, spec_decode_stats
 
     window = spec_decode_stats(SpecDeltas(emitted=1000, drafts=300, draft_tokens=700, accepted=400), k=3,
                                method="ngram", first_tokens=None, label="window")
-    assert _draft_tokens_per_step(window) == pytest.approx(700 / (300 + 300))
-    assert _draft_tokens_per_step(None) is None
+    assert draft_tokens_per_step(window) == pytest.approx(700 / (300 + 300))
+    assert draft_tokens_per_step(None) is None
     point = CalibrationPoint(tp=1, concurrency=4, spec_k=3, spec_method="ngram", acceptance_length=1.5,
                              context_tokens=0.0, draft_tokens_per_step=1.2)
     host = get_gpu("Xeon Platinum 8480+ (1 socket)")

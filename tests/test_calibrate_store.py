@@ -222,7 +222,7 @@ def test_simulated_runs_calibrate_back_to_their_constants(tmp_path: Path) -> Non
     from typer.testing import CliRunner
 
     from truthput.cli import app
-    from truthput.commands.sim import calibration_points
+    from truthput.sim.runs import calibration_points
     from truthput.store.db import Store
 
     db, model_dir, runs = e2e_runs(tmp_path)
@@ -278,7 +278,7 @@ def test_simulated_runs_calibrate_back_to_their_constants(tmp_path: Path) -> Non
 def test_stored_chunks_without_running_counts_count_one_token_per_text_chunk(tmp_path: Path) -> None:
     """A server without continuous usage stores -1 as each chunk's running count: calibration then
     counts each text chunk as one token (it used to drop them all)."""
-    from truthput.commands.sim import _trial_chunks
+    from truthput.sim.runs import trial_chunks
     from truthput.load.records import RequestRecord
     from truthput.measure.model import TrialResults
     from truthput.store.db import Store, TrialKey
@@ -288,6 +288,6 @@ def test_stored_chunks_without_running_counts_count_one_token_per_text_chunk(tmp
     rec = RequestRecord(idx=0, t_start=0.0, t_end=1.0, t_first=0.1, prompt_tokens=5, completion_tokens=3,
                         chunk_times=[0.1, 0.2, 0.3, 0.4], chunk_tokens=[-1, -1, -1, -1], chunk_texts=["a", "", "b", "c"])
     tid = store.commit_trial(run, "v", None, TrialKey("v", 0, 1, 0), "ok", 0.0, 0.0, (0.0, 1.0), 1.0, TrialResults(), [rec], [])
-    chunks = _trial_chunks(store, tid, default_prompt=9.0)
+    chunks = trial_chunks(store, tid, default_prompt=9.0)
     assert [(t, before, n) for t, _idx, _p, before, n in chunks] == [(0.1, 0.0, 1.0), (0.3, 1.0, 1.0), (0.4, 2.0, 1.0)]
     assert all(p == 5.0 for _t, _i, p, _b, _n in chunks)
