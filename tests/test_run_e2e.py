@@ -740,7 +740,7 @@ def test_a_crash_under_load_ends_that_start_and_two_fail_the_variant(tmp_path):
     starts = {(s.variant, s.start_index): s for s in store.starts(run_id)}
     crashed = [k for k, s in starts.items() if s.failure_class == "crash_under_load"]
     assert crashed == [("crashy", 0), ("crashy", 1)], {k: (s.status, s.failure_class) for k, s in starts.items()}
-    assert all(starts[k]["status"] == "failed" for k in crashed)
+    assert all(starts[k].status == "failed" for k in crashed)
     assert ("crashy", 2) not in starts  # not started a third time
     assert [k for k in starts if k[0] == "base"] == [("base", 0), ("base", 1), ("base", 2)]
     assert "crashy: failed" in " ".join(store.run(run_id).summary["verdict_lines"])
