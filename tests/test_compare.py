@@ -38,7 +38,8 @@ def test_same_run_ratio_is_one(db_a):
     from truthput.store.db import Store
 
     s = Store(db_a)
-    res = compare_runs(s, "latest", s, "latest")
+    res_model = compare_runs(s, "latest", s, "latest")
+    res = res_model.to_dict()
     assert len(res["rows"]) == 6
     for r in res["rows"]:
         assert r["ratio"]["value"] == pytest.approx(1.0)
@@ -52,10 +53,12 @@ def test_scaled_run_ratio_equals_factor(db_a, tmp_path):
     from truthput.store.db import Store
 
     b = _scaled_copy(db_a, tmp_path / "b.db", 1.25, drop_variant="spec1")
-    res = compare_runs(Store(db_a), "latest", Store(b), "latest")
+    res_model = compare_runs(Store(db_a), "latest", Store(b), "latest")
+    res = res_model.to_dict()
     assert len(res["rows"]) == 4  # spec1's cells exist only in A
     assert sorted(map(tuple, res["only_a"])) == [("spec1", "c=1"), ("spec1", "c=8")]
-    same = compare_runs(Store(db_a), "latest", Store(db_a), "latest")
+    same_model = compare_runs(Store(db_a), "latest", Store(db_a), "latest")
+    same = same_model.to_dict()
     width = {(r["variant"], r["concurrency"]): math.log(r["ratio"]["hi"] / r["ratio"]["lo"]) for r in same["rows"]}
     for r in res["rows"]:
         assert r["ratio"]["value"] == pytest.approx(1.25)

@@ -45,12 +45,12 @@ def test_load_counts_every_token_and_stores_the_trials(stub, tmp_path: Path, mon
     run = asyncio.run(run_load(o, db))
     assert stub.stats()["generation_tokens"] - before == 2 * 24 * 40
     rows = summary_rows(run)
-    assert [r["level"] for r in rows] == [2, 5]
+    assert [r.level for r in rows] == [2, 5]
     for r in rows:
-        assert r["requests"] == 24 and r["failed"] == 0
-        assert r["client_tokens"] == 24 * 40 and r["tokens_equal"]  # usage sum == counter delta, exactly
-        assert r["counter_tps"] and r["counter_tps"] > 0
-        assert r["good_fraction"] == 1.0  # generous targets: every request is good
+        assert r.requests == 24 and r.failed == 0
+        assert r.client_tokens == 24 * 40 and r.tokens_equal  # usage sum == counter delta, exactly
+        assert r.counter_tps and r.counter_tps > 0
+        assert r.good_fraction == 1.0  # generous targets: every request is good
     trials = db.trial_results(run.run_id)
     assert [(t.concurrency, t.status) for t in trials] == [(2, "ok"), (5, "ok")]
     assert trials[0].results.to_json_dict()["integrity"]["holds"] is True
@@ -68,7 +68,7 @@ def test_open_loop_trial_through_the_driver(stub) -> None:
     o = opts(stub.url, rate=[200.0], arrival="constant", max_in_flight=6, requests=30)
     run = asyncio.run(run_load(o))
     (row,) = summary_rows(run)
-    assert row["mode"] == "open" and row["requests"] == 30 and row["client_tokens"] == 30 * 40 and row["tokens_equal"]
+    assert row.mode == "open" and row.requests == 30 and row.client_tokens == 30 * 40 and row.tokens_equal
     assert run.outcomes[0].load.max_in_flight <= 6
 
 
@@ -81,19 +81,19 @@ def test_sweep_through_the_driver_stops_at_max_level(stub) -> None:
     tps = [x.counter_tps for x in run.outcomes]
     assert tps[1] > 1.3 * tps[0] and tps[2] > 1.3 * tps[1]
     assert run.sweep is not None and not run.sweep.saturated and run.sweep.saturation().level == 4
-    assert all(r["tokens_equal"] for r in summary_rows(run))
+    assert all(r.tokens_equal for r in summary_rows(run))
 
 
 def test_injected_slow_chunk_path_is_flagged_client_bound(stub) -> None:
     fast = asyncio.run(run_load(opts(stub.url, requests=12)))
     slow = asyncio.run(run_load(opts(stub.url, requests=12, test_chunk_spin_s=0.004)))
     (f,), (s,) = summary_rows(fast), summary_rows(slow)
-    assert s["client_bound"], s
-    assert "lag" in s["client_reason"] or "CPU" in s["client_reason"]
-    assert s["tokens_equal"] and f["tokens_equal"]  # still exact: slow, not lossy
+    assert s.client_bound, s
+    assert "lag" in s.client_reason or "CPU" in s.client_reason
+    assert s.tokens_equal and f.tokens_equal  # still exact: slow, not lossy
     # The flag follows the injected delay (on a quiet machine the fast run is not flagged; on a
     # loaded shared one the OS may stall it too, so compare rather than assert its absence).
-    assert s["lag_p99_ms"] > f["lag_p99_ms"] and s["lag_p99_ms"] > 20
+    assert s.lag_p99_ms > f.lag_p99_ms and s.lag_p99_ms > 20
 
 
 def test_split_and_share_are_exact() -> None:
@@ -197,7 +197,7 @@ def test_driver_with_worker_processes_counts_exactly(stub, tmp_path: Path) -> No
     finally:
         pool.close()
     (row,) = summary_rows(run)
-    assert row["requests"] == 160 and row["client_tokens"] == 160 * 150 and row["tokens_equal"]
+    assert row.requests == 160 and row.client_tokens == 160 * 150 and row.tokens_equal
     assert {r.worker for r in run.outcomes[0].load.records} == {0, 1}
     assert run.outcomes[0].results.integrity.model_dump()["holds"] is True
 

@@ -13,17 +13,30 @@ pytest.importorskip("matplotlib")
 from truthput.report import plots  # noqa: E402
 
 
+def _fig(value, unit="tok/s", source="server_counter", **extra):
+    from truthput.report.document import Figure
+
+    return Figure(value=value, unit=unit, source=source, **extra)
+
+
 def _doc(levels=(1, 8, 32), variants=("base", "spec1", "nospec")):
+    """A partial report document (only what the plots read), built from the document's own types."""
+    from truthput.report.document import CellRow, ExperimentInfo, ReportDocument, RooflineDoc, VariantInfo
+
     cells = []
     for vi, v in enumerate(variants):
         for c in levels:
             tok = 100.0 * c ** 0.7 * (1 + 0.01 * vi)
-            cells.append({"variant": v, "concurrency": c, "rate": None, "level": f"c={c}", "baseline": vi == 0,
-                          "status": "ok", "tokps": {"value": tok, "lo": tok * 0.97, "hi": tok * 1.03},
-                          "per_stream": {"value": tok / c},
-                          "ttft_p99": {"value": 0.05 + 0.001 * vi}, "itl_p99": {"value": 0.02 + 0.0005 * vi}})
-    return {"simulated": False, "cells": cells,
-            "experiment": {"variants": [{"name": v} for v in variants]}}
+            cells.append(CellRow(variant=v, concurrency=c, rate=None, level=f"c={c}", baseline=vi == 0,
+                                 status="ok", tokps=_fig(tok, lo=tok * 0.97, hi=tok * 1.03),
+                                 per_stream=_fig(tok / c, "tok/s/stream", "usage"),
+                                 ttft_p99=_fig(0.05 + 0.001 * vi, "s", "client_clock"),
+                                 itl_p99=_fig(0.02 + 0.0005 * vi, "s", "client_clock")))
+    return ReportDocument.model_construct(
+        simulated=False, cells=cells, latency=[], spec_decode=[], goodput=None,
+        roofline=RooflineDoc(available=False),
+        experiment=ExperimentInfo.model_construct(variants=[VariantInfo(name=v, position=i, baseline=i == 0, argv=[])
+                                                            for i, v in enumerate(variants)]))
 
 
 def _texts(svg: str) -> list[str]:
@@ -64,9 +77,12 @@ def test_no_line_joins_levels():
 
 
 def test_latency_axes_read_plain_milliseconds():
+    from truthput.report.document import LatencyRow
+
     doc = _doc()
-    doc["latency"] = [{"variant": "base", "concurrency": 1, "rate": None, "level": "c=1",
-                       "ttft_ms": [120.0, 250.0, 300.0, 900.0], "itl_ms": [20.0, 30.0, 45.0]}]
+    doc.latency = [LatencyRow(variant="base", concurrency=1, rate=None, level="c=1",
+                              ttft_ms=[120.0, 250.0, 300.0, 900.0], itl_ms=[20.0, 30.0, 45.0],
+                              n_requests=4, n_failed=0, source="client_clock", note="")]
     svg = plots.latency_distributions(doc)
     assert "10^" not in svg and "mathdefault" not in svg and "×10" not in svg
 

@@ -25,7 +25,7 @@ def store(tmp_path_factory):
 def doc(store):
     from truthput.report.data import build_report_data
 
-    return build_report_data(store, "latest")
+    return build_report_data(store, "latest").to_dict()
 
 
 def _per_start(store, variant, conc):
@@ -74,7 +74,8 @@ def test_verdict_recomputed_when_summary_absent(store, tmp_path):
     conn.execute("UPDATE runs SET summary_json = NULL")
     conn.commit()
     conn.close()
-    d = build_report_data(Store(copy), "latest")
+    d_model = build_report_data(Store(copy), "latest")
+    d = d_model.to_dict()
     assert d["verdict"]["from"].startswith("recomputed")
     assert any("nospec is 54% slower than original" in line for line in d["verdict"]["lines"])
 
@@ -140,10 +141,11 @@ def test_no_telemetry_said_plainly(doc):
 
 def test_goodput_under_slo(store):
     from truthput.report.data import _latency_and_goodput
+    from truthput.report.document import Slo
 
     trials = store.trial_results(store.resolve_run("latest"))
-    _, loose = _latency_and_goodput(store, trials, {"ttft_ms": 1e9, "itl_ms": None}, True)
-    _, tight = _latency_and_goodput(store, trials, {"ttft_ms": 1e-6, "itl_ms": None}, True)
+    _, loose = _latency_and_goodput(store, trials, Slo(ttft_ms=1e9), True)
+    _, tight = _latency_and_goodput(store, trials, Slo(ttft_ms=1e-6), True)
     assert all(g["good_fraction"]["value"] == 1.0 for g in loose)
     assert all(g["good_tokens_per_s"]["value"] == 0.0 for g in tight)
     assert all(g["good_tokens_per_s"]["value"] > 0 for g in loose)
@@ -166,7 +168,8 @@ def test_failures_and_telemetry_rows(store, tmp_path):
     s.conn.executemany("INSERT INTO telemetry VALUES (?,?,?,?,?,?,?)",
                        [(tid, 1.0, 0, 50.0, 20e9, 300.0, 1800.0), (tid, 2.0, 0, 100.0, 22e9, 340.0, 1700.0)])
     s.conn.commit()
-    d = build_report_data(s, run_id)
+    d_model = build_report_data(s, run_id)
+    d = d_model.to_dict()
     f = [x for x in d["failures"] if x["kind"] == "start"]
     assert f and f[0]["failure_class"] == "oom" and f[0]["log_excerpt"] == "line a\nline b"
     t = d["telemetry"]["rows"][0]
@@ -204,12 +207,13 @@ def test_claims_checked_against_run_and_roofline(store, tmp_path):
     conn.execute("UPDATE runs SET experiment_toml = experiment_toml || ?", (CLAIMS,))
     conn.commit()
     conn.close()
-    d = build_report_data(Store(copy), "latest")
+    d_model = build_report_data(Store(copy), "latest")
+    d = d_model.to_dict()
     assert d["experiment"]["parse_error"] is None
     verdicts = [c["verdict"] for c in d["claims"]["results"]]
     assert verdicts[0] == "plausible"
     assert verdicts[1] == "impossible"  # above the 801.5 tok/s no-speculation ceiling at 8 streams
-    html = render_html(d)
+    html = render_html(d_model)
     assert "5000 tok/s at 8 streams without speculation" in html and "impossible" in html
 
 
@@ -233,12 +237,13 @@ def test_stored_goodput_is_reported_and_plotted(store, tmp_path):
     conn.commit()
     conn.close()
     s = Store(copy)
-    d = build_report_data(s, "latest")
+    d_model = build_report_data(s, "latest")
+    d = d_model.to_dict()
     ids = {}
     for t in s.trial_results(s.resolve_run("latest")):
         ids.setdefault((t.variant, t.concurrency), []).append(t.id)
     for g in d["goodput"]:
         assert g["good_tokens_per_s"]["value"] == pytest.approx(mean(ids[(g["variant"], g["concurrency"])]))
         assert g["slo"]["ttft_ms"] == 500.0 and g["good_tokens_per_s"]["source"] == "simulator"
-    html = render_html(d)
+    html = render_html(d_model)
     assert 'id="plot-goodput"' in html and "TTFT" in html

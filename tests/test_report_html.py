@@ -63,14 +63,15 @@ def test_untrusted_text_is_escaped(db_path, tmp_path):
                    (f"spec1{XSS}", f'["vllm", "--x", "{IMG}"]', rid))
     s.conn.execute("UPDATE trials SET variant = ? WHERE run_id = ? AND variant = 'spec1'", (f"spec1{XSS}", rid))
     s.conn.commit()
-    doc = build_report_data(s, rid)
-    out = render_html(doc)
+    doc_model = build_report_data(s, rid)
+    doc = doc_model.to_dict()
+    out = render_html(doc_model)
     low = out.lower()
     assert "<script" not in low
     assert "<img" not in low and "onerror=alert" not in low.replace("onerror=alert(1)&gt;", "")
     assert "&lt;script&gt;alert(&#34;pwned&#34;)&lt;/script&gt;" in out  # shown as text
     assert "&lt;img src=x onerror=alert(1)&gt;" in out
-    md = render_markdown(doc)
+    md = render_markdown(doc_model)
     assert "<script" not in md.lower() and "&lt;script" in md
     assert "<img" not in md.lower()
 
@@ -88,8 +89,10 @@ def test_markdown_main_tables(db_path):
     from truthput.report.markdown import render_markdown
     from truthput.store.db import Store
 
-    doc = build_report_data(Store(db_path), "latest")
-    md = render_markdown(doc)
+    doc_model = build_report_data(Store(db_path), "latest")
+
+    doc = doc_model.to_dict()
+    md = render_markdown(doc_model)
     assert md.startswith("## truthput: quickstart")
     assert "**SIMULATED**" in md
     assert "### Verdict" in md and "### Throughput" in md and "### Roofline" in md

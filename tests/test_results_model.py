@@ -142,15 +142,16 @@ def test_usage_fallback_is_labelled_usage_in_every_export(store, tmp_path):
     from truthput.report.html import render_html
 
     rid = run_id(store, "recorded-nometrics")
-    doc = build_report_data(store, rid)
+    doc_model = build_report_data(store, rid)
+    doc = doc_model.to_dict()
     cells = [c for c in doc["cells"] if c["status"] == "ok"]
     assert cells and all(c["tokps"]["source"] == "usage" and "no server counter" in c["tokps"]["note"]
                          for c in cells)
     assert all(t["headline_tokps"]["source"] == "usage" and t["counter_tokps"]["value"] is None
                for t in doc["trials"])
-    rows = read_csv(next(p for p in write_csv(doc, tmp_path / "csv") if p.name == "cells.csv"))
+    rows = read_csv(next(p for p in write_csv(doc_model, tmp_path / "csv") if p.name == "cells.csv"))
     assert rows and all(r["tokps_source"] == "usage" for r in rows)
-    html = render_html(doc)
+    html = render_html(doc_model)
     assert "no server counter: running usage counts" in html
 
 
@@ -158,7 +159,8 @@ def test_compare_of_a_usage_run_with_itself_has_its_rows(store):
     from truthput.report.data import compare_runs
 
     rid = run_id(store, "recorded-nometrics")
-    cmp = compare_runs(store, rid, store, rid)
+    cmp_model = compare_runs(store, rid, store, rid)
+    cmp = cmp_model.to_dict()
     assert len(cmp["rows"]) == 2  # base and again, c=2
     for row in cmp["rows"]:
         assert row["a"]["source"] == row["b"]["source"] == "usage"
@@ -174,7 +176,8 @@ def test_table_verdict_and_report_show_one_interval(store):
 
     rid = run_id(store, "recorded-sim")
     summary = run_summary(store, rid)
-    doc = build_report_data(store, rid)
+    doc_model = build_report_data(store, rid)
+    doc = doc_model.to_dict()
     con = Console(record=True, width=250)
     print_run(store, rid, console=con)
     text = con.export_text()
@@ -218,12 +221,13 @@ def test_client_bound_warning_reaches_every_report_format(store, tmp_path):
     s = _with_client_bound_trial(store, tmp_path)
     rid = run_id(s, "recorded-sim")
     needle = "client-bound (event-loop lag p99 42.0 ms)"
-    doc = build_report_data(s, rid)
+    doc_model = build_report_data(s, rid)
+    doc = doc_model.to_dict()
     assert any(needle in w for w in doc["warnings"])
     assert any(needle in w for c in doc["cells"] for w in c["warnings"])
-    assert needle in render_markdown(doc)
-    assert needle in render_html(doc)
-    rows = read_csv(next(p for p in write_csv(doc, tmp_path / "csv") if p.name == "warnings.csv"))
+    assert needle in render_markdown(doc_model)
+    assert needle in render_html(doc_model)
+    rows = read_csv(next(p for p in write_csv(doc_model, tmp_path / "csv") if p.name == "warnings.csv"))
     assert any(needle in r["warning"] for r in rows)
     con = Console(record=True, width=250)
     print_run(s, rid, console=con)
@@ -301,7 +305,9 @@ def test_load_against_the_simulator_is_labelled_simulated_everywhere(tmp_path):
     assert store.run(rid).simulated == 1
     (trial,) = store.trial_results(rid)
     assert trial.results.simulated and trial.results.server_samples.n >= 1
-    doc = build_report_data(store, rid)
+    doc_model = build_report_data(store, rid)
+    doc = doc_model.to_dict()
     assert doc["simulated"] and all(c["tokps"]["source"] == "simulator" for c in doc["cells"] if c["status"] == "ok")
-    cmp = compare_runs(store, rid, store, rid)
+    cmp_model = compare_runs(store, rid, store, rid)
+    cmp = cmp_model.to_dict()
     assert cmp["rows"] and any("SIMULATED" in n for n in cmp["notes"])

@@ -148,7 +148,8 @@ def test_every_view_is_right_or_flagged(cond, tmp_path):
     from truthput.report.terminal import print_audit_matrix, print_run
 
     db, rid, truth = _store(tmp_path / "s.db", cond)
-    doc = build_report_data(db, rid)
+    doc_model = build_report_data(db, rid)
+    doc = doc_model.to_dict()
     (cell,) = [c for c in doc["cells"] if c["status"] == "ok"]
     value = cell["tokps"]["value"]
     right = abs(value - truth) <= TOL * truth
@@ -170,10 +171,11 @@ def test_every_view_is_right_or_flagged(cond, tmp_path):
     shown = codes | ps_codes
     # every other view shows the same flags, or none when there are none
     terminal = _text(print_run, db, rid)
-    markdown = render_markdown(doc)
-    html = render_html(doc)
-    rows = read_csv(next(p for p in write_csv(doc, tmp_path / "csv") if p.name == "cells.csv"))
-    cmp = compare_runs(db, rid, db, rid)
+    markdown = render_markdown(doc_model)
+    html = render_html(doc_model)
+    rows = read_csv(next(p for p in write_csv(doc_model, tmp_path / "csv") if p.name == "cells.csv"))
+    cmp_model = compare_runs(db, rid, db, rid)
+    cmp = cmp_model.to_dict()
     audit = _text(print_audit_matrix, db, rid)
     for code in shown:
         assert f"!{code}" in terminal and "! flagged" in terminal
@@ -230,10 +232,10 @@ def test_load_table_against_a_metrics_endpoint_one_scrape_behind(continuous, tmp
     print_summary(run, opts)
     table = capsys.readouterr().out
     if continuous:
-        assert row["headline_source"] == "usage" and abs(row["headline_tps"] - truth) <= TOL * truth
-        assert any(f.startswith("stale_counter") for f in row["counter_set_aside"])
+        assert row.headline_source == "usage" and abs(row.headline_tps - truth) <= TOL * truth
+        assert any(f.startswith("stale_counter") for f in row.counter_set_aside)
         assert "counter set aside for usage placed in time: stale_counter" in table
         assert "usage placed in time" in table
     else:
-        assert any(f.startswith("stale_counter") for f in row["flags"])
+        assert any(f.startswith("stale_counter") for f in row.flags)
         assert "!stale_counter" in table and "! flagged" in table

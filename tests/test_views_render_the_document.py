@@ -63,14 +63,16 @@ def test_the_json_export_is_the_document(doc_and_store, tmp_path):
     from truthput.report.export import load_report, write_json
 
     doc, _ = doc_and_store
-    assert load_report(write_json(doc, tmp_path / "r.json")) == json.loads(json.dumps(doc))
+    path = write_json(doc, tmp_path / "r.json")
+    assert load_report(path) == doc
+    assert json.loads(path.read_text()) == doc.to_dict()
 
 
 def test_every_csv_figure_is_a_document_figure(doc_and_store, tmp_path):
     from truthput.report.export import read_csv, write_csv
 
     doc, _ = doc_and_store
-    leaves = _leaves(doc, set())
+    leaves = _leaves(doc.to_dict(), set())
     checked = 0
     for path in write_csv(doc, tmp_path / "csv"):
         for row in read_csv(path):
@@ -92,7 +94,7 @@ def test_every_markdown_and_html_figure_is_a_document_figure(doc_and_store):
     from truthput.report.markdown import render_markdown
 
     doc, _ = doc_and_store
-    leaves = _leaves(doc, set())
+    leaves = _leaves(doc.to_dict(), set())
     md_tables = [ln for ln in render_markdown(doc).splitlines() if ln.startswith("|")]
     md_numbers = [n for ln in md_tables for n in NUMBER.findall(ln)]
     assert len(md_numbers) > 100
@@ -109,7 +111,7 @@ def test_the_terminal_roofline_lines_are_the_documents(doc_and_store):
 
     doc, store = doc_and_store
     lines = roofline_lines(roofline_for_run(store, "latest"))
-    leaves = _leaves(doc["roofline"], set())
+    leaves = _leaves(doc.roofline.model_dump(), set())
     numbers = [n for ln in lines[1:] for n in NUMBER.findall(ln)]
     assert len(numbers) > 20
     assert _unexplained(numbers, leaves) == []
@@ -118,8 +120,8 @@ def test_the_terminal_roofline_lines_are_the_documents(doc_and_store):
 def test_the_check_fails_on_a_figure_a_view_made_up(doc_and_store):
     """The check itself: a mean over the cells' figures is no figure of the document."""
     doc, _ = doc_and_store
-    leaves = _leaves(doc, set())
-    made_up = sum(c["tokps"]["value"] for c in doc["cells"] if c.get("tokps")) / len(doc["cells"])
+    leaves = _leaves(doc.to_dict(), set())
+    made_up = sum(c.tokps.value for c in doc.cells if c.tokps is not None) / len(doc.cells)
     assert _unexplained([f"{made_up:.1f}"], leaves) == [f"{made_up:.1f}"]
 
 
@@ -143,7 +145,7 @@ def _documented_rows() -> dict[str, str]:
 def test_every_key_of_the_document_is_documented_in_the_export_schema(doc_and_store):
     """The JSON export's schema page is tested against the document: a key added (or dropped)
     without its line in docs/export-schema.md fails here."""
-    doc, _ = doc_and_store
+    doc = doc_and_store[0].to_dict()
     rows = _documented_rows()
     top = {k.split("[")[0].split(".")[0] for k in rows}
     assert set(doc) == top, f"undocumented: {sorted(set(doc) - top)}; documented but absent: {sorted(top - set(doc))}"

@@ -38,9 +38,9 @@ def register(app: typer.Typer) -> None:
                 rid = db.resolve_run(run_id)
                 simulated = bool(db.run(rid).simulated)
                 measurements = db.trial_results(rid)
-                from truthput.report.data import nospec_ceilings, roofline_for_run
+                from truthput.report.data import roofline_for_run
 
-                ceilings = nospec_ceilings(roofline_for_run(db, rid))
+                ceilings = roofline_for_run(db, rid).no_spec_ceilings()
                 if ceilings and not (bounds or {}).get("ceiling_tps"):
                     bounds = {**(bounds or {}), "ceiling_tps": ceilings}
             finally:

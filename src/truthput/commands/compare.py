@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from truthput.report.document import CompareDocument, Figure
+
 
 def register(app: typer.Typer) -> None:
     @app.command("compare")
@@ -22,9 +24,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Per shared variant x load level: A and B tok/s (server counter) and B/A with a corrected interval."""
         import json
-
-        from truthput.report.terminal import make_console
-        from rich.table import Table
 
         from truthput.errors import StoreError
         from truthput.report.data import compare_runs
@@ -43,51 +42,58 @@ def register(app: typer.Typer) -> None:
             if db_b is not db_a:
                 db_b.close()
         if as_json:
-            typer.echo(json.dumps(result, indent=2))
+            typer.echo(json.dumps(result.to_dict(), indent=2))
             _gate(result, threshold)
             return
-        from rich.text import Text
-
-        con = make_console()
-        a, b = result["a"], result["b"]
-        for tag, h in (("A", a), ("B", b)):
-            sim = " [bold yellow]SIMULATED[/bold yellow]" if h["simulated"] else ""
-            ver = ", ".join(h["engine_versions"]) or "engine version not reported"
-            con.print(f"{tag}: {h['id']} ({h['store']}) engine {h['engine']} {ver}{sim}", highlight=False)
-        t = Table(title="B vs A, output tok/s \\[headline: server counter, else usage placed in time]")
-        from truthput.experiment.levels import row_header, row_level
-
-        for col in ("variant", row_header(result["rows"]), "A tok/s (95% CI)", "B tok/s (95% CI)", "B/A (CI)", "decided", "same argv"):
-            t.add_column(col, justify="left" if col in ("variant", "same argv") else "right")
-
-        def cell(f: dict) -> Text:
-            s = f"{f['value']:.1f}"
-            if f.get("source") not in ("server_counter", "simulator") or f.get("read_via", "server_counter") != \
-                    "server_counter":
-                s += f" [{f.get('read_via') or f.get('source')}]"
-            s += f" ({f['lo']:.1f}..{f['hi']:.1f})" if f.get("lo") is not None else ""
-            text = Text(s)
-            if f.get("flags"):
-                text.append(" !" + ",".join(dict.fromkeys(x["code"] for x in f["flags"])), style="bold red")
-            return text
-
-        for r in result["rows"]:
-            q = r["ratio"]
-            ratio = f"{q['pct']:+.1f}%"
-            ratio += f" ({q['pct_lo']:+.1f}..{q['pct_hi']:+.1f})" if q.get("pct_lo") is not None else " (no interval)"
-            if q["significant"]:
-                ratio = f"[bold]{ratio}[/bold]"
-            t.add_row(Text(r["variant"]), row_level(r), cell(r["a"]), cell(r["b"]), ratio,
-                      q.get("outcome") or "", "yes" if r["same_argv"] else "[yellow]no[/yellow]")
-        con.print(t)
-        if result["rows"]:
-            con.print(f"[dim]{result['rows'][0]['ratio']['correction']}; server starts are the unit of replication[/dim]")
-        for note in result["notes"]:
-            con.print(Text(note, style="yellow"))
-        for name, keys in (("only in A", result["only_a"]), ("only in B", result["only_b"])):
-            if keys:
-                con.print(f"{name}: " + ", ".join(f"{v} {label}" for v, label in keys), highlight=False)
+        _print(result)
         _gate(result, threshold)
+
+
+def _print(result: CompareDocument) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from truthput.analyze.cells import source_label
+    from truthput.experiment.levels import row_header, row_level
+    from truthput.report.terminal import make_console
+
+    con = make_console()
+    for tag, h in (("A", result.a), ("B", result.b)):
+        sim = " [bold yellow]SIMULATED[/bold yellow]" if h.simulated else ""
+        ver = ", ".join(h.engine_versions) or "engine version not reported"
+        con.print(f"{tag}: {h.id} ({h.store}) engine {h.engine} {ver}{sim}", highlight=False)
+    t = Table(title="B vs A, output tok/s \\[headline: server counter, else usage placed in time]")
+    for col in ("variant", row_header(result.rows), "A tok/s (95% CI)", "B tok/s (95% CI)", "B/A (CI)", "decided",
+                "same argv"):
+        t.add_column(col, justify="left" if col in ("variant", "same argv") else "right")
+
+    def cell(f: Figure) -> Text:
+        s = f"{f.value or 0.0:.1f}"
+        if f.provenance != "server_counter":
+            s += f" [{source_label(f.provenance)}]"
+        s += f" ({f.lo:.1f}..{f.hi:.1f})" if f.lo is not None and f.hi is not None else ""
+        text = Text(s)
+        if f.flags:
+            text.append(" !" + ",".join(f.flag_codes), style="bold red")
+        return text
+
+    for r in result.rows:
+        q = r.ratio
+        ratio = f"{q.pct or 0.0:+.1f}%"
+        ratio += f" ({q.pct_lo:+.1f}..{q.pct_hi:+.1f})" if q.pct_lo is not None and q.pct_hi is not None \
+            else " (no interval)"
+        if q.significant:
+            ratio = f"[bold]{ratio}[/bold]"
+        t.add_row(Text(r.variant), row_level(r), cell(r.a), cell(r.b), ratio,
+                  q.outcome or "", "yes" if r.same_argv else "[yellow]no[/yellow]")
+    con.print(t)
+    if result.rows:
+        con.print(f"[dim]{result.rows[0].ratio.correction}; server starts are the unit of replication[/dim]")
+    for note in result.notes:
+        con.print(Text(note, style="yellow"))
+    for name, keys in (("only in A", result.only_a), ("only in B", result.only_b)):
+        if keys:
+            con.print(f"{name}: " + ", ".join(f"{v} {label}" for v, label in keys), highlight=False)
 
 
 def parse_percent(text: str, option: str) -> float:
@@ -104,21 +110,10 @@ def parse_percent(text: str, option: str) -> float:
     return value
 
 
-def slower_cells(result: dict, threshold: float) -> list[str]:
-    """Shared cells where B is decided slower than A by more than `threshold`: the whole interval
-    of B/A lies below 1 - threshold."""
-    out = []
-    for r in result["rows"]:
-        q = r["ratio"]
-        if q.get("hi") is not None and q["hi"] < 1.0 - threshold:
-            out.append(f"{r['variant']} {r['level']} ({q['pct']:+.1f}%, CI {q['pct_lo']:+.1f}..{q['pct_hi']:+.1f})")
-    return out
-
-
-def _gate(result: dict, threshold: float | None) -> None:
+def _gate(result: CompareDocument, threshold: float | None) -> None:
     if threshold is None:
         return
-    slower = slower_cells(result, threshold)
+    slower = result.slower_cells(threshold)
     if slower:
         typer.echo(f"truthput: B is slower than A by more than {threshold:.0%} in: {'; '.join(slower)}", err=True)
         raise typer.Exit(1)

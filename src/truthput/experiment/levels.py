@@ -8,8 +8,8 @@ equals a number of streams, so two runs of different kinds share no cell.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Protocol, Union
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, Union
 
 
 class Rate(float):
@@ -68,20 +68,24 @@ def level_json(level: Level) -> dict[str, float | int | str | None]:
     return {"concurrency": int(level), "rate": None, "level": level_label(level)}
 
 
-def level_from_json(doc: dict) -> Level:
-    """The level an export row or a stored document names (`level_json`'s inverse)."""
-    rate = doc.get("rate")
+def level_from_json(doc: Any) -> Level:
+    """The level an export row or a stored document names (`level_json`'s inverse); `doc` is a
+    mapping (a JSON row) or a typed document row with `rate` and `concurrency` attributes."""
+    if isinstance(doc, Mapping):
+        rate, conc = doc.get("rate"), doc.get("concurrency")
+    else:
+        rate, conc = getattr(doc, "rate", None), getattr(doc, "concurrency", None)
     if rate is not None:
         return Rate(float(rate))
-    return int(doc.get("concurrency") or 0)
+    return int(conc or 0)
 
 
-def row_level(row: dict) -> str:
+def row_level(row: Any) -> str:
     """A document row's level in a table column headed by `row_header`."""
     return level_cell(level_from_json(row))
 
 
-def row_header(rows: Iterable[dict]) -> str:
+def row_header(rows: Iterable[Any]) -> str:
     """The level column heading for document rows ("conc." or "req/s")."""
     return level_header(level_from_json(r) for r in rows)
 

@@ -27,12 +27,13 @@ from truthput.analyze.latency import latency_and_goodput
 from truthput.analyze.roofline import RooflineSection, context_tokens, place_cells
 from truthput.analyze.specdecode import SpecDecodeCell, spec_decode_cells
 from truthput.analyze.summary import RunSummary
+from truthput.report.document import (SCHEMA, ClaimsDoc, CompareDocument, ExperimentInfo, ReportDocument,
+                                      RooflineDoc, Slo)
 from truthput.report.runsummary import run_summary
 from truthput.experiment.levels import Level, level_json, level_label
 from truthput.store.db import Store, StoredTrial
 from truthput.store.rows import RequestRow, RunRow, TelemetryRow
 
-SCHEMA = "truthput-report/1"
 GPU_UTIL_NOTE = ("GPU utilisation is the share of the sample period in which any kernel ran (time busy), "
                  "not the share of the GPU's capacity in use")
 
@@ -113,7 +114,7 @@ def _slo(exp: Any, raw: dict[str, Any]) -> dict[str, float | None] | None:
     return None
 
 
-def _experiment_block(store: Store, run_id: str, run: RunRow, exp: Any, exp_error: str | None) -> dict[str, Any]:
+def _experiment_block(store: Store, run_id: str, run: RunRow, exp: Any, exp_error: str | None) -> ExperimentInfo:
     from truthput.experiment.argv import ServerArgv, speculative_settings
 
     raw = _raw_toml(run)
@@ -145,7 +146,7 @@ def _experiment_block(store: Store, run_id: str, run: RunRow, exp: Any, exp_erro
         "measure": exp.measure.model_dump() if exp else raw.get("measure"),
         "slo": _slo(exp, raw),
     }
-    return block
+    return ExperimentInfo.model_validate(clean(block))
 
 
 # ---- cells ------------------------------------------------------------------------------------
@@ -213,9 +214,10 @@ def _record(row: RequestRow) -> Any:
         http_status=row.http_status, error=row.error)
 
 
-def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: dict[str, float | None] | None,
+def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: Slo | None,
                          simulated: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    latency, good = latency_and_goodput(trials, lambda t: [_record(r) for r in store.requests(t.id)], slo)
+    latency, good = latency_and_goodput(trials, lambda t: [_record(r) for r in store.requests(t.id)],
+                                        slo.model_dump() if slo is not None else None)
     lat_rows = [{"variant": c.variant, **level_json(c.level), "ttft_ms": c.ttft_ms, "itl_ms": c.itl_ms,
                  "n_requests": c.n_requests, "n_failed": c.n_failed, "from_results": c.per_trial,
                  "source": "simulator" if simulated else "client_clock",
@@ -246,24 +248,25 @@ def _spec_decode(cells: list[SpecDecodeCell], simulated: bool) -> list[dict[str,
 
 
 # ---- roofline ---------------------------------------------------------------------------------
-def _roofline_section(exp_block: dict[str, Any], summary: RunSummary, spec: list[SpecDecodeCell],
+def _roofline_section(exp_block: ExperimentInfo, summary: RunSummary, spec: list[SpecDecodeCell],
                       simulated: bool) -> RooflineSection:
     """The run's cells against the roofline (`analyze.roofline.place_cells`), from the stored
     experiment's [hardware], [model] and workload and the variants' stored argv."""
-    hw, model = exp_block.get("hardware"), exp_block.get("model")
-    if not hw or not model:
+    hw, model = exp_block.hardware, exp_block.model
+    model_name = (model.path or model.profile) if model else None
+    if not hw or not hw.gpu or not model_name:
         return RooflineSection(False, "the experiment has no [hardware] and [model] sections, so no roofline "
                                       "(add gpu/count and a model profile or path)")
-    wl = exp_block.get("workload") or {}
-    return place_cells(hw["gpu"], hw.get("count"), model.get("path") or model.get("profile"),
+    wl = exp_block.workload or {}
+    return place_cells(hw.gpu, hw.count, model_name,
                        context_tokens(wl.get("input_tokens"), wl.get("output_tokens")), summary.cells,
-                       {v["name"]: v["argv"] for v in exp_block["variants"]},
+                       {v.name: v.argv for v in exp_block.variants},
                        {(c.variant, c.level): c.mean_acceptance_length for c in spec}, simulated)
 
 
-def _roofline(section: RooflineSection, simulated: bool) -> dict[str, Any]:
+def _roofline(section: RooflineSection, simulated: bool) -> RooflineDoc:
     if not section.available:
-        return {"available": False, "reason": section.reason}
+        return RooflineDoc(available=False, reason=section.reason)
     rows = []
     for r in section.cells:
         roof, pl = r.roof, r.placement
@@ -275,6 +278,8 @@ def _roofline(section: RooflineSection, simulated: bool) -> dict[str, Any]:
                                flags=[dataclasses.asdict(f) for f in r.measured_flags]),
             "tightest_ceiling": {"value": r.tightest_ceiling_tokps, "unit": "tok/s", "source": "model",
                                  "name": roof.tightest_ceiling.name},
+            **({"no_spec_ceiling": {"value": roof.ceilings["no_spec"].aggregate_tokps, "unit": "tok/s",
+                                    "source": "model", "name": "no_spec"}} if "no_spec" in roof.ceilings else {}),
             "pct_of_tightest": {"value": pl.fraction_of_ceiling * 100.0, "unit": "%", "source": "model",
                                 "note": "measured / tightest ceiling"},
             "pct_of_weight_streaming": {"value": pl.fraction_of_weight_streaming * 100.0, "unit": "%",
@@ -289,11 +294,12 @@ def _roofline(section: RooflineSection, simulated: bool) -> dict[str, Any]:
             "binding": pl.binding, "sentence": pl.sentence, "reading": r.reading,
             "roofline": roof.to_dict(), "placement": pl.to_dict(),
         })
-    return {"available": True, "reason": None, "gpu": section.gpu, "gpu_count": section.gpu_count,
-            "model": section.model, "context_tokens": section.context_tokens, "context_basis": section.context_basis,
-            "cells": rows, "notes": section.notes,
-            "source_note": "ceilings and bounds: source 'model' (peak datasheet figures, first-order physics), "
-                           "not measurements"}
+    return RooflineDoc.model_validate(clean({
+        "available": True, "reason": None, "gpu": section.gpu, "gpu_count": section.gpu_count,
+        "model": section.model, "context_tokens": section.context_tokens, "context_basis": section.context_basis,
+        "cells": rows, "notes": section.notes,
+        "source_note": "ceilings and bounds: source 'model' (peak datasheet figures, first-order physics), "
+                       "not measurements"}))
 
 
 # ---- failures, telemetry, trials ----------------------------------------------------------------
@@ -378,36 +384,27 @@ def _trial_table(trials: list[StoredTrial], simulated: bool) -> list[dict[str, A
     return out
 
 
-def nospec_ceilings(roof: dict[str, Any]) -> dict[int, float]:
-    """Per concurrency, the roofline's aggregate ceiling without speculation (for check-claims)."""
-    ceilings: dict[int, float] = {}
-    for row in roof.get("cells") or []:
-        nospec = _get(row, "roofline", "ceilings", "no_spec", "aggregate", "value")
-        if nospec is not None and row.get("concurrency") is not None:
-            ceilings[int(row["concurrency"])] = float(nospec)
-    return ceilings
-
-
-def _claims(exp: Any, raw_trials: list[StoredTrial], roof: dict[str, Any], simulated: bool) -> dict[str, Any]:
+def _claims(exp: Any, raw_trials: list[StoredTrial], roof: RooflineDoc, simulated: bool) -> ClaimsDoc:
     if exp is None or not getattr(exp, "claim", None):
-        return {"present": False, "results": []}
+        return ClaimsDoc(present=False, results=[])
     from truthput.analyze.claims import check_claims
     from truthput.experiment.claims import parse_claims
 
-    ceilings = nospec_ceilings(roof)
+    ceilings = roof.no_spec_ceilings()
     try:
         claims = parse_claims(exp.claim)
         results = check_claims(claims, raw_trials, {"ceiling_tps": ceilings} if ceilings else None,
                                simulated=simulated)
     except Exception as exc:
-        return {"present": True, "error": str(exc), "results": []}
-    return {"present": True, "results": [r.to_dict() for r in results],
-            "bounds_note": "ceilings: roofline without speculation per concurrency (source model)"}
+        return ClaimsDoc(present=True, error=str(exc), results=[])
+    return ClaimsDoc.model_validate(clean({
+        "present": True, "results": [r.to_dict() for r in results],
+        "bounds_note": "ceilings: roofline without speculation per concurrency (source model)"}))
 
 
 # ---- the document -----------------------------------------------------------------------------
-def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
-    """Everything a run's reports show, as one strict-JSON dict (schema truthput-report/1)."""
+def build_report_data(store: Store, run_id: str) -> ReportDocument:
+    """Everything a run's reports show, as one typed document (schema truthput-report/1)."""
     from truthput.analyze.audit import audit_rows
 
     run_id = store.resolve_run(run_id)
@@ -421,7 +418,11 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
     starts = store.starts(run_id)
     engine_versions = sorted({s.engine_version for s in starts if s.engine_version})
     summary = run_summary(store, run_id)
-
+    experiment = _experiment_block(store, run_id, run, exp, exp_error)
+    spec = spec_decode_cells(trials)
+    roofline = _roofline(_roofline_section(experiment, summary, spec, simulated), simulated)
+    latency, goodput = _latency_and_goodput(store, trials, experiment.slo, simulated)
+    stored = summary.to_dict()
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "generated_at": datetime.now(timezone.utc).isoformat(),
@@ -435,31 +436,29 @@ def build_report_data(store: Store, run_id: str) -> dict[str, Any]:
             "versions": {"truthput": machine.get("truthput_version"), "git": machine.get("git"),
                          "python": machine.get("python"), "engine": engine_versions},
         },
+        "cells": _cells(summary, simulated),
+        "verdict": {
+            "from": "recomputed from the store's trials (truthput.analyze.summary)",
+            "lines": stored["verdict_lines"],
+            "detail": stored["verdict"],
+            "failed": stored["failed"],
+            "guard": stored["guard"],
+            "stopping": stored["stopping"],
+        },
+        "warnings": summary.warnings(),
+        "flags": summary.flag_lines(),
+        "audit": [r.to_dict() for r in audit_rows(trials, simulated=simulated)],
+        "spec_decode": _spec_decode(spec, simulated),
+        "latency": latency,
+        "goodput": goodput,
+        "failures": _failures(store, run_id, trials),
+        "telemetry": _telemetry(store, trials),
+        "trials": _trial_table(trials, simulated),
+        "events": [{"t_wall": e.t_wall, "kind": e.kind, "message": e.message} for e in store.events(run_id)],
     }
-    doc["experiment"] = _experiment_block(store, run_id, run, exp, exp_error)
-    doc["cells"] = _cells(summary, simulated)
-    stored = summary.to_dict()
-    doc["verdict"] = {
-        "from": "recomputed from the store's trials (truthput.analyze.summary)",
-        "lines": stored["verdict_lines"],
-        "detail": stored["verdict"],
-        "failed": stored["failed"],
-        "guard": stored["guard"],
-        "stopping": stored["stopping"],
-    }
-    doc["warnings"] = summary.warnings()
-    doc["flags"] = summary.flag_lines()
-    doc["audit"] = [r.to_dict() for r in audit_rows(trials, simulated=simulated)]
-    spec = spec_decode_cells(trials)
-    doc["spec_decode"] = _spec_decode(spec, simulated)
-    doc["latency"], doc["goodput"] = _latency_and_goodput(store, trials, doc["experiment"]["slo"], simulated)
-    doc["roofline"] = _roofline(_roofline_section(doc["experiment"], summary, spec, simulated), simulated)
-    doc["claims"] = _claims(exp, trials, doc["roofline"], simulated)
-    doc["failures"] = _failures(store, run_id, trials)
-    doc["telemetry"] = _telemetry(store, trials)
-    doc["trials"] = _trial_table(trials, simulated)
-    doc["events"] = [{"t_wall": e.t_wall, "kind": e.kind, "message": e.message} for e in store.events(run_id)]
-    return clean(doc)
+    # the sections already typed join as they are
+    return ReportDocument.model_validate({**clean(doc), "experiment": experiment, "roofline": roofline,
+                                          "claims": _claims(exp, trials, roofline, simulated)})
 
 
 # ---- comparing two runs -----------------------------------------------------------------------
@@ -470,7 +469,8 @@ def run_cells(store: Store, run_id: str) -> dict[tuple[str, Level], Cell]:
     return {c.key: c for c in build_cells(store.trial_results(run_id)) if c.per_start}
 
 
-def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confidence: float = 0.95) -> dict[str, Any]:
+def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str,
+                 confidence: float = 0.95) -> CompareDocument:
     """Cells both runs have, side by side: B / A ratio, every shared cell decided together (Holm;
     faster, slower, equivalent within +-2%, or not decided), e.g. before/after a vLLM upgrade. Server
     starts are the unit of replication; each ratio uses its two cells' own variances (Welch), since
@@ -516,14 +516,14 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str, confide
                 "engine": row.engine, "simulated": bool(row.simulated), "engine_versions": versions,
                 "truthput": machine.get("truthput_version"), "host": machine.get("hostname")}
 
-    return clean({"a": head(store_a, run_a, ra), "b": head(store_b, run_b, rb), "rows": rows,
+    return CompareDocument.model_validate(clean({"a": head(store_a, run_a, ra), "b": head(store_b, run_b, rb), "rows": rows,
                   "only_a": [[k[0], level_label(k[1])] for k in only_a],
                   "only_b": [[k[0], level_label(k[1])] for k in only_b], "notes": notes,
-                  "confidence": confidence})
+                  "confidence": confidence}))
 
 
 # ---- the roofline section on its own (terminal output of `run` / `report`) ----------------------
-def roofline_for_run(store: Store, run_id: str) -> dict[str, Any]:
+def roofline_for_run(store: Store, run_id: str) -> RooflineDoc:
     """The roofline section of the report document without building the rest of it."""
     run_id = store.resolve_run(run_id)
     run = store.run(run_id)
@@ -533,20 +533,20 @@ def roofline_for_run(store: Store, run_id: str) -> dict[str, Any]:
         store.apply_sim_target(run_id, exp)
     section = _roofline_section(_experiment_block(store, run_id, run, exp, exp_error), run_summary(store, run_id),
                                 spec_decode_cells(store.trial_results(run_id)), simulated)
-    return clean(_roofline(section, simulated))
+    return _roofline(section, simulated)
 
 
-def roofline_lines(roof: dict[str, Any]) -> list[str]:
+def roofline_lines(roof: RooflineDoc) -> list[str]:
     """Plain sentences for a terminal: one per cell, plus the notes. Ceilings are model figures."""
-    if not roof.get("available"):
-        return [f"roofline: {roof.get('reason')}"]
-    out = [f"roofline ({roof.get('gpu_count')} x {roof['gpu']}, {roof['model']}, {roof['context_tokens']} context "
+    if not roof.available:
+        return [f"roofline: {roof.reason}"]
+    out = [f"roofline ({roof.gpu_count} x {roof.gpu}, {roof.model}, {roof.context_tokens} context "
            "tokens per stream; ceilings are physics-model figures at peak datasheet numbers, not measurements):"]
-    for r in roof["cells"]:
-        m = r["measured"]
-        kind = "SIMULATED" if m.get("source") == "simulator" else "measured"
-        flags = "".join(f" !{f['code']}" for f in m.get("flags") or [])
-        out.append(f"  {r['variant']} {r['level']}: {kind} {m['value']:.1f} tok/s [{m.get('label')}]{flags}, "
-                   f"{r['measured_step_ms']['value']:.1f} ms/step; {r['reading']}")
-    out += [f"  note: {n}" for n in roof.get("notes") or []]
+    for r in roof.cells:
+        m = r.measured
+        kind = "SIMULATED" if m.source == "simulator" else "measured"
+        flags = "".join(f" !{code}" for code in m.flag_codes)
+        out.append(f"  {r.variant} {r.level}: {kind} {m.value or 0.0:.1f} tok/s [{m.label}]{flags}, "
+                   f"{r.measured_step_ms.value or 0.0:.1f} ms/step; {r.reading}")
+    out += [f"  note: {n}" for n in roof.notes]
     return out

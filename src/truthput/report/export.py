@@ -11,63 +11,81 @@ import csv
 import json
 import shlex
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Union
+
+from pydantic import BaseModel, ValidationError
 
 from truthput.errors import StoreError
-from truthput.report.data import SCHEMA
+from truthput.report.document import SCHEMA, Figure, ReportDocument
 
-FIGURE_EXTRAS = ("lo", "hi", "read_via", "flags")
+FIGURE_EXTRAS = ("lo", "hi", "read_via")
 
 
-def write_json(doc: dict[str, Any], path: str | Path) -> Path:
+def write_json(doc: ReportDocument, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, allow_nan=False, ensure_ascii=False), encoding="utf-8")
+    path.write_text(json.dumps(doc.to_dict(), indent=1, allow_nan=False, ensure_ascii=False), encoding="utf-8")
     return path
 
 
-def load_report(path: str | Path) -> dict[str, Any]:
+def load_report(path: str | Path) -> ReportDocument:
     """A JSON export read back; a clear error when it is not one (or of a schema this version cannot read)."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise StoreError(f"{path}: no such report file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise StoreError(f"{path}: not a JSON report ({exc})") from None
-    schema = doc.get("schema") if isinstance(doc, dict) else None
+    schema = data.get("schema") if isinstance(data, dict) else None
     if not isinstance(schema, str) or not schema.startswith("truthput-report/"):
         raise StoreError(f"{path}: not a truthput report (no 'schema': '{SCHEMA}')")
     if schema != SCHEMA:
         raise StoreError(f"{path}: report schema {schema!r}; this truthput reads {SCHEMA!r}")
-    return doc
+    try:
+        return ReportDocument.from_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise StoreError(f"{path}: not a valid {SCHEMA} document ({where}: {first['msg']})") from None
 
 
-def _is_figure(x: Any) -> bool:
-    return isinstance(x, dict) and "value" in x and "unit" in x
+def _plain(val: Any) -> Any:
+    if isinstance(val, BaseModel):
+        return val.model_dump(mode="json", exclude_unset=True)
+    if isinstance(val, list):
+        return [_plain(v) for v in val]
+    if isinstance(val, dict):
+        return {k: _plain(v) for k, v in val.items()}
+    return val
 
 
-def flatten(row: dict[str, Any]) -> dict[str, Any]:
-    """One CSV row: figure objects become value/unit/source columns; lists and dicts become JSON."""
+Row = Union[BaseModel, dict[str, Any]]
+
+
+def flatten(row: Row) -> dict[str, Any]:
+    """One CSV row: figures become value/unit/source columns (and lo/hi/read_via/flags where
+    present); lists and mappings become JSON."""
+    items = ([(k, getattr(row, k)) for k in type(row).model_fields if k in row.model_fields_set]
+             if isinstance(row, BaseModel) else list(row.items()))
     out: dict[str, Any] = {}
-    for key, val in row.items():
-        if _is_figure(val):
-            out[key] = val["value"]
-            out[f"{key}_unit"] = val.get("unit")
-            out[f"{key}_source"] = val.get("source")
+    for key, val in items:
+        if isinstance(val, Figure):
+            out[key] = val.value
+            out[f"{key}_unit"] = val.unit
+            out[f"{key}_source"] = val.source
             for extra in FIGURE_EXTRAS:
-                if extra == "flags":
-                    out[f"{key}_flags"] = "; ".join(f"{f.get('code')}: {f.get('reason')}" for f in val.get("flags") or [])
-                elif extra in val:
-                    out[f"{key}_{extra}"] = val[extra]
-        elif isinstance(val, (dict, list)):
-            out[key] = json.dumps(val, ensure_ascii=False)
+                if extra in val.model_fields_set:
+                    out[f"{key}_{extra}"] = getattr(val, extra)
+            out[f"{key}_flags"] = "; ".join(f"{f.code}: {f.reason}" for f in val.flags or [])
+        elif isinstance(val, (dict, list, BaseModel)):
+            out[key] = json.dumps(_plain(val), ensure_ascii=False)
         else:
             out[key] = val
     return out
 
 
-def _write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
+def _write_csv(path: Path, rows: Iterable[Row]) -> Path:
     flat = [flatten(r) for r in rows]
     cols: list[str] = []
     for r in flat:
@@ -82,48 +100,48 @@ def _write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
     return path
 
 
-def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def _without(row: BaseModel, *names: str) -> dict[str, Any]:
+    return {k: getattr(row, k) for k in type(row).model_fields if k in row.model_fields_set and k not in names}
+
+
+def tables(doc: ReportDocument) -> dict[str, list[Row]]:
     """Table name -> rows, as written to CSV."""
-    roof_rows = []
-    for r in (doc.get("roofline") or {}).get("cells") or []:
-        row = {k: v for k, v in r.items() if k not in ("roofline", "placement", "bounds_ms")}
-        for name, b in r["bounds_ms"].items():
+    roof_rows: list[Row] = []
+    for r in doc.roofline.cells:
+        row = _without(r, "roofline", "placement", "bounds_ms")
+        for name, b in r.bounds_ms.items():
             row[f"floor_{name}_ms"] = b
         roof_rows.append(row)
-    spec_rows = []
-    for s in doc.get("spec_decode") or []:
-        row = {k: v for k, v in s.items() if k != "per_position"}
-        for p in s["per_position"]:
-            row[f"accept_pos{p['position']}"] = p
+    spec_rows: list[Row] = []
+    for s in doc.spec_decode:
+        row = _without(s, "per_position")
+        for p in s.per_position:
+            row[f"accept_pos{p.position}"] = p
         spec_rows.append(row)
-    req_rows = []
-    for c in doc.get("latency") or []:
-        for kind in ("ttft_ms", "itl_ms"):
-            for value in c[kind]:
-                req_rows.append({"variant": c["variant"], "concurrency": c["concurrency"], "rate": c.get("rate"),
-                                 "level": c.get("level"), "kind": kind,
-                                 "value": value, "source": c["source"]})
-    variants = [{"name": v["name"], "baseline": v["baseline"], "diff": " ; ".join(v["diff_lines"]),
-                 "argv": shlex.join(v["argv"]), "speculative": v["speculative"]}
-                for v in doc["experiment"]["variants"]]
+    req_rows: list[Row] = [{"variant": c.variant, "concurrency": c.concurrency, "rate": c.rate, "level": c.level,
+                            "kind": kind, "value": value, "source": c.source}
+                           for c in doc.latency for kind in ("ttft_ms", "itl_ms") for value in getattr(c, kind)]
+    variants: list[Row] = [{"name": v.name, "baseline": v.baseline, "diff": " ; ".join(v.diff_lines),
+                            "argv": shlex.join(v.argv), "speculative": v.speculative}
+                           for v in doc.experiment.variants]
     return {
-        "cells": doc.get("cells") or [],
+        "cells": list(doc.cells),
         "variants": variants,
-        "audit": doc.get("audit") or [],
+        "audit": list(doc.audit),
         "roofline": roof_rows,
         "spec_decode": spec_rows,
-        "goodput": doc.get("goodput") or [],
+        "goodput": list(doc.goodput or []),
         "latency_requests": req_rows,
-        "failures": doc.get("failures") or [],
-        "telemetry": (doc.get("telemetry") or {}).get("rows") or [],
-        "trials": doc.get("trials") or [],
-        "claims": (doc.get("claims") or {}).get("results") or [],
-        "warnings": [{"warning": w} for w in doc.get("warnings") or []],
-        "flags": [{"flag": f} for f in doc.get("flags") or []],
+        "failures": list(doc.failures),
+        "telemetry": list(doc.telemetry.rows),
+        "trials": list(doc.trials),
+        "claims": list(doc.claims.results),
+        "warnings": [{"warning": w} for w in doc.warnings],
+        "flags": [{"flag": f} for f in doc.flags],
     }
 
 
-def write_csv(doc: dict[str, Any], folder: str | Path) -> list[Path]:
+def write_csv(doc: ReportDocument, folder: str | Path) -> list[Path]:
     """One CSV per table in `folder` (created); returns the paths written."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from truthput.analyze.cells import source_label
 from truthput.experiment.levels import row_header, row_level
+from truthput.report.document import ReportDocument
 from truthput.store.db import Store
 
 SECTIONS = (
@@ -82,19 +84,19 @@ def plain_value(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def render_html(doc: dict[str, Any], plots: dict[str, str | None] | None = None) -> str:
+def render_html(doc: ReportDocument, plots: dict[str, str | None] | None = None) -> str:
     """The HTML page for a report document (plots made here unless given)."""
     if plots is None:
         from truthput.report.plots import render_plots
 
         plots = render_plots(doc)
     absent = dict(ABSENT)
-    if not (doc.get("roofline") or {}).get("available"):
-        absent["roofline"] = f"no roofline: {(doc.get('roofline') or {}).get('reason')}"
+    if not doc.roofline.available:
+        absent["roofline"] = f"no roofline: {doc.roofline.reason}"
     template = _environment().get_template("report.html.j2")
     return template.render(doc=doc, plots={k: safe_svg(v) for k, v in plots.items()}, sections=SECTIONS,
-                           plot_sections=PLOT_SECTIONS, absent=absent, level_header=row_header(doc.get("cells") or []),
-                           level_cell=row_level)
+                           plot_sections=PLOT_SECTIONS, absent=absent, level_header=row_header(doc.cells),
+                           level_cell=row_level, source_label=source_label)
 
 
 def write_html(store: Store, run_id: str, path: str | Path) -> Path:

@@ -10,7 +10,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from truthput.analyze.cells import source_label
 from truthput.experiment.levels import row_header, row_level
+from truthput.report.document import Figure, ReportDocument
 from truthput.store.db import Store
 
 
@@ -21,16 +23,20 @@ def md_text(text: Any) -> str:
     return s.replace("|", "\\|").replace("\r", " ").replace("\n", " ").replace("`", "'")
 
 
-def _num(f: dict[str, Any] | None, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
-    if not f or f.get("value") is None:
+def _num(f: Figure | None, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+    if f is None or f.value is None:
         return "–"
-    return fmt.format(f["value"] * scale)
+    return fmt.format(f.value * scale)
 
 
-def _measured(f: dict[str, Any]) -> str:
+def _marks(f: Figure | None) -> str:
+    return " !" + ",".join(f.flag_codes) if f is not None and f.flags else ""
+
+
+def _measured(f: Figure) -> str:
     """A measured figure with its source and flags, as every table of the report shows them."""
-    flags = "".join(f" !{md_text(x['code'])}" for x in f.get("flags") or [])
-    return f"{_num(f)} [{md_text(f.get('label') or f.get('source'))}]{flags}"
+    flags = "".join(f" !{md_text(code)}" for code in f.flag_codes)
+    return f"{_num(f)} [{md_text(f.label or f.source)}]{flags}"
 
 
 _NUMBER = re.compile(r"^[+\-–]?(\d|–$)")
@@ -47,102 +53,98 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
-def render_markdown(doc: dict[str, Any]) -> str:
-    sim = doc.get("simulated")
+def render_markdown(doc: ReportDocument) -> str:
+    sim = doc.simulated
     tag = ", simulated" if sim else ""
-    run = doc["run"]
-    lines = [f"## truthput: {md_text(run['name'])} (`{md_text(run['id'])}`)", ""]
+    run = doc.run
+    lines = [f"## truthput: {md_text(run.name)} (`{md_text(run.id)}`)", ""]
     if sim:
         lines += ["> **SIMULATED**: every figure below comes from the embedded simulator (a physics model), "
                   "not from a measurement of real hardware.", ""]
-    hw = doc["experiment"].get("hardware")
-    model = doc["experiment"].get("model")
-    lines.append(f"engine {md_text(run['engine'])} · status {md_text(run['status'])} · "
-                 f"{md_text(hw['count']) + ' × ' + md_text(hw['gpu']) if hw else 'hardware not given'} · "
-                 f"model {md_text((model or {}).get('profile') or (model or {}).get('path') or 'not given')} · "
-                 f"seed {md_text(run['seed'])} · truthput {md_text(run['versions'].get('truthput'))}")
+    hw, model = doc.experiment.hardware, doc.experiment.model
+    lines.append(f"engine {md_text(run.engine)} · status {md_text(run.status)} · "
+                 f"{md_text(hw.count) + ' × ' + md_text(hw.gpu) if hw else 'hardware not given'} · "
+                 f"model {md_text((model.label if model else None) or 'not given')} · "
+                 f"seed {md_text(run.seed)} · truthput {md_text(run.versions.truthput)}")
     lines += ["", "### Verdict", ""]
-    lines += [f"- {md_text(line)}" for line in doc["verdict"]["lines"]] or ["- no verdict"]
-    guard = doc["verdict"].get("guard") or {}
-    if guard:
+    lines += [f"- {md_text(line)}" for line in doc.verdict.lines] or ["- no verdict"]
+    if doc.verdict.guard:
         lines.append("- output guard (greedy outputs vs baseline): " +
-                     ", ".join(f"{md_text(k)}: {md_text(g.get('verdict'))}" for k, g in guard.items()))
-    for name, why in (doc["verdict"].get("failed") or {}).items():
+                     ", ".join(f"{md_text(k)}: {md_text(g.verdict)}" for k, g in doc.verdict.guard.items()))
+    for name, why in doc.verdict.failed.items():
         lines.append(f"- **failed** {md_text(name)}: {md_text(why)}")
-    for w in doc.get("warnings") or []:
+    for w in doc.warnings:
         lines.append(f"- **warning** {md_text(w)}")
-    for f in doc.get("flags") or []:
+    for f in doc.flags:
         lines.append(f"- **flagged** {md_text(f)}")
 
     lines += ["", "### Variants (argv diff vs the base command)", ""]
-    lines += _table(["variant", "diff"], [[md_text(v["name"]) + (" (baseline)" if v["baseline"] else ""),
-                                           "<br>".join(md_text(x) for x in v["diff_lines"]) or "(no change)"]
-                                          for v in doc["experiment"]["variants"]])
+    lines += _table(["variant", "diff"], [[md_text(v.name) + (" (baseline)" if v.baseline else ""),
+                                           "<br>".join(md_text(x) for x in v.diff_lines) or "(no change)"]
+                                          for v in doc.experiment.variants])
 
     lines += ["", f"### Throughput (output tok/s: server counter{tag}; usage placed in time where marked)", ""]
     rows = []
-    for c in doc["cells"]:
-        name = md_text(c["variant"]) + (" *" if c["baseline"] else "")
-        if c.get("status") != "ok":
-            rows.append([name, row_level(c), md_text(c["status"]), "", "", "", ""])
+    for c in doc.cells:
+        name = md_text(c.variant) + (" *" if c.baseline else "")
+        t = c.tokps
+        if c.status != "ok" or t is None:
+            rows.append([name, row_level(c), md_text(c.status), "", "", "", ""])
             continue
-        t = c["tokps"]
-        ci = f"{t['lo']:.1f}..{t['hi']:.1f}" if t.get("lo") is not None else "– (1 start)"
-        d = c.get("delta_pct")
-        delta = "baseline" if c["baseline"] else "–"
-        if d and d.get("value") is not None:
-            delta = f"{d['value']:+.1f}%" + (f" ({d['lo']:+.1f}..{d['hi']:+.1f})" if d.get("lo") is not None else "")
-        mark = " !" + ",".join(dict.fromkeys(f["code"] for f in t.get("flags") or [])) if t.get("flags") else ""
-        ps = c.get("per_stream") or {}
-        ps_mark = " !" + ",".join(dict.fromkeys(f["code"] for f in ps.get("flags") or [])) if ps.get("flags") else ""
-        rows.append([name, row_level(c), _num(t) + mark, ci, delta, _num(c.get("per_stream")) + ps_mark,
-                     f"{_num(c.get('ttft_p50'), 1000, '{:.0f}')} / {_num(c.get('ttft_p99'), 1000, '{:.0f}')}"])
-    lines += _table(["variant", row_header(doc["cells"]), "tok/s", "95% CI", "vs baseline (CI)", f"per stream [usage{tag}]",
+        ci = f"{t.lo:.1f}..{t.hi:.1f}" if t.lo is not None and t.hi is not None else "– (1 start)"
+        d = c.delta_pct
+        delta = "baseline" if c.baseline else "–"
+        if d is not None and d.value is not None:
+            delta = f"{d.value:+.1f}%" + (f" ({d.lo:+.1f}..{d.hi:+.1f})" if d.lo is not None and d.hi is not None
+                                          else "")
+        source = t.provenance
+        label = "" if source == "server_counter" else f" [{md_text(source_label(source))}]"
+        rows.append([name, row_level(c), _num(t) + label + _marks(t), ci, delta, _num(c.per_stream) + _marks(c.per_stream),
+                     f"{_num(c.ttft_p50, 1000, '{:.0f}')} / {_num(c.ttft_p99, 1000, '{:.0f}')}"])
+    lines += _table(["variant", row_header(doc.cells), "tok/s", "95% CI", "vs baseline (CI)", f"per stream [usage{tag}]",
                      f"TTFT p50/p99 ms [client clock{tag}]"], rows)
-    lines += ["", "\\* baseline. tok/s = emitted-token counter delta over the steady-state window / its wall time; "
-                  "the interval is over server starts."]
+    lines += ["", "\\* baseline. tok/s = emitted-token counter delta over the steady-state window / its wall time "
+                  "(marked where usage placed in time stood in for the counter); the interval is over server starts."]
 
-    roof = doc.get("roofline") or {}
-    if roof.get("available"):
-        lines += ["", f"### Roofline ({md_text(roof.get('gpu_count'))} × {md_text(roof['gpu'])}, "
-                      f"{md_text(roof['model'])}; ceilings are model figures, not measurements)", ""]
-        lines += _table(["variant", row_header(roof["cells"]), "measured tok/s", "tightest ceiling", "% of it",
+    roof = doc.roofline
+    if roof.available:
+        lines += ["", f"### Roofline ({md_text(roof.gpu_count)} × {md_text(roof.gpu)}, "
+                      f"{md_text(roof.model)}; ceilings are model figures, not measurements)", ""]
+        lines += _table(["variant", row_header(roof.cells), "measured tok/s", "tightest ceiling", "% of it",
                          "simulator overhead ms/step" if sim else "unexplained ms/step",
                          "reading"],
-                        [[md_text(r["variant"]), row_level(r), _measured(r["measured"]),
-                          _num(r["tightest_ceiling"]), _num(r["pct_of_tightest"], 1, "{:.0f}%"),
-                          _num(r["unexplained_ms"]), md_text(r["reading"])] for r in roof["cells"]])
-        lines += [f"- {md_text(n)}" for n in roof.get("notes") or []]
+                        [[md_text(r.variant), row_level(r), _measured(r.measured),
+                          _num(r.tightest_ceiling), _num(r.pct_of_tightest, 1, "{:.0f}%"),
+                          _num(r.unexplained_ms), md_text(r.reading)] for r in roof.cells])
+        lines += [f"- {md_text(n)}" for n in roof.notes]
 
-    spec = doc.get("spec_decode") or []
-    if spec:
+    if doc.spec_decode:
         lines += ["", f"### Speculative decoding (server counter{tag})", ""]
-        lines += _table(["variant", row_header(spec), "k", "mean acceptance length", "per position"],
-                        [[md_text(s["variant"]), row_level(s), md_text(s["k"]),
-                          _num(s["mean_acceptance_length"], 1, "{:.3f}"),
-                          ", ".join(_num(p, 1, "{:.3f}") for p in s["per_position"])] for s in spec])
+        lines += _table(["variant", row_header(doc.spec_decode), "k", "mean acceptance length", "per position"],
+                        [[md_text(s.variant), row_level(s), md_text(s.k),
+                          _num(s.mean_acceptance_length, 1, "{:.3f}"),
+                          ", ".join(_num(p, 1, "{:.3f}") for p in s.per_position)] for s in doc.spec_decode])
 
-    audit = [a for a in doc.get("audit") or [] if a["cause"] not in ("reference",)]
+    audit = [a for a in doc.audit if a.cause != "reference"]
     if audit:
         lines += ["", "### Audit: other ways of counting vs the counter", ""]
         lines += _table(["variant", row_header(audit), "method", "tok/s", "vs counter", "cause"],
-                        [[md_text(a["variant"]), row_level(a), md_text(a["method"]),
-                          "–" if a["tokps"] is None else f"{a['tokps']:.1f}",
-                          "–" if a["error_pct_vs_counter"] is None else f"{a['error_pct_vs_counter']:+.1f}%",
-                          md_text(a["cause"])] for a in audit])
+                        [[md_text(a.variant), row_level(a), md_text(a.method),
+                          "–" if a.tokps is None else f"{a.tokps:.1f}",
+                          "–" if a.error_pct_vs_counter is None else f"{a.error_pct_vs_counter:+.1f}%",
+                          md_text(a.cause)] for a in audit])
 
-    claims = doc.get("claims") or {}
-    if claims.get("results"):
+    if doc.claims.results:
         lines += ["", "### Claims", ""]
-        lines += _table(["claim", "verdict", "why"], [[md_text(c["text"]), md_text(c["verdict"]), md_text(c["reason"])]
-                                                     for c in claims["results"]])
-    if doc.get("failures"):
+        lines += _table(["claim", "verdict", "why"], [[md_text(c.text), md_text(c.verdict), md_text(c.reason)]
+                                                     for c in doc.claims.results])
+    if doc.failures:
         lines += ["", "### Failures", ""]
-        for f in doc["failures"]:
-            lines.append(f"- **{md_text(f['variant'])}** {md_text(f['kind'])}: {md_text(f['failure_class'])} — "
-                         f"{md_text(f['reason'])}" + (f" (`{md_text(f['line'])}`)" if f.get("line") else ""))
-    lines += ["", f"<sub>truthput report schema {md_text(doc['schema'])}; full figures with provenance: "
-                  f"`truthput report {md_text(run['id'])} --json PATH`</sub>", ""]
+        for fail in doc.failures:
+            lines.append(f"- **{md_text(fail.variant)}** {md_text(fail.kind)}: {md_text(fail.failure_class)} — "
+                         f"{md_text(fail.reason)}" + (f" (`{md_text(fail.line)}`)" if fail.line else ""))
+    lines += ["", f"<sub>truthput report schema {md_text(doc.schema_)}; full figures with provenance: "
+                  f"`truthput report {md_text(run.id)} --json PATH`</sub>", ""]
     return "\n".join(lines)
 
 

@@ -12,7 +12,11 @@ when the run has nothing to plot for it.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from typing import Any, Callable
+
+from truthput.analyze.cells import source_label
+from truthput.report.document import CellRow, LevelRow, ReportDocument
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
@@ -42,33 +46,37 @@ def _svg(fig: Any, salt: str) -> str:
     return text[start:] if start >= 0 else text
 
 
-def _tag(doc: dict[str, Any]) -> str:
-    return " — SIMULATED" if doc.get("simulated") else ""
+def _tag(doc: ReportDocument) -> str:
+    return " — SIMULATED" if doc.simulated else ""
 
 
-def _variants(doc: dict[str, Any]) -> list[str]:
-    return [v["name"] for v in doc["experiment"]["variants"]]
+def _headline_source(doc: ReportDocument) -> str:
+    """What the plotted tok/s were read from, as the cells say: "server counter", or usage where
+    no counter stood (a plot's title never claims a counter that was not read)."""
+    sources = list(dict.fromkeys(c.tokps.provenance for c in doc.ok_cells if c.tokps is not None))
+    return " / ".join(source_label(s) for s in sources) or "server counter"
 
 
-def _colour(doc: dict[str, Any], name: str) -> str:
-    names = _variants(doc)
+def _colour(doc: ReportDocument, name: str) -> str:
+    names = doc.variant_names
     return PALETTE[names.index(name) % len(PALETTE)] if name in names else "#555555"
 
 
-def _ok_cells(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [c for c in doc["cells"] if c.get("status") == "ok" and c["tokps"].get("value") is not None]
+def _tokps(c: CellRow) -> float:
+    assert c.tokps is not None and c.tokps.value is not None  # ok_cells only
+    return c.tokps.value
 
 
-def _x(row: dict[str, Any]) -> float:
+def _x(row: LevelRow) -> float:
     """A row's level on the x axis: streams, or the offered rate."""
-    return float(row["rate"] if row.get("rate") is not None else row["concurrency"])
+    return float(row.rate if row.rate is not None else (row.concurrency or 0))
 
 
-def _x_label(rows: list[dict[str, Any]]) -> str:
-    return ("offered rate (req/s)" if any(r.get("rate") is not None for r in rows) else "concurrency (streams)")
+def _x_label(rows: Sequence[LevelRow]) -> str:
+    return ("offered rate (req/s)" if any(r.rate is not None for r in rows) else "concurrency (streams)")
 
 
-def _level_axis(ax: Any, rows: list[dict[str, Any]]) -> None:
+def _level_axis(ax: Any, rows: Sequence[LevelRow]) -> None:
     """A log2 level axis with ticks at the measured levels only, in plain numbers ("1", "8", "2.5")."""
     from matplotlib.ticker import FixedLocator, NullLocator
 
@@ -122,25 +130,25 @@ def place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str]) -
     return placed
 
 
-def throughput(doc: dict[str, Any]) -> str | None:
-    cells = _ok_cells(doc)
+def throughput(doc: ReportDocument) -> str | None:
+    cells = doc.ok_cells
     if not cells:
         return None
     fig, (ax,) = _figure()
-    for name in _variants(doc):
-        rows = sorted((c for c in cells if c["variant"] == name), key=_x)
+    for name in doc.variant_names:
+        rows = sorted((c for c in cells if c.variant == name), key=_x)
         if not rows:
             continue
         x = [_x(c) for c in rows]
-        y = [c["tokps"]["value"] for c in rows]
-        lo = [c["tokps"]["value"] - c["tokps"]["lo"] if c["tokps"].get("lo") is not None else 0 for c in rows]
-        hi = [c["tokps"]["hi"] - c["tokps"]["value"] if c["tokps"].get("hi") is not None else 0 for c in rows]
+        y = [_tokps(c) for c in rows]
+        lo = [_tokps(c) - c.tokps.lo if c.tokps and c.tokps.lo is not None else 0 for c in rows]
+        hi = [c.tokps.hi - _tokps(c) if c.tokps and c.tokps.hi is not None else 0 for c in rows]
         # points at the measured levels only: a line would claim the levels in between
         ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=4, label=name, color=_colour(doc, name),
                     linestyle="none")
     _level_axis(ax, cells)
     ax.set_ylabel("output tok/s")
-    ax.set_title(f"Output throughput vs load level, 95% CI [server counter{_tag(doc)}]")
+    ax.set_title(f"Output throughput vs load level, 95% CI [{_headline_source(doc)}{_tag(doc)}]")
     ax.legend(fontsize=8)
     return _svg(fig, "throughput")
 
@@ -155,81 +163,81 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
-def tradeoff(doc: dict[str, Any]) -> str | None:
-    cells = _ok_cells(doc)
+def tradeoff(doc: ReportDocument) -> str | None:
+    cells = doc.ok_cells
     if not cells:
         return None
     fig, axes = _figure(width=9.0, height=3.8, ncols=2)
     drawn = False
     for ax, key, label in ((axes[0], "ttft_p99", "TTFT p99 (ms)"), (axes[1], "itl_p99", "ITL p99 (ms)")):
-        pts, meta = [], []
+        pts: list[tuple[float, float]] = []
+        meta: list[CellRow] = []
         for c in cells:
-            lat = (c.get(key) or {}).get("value")
-            if lat is None:
+            fig_lat = getattr(c, key)
+            if fig_lat is None or fig_lat.value is None:
                 continue
-            pts.append((lat * 1e3, c["tokps"]["value"]))
+            pts.append((fig_lat.value * 1e3, _tokps(c)))
             meta.append(c)
         if not pts:
             ax.text(0.5, 0.5, "no latency data", ha="center", transform=ax.transAxes)
             continue
         drawn = True
         for (x, y), c in zip(pts, meta):
-            ax.scatter([x], [y], color=_colour(doc, c["variant"]), s=30, zorder=3)
+            ax.scatter([x], [y], color=_colour(doc, c.variant), s=30, zorder=3)
         front = sorted((pts[i] for i in pareto_front(pts)), key=lambda p: p[0])
         ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=1, label="Pareto front", zorder=2)
         ax.scatter([p[0] for p in front], [p[1] for p in front], facecolors="none", edgecolors="k", s=90, zorder=4)
         ax.set_xlabel(f"{label} [client clock]")
-        ax.set_ylabel("output tok/s [server counter]")
+        ax.set_ylabel(f"output tok/s [{_headline_source(doc)}]")
         ax.legend(fontsize=7, loc="lower right")
         fig.canvas.draw()  # lay the axes out, then place labels where they do not collide
-        place_labels(ax, pts, [f"{c['variant']} {c['level']}" for c in meta])
+        place_labels(ax, pts, [f"{c.variant} {c.level}" for c in meta])
     if not drawn:
         return None
     fig.suptitle(f"Throughput-latency trade-off per variant x concurrency (Pareto front circled){_tag(doc)}")
     return _svg(fig, "tradeoff")
 
 
-def _line_per_variant(ax: Any, doc: dict[str, Any], rows: list[dict[str, Any]],
-                      value: Callable[[dict[str, Any]], Any]) -> None:
+def _line_per_variant(ax: Any, doc: ReportDocument, rows: Sequence[Any], value: Callable[[Any], Any]) -> None:
     """One line per variant over concurrency (log2 axis), in the variant's colour."""
-    for name in _variants(doc):
-        rs = sorted((r for r in rows if r["variant"] == name), key=_x)
+    for name in doc.variant_names:
+        rs = sorted((r for r in rows if r.variant == name), key=_x)
         if rs:
             ax.plot([_x(r) for r in rs], [value(r) for r in rs], marker="o", linestyle="none",
                     label=name, color=_colour(doc, name))
     _level_axis(ax, rows)
 
 
-def per_stream(doc: dict[str, Any]) -> str | None:
-    cells = [c for c in _ok_cells(doc) if (c.get("per_stream") or {}).get("value") is not None]
+def per_stream(doc: ReportDocument) -> str | None:
+    cells = [c for c in doc.ok_cells if c.per_stream is not None and c.per_stream.value is not None]
     if not cells:
         return None
     fig, (ax,) = _figure()
-    _line_per_variant(ax, doc, cells, lambda c: c["per_stream"]["value"])
+    _line_per_variant(ax, doc, cells, lambda c: c.per_stream.value)
     ax.set_ylabel("tok/s per stream")
     ax.set_title(f"Per-stream decode speed vs concurrency (median) [usage, client clock{_tag(doc)}]")
     ax.legend(fontsize=8)
     return _svg(fig, "per_stream")
 
 
-def goodput(doc: dict[str, Any]) -> str | None:
-    rows = doc.get("goodput") or []
-    rows = [r for r in rows if r["good_tokens_per_s"].get("value") is not None]
+def goodput(doc: ReportDocument) -> str | None:
+    rows = [r for r in doc.goodput or [] if r.good_tokens_per_s.value is not None]
     if not rows:
         return None
-    slo = rows[0]["slo"]
+    slo = rows[0].slo
     fig, (ax,) = _figure()
-    _line_per_variant(ax, doc, rows, lambda r: r["good_tokens_per_s"]["value"])
+    _line_per_variant(ax, doc, rows, lambda r: r.good_tokens_per_s.value)
     ax.set_ylabel("good tok/s")
-    targets = ", ".join(f"{k} ≤ {v:g}" for k, v in slo.items() if v is not None)
+    targets = ", ".join(f"{k} ≤ {v:g}" for k, v in (("ttft_ms", slo.ttft_ms), ("itl_ms", slo.itl_ms))
+                        if v is not None)
     ax.set_title(f"Goodput under SLO ({targets}) [usage, client clock{_tag(doc)}]")
     ax.legend(fontsize=8)
     return _svg(fig, "goodput")
 
 
-def latency_distributions(doc: dict[str, Any]) -> str | None:
-    cells = doc.get("latency") or []
-    if not any(c["ttft_ms"] or c["itl_ms"] for c in cells):
+def latency_distributions(doc: ReportDocument) -> str | None:
+    cells = doc.latency
+    if not any(c.ttft_ms or c.itl_ms for c in cells):
         return None
     import numpy as np
 
@@ -239,13 +247,13 @@ def latency_distributions(doc: dict[str, Any]) -> str | None:
     for ax, key, label in ((axes[0], "ttft_ms", "TTFT per request (ms)"),
                            (axes[1], "itl_ms", "mean ITL per request (ms)")):
         for c in cells:
-            vals = np.asarray(c[key], dtype=float)
+            vals = np.asarray(getattr(c, key), dtype=float)
             if vals.size == 0:
                 continue
             y = np.arange(1, vals.size + 1) / vals.size
-            ax.step(np.sort(vals), y, where="post", color=_colour(doc, c["variant"]),
+            ax.step(np.sort(vals), y, where="post", color=_colour(doc, c.variant),
                     linestyle=styles[levels.index(_x(c)) % len(styles)],
-                    label=f"{c['variant']} {c['level']}")
+                    label=f"{c.variant} {c.level}")
         ax.set_xscale("log")
         _plain_log_axis(ax.xaxis)
         ax.set_xlabel(label)
@@ -255,57 +263,56 @@ def latency_distributions(doc: dict[str, Any]) -> str | None:
     return _svg(fig, "latency")
 
 
-def acceptance(doc: dict[str, Any]) -> str | None:
-    rows = [s for s in doc.get("spec_decode") or [] if s["per_position"]]
+def acceptance(doc: ReportDocument) -> str | None:
+    rows = [s for s in doc.spec_decode if s.per_position]
     if not rows:
         return None
     fig, (ax,) = _figure()
     styles = ("-", "--", ":", "-.")
     levels = sorted({_x(s) for s in rows})
     for s in rows:
-        x = [p["position"] + 1 for p in s["per_position"]]
-        y = [p["value"] for p in s["per_position"]]
-        mal = s["mean_acceptance_length"].get("value")
-        ax.plot(x, y, marker="o", color=_colour(doc, s["variant"]),
+        x = [(p.position or 0) + 1 for p in s.per_position]
+        y = [p.value for p in s.per_position]
+        mal = s.mean_acceptance_length.value
+        ax.plot(x, y, marker="o", color=_colour(doc, s.variant),
                 linestyle=styles[levels.index(_x(s)) % len(styles)],
-                label=f"{s['variant']} {s['level']}" + (f" (mean length {mal:.2f})" if mal else ""))
+                label=f"{s.variant} {s.level}" + (f" (mean length {mal:.2f})" if mal else ""))
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1.05)
-    ax.set_xticks(sorted({p["position"] + 1 for s in rows for p in s["per_position"]}))
+    ax.set_xticks(sorted({(p.position or 0) + 1 for s in rows for p in s.per_position}))
     ax.set_title(f"Speculative acceptance per position [server counter{_tag(doc)}]")
     ax.legend(fontsize=7)
     return _svg(fig, "acceptance")
 
 
-def roofline(doc: dict[str, Any]) -> str | None:
-    roof = doc.get("roofline") or {}
-    rows = roof.get("cells") or []
+def roofline(doc: ReportDocument) -> str | None:
+    rows = doc.roofline.cells
     if not rows:
         return None
     fig, axes = _figure(width=9.0, height=3.8, ncols=2)
-    labels = [f"{r['variant']}\n{r['level']}" for r in rows]
-    colours = [_colour(doc, r["variant"]) for r in rows]
-    pct = [r["pct_of_tightest"]["value"] for r in rows]
+    labels = [f"{r.variant}\n{r.level}" for r in rows]
+    colours = [_colour(doc, r.variant) for r in rows]
+    pct = [r.pct_of_tightest.value or 0.0 for r in rows]
     axes[0].bar(range(len(rows)), pct, color=colours)
     axes[0].axhline(70, color="k", ls="--", lw=1, label="binding threshold (70%)")
     axes[0].set_xticks(range(len(rows)), labels, fontsize=7)
     axes[0].set_ylabel("% of the tightest ceiling")
     axes[0].set_ylim(0, max(100, max(pct) * 1.1))
     axes[0].legend(fontsize=7)
-    floor = [r["measured_step_ms"]["value"] - r["unexplained_ms"]["value"] for r in rows]
-    unexplained = [r["unexplained_ms"]["value"] for r in rows]
+    floor = [(r.measured_step_ms.value or 0.0) - (r.unexplained_ms.value or 0.0) for r in rows]
+    unexplained = [r.unexplained_ms.value or 0.0 for r in rows]
     axes[1].bar(range(len(rows)), floor, color="#999999", label="tightest step floor (model)")
     axes[1].bar(range(len(rows)), unexplained, bottom=floor, color=colours, alpha=0.6,
-                label="simulator's modelled overhead" if doc.get("simulated") else "unexplained")
+                label="simulator's modelled overhead" if doc.simulated else "unexplained")
     axes[1].set_xticks(range(len(rows)), labels, fontsize=7)
     axes[1].set_ylabel("ms per decode step")
     axes[1].legend(fontsize=7)
-    fig.suptitle(f"Where the wall is: measured [server counter{_tag(doc)}] vs roofline [model]")
+    fig.suptitle(f"Where the wall is: measured [{_headline_source(doc)}{_tag(doc)}] vs roofline [model]")
     return _svg(fig, "roofline")
 
 
-PLOTS: dict[str, tuple[str, Callable[[dict[str, Any]], str | None]]] = {
+PLOTS: dict[str, tuple[str, Callable[[ReportDocument], str | None]]] = {
     "throughput": ("Throughput vs concurrency", throughput),
     "tradeoff": ("Throughput-latency trade-off", tradeoff),
     "goodput": ("Goodput under the SLOs", goodput),
@@ -316,6 +323,6 @@ PLOTS: dict[str, tuple[str, Callable[[dict[str, Any]], str | None]]] = {
 }
 
 
-def render_plots(doc: dict[str, Any]) -> dict[str, str | None]:
+def render_plots(doc: ReportDocument) -> dict[str, str | None]:
     """name -> SVG (None when the run has nothing for that plot)."""
     return {name: fn(doc) for name, (_title, fn) in PLOTS.items()}

@@ -93,13 +93,13 @@ def export_variant_unit(
 
 def write_winner_units(db: Store, store_path: Path, run_id: str, folder: Path) -> list[Path]:
     """The variant the verdict names the winner, as a systemd unit (when the baseline came from one)."""
+    from truthput.report.runsummary import run_summary
+
     run = db.run(run_id)
-    summary = run.summary or {}
-    per = (summary.get("verdict") or {}).get("per_concurrency") or []
     winners: dict[str, list[str]] = {}
-    for cv in per:
-        if cv.get("winner"):
-            winners.setdefault(cv["winner"], []).append(cv.get("level"))
+    for cv in run_summary(db, run_id).verdict.per_concurrency:
+        if cv.winner:
+            winners.setdefault(cv.winner, []).append(cv.label)
     if not winners or "systemd_unit" not in (run.experiment_toml or ""):
         return []
     out = []
