@@ -209,3 +209,25 @@ def test_an_error_line_beats_an_earlier_warning_with_an_equally_specific_pattern
     assert f.kind == "kv_too_small" and "ERROR" in (f.root_cause_line or "")
     # the warning alone still classifies (nothing better in the log)
     assert classify(1, log[:2], "startup").kind == "invalid_config"
+
+
+@pytest.mark.parametrize("log, kind, label, line", [
+    ("fail_kv_alloc.log", "oom", "host out of memory", "insufficient memory (attempted to allocate 48828.12 MB)"),
+    ("fail_truncated_model.log", "bad_model", "model file truncated or damaged", "failed to read key-value pairs"),
+    ("fail_bad_magic.log", "bad_model", "not a GGUF model file", "invalid magic characters"),
+    ("fail_missing_model.log", "bad_model", "model file cannot be opened", "failed to open GGUF file"),
+    ("fail_unknown_flag.log", "invalid_config", "invalid command-line argument", "--draft"),
+])
+def test_real_llamacpp_startup_failures_get_their_class(log, kind, label, line):
+    """Logs recorded from the real llama-server (b11434, CPU): a CPU buffer that cannot be
+    allocated is host memory, never a GPU's; a bad model file is its own class."""
+    f = classify(1, (LLAMACPP / log).read_text().splitlines(), "startup")
+    assert f.kind == kind and f.reason.startswith(label)
+    assert line in f.root_cause_line
+    assert "GPU" not in f.reason
+
+
+def test_a_server_killed_by_the_kernel_without_a_log_line_is_said_so():
+    f = classify(-9, ["0.00.01 I srv  load_model: loading model", "0.00.02 I llama_context: n_ctx = 2000000000"],
+                 "startup")
+    assert f.kind == "oom" and "OOM killer" in f.reason and "GPU" not in f.reason

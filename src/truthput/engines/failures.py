@@ -7,7 +7,7 @@ finds that line with patterns taken from real vLLM logs (tests/fixtures/vllm/*.l
 the exit code (137 / SIGKILL = likely OOM-kill) and the phase the failure happened in.
 
 Kinds (stored in `starts.failure_class`):
-  oom, kv_too_small, invalid_config, port_in_use, startup_timeout, crash_under_load,
+  oom, kv_too_small, invalid_config, bad_model, port_in_use, startup_timeout, crash_under_load,
   request_errors, exited (nothing more specific is known).
 """
 
@@ -23,6 +23,7 @@ FailureKind = Literal[
     "oom",
     "kv_too_small",
     "invalid_config",
+    "bad_model",
     "port_in_use",
     "startup_timeout",
     "crash_under_load",
@@ -90,8 +91,13 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("oom", r"No available memory for the cache blocks", 85,
        "no memory left for the KV cache after loading the weights"),
     _p("oom", r"std::bad_alloc|Cannot allocate memory|\[Errno 12\]", 60, "host out of memory"),
-    # llama.cpp (ggml) and SGLang spellings of the same.
-    _p("oom", r"cudaMalloc failed: out of memory|failed to allocate \w+ buffer", 85, "GPU out of memory"),
+    # llama.cpp (ggml) and SGLang spellings of the same. ggml names the buffer's device: a CPU
+    # buffer is host memory (never "GPU" on a CPU server).
+    _p("oom", r"failed to allocate CPU\w* buffer|ggml_aligned_malloc: insufficient memory", 92,
+       "host out of memory (a CPU buffer could not be allocated)"),
+    _p("oom", r"failed to allocate buffer for kv cache", 88, "out of memory allocating the KV cache"),
+    _p("oom", r"cudaMalloc failed: out of memory|failed to allocate (CUDA|ROCm|HIP|Vulkan|Metal|SYCL)\w* buffer", 90,
+       "GPU out of memory"),
     _p("oom", r"Not enough memory\. Please try to increase --mem-fraction-static", 85,
        "not enough GPU memory for the KV cache (SGLang)"),
     # KV cache cannot hold one request of max_model_len.
@@ -108,6 +114,13 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("invalid_config", r"error: argument", 90, "invalid command-line argument"),
     _p("invalid_config", r"invalid choice", 85, "invalid command-line choice"),
     _p("invalid_config", r"error: invalid argument", 90, "invalid command-line argument"),  # llama.cpp
+    _p("invalid_config", r"error while handling argument", 90, "invalid command-line argument"),  # llama.cpp
+    # A model file that is missing, truncated or not a model (llama.cpp's GGUF loader).
+    _p("bad_model", r"failed to open GGUF file", 92, "model file cannot be opened"),
+    _p("bad_model", r"invalid magic characters", 92, "not a GGUF model file"),
+    _p("bad_model", r"failed to read key-value pairs|not within the file bounds|failed to read tensor", 90,
+       "model file truncated or damaged"),
+    _p("bad_model", r"error loading model:", 70, "model file could not be loaded"),
     _p("invalid_config", r"Value error, ", 70, "invalid configuration"),
     _p("invalid_config", r"\d+ validation errors? for \w+", 50, "invalid configuration"),
     _p("invalid_config", r"\bValidationError\b", 40, "invalid configuration"),

@@ -600,7 +600,7 @@ def guess_engine(argv: Sequence[str]) -> str:
     program = " ".join(argv[:3]).lower()
     if "sglang" in program:
         return "sglang"
-    if "llama-server" in program or "llama_cpp" in program:
+    if "llama-server" in program or "llama-cpp-server" in program or "llama_cpp" in program:
         return "llamacpp"
     if "vllm" in program:
         return "vllm"

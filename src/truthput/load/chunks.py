@@ -67,9 +67,18 @@ class Choice(msgspec.Struct):
     finish_reason: Optional[str] = None
 
 
+class Timings(msgspec.Struct):
+    """llama.cpp's per-request timing, sent in the final chunk: decode tokens and milliseconds."""
+
+    predicted_n: Optional[TokenCount] = None
+    predicted_ms: Optional[float] = None
+    predicted_per_second: Optional[float] = None
+
+
 class Chunk(msgspec.Struct):
     choices: Optional[list[Choice]] = None
     usage: Optional[Usage] = None
+    timings: Optional[Timings] = None
     error: Any = None  # an error event: {"error": {"message": ...}} or a bare string
 
 

@@ -29,6 +29,7 @@ MAX_CHUNKS_PER_RESPONSE = 2_000_000
 """Chunks one response may stream (about 130 MB of recorded times, counts and texts): far above any
 max_tokens, it bounds a server that streams forever."""
 
+_STALE_CONNECTION = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)
 _READ_BUFSIZE = 4 * 1024 * 1024  # long prompts / long chunks must not trip aiohttp's line limits
 _DONE = b"[DONE]"
 
@@ -118,6 +119,8 @@ class StreamClient:
         self.continuous_usage_supported: bool | None = None if cfg.continuous_usage else False
         self._stream_options_supported = True
         self._session: aiohttp.ClientSession | None = None
+        self._retired: list[aiohttp.ClientSession] = []
+        self._reusing = True
         self._headers: dict[str, str] = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         self._model_lock = asyncio.Lock()
 
@@ -127,8 +130,13 @@ class StreamClient:
             if not key:
                 raise InputError(f"client api_key_env: environment variable {self.cfg.api_key_env} is not set")
             self._headers["Authorization"] = f"Bearer {key}"
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False, enable_cleanup_closed=True)
-        self._session = aiohttp.ClientSession(
+        self._session = self._new_session(reuse_connections=True)
+        return self
+
+    def _new_session(self, reuse_connections: bool) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=not reuse_connections,
+                                         enable_cleanup_closed=True)
+        return aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s, sock_connect=30.0),
             read_bufsize=_READ_BUFSIZE,
@@ -136,12 +144,27 @@ class StreamClient:
             max_field_size=_READ_BUFSIZE,
             auto_decompress=False,
         )
-        return self
+
+    def _stop_reusing_connections(self, exc: BaseException) -> None:
+        """The server closed a kept-alive connection before a request could go out on it (llama.cpp's
+        server closes after every streamed response while still announcing keep-alive): from now on
+        every request opens its own connection. The old session stays open for requests in flight."""
+        if not self._reusing:
+            return
+        self._reusing = False
+        if self._session is not None:
+            self._retired.append(self._session)
+        self._session = self._new_session(reuse_connections=False)
+        self._note(f"{self.url}: the server closed a kept-alive connection before a request was sent on it "
+                   f"({type(exc).__name__}); connections are no longer reused (one per request), and such a "
+                   "request is sent again on a new connection")
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in [*self._retired, self._session]:
+            if session is not None:
+                await session.close()
+        self._session = None
+        self._retired = []
 
     def _note(self, text: str) -> None:
         if text not in self.notes:
@@ -230,8 +253,18 @@ class StreamClient:
             if "model" not in body:
                 body = dict(body)
                 body["model"] = self.model or await self.resolve_model()
+            resent = False
             for _attempt in range(3):
-                done = await self._post(rec, body, on_first_token)
+                try:
+                    done = await self._post(rec, body, on_first_token)
+                except _STALE_CONNECTION as exc:
+                    # nothing came back: the request never reached a server that had closed the
+                    # pooled connection; send it once more on a connection of its own
+                    if resent or rec.http_status is not None or rec.chunk_times:
+                        raise
+                    resent = True
+                    self._stop_reusing_connections(exc)
+                    continue
                 if done:
                     break
         except EngineError as exc:
@@ -312,6 +345,9 @@ class StreamClient:
                         msg = err.get("message", err) if isinstance(err, dict) else err
                         return _failed(rec, t, f"server error event from {url} after {len(rec.chunk_times)} chunks: "
                                                f"{_one_line(str(msg), 200)}")
+                    timings = obj.timings
+                    if timings is not None and timings.predicted_per_second is not None:
+                        rec.server_decode_tps = timings.predicted_per_second
                     usage = obj.usage
                     ct = -1
                     if usage is not None:

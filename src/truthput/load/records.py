@@ -49,6 +49,9 @@ class RequestRecord:
     http_status: int | None = None
     error: str | None = None
     worker: int = 0
+    server_decode_tps: float | None = None
+    """The server's own per-request decode rate where it reports one (llama.cpp's
+    `timings.predicted_per_second`: tokens / decode time, no prompt processing or queueing)."""
 
     @property
     def text(self) -> str:

@@ -180,6 +180,12 @@ class ClosedLoop:
         self._in_flight = 0
         self.max_in_flight = 0
         self._settled = asyncio.Event()
+        self._queued_completions = 0
+        """Requests that ran to completion while another stream still waited for its first token."""
+        self._cannot_hold = asyncio.Event()
+        """Set when the server has shown it does not run `concurrency` requests at once (it finishes
+        whole requests while others queue: too few slots or sequences): waiting longer for all N
+        streams to generate together cannot succeed, so the window opens at once, flagged."""
         self._all_issued = asyncio.Event()
         self._records: list[RequestRecord] = []
         # Bodies are built ahead (the first batch before the load, the rest in a worker thread):
@@ -219,6 +225,10 @@ class ClosedLoop:
                 self._in_flight -= 1
             if rec.t_first is not None:
                 self._streaming -= 1
+                if (rec.status == "ok" and not self._settled.is_set() and self._in_flight > self._streaming):
+                    self._queued_completions += 1
+                    if self._queued_completions >= max(2, self.concurrency):
+                        self._cannot_hold.set()
             records.append(rec)
             if rec.status == "ok":
                 self._ok += 1
@@ -259,9 +269,17 @@ class ClosedLoop:
 
         try:
             await _wait_first(self._settled.wait(), self._all_issued.wait(), asyncio.shield(workers_done),
-                                 self._abort.wait(), timeout=self.settle_timeout_s)
+                                 self._abort.wait(), self._cannot_hold.wait(), timeout=self.settle_timeout_s)
             if self._abort.is_set():
                 notes.append(f"load ended early: {self.stopped_early}")
+            elif not self._settled.is_set() and self._cannot_hold.is_set():
+                never_settled = True
+                notes.append(
+                    f"never settled: the server ran {self._queued_completions} requests to completion while other "
+                    f"streams still waited for their first token, so it does not run {self.concurrency} at once "
+                    f"(too few slots or sequences); the window opened after "
+                    f"{time.monotonic() - t_start:.1f} s without a steady state"
+                )
             elif not self._settled.is_set():
                 never_settled = True
                 notes.append(

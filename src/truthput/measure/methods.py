@@ -118,6 +118,25 @@ def usage_tokens_per_chunk(table: ChunkTable) -> np.ndarray:
     return out
 
 
+def final_usage_per_chunk(table: ChunkTable, records: Sequence[RequestRecord]) -> np.ndarray:
+    """Each request's final usage.completion_tokens spread evenly over its text chunks (float
+    tokens per chunk; 0 for requests without usage). Only for engines that stream one delta per
+    decode step, whose text chunks mark when the tokens were made (llama.cpp sends one token per
+    chunk, two where a UTF-8 character's bytes were held back)."""
+    out = np.zeros(table.size, dtype=float)
+    has_text = table.n_chars > 0
+    for i, rec in enumerate(records):
+        n = int(table.n_chunks[i])
+        if n == 0 or rec.status != "ok" or rec.completion_tokens is None:
+            continue
+        a = int(table.first_chunk[i])
+        texted = has_text[a:a + n]
+        k = int(texted.sum())
+        if k:
+            out[a:a + n][texted] = rec.completion_tokens / k
+    return out
+
+
 def words_per_chunk(table: ChunkTable) -> np.ndarray:
     """Whitespace words starting in each chunk (a word split across chunks counts once)."""
     if table.size == 0:

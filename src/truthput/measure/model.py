@@ -343,6 +343,9 @@ class TrialResults(Section):
 
     schema_version: int = Field(default=RESULTS_SCHEMA, alias="schema")
     engine: str = "vllm"
+    counter_moves: str = "per_step"
+    """When the engine's emitted-token counter rises ("per_step" or "per_request"; see
+    `measure.names.EngineMetricNames.counter_moves`): it decides which window figure is the headline."""
     concurrency: int = 0
     speculative: dict[str, Any] | None = None
     simulated: bool = False
@@ -373,14 +376,19 @@ class TrialResults(Section):
 
         The server's emitted-token counter over the steady-state window, unless a validity check
         flagged it and the running usage counts placed in the same window are clean; then those.
+        For an engine whose counter moves only when a request ends, usage placed in time first.
         A flagged figure is chosen only when nothing clean exists, and it carries its flags into
         every view. Without either figure: a missing figure that says why.
         """
         counter, usage = self.throughput.counter_window, self.throughput.usage_window
-        for fig in (counter, usage):
+        # A counter that adds a request's tokens when it ends counts whole requests, not a window:
+        # there usage placed in time is the window's figure in every trial (one estimator for a
+        # whole cell), and the counter checks it over whole requests (the validity bounds).
+        order = (usage, counter) if self.counter_moves == "per_request" else (counter, usage)
+        for fig in order:
             if fig.value is not None and not fig.flagged:
                 return fig
-        for fig in (counter, usage):
+        for fig in order:
             if fig.value is not None:
                 return fig
         return Figure(value=None, unit="tok/s", source="server_counter", window="window",

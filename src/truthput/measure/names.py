@@ -35,6 +35,15 @@ class EngineMetricNames:
     tpot_hist: str | None = None
     e2e_hist: str | None = None
     aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    counter_moves: str = "per_step"
+    """When the emitted-token counter rises: "per_step" (vLLM, SGLang: every decode step adds the
+    tokens it emitted, so a window between two scrapes counts the tokens made in it) or
+    "per_request" (llama.cpp: a request's tokens are added when it finishes, so a window counts
+    whole requests, and text chunks arriving do not move it). See COUNTER_SEMANTICS."""
+
+    @property
+    def counts_whole_requests(self) -> bool:
+        return self.counter_moves == "per_request"
 
     def candidates(self, name_field: str) -> tuple[str, ...]:
         """Current name first, then older aliases; empty when the engine has none."""
@@ -94,11 +103,17 @@ _LLAMACPP = EngineMetricNames(
     spec_accepted_per_pos="llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
     running="llamacpp:requests_processing",
     waiting="llamacpp:requests_deferred",
+    counter_moves="per_request",
 )
 
 _BY_ENGINE = {"vllm": _VLLM, "sim": _VLLM, "systemd": _VLLM, "sglang": _SGLANG, "llamacpp": _LLAMACPP}
 
-NAME_FIELDS = tuple(f.name for f in fields(EngineMetricNames) if f.name not in ("engine", "aliases"))
+COUNTER_SEMANTICS = {name: names.counter_moves for name, names in _BY_ENGINE.items()}
+"""Engine -> when its emitted-token counter rises (checked against each real engine's behaviour:
+vLLM per scheduler step, llama.cpp's `tokens_predicted_total` when a request ends)."""
+
+NAME_FIELDS = tuple(f.name for f in fields(EngineMetricNames)
+                    if f.name not in ("engine", "aliases", "counter_moves"))
 
 
 def metric_names(engine: str, user_names: dict[str, str] | None = None) -> EngineMetricNames:

@@ -20,6 +20,7 @@ from truthput.measure import logparse, validity
 from truthput.measure.counters import CounterDelta, counter_delta
 from truthput.measure.latency import client_latency, server_histograms
 from truthput.measure.methods import (
+    final_usage_per_chunk,
     ChunkTable,
     build_chunk_table,
     figure,
@@ -122,6 +123,65 @@ def _counter_fig(d: CounterDelta, unit: str, name: str | None, per_second: bool,
     if d.seconds is not None:
         extra["seconds"] = d.seconds
     return figure(value, unit, "server_counter", d.note or None, window=window, **extra)
+
+
+def _finished_in(records: Sequence[RequestRecord], t_from: float, t_to: float) -> list[tuple[float, int]]:
+    """(client end time, usage.completion_tokens) of the ok requests that ended in (t_from, t_to]."""
+    return sorted((r.t_end, int(r.completion_tokens)) for r in records
+                  if r.status == "ok" and r.t_end and r.completion_tokens is not None and t_from < r.t_end <= t_to)
+
+
+WHOLE_REQUEST_SPAN = 0.5
+"""A counter that moves at request completion times a window only when the completions inside it
+span at least this share of it (else one burst of completions would stand for the whole window)."""
+
+
+def _final_usage_window(records: Sequence[RequestRecord], n: _Counts) -> Figure | None:
+    """Usage placed in time without running usage: each request's final count spread over its text
+    chunks, counted where they arrived in the window. For an engine that streams a token per chunk
+    and whose counter moves only when a request ends."""
+    if n.win is None or not n.seconds:
+        return None
+    mask = in_window(n.table, n.win)
+    reqs = np.unique(n.table.rec[mask]) if mask.any() else np.zeros(0, dtype=np.int64)
+    if not reqs.size or any(records[int(i)].completion_tokens is None for i in reqs):
+        return None
+    spread = final_usage_per_chunk(n.table, records)
+    return figure(float(spread[mask].sum()) / n.seconds, "tok/s", "usage",
+                  "final usage.completion_tokens of each request spread over its text chunks (the engine streams "
+                  "a token per chunk), counted where they arrived in the window", window="window")
+
+
+def _whole_requests_window(records: Sequence[RequestRecord], d_win: CounterDelta, win: tuple[float, float],
+                           name: str | None, engine: str) -> Figure:
+    """Output tok/s from a counter that adds a request's tokens when the request ends.
+
+    Between two scrapes such a counter counts whole requests, so timing it by the scrapes is off by
+    up to a request per stream at each edge. Instead the window is defined by completions: from the
+    first request that finished after the window opened to the last that finished before it
+    closed; its tokens are the counter's rise over the scrapes less the first request's (which
+    opens the window), over the time between those two completions."""
+    done = _finished_in(records, win[0], win[1])
+    extra: dict[str, Any] = {"metric": name, "resets": d_win.resets, "window_from": "request completions"}
+    if d_win.value is None:
+        return figure(None, "tok/s", "server_counter", d_win.note or "no counter delta", window="window", **extra)
+    if len(done) < 2 or done[-1][0] <= done[0][0]:
+        return figure(None, "tok/s", "server_counter",
+                      f"missing data: {len(done)} request(s) finished in the window; {engine}'s counter adds a "
+                      "request's tokens when it ends, so at least two completions are needed to time it "
+                      "(lengthen the window)", window="window", **extra)
+    seconds = done[-1][0] - done[0][0]
+    if seconds < WHOLE_REQUEST_SPAN * (win[1] - win[0]):
+        return figure(None, "tok/s", "server_counter",
+                      f"missing data: the {len(done)} requests that finished in the window did so within "
+                      f"{seconds:.2f} s of its {win[1] - win[0]:.2f} s (streams that finish together); {engine}'s "
+                      "counter adds a request's tokens when it ends, so it cannot time this window", window="window",
+                      **extra)
+    tokens = d_win.value - done[0][1]
+    return figure(tokens / seconds, "tok/s", "server_counter",
+                  f"counter rise over the {len(done) - 1} whole requests that finished between the window's first "
+                  f"and last completion ({seconds:.2f} s): {engine}'s counter adds a request's tokens when it ends",
+                  window="window", seconds=seconds, requests=len(done) - 1, **extra)
 
 
 def _tokens_in_flight_partial(r: RequestRecord) -> int | None:
@@ -566,7 +626,7 @@ def _server_samples(sc: _Scrapes, names: EngineMetricNames, win: tuple[float, fl
 
 def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Counts, engine: str, concurrency: int,
            records: Sequence[RequestRecord], d_win: CounterDelta, d_trial: CounterDelta, ws_s: ParsedScrape | None,
-           we_s: ParsedScrape | None, open_loop: bool = False) -> None:
+           we_s: ParsedScrape | None, open_loop: bool = False, whole_requests: bool = False) -> None:
     """The validity checks (`truthput.measure.validity`) on the figures computed so far."""
     intervals: list[tuple[float, float, float | None, int]] = []
     if counts.win is not None and emitted:
@@ -579,17 +639,38 @@ def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Cou
     usage_w, seconds = result.throughput.usage_window.number(), counts.seconds
     usage_tokens = usage_w * seconds if usage_w is not None and seconds else None
     known = counts.usage_pc[counts.usage_pc > 0]
+    finished = None
+    if whole_requests:
+        finished = [(r.t_end, int(r.completion_tokens)) for r in records
+                    if r.status == "ok" and r.t_end and r.completion_tokens is not None]
     validity.check_counter(result, engine, concurrency, counts.table.t, counts.chunks_pc, intervals,
                            d_win.resets, d_win.went_backwards_without_reset, d_trial.resets,
                            usage_tokens=usage_tokens, max_tokens_per_chunk=int(known.max()) if known.size else 1,
-                           window_rise=d_win.value if counts.win_from_scrapes else None)
+                           window_rise=d_win.value if counts.win_from_scrapes else None, finished=finished)
     if not open_loop:
         validity.check_load(result, concurrency)
     validity.check_timestamps(result, records, concurrency)
 
 
+def _server_timings_row(records: Sequence[RequestRecord], win: tuple[float, float] | None, concurrency: int,
+                        ref: float | None) -> MethodRow | None:
+    """The engine's own per-request decode rate (llama.cpp's `timings.predicted_per_second`, the
+    figure its users quote), as an aggregate: the mean over the requests that ended in the window,
+    times the streams."""
+    rates = [r.server_decode_tps for r in records if r.status == "ok" and r.server_decode_tps is not None
+             and (win is None or win[0] < r.t_end <= win[1])]
+    if not rates:
+        return None
+    mean = sum(rates) / len(rates)
+    return _row("server timings per request x streams", mean * max(concurrency, 1), ref, "definition", "timings",
+                f"timings.predicted_per_second, mean {mean:.1f} tok/s over {len(rates)} requests, x {concurrency} "
+                "streams: one request's decode rate (tokens / decode time) leaves out prompt processing, queueing "
+                "and the gaps between requests, so times the streams it is a ceiling, not the throughput")
+
+
 def _methods(result: TrialResults, emitted: str | None, d_win: CounterDelta, counter_tps: float | None,
-             k: int | None, d_dt_w: float | None, d_acc_w: float | None) -> list[MethodRow]:
+             k: int | None, d_dt_w: float | None, d_acc_w: float | None,
+             timings: tuple[Sequence[RequestRecord], tuple[float, float] | None, int] | None = None) -> list[MethodRow]:
     """Every way of counting over the window, against the trial's headline figure (the counter;
     usage placed in time where the counter is missing or flagged and usage is clean)."""
     tp, whole, lb = result.throughput, result.whole_trial, result.log_line
@@ -598,8 +679,10 @@ def _methods(result: TrialResults, emitted: str | None, d_win: CounterDelta, cou
     ref = head.number()
     ref_name = "counter (window)" if head is tp.counter_window else "usage (window; no counter)"
     counter_flags = "; ".join(f"{f.code}: {f.reason}" for f in tp.counter_window.flags)
+    per_request = result.counter_moves == "per_request"
     if head is tp.usage_window and tp.counter_window.value is not None:
-        ref_name = "usage (window; the counter is flagged)"
+        ref_name = ("usage (window; the counter counts whole requests)" if per_request and not counter_flags
+                    else "usage (window; the counter is flagged)")
     if counter_tps is None:
         counter_row = MethodRow(method="counter (window)", tokps=None, error_pct_vs_counter=None, cause="missing data",
                                 source="server_counter", note=d_win.note or "no counter")
@@ -608,6 +691,11 @@ def _methods(result: TrialResults, emitted: str | None, d_win: CounterDelta, cou
                                 cause="reference", source="server_counter",
                                 note=f"{emitted} delta window_start->window_end / scrape interval"
                                 + (f" (flagged: {counter_flags})" if counter_flags else ""))
+    elif per_request and not counter_flags:
+        counter_row = MethodRow(method="counter (window)", tokps=counter_tps, error_pct_vs_counter=_pct(counter_tps, ref),
+                                cause="window", source="server_counter",
+                                note=f"{emitted} adds a request's tokens when it ends: whole requests timed by their "
+                                     "completions, not the tokens made in the window")
     else:
         counter_row = MethodRow(method="counter (window)", tokps=counter_tps, error_pct_vs_counter=_pct(counter_tps, ref),
                                 cause="flagged", source="server_counter",
@@ -649,7 +737,11 @@ def _methods(result: TrialResults, emitted: str | None, d_win: CounterDelta, cou
     if lb.generation_peak_trial is not None:
         rows.append(_row("log line peak (trial)", lb.generation_peak_trial.number(), ref, "window", "log_line",
                          "highest interval during the trial: peak vs mean"))
-    if d_dt_w is not None and d_acc_w is not None and d_win.seconds:
+    if timings is not None:
+        row = _server_timings_row(*timings, ref)
+        if row is not None:
+            rows.append(row)
+    if d_dt_w and d_acc_w is not None and d_win.seconds:  # only where drafts were made
         rows.append(_row("drafted + accepted (counters)", (d_dt_w + d_acc_w) / d_win.seconds, ref, "definition",
                          "server_counter", "draft proposals are not output: " +
                          drafted_plus_accepted_explanation(k, d_win.value or 0.0, d_dt_w, d_acc_w)))
@@ -698,7 +790,7 @@ def measure_trial(
                      trial_span=(min(t_starts), max(t_ends)) if t_starts and t_ends else None)
 
     result = TrialResults(
-        engine=engine, concurrency=concurrency, speculative=speculative, emitted_metric=emitted,
+        engine=engine, counter_moves=names.counter_moves, concurrency=concurrency, speculative=speculative, emitted_metric=emitted,
         window=Window.model_validate({"start": win[0] if win else None, "end": win[1] if win else None,
                                       "seconds": counts.seconds, "from": win_source}),
         scrapes=[ScrapeRef(phase=p.phase, t_mono=p.t_mono, error=p.error) for p in sc.all],
@@ -711,8 +803,14 @@ def measure_trial(
         warnings.append(result.scrape_intervals.note)
 
     d_win = sc.delta(emitted, ws_s, we_s)
-    counter_tps = d_win.rate() if counts.win_from_scrapes else None
     result.throughput = _throughput(sc, emitted, d_win, counts, tokenizer is not None)
+    if names.counts_whole_requests and win is not None and counts.win_from_scrapes:
+        result.throughput.counter_window = _whole_requests_window(records, d_win, win, emitted, engine)
+        if result.throughput.usage_window.value is None:
+            spread = _final_usage_window(records, counts)
+            if spread is not None:
+                result.throughput.usage_window = spread
+    counter_tps = result.throughput.counter_window.number() if counts.win_from_scrapes else None
     d_trial = sc.delta(emitted, sc.phase("pre"), sc.phase("post", last=True))
     result.whole_trial, _words_req = _whole_trial(records, sc, emitted, counts, concurrency, d_trial)
     spec_block, d_dt_w, d_acc_w = _spec_decode(records, sc, names, emitted, speculative, win, d_win, ws_s, we_s)
@@ -725,9 +823,11 @@ def measure_trial(
     energy = _simulated_energy(sc, ws_s, we_s, d_win)
     if energy is not None:
         result.telemetry = {"energy_per_token_j": energy}
-    _check(result, sc, emitted, counts, engine, concurrency, records, d_win, d_trial, ws_s, we_s, open_loop)
+    _check(result, sc, emitted, counts, engine, concurrency, records, d_win, d_trial, ws_s, we_s, open_loop,
+           whole_requests=names.counts_whole_requests)
 
-    rows = _methods(result, emitted, d_win, counter_tps, k, d_dt_w, d_acc_w)
+    rows = _methods(result, emitted, d_win, counter_tps, k, d_dt_w, d_acc_w,
+                    timings=(records, win, concurrency) if not open_loop else None)
     if d_win.resets:
         warnings.append(f"counter restarted inside the window: {d_win.note}")
     if d_win.went_backwards_without_reset:

@@ -65,11 +65,17 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
                   text_chunk: np.ndarray, intervals: Sequence[tuple[float, float, float | None, int]],
                   window_resets: int, window_backwards: bool, trial_resets: int,
                   usage_tokens: float | None = None, max_tokens_per_chunk: int = 1,
-                  window_rise: float | None = None) -> None:
+                  window_rise: float | None = None,
+                  finished: Sequence[tuple[float, int]] | None = None) -> None:
     """Flag the counter figures. `intervals`: (t_from, t_to, counter increase or None, resets)
     between consecutive readable scrapes inside the window; `usage_tokens`: the usage counts of
-    the chunks that arrived in the window (None without continuous usage on every request)."""
+    the chunks that arrived in the window (None without continuous usage on every request);
+    `finished`: (end time, usage.completion_tokens) of every ok request, given for an engine whose
+    counter adds a request's tokens when it ends (then the bound is whole requests, not chunks)."""
     counter = results.throughput.counter_window
+    if finished is not None:
+        _check_whole_requests(results, intervals, finished, window_resets, window_backwards, trial_resets)
+        return
     if usage_tokens is not None and window_rise is not None and not window_resets:
         # Both count the same tokens; they differ only by the tokens in flight at the two edges,
         # which cancel in steady state but not when the client reads late (a busy host).
@@ -118,6 +124,56 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
             add_flag(counter, "stale_counter",
                      f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while {arrived} text "
                      f"chunks arrived (each is at least one token): /metrics is behind what was served")
+            break
+
+
+FINISH_EDGE_S = 0.25
+"""A request that ended this close to a scrape may fall on either side of it (the server adds its
+tokens as it releases the request; the scrape itself takes a few milliseconds)."""
+
+
+def _check_whole_requests(results: TrialResults, intervals: Sequence[tuple[float, float, float | None, int]],
+                          finished: Sequence[tuple[float, int]], window_resets: int, window_backwards: bool,
+                          trial_resets: int) -> None:
+    """Bounds for a counter that moves when a request ends: between two scrapes it must have risen
+    by at least the tokens of every request that surely ended between them, and by at most those
+    of every request that may have."""
+    counter = results.throughput.counter_window
+    if window_resets:
+        add_flag(counter, "counter_reset",
+                 f"the counter restarted {window_resets}x inside the window: tokens before each restart are "
+                 "lost, so this is a lower bound")
+    if trial_resets:
+        reason = (f"the counter restarted {trial_resets}x during the trial: tokens before each restart are lost, "
+                  "so this is a lower bound")
+        add_flag(results.whole_trial.counter_trial, "counter_reset", reason)
+        add_flag(results.integrity.counter_delta, "counter_reset", reason)
+    if window_backwards:
+        add_flag(counter, "stale_counter", "the counter went backwards inside the window without a restart "
+                                           "(a stale, cached or load-balanced /metrics)")
+    results.validity.applied.append(
+        "whole-request bound on the counter (it adds a request's tokens when the request ends: between two scrapes "
+        "it rose by the usage of the requests that ended between them)")
+    results.validity.not_applied.append(
+        "chunk bound on the counter: this engine's counter moves when a request ends, not per token")
+    ends = np.asarray([t for t, _n in finished], dtype=float)
+    tokens = np.asarray([n for _t, n in finished], dtype=float)
+    e = FINISH_EDGE_S
+    for t_from, t_to, rise, resets in intervals:
+        if rise is None or resets:
+            continue
+        sure = float(tokens[(ends > t_from + e) & (ends <= t_to - e)].sum())
+        may = float(tokens[(ends > t_from - e) & (ends <= t_to + e)].sum())
+        if rise < sure:
+            add_flag(counter, "stale_counter",
+                     f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while requests that "
+                     f"ended between them carried {sure:g} tokens (usage): /metrics is behind what was served")
+            break
+        if rise > may:
+            add_flag(counter, "counter_exceeds_usage",
+                     f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while every request "
+                     f"that may have ended between them carried {may:g} tokens: other clients' requests, or a "
+                     "/metrics out of step with what this client received")
             break
 
 
@@ -187,7 +243,13 @@ def check_interference(results: TrialResults) -> None:
 
 
 def check_client(results: TrialResults) -> None:
-    """Flag the window's throughput figures when the client says it was the bottleneck."""
+    """Flag the window's throughput figures when the client says it was the bottleneck, or that
+    its streams never all generated at once (the server queued some of them)."""
+    if results.client.never_settled:
+        reason = next((n for n in results.client.notes if n.startswith("never settled")),
+                      "the streams never all generated at once: the server did not run the intended concurrency")
+        for fig in (results.throughput.counter_window, results.throughput.usage_window):
+            add_flag(fig, "load_not_reached", reason)
     check = results.client.selfcheck
     if check is not None and check.client_bound:
         reason = f"the load generator was the bottleneck ({check.reason}): the server may not have seen the load"

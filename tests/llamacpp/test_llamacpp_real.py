@@ -1,0 +1,135 @@
+"""truthput against the REAL llama.cpp server (llama-server b11434, CPU), through the CLI and the store.
+
+What a real llama-server does that a vLLM-shaped client trips on: it closes the TCP connection
+after every streamed response while announcing keep-alive; its `llamacpp:tokens_predicted_total`
+adds a request's tokens when the request ends (not per token); one slot (`-np 1`) serialises
+concurrent streams. Each test checks what the user reads (the store's figures, the CLI's output)
+against the server's own ledger (raw /metrics text as served, usage of each request).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import TRUTHPUT
+
+COUNTER = "llamacpp:tokens_predicted_total"
+
+
+def counter(text: str) -> float:
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == COUNTER:
+                return s.value
+    raise AssertionError(f"{COUNTER} not in the scrape")
+
+
+def load(url: str, store: Path, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([str(TRUTHPUT), "load", url, "--engine", "llamacpp", "--store", str(store),
+                           "--input-tokens", "64", *args], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, COLUMNS="160"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, time.monotonic() - t0
+
+
+def trials(store: Path) -> list[tuple[int, int, dict]]:
+    db = sqlite3.connect(store)
+    return [(tid, conc, json.loads(doc)) for tid, conc, doc in
+            db.execute("SELECT id, concurrency, results_json FROM trials ORDER BY id")]
+
+
+def test_a_server_that_closes_connections_after_each_stream_fails_no_request(serve, tiny_gguf, tmp_path):
+    srv = serve(tiny_gguf, "-np", "4")
+    proc, _ = load(srv.url, tmp_path / "s.db", "-c", "4", "-n", "96", "--output-tokens", "32")
+    db = sqlite3.connect(tmp_path / "s.db")
+    statuses = [s for (s,) in db.execute("SELECT status FROM requests")]
+    assert len(statuses) == 96 and set(statuses) == {"ok"}, proc.stdout[-2000:]
+    assert "96 (0)" in proc.stdout and "equal" in proc.stdout
+    ((_tid, _c, doc),) = trials(tmp_path / "s.db")
+    assert any("connections are no longer reused" in n for n in doc["client"]["notes"])
+    assert doc["integrity"]["holds"] is True  # counter delta == sum of usage over the trial
+
+
+def test_the_per_request_counter_headline_is_the_usage_of_the_same_whole_requests(serve, small_gguf, tmp_path):
+    """One stream, so requests finish one after another: the counter's window figure is its rise
+    over the whole requests that finished in the window, timed by their completions. Checked from
+    the raw scrapes and request rows: the counter rose exactly by those requests' usage, and the
+    figure is their usage over the time between the first and last completion (within 1%). The
+    trial's headline is usage placed in time, and says so."""
+    srv = serve(small_gguf, "-np", "4")
+    load(srv.url, tmp_path / "c.db", "-c", "1", "--duration", "5", "--output-tokens", "24")
+    db = sqlite3.connect(tmp_path / "c.db")
+    ((tid, _c, doc),) = trials(tmp_path / "c.db")
+    head = doc["throughput"]["counter_window"]
+    assert head["value"] and not head.get("flags"), head
+    ws = db.execute("SELECT t_mono, text FROM scrapes WHERE trial_id=? AND phase='window_start'", (tid,)).fetchone()
+    we = db.execute("SELECT t_mono, text FROM scrapes WHERE trial_id=? AND phase='window_end' ORDER BY t_mono DESC",
+                    (tid,)).fetchone()
+    ended = db.execute("SELECT t_end, completion_tokens FROM requests WHERE trial_id=? AND status='ok' AND t_end>? "
+                       "AND t_end<=? ORDER BY t_end", (tid, ws[0], we[0])).fetchall()
+    assert len(ended) >= 3
+    assert counter(we[1]) - counter(ws[1]) == sum(n for _t, n in ended)
+    by_usage = sum(n for _t, n in ended[1:]) / (ended[-1][0] - ended[0][0])
+    assert abs(head["value"] - by_usage) <= 0.01 * by_usage
+    usage = doc["throughput"]["usage_window"]
+    assert usage["value"] and usage["source"] == "usage" and not usage.get("flags"), usage
+    assert doc["counter_moves"] == "per_request"
+
+
+def test_a_one_slot_server_at_four_streams_is_flagged_within_ten_seconds(serve, tiny_gguf, tmp_path):
+    srv = serve(tiny_gguf, "-np", "1")
+    proc, wall = load(srv.url, tmp_path / "q.db", "-c", "4", "--duration", "2", "--output-tokens", "64")
+    ((_tid, _c, doc),) = trials(tmp_path / "q.db")
+    assert doc["client"]["never_settled"] is True
+    codes = {f["code"] for f in doc["throughput"]["counter_window"].get("flags", [])} | \
+            {f["code"] for f in doc["throughput"]["usage_window"].get("flags", [])}
+    assert "load_not_reached" in codes
+    assert "load_not_reached" in proc.stdout
+    assert wall < 10 + 2 + 5, f"took {wall:.1f} s"  # detection, the 2-s window, start-up and drain
+
+
+def test_threads_ab_decided_on_the_real_server(llama_server, small_gguf, tmp_path):
+    """-t 1 vs -t 2 at 1 and 4 streams on the small model (compute-bound on these CPUs), the default
+    design: decided faster at both levels; 0 failed requests; no stale, exceeding or reset counter
+    on any trial; the whole-trial identity (counter delta == sum of usage) holds in every trial; the
+    headline says it is usage placed in time (this engine's counter moves per finished request)."""
+    command = [str(llama_server), "-m", str(small_gguf), "--metrics", "-c", "4096", "-t", "1", "-np", "4"]
+    exp = "\n".join([
+        "[experiment]", 'name = "llama-threads"', 'baseline = "t1"', "seed = 1", "",
+        "[server]", 'engine = "llamacpp"', f"command = {json.dumps(command)}", "ready_timeout_s = 60",
+        "stop_grace_s = 5", "",
+        "[[variant]]", 'name = "t1"', "",
+        "[[variant]]", 'name = "t2"', 'set = { "-t" = 2 }', "",
+        "[workload]", "concurrency = [1, 4]", "duration_s = 4", "warmup_s = 0.5", 'endpoint = "completions"',
+        "input_tokens = 64", "output_tokens = 32", "ignore_eos = true", "",
+        "[measure]", "repeats = 1", "output_guard = false", "",
+    ])
+    (tmp_path / "ab.toml").write_text(exp)
+    t0 = time.monotonic()
+    proc = subprocess.run([str(TRUTHPUT), "run", str(tmp_path / "ab.toml"), "--store", str(tmp_path / "ab.db"),
+                           "--reports", str(tmp_path / "rep")], capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, COLUMNS="200"))
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    rows = trials(tmp_path / "ab.db")
+    assert rows
+    db = sqlite3.connect(tmp_path / "ab.db")
+    assert db.execute("SELECT COUNT(*) FROM requests WHERE status != 'ok'").fetchone()[0] == 0
+    for _tid, conc, doc in rows:
+        assert doc["integrity"]["holds"] is True
+        for fig in ("counter_window", "usage_window"):
+            codes = {f["code"] for f in doc["throughput"][fig].get("flags", [])}
+            assert not codes & {"stale_counter", "counter_exceeds_usage", "counter_reset"}, (conc, fig, codes)
+    verdict = proc.stdout[proc.stdout.index("Verdict"):]
+    for level in ("c=1", "c=4"):
+        assert f"{level}: t2 is" in verdict and "faster than t1" in verdict, verdict[:2000]
+    assert "usage placed in time" in proc.stdout
+    print(f"llama.cpp threads A/B: {took:.0f} s; {len(rows)} trials")
