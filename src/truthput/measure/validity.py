@@ -61,6 +61,23 @@ def edge_slack(concurrency: int, tokens_per_chunk: int = 1) -> int:
     return (EDGE_CHUNKS_PER_STREAM * max(concurrency, 1) + 4) * max(tokens_per_chunk, 1)
 
 
+def _flag_restarts(results: TrialResults, window_resets: int, window_backwards: bool, trial_resets: int) -> None:
+    """A counter that restarted (a lower bound) or went backwards without a restart (stale)."""
+    counter = results.throughput.counter_window
+    if window_resets:
+        add_flag(counter, "counter_reset",
+                 f"the counter restarted {window_resets}x inside the window: tokens before each restart are "
+                 "lost, so this is a lower bound")
+    if trial_resets:
+        reason = (f"the counter restarted {trial_resets}x during the trial: tokens before each restart are lost, "
+                  "so this is a lower bound")
+        add_flag(results.whole_trial.counter_trial, "counter_reset", reason)
+        add_flag(results.integrity.counter_delta, "counter_reset", reason)
+    if window_backwards:
+        add_flag(counter, "stale_counter", "the counter went backwards inside the window without a restart "
+                                           "(a stale, cached or load-balanced /metrics)")
+
+
 def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t: np.ndarray,
                   text_chunk: np.ndarray, intervals: Sequence[tuple[float, float, float | None, int]],
                   window_resets: int, window_backwards: bool, trial_resets: int,
@@ -89,18 +106,7 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
                      f"the counter rose {window_rise:g} in the window while the usage counts of the chunks that "
                      f"arrived in it add up to {usage_tokens:g} (more than {slack} apart): other clients' requests, "
                      "or a /metrics ahead of or out of step with what this client received")
-    if window_resets:
-        add_flag(counter, "counter_reset",
-                 f"the counter restarted {window_resets}x inside the window: tokens before each restart are "
-                 "lost, so this is a lower bound")
-    if trial_resets:
-        reason = (f"the counter restarted {trial_resets}x during the trial: tokens before each restart are lost, "
-                  "so this is a lower bound")
-        add_flag(results.whole_trial.counter_trial, "counter_reset", reason)
-        add_flag(results.integrity.counter_delta, "counter_reset", reason)
-    if window_backwards:
-        add_flag(counter, "stale_counter", "the counter went backwards inside the window without a restart "
-                                           "(a stale, cached or load-balanced /metrics)")
+    _flag_restarts(results, window_resets, window_backwards, trial_resets)
     if results.scrape_intervals.stale_suspected:
         add_flag(counter, "stale_counter", results.scrape_intervals.note)
     if engine not in PER_TOKEN_ENGINES:
@@ -139,18 +145,7 @@ def _check_whole_requests(results: TrialResults, intervals: Sequence[tuple[float
     by at least the tokens of every request that surely ended between them, and by at most those
     of every request that may have."""
     counter = results.throughput.counter_window
-    if window_resets:
-        add_flag(counter, "counter_reset",
-                 f"the counter restarted {window_resets}x inside the window: tokens before each restart are "
-                 "lost, so this is a lower bound")
-    if trial_resets:
-        reason = (f"the counter restarted {trial_resets}x during the trial: tokens before each restart are lost, "
-                  "so this is a lower bound")
-        add_flag(results.whole_trial.counter_trial, "counter_reset", reason)
-        add_flag(results.integrity.counter_delta, "counter_reset", reason)
-    if window_backwards:
-        add_flag(counter, "stale_counter", "the counter went backwards inside the window without a restart "
-                                           "(a stale, cached or load-balanced /metrics)")
+    _flag_restarts(results, window_resets, window_backwards, trial_resets)
     results.validity.applied.append(
         "whole-request bound on the counter (it adds a request's tokens when the request ends: between two scrapes "
         "it rose by the usage of the requests that ended between them)")
