@@ -76,26 +76,26 @@ def register(app: typer.Typer) -> None:
         typer.echo("")
         typer.echo(f"tune {outcome.name}: {outcome.screened} configurations screened on the simulator "
                    f"({outcome.screen_failed} would not start), {outcome.screen_cpu_s:.1f} CPU-s; objective: "
-                   f"{doc['figure']} at {doc['level']}")
-        for r in doc["measured"]:
-            server = "failed: " + r["server_failure"] if r["server_failure"] else (
-                f"{figure_text(r['server'])} {doc['figure']} over {r['server_starts']} start(s)" if r["server"]
+                   f"{doc.figure} at {doc.level}")
+        for r in doc.measured:
+            server = "failed: " + r.server_failure if r.server_failure else (
+                f"{figure_text(r.server)} {doc.figure} over {r.server_starts} start(s)" if r.server
                 else "no data")
-            sim = figure_text(r["simulated"]) if r["simulated"] else "n/a"
-            typer.echo(f"  {r['config']}: simulator {sim}, server {server}")
-        rho = doc["rank_correlation"]
-        typer.echo(f"simulator vs server ranking: Spearman's rho {rho:.2f} over {doc['rank_pairs']} configurations"
+            sim = figure_text(r.simulated) if r.simulated else "n/a"
+            typer.echo(f"  {r.config}: simulator {sim}, server {server}")
+        rho = doc.rank_correlation
+        typer.echo(f"simulator vs server ranking: Spearman's rho {rho:.2f} over {doc.rank_pairs} configurations"
                    if rho is not None else f"simulator vs server ranking: too few configurations measured "
-                   f"({doc['rank_pairs']}) for a rank correlation")
-        typer.echo(f"server time: {doc['server_starts']} starts, {doc['server_minutes']:.1f} server-minutes; "
-                   f"stopped: {doc['stop_reason']}")
-        typer.echo(f"chosen: {doc['chosen']}")
-        typer.echo(f"  {doc['chosen_line']}")
+                   f"({doc.rank_pairs}) for a rank correlation")
+        typer.echo(f"server time: {doc.server_starts} starts, {doc.server_minutes:.1f} server-minutes; "
+                   f"stopped: {doc.stop_reason}")
+        typer.echo(f"chosen: {doc.chosen}")
+        typer.echo(f"  {doc.chosen_line}")
         if reports is not None:
             reports.mkdir(parents=True, exist_ok=True)
             html = reports / f"{outcome.name}.html"
             html.write_text(render_tune_html(doc), encoding="utf-8")
-            (reports / f"{outcome.name}.json").write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
+            (reports / f"{outcome.name}.json").write_text(json.dumps(doc.to_dict(), indent=1), encoding="utf-8")
             typer.echo(f"report: {html}")
             if outcome.chosen_run and outcome.chosen_variant and outcome.chosen_variant != exp.experiment.baseline:
                 from truthput.report.units import export_variant_unit

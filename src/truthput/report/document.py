@@ -484,3 +484,69 @@ def _strict(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_strict(v) for v in obj]
     return obj
+
+
+# ---- tune ---------------------------------------------------------------------------------------
+class TuneRow(DocModel):
+    """One configuration: the simulator's figure (and corrected), the server's where measured."""
+
+    config: str
+    simulated: float | None = None
+    corrected: float | None = None
+    simulated_itl_p99_s: float | None = None
+    server: float | None = None
+    server_itl_p99_s: float | None = None
+    server_starts: int = 0
+    server_failure: str | None = None
+    feasible_on_server: bool = False
+
+
+class TuneRound(DocModel):
+    index: int
+    run: str | None
+    candidates: list[str] = Field(default_factory=list)
+    winner: str | None = None
+    lines: list[str] = Field(default_factory=list)
+
+
+class TunePoint(DocModel):
+    value: float | None
+    itl_p99_s: float | None = None
+    config: str | None = None
+
+
+class TuneCorrection(DocModel):
+    intercept: float | None = None
+    sd: float | None = None
+    points: int = 0
+
+
+class TuneDocument(DocModel):
+    """A tune search for the terminal, the HTML report and `tune.json` (`tune.driver.outcome_document`)."""
+
+    name: str
+    objective: str
+    figure: str
+    level: str
+    screened: int
+    screen_failed: int
+    screen_cpu_s: float
+    rounds: list[TuneRound] = Field(default_factory=list)
+    measured: list[TuneRow] = Field(default_factory=list)
+    top_simulated: list[TuneRow] = Field(default_factory=list)
+    simulator_points: list[TunePoint] = Field(default_factory=list)
+    front: list[TunePoint] = Field(default_factory=list)
+    chosen: str | None = None
+    chosen_line: str | None = None
+    chosen_run: str | None = None
+    chosen_variant: str | None = None
+    server_minutes: float
+    server_starts: int
+    rank_correlation: float | None = None
+    rank_pairs: int = 0
+    stop_reason: str | None = None
+    correction: TuneCorrection
+    server_simulated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return _strict(self.model_dump(mode="json"))

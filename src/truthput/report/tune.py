@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from truthput.report.document import TuneDocument
+
 _TEMPLATE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>truthput tune: {{ d.name }}</title>
 <style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}
@@ -50,15 +52,14 @@ def _ms(v: Any) -> str:
     return "missing" if v is None else f"{v * 1000:,.0f}"
 
 
-def tradeoff_plot(d: dict[str, Any]) -> str | None:
+def tradeoff_plot(d: TuneDocument) -> str | None:
     """The objective's figure against p99 ITL: the simulator's screen (grey), the server's
     measurements, the front."""
     from truthput.report.plots import _figure, _svg, pareto_front
 
-    figure = "counter tok/s" if d.get("figure", "tok/s") == "tok/s" else d["figure"]
-    real = [(r["server_itl_p99_s"], r["server"], r["config"]) for r in d["measured"]
-            if r["server"] and r["server_itl_p99_s"]]
-    sim = [(p["itl_p99_s"], p["value"]) for p in d["simulator_points"] if p["itl_p99_s"]]
+    figure = "counter tok/s" if d.figure == "tok/s" else d.figure
+    real = [(r.server_itl_p99_s, r.server, r.config) for r in d.measured if r.server and r.server_itl_p99_s]
+    sim = [(p.itl_p99_s, p.value) for p in d.simulator_points if p.itl_p99_s]
     if not real and not sim:
         return None
     fig, (ax,) = _figure(7.0, 4.0)
@@ -67,7 +68,7 @@ def tradeoff_plot(d: dict[str, Any]) -> str | None:
                    label="simulator screen (SIMULATED)")
     if real:
         ax.scatter([x * 1000 for x, _, _ in real], [y for _, y, _ in real], s=28, color="#1f77b4",
-                   label=f"server ({figure})" + (" — SIMULATED server" if d.get("server_simulated") else ""))
+                   label=f"server ({figure})" + (" — SIMULATED server" if d.server_simulated else ""))
         idx = pareto_front([(x, y) for x, y, _ in real])
         front = sorted((real[i] for i in idx), key=lambda p: p[0])
         ax.plot([x * 1000 for x, _, _ in front], [y for _, y, _ in front], color="#d62728", label="measured Pareto front")
@@ -80,7 +81,7 @@ def tradeoff_plot(d: dict[str, Any]) -> str | None:
     return _svg(fig, "tune")
 
 
-def render_tune_html(d: dict[str, Any]) -> str:
+def render_tune_html(d: TuneDocument) -> str:
     import jinja2
 
     env = jinja2.Environment(autoescape=True)

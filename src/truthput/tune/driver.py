@@ -39,6 +39,7 @@ from truthput.experiment.levels import level_label
 from truthput.tune.search import (Evaluation, SimFirst, objective_figure, objective_metric, objective_value,
                                   pareto_front, screen_field)
 from truthput.tune.space import DEFAULT, Space
+from truthput.report.document import TuneDocument
 from truthput.store.db import Store
 from truthput.store.rows import RunRow
 
@@ -499,7 +500,7 @@ def _choose(store: Store, rounds: list[RoundResult], search: SimFirst, space: Sp
     return best[1], best[2], best[3], best[4]
 
 
-def outcome_document(outcome: TuneOutcome, tune_cfg: TuneSection, simulated_server: bool) -> dict[str, Any]:
+def outcome_document(outcome: TuneOutcome, tune_cfg: TuneSection, simulated_server: bool) -> TuneDocument:
     """The search as plain data, for the terminal, the HTML report and `tune.json`."""
     s = outcome.search
     space = s.space
@@ -519,7 +520,7 @@ def outcome_document(outcome: TuneOutcome, tune_cfg: TuneSection, simulated_serv
     measured = [row(k) for k in s.real]
     ranked = [row(space.key(c.config)) for c in s.ranked()[:20]]
     sim_points = [{"value": e.mean, "itl_p99_s": e.itl_p99_s} for e in s.sim.values() if e.ok and e.mean]
-    return {
+    return TuneDocument.model_validate({
         "name": outcome.name, "objective": tune_cfg.objective, "figure": objective_figure(tune_cfg),
         "level": level_label(outcome.level), "screened": outcome.screened,
         "screen_failed": outcome.screen_failed, "screen_cpu_s": outcome.screen_cpu_s,
@@ -533,4 +534,4 @@ def outcome_document(outcome: TuneOutcome, tune_cfg: TuneSection, simulated_serv
         "rank_correlation": outcome.rho, "rank_pairs": outcome.rho_n, "stop_reason": outcome.stop_reason,
         "correction": {"intercept": s.correction.intercept, "sd": s.correction.sd, "points": s.correction.n},
         "server_simulated": simulated_server,
-    }
+    })
