@@ -28,7 +28,7 @@ class RunSummary:
     failed: dict[str, str]
     guard: dict[str, GuardResult] = field(default_factory=dict)
     guard_texts: dict[str, list[str]] = field(default_factory=dict)
-    stopping: dict[str, Any] | None = None
+    stopping: StoppingInfo | None = None
 
     def comparison(self, variant: str, level: Level, metric: str = "tok/s") -> ComparisonVerdict | None:
         """The verdict's comparison of `variant` with the baseline at `level` on `metric`."""
@@ -49,7 +49,28 @@ class RunSummary:
         """What `runs.summary_json` keeps (the guard's texts, so a report can recompute the guard)."""
         return {"verdict": self.verdict.to_dict(), "verdict_lines": self.verdict.lines(), "failed": self.failed,
                 "guard": {k: dataclasses.asdict(v) for k, v in self.guard.items()},
-                "guard_texts": self.guard_texts, "stopping": self.stopping}
+                "guard_texts": self.guard_texts,
+                "stopping": self.stopping.to_dict() if self.stopping is not None else None}
+
+
+@dataclasses.dataclass
+class StoppingInfo:
+    """How the stopping rule ran: its method, the starts it used, its first and last look, and
+    the starts a fixed design would have needed for the same precision (where that could be sized)."""
+
+    method: str
+    starts_used: int | None
+    first_look: int
+    max_starts: int
+    fixed_design_starts: Any = None
+    fixed_design_note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for key in ("fixed_design_starts", "fixed_design_note"):
+            if out[key] is None:
+                del out[key]
+        return out
 
 
 def _mark_flagged(verdict: Verdict, cells: list[Cell], baseline: str) -> None:
@@ -117,14 +138,14 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
         from truthput.analyze.stopping import fixed_design_starts
 
         look = max((len(v) for v in values.values()), default=None)
-        stopping = {"method": rule.method, "starts_used": look, "first_look": rule.min_starts,
-                    "max_starts": rule.max_starts}
+        stopping = StoppingInfo(method=rule.method, starts_used=look, first_look=rule.min_starts,
+                                max_starts=rule.max_starts)
         if m.target_rel is not None:
             try:
-                stopping["fixed_design_starts"] = fixed_design_starts(dict(values.items()), baseline, m.target_rel,
-                                                                      confidence=m.confidence)
+                stopping.fixed_design_starts = fixed_design_starts(dict(values.items()), baseline, m.target_rel,
+                                                                   confidence=m.confidence)
             except Exception as exc:  # not enough data to size a fixed design
-                stopping["fixed_design_note"] = str(exc)
+                stopping.fixed_design_note = str(exc)
     blocks = None
     if placements:
         values, extra, blocks = _block_by_node(cells, values, extra, placements)

@@ -103,9 +103,9 @@ def print_run(store: Store, run_id: str, console: Any = None) -> None:
             con.print(Text(f"  {line}"))
     stopping = summary.stopping
     if stopping:
-        used = stopping.get("starts_used")
-        fixed = stopping.get("fixed_design_starts")
-        line = f"stopping rule ({stopping.get('method')} alpha spending): {used} server starts per variant"
+        used = stopping.starts_used
+        fixed = stopping.fixed_design_starts
+        line = f"stopping rule ({stopping.method} alpha spending): {used} server starts per variant"
         if fixed:
             line += f"; a fixed design would have needed {fixed} for the same precision"
         con.print(Text(line))
