@@ -11,14 +11,20 @@
 #     dies with SIGILL.
 #   - Jobs bounded by the core count (LLAMA_CPP_JOBS overrides).
 # Cached: the binary lives in $TRUTHPUT_CACHE (default ~/.cache/truthput), so a second install, also
-# from a fresh clone, takes seconds. The printed path is what an experiment's `binary` names; the
+# from a fresh clone, takes seconds. LLAMA_CPP_CMAKE_ARGS adds CMake options (e.g. a CUDA build:
+# "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"); such a build gets a folder of its own. The printed path is what an experiment's `binary` names; the
 # tests find it at the same place (or through TRUTHPUT_LLAMA_SERVER).
 set -euo pipefail
 
 TAG="11434"
 CACHE="${TRUTHPUT_CACHE:-$HOME/.cache/truthput}"
 ROOT="$CACHE/llama.cpp-b$TAG"
-BIN="$ROOT/build/bin/llama-server"
+EXTRA_ARGS="${LLAMA_CPP_CMAKE_ARGS:-}"
+BUILD="$ROOT/build"
+if [ -n "$EXTRA_ARGS" ]; then
+    BUILD="$ROOT/build-$(printf '%s' "$EXTRA_ARGS" | sha256sum | cut -c1-12)"
+fi
+BIN="$BUILD/bin/llama-server"
 JOBS="${LLAMA_CPP_JOBS:-$(nproc)}"
 PY="${PYTHON:-python3}"
 
@@ -68,7 +74,8 @@ if [ ! -f "$ROOT/src/CMakeLists.txt" ]; then
 fi
 
 say "configuring (portable CPU build, server target only)"
-cmake -S "$ROOT/src" -B "$ROOT/build" "${GENERATOR[@]}" \
+# shellcheck disable=SC2086  # the extra options are words
+cmake -S "$ROOT/src" -B "$BUILD" "${GENERATOR[@]}" $EXTRA_ARGS \
     -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >"$ROOT/configure.log" 2>&1 \
@@ -76,7 +83,7 @@ cmake -S "$ROOT/src" -B "$ROOT/build" "${GENERATOR[@]}" \
 
 say "building llama-server with $JOBS jobs (about 13 CPU-minutes)"
 start=$(date +%s)
-cmake --build "$ROOT/build" --target llama-server -j "$JOBS" >"$ROOT/build.log" 2>&1 \
+cmake --build "$BUILD" --target llama-server -j "$JOBS" >"$ROOT/build.log" 2>&1 \
     || { tail -n 30 "$ROOT/build.log" >&2; die "build failed (log: $ROOT/build.log)"; }
 say "built in $(( $(date +%s) - start )) s"
 "$BIN" --version >/dev/null 2>&1 || die "the built $BIN does not run"
