@@ -239,3 +239,42 @@ def test_load_table_against_a_metrics_endpoint_one_scrape_behind(continuous, tmp
     else:
         assert any(f.startswith("stale_counter") for f in row.flags)
         assert "!stale_counter" in table and "! flagged" in table
+
+
+def test_a_zero_trial_leaves_every_view_readable(tmp_path):
+    """A /metrics far behind (state as of 10 s ago) and no running usage: the counter's window reads
+    0.0 in one start. That trial keeps its 0.0 with its flag in the trial table; the cell leaves it
+    out (a ratio to zero has no interval) and says so; the terminal, markdown, HTML, CSV, compare
+    and audit all render."""
+    from truthput.report.data import build_report_data, compare_runs
+    from truthput.report.export import write_csv
+    from truthput.report.html import render_html
+    from truthput.report.markdown import render_markdown
+    from truthput.report.terminal import print_audit_matrix, print_run
+
+    db = Store(tmp_path / "z.db")
+    rid = db.create_run("zero", "external", False, None, "", 0, {})
+    db.put_variant(rid, "v", 0, True, ["serve"], {"lines": []}, {})
+    for start, lag in enumerate((10.0, 0.0, 0.0)):
+        cfg = dict(_cfg(continuous_usage=False, metrics_lag_s=lag), prefill_s=0.05 + 0.002 * start)
+        sim = simulate(TruthConfig(**cfg))
+        res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4)
+        if start == 0:
+            assert res.headline().value == 0.0 and res.headline().flagged
+        db.commit_trial(rid, "v", None, TrialKey("v", start, 4, 0), "ok", time.time(), 0.0, sim.window,
+                        sim.window[1], res, sim.records, sim.scrapes)
+    db.set_run_status(rid, "done")
+    doc_model = build_report_data(db, rid)
+    doc = doc_model.to_dict()
+    (cell,) = doc["cells"]
+    assert cell["status"] == "ok" and cell["n_starts"] == 2
+    assert any("left out of the cell's figures" in w for w in doc["warnings"])
+    zero = [t for t in doc["trials"] if t["start_index"] == 0][0]
+    assert zero["headline_tokps"]["value"] == 0.0 and zero["headline_tokps"]["flags"]
+    terminal = _text(print_run, db, rid)
+    assert "left out of the cell's figures" in terminal
+    assert "left out of the cell's figures" in render_markdown(doc_model)
+    assert "left out of the cell" in render_html(doc_model)
+    assert write_csv(doc_model, tmp_path / "csv")
+    assert compare_runs(db, rid, db, rid).rows
+    assert "v" in _text(print_audit_matrix, db, rid)

@@ -8,6 +8,8 @@ disagree about which figure a cell is judged by or where it came from.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from statistics import median
@@ -260,6 +262,15 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
                     continue
                 h = headline(t.results)
                 if h.value is None:
+                    continue
+                if not (math.isfinite(h.value) and h.value > 0):
+                    # e.g. a counter window that read 0.0 behind a late /metrics: a figure the trial
+                    # shows with its flags, but no throughput a ratio can use
+                    codes = "".join(f" !{f.code}" for f in h.flags)
+                    cell.warnings.append(
+                        f"{v} {level_label(c)} start {t.start_index + 1} trial {t.trial_index + 1}: its headline "
+                        f"{h.value:g} tok/s [{source_label(h.source)}]{codes} is not a throughput the statistics "
+                        "can use (a ratio to zero has no interval): left out of the cell's figures and the verdict")
                     continue
                 starts.setdefault(_replicate(t), []).append(float(h.value))
                 if h.source not in sources:
