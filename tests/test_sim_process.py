@@ -194,3 +194,29 @@ def test_sim_serve_with_an_all_interfaces_host_listens_on_loopback_only(host):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=20)
     assert f"binding 127.0.0.1 instead of {host!r}" in out and "--allow-remote" in out
+
+
+@pytest.mark.parametrize("host", ["0", "0.0.0.0", "::", "[::]"])
+def test_a_server_told_to_listen_on_all_addresses_is_reached_on_loopback(host):
+    """`[server] host = "0"` (or "::"): the server binds as told, and truthput's client, readiness
+    probe and port checks reach it on the loopback; no 600-s wait, no traceback."""
+    import asyncio
+
+    from truthput.engines.ports import base_url, free_port
+    from truthput.engines.process import ProcessEngine
+
+    port = free_port(host)
+    assert base_url(host, port) == f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "truthput.sim", "serve", "--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b",
+            "--sim-startup-s", "0", "--host", host, "--port", str(port)]
+
+    async def go() -> tuple[bool, float]:
+        engine = ProcessEngine("sim", argv, host, port, ready_timeout_s=30, stop_grace_s=5)
+        t0 = time.monotonic()
+        outcome = await engine.start()
+        took = time.monotonic() - t0
+        await engine.stop()
+        return outcome.ok, took
+
+    ok, took = asyncio.run(go())
+    assert ok and took < 20

@@ -19,7 +19,7 @@ from collections import deque
 from typing import Callable, Mapping, Sequence
 
 from truthput.engines.base import LogSink, StartOutcome, log_lines
-from truthput.engines.ports import port_is_free, wait_port_free
+from truthput.engines.ports import base_url, port_is_free, wait_port_free
 from truthput.engines.readiness import probe_ready
 
 _LIVE_GROUPS: set[int] = set()
@@ -244,7 +244,7 @@ class ProcessEngine:
         self.argv = list(argv)
         self.host = host
         self.port = port
-        self.base_url = f"http://{host}:{port}"
+        self.base_url = base_url(host, port)
         self.controlled = True
         self.env = dict(env or {})
         self.ready_paths = list(ready_paths)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from truthput.engines.base import LogSink, StartOutcome, log_lines
-from truthput.engines.ports import port_is_free, wait_port_free
+from truthput.engines.ports import base_url, port_is_free, wait_port_free
 from truthput.engines.readiness import probe_ready
 from truthput.errors import EngineError
 
@@ -192,7 +192,7 @@ class SystemdEngine:
         self.unit_text = unit_text
         self.host = host
         self.port = port
-        self.base_url = f"http://{host}:{port}"
+        self.base_url = base_url(host, port)
         self.user = user
         self.unit_dir = Path(unit_dir) if unit_dir is not None else default_unit_dir(user)
         self.unit_path = self.unit_dir / name
