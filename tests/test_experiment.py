@@ -162,3 +162,34 @@ def test_plan_warns_when_concurrency_exceeds_max_num_seqs():
     exp = parse_experiment(PLAN_BASE.format(**fields), "p.toml")
     (line,) = max_num_seqs_warnings(exp, build_plan(exp))
     assert line == "b: concurrency 8 is above its --max-num-seqs 4: 4 streams will wait in the server's queue"
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("variant name", "spec1[/]", "holds '['"),
+    ("variant name", "", "is empty"),
+    ("variant name", "a\\u0000b", "control characters"),
+    ("experiment name", "   ", "is empty"),
+    ("server env", "A\\u0000", "NUL"),
+    ("variant env key", "BAD-NAME", "letters, digits and _"),
+])
+def test_names_and_env_that_would_break_a_view_or_a_process_are_refused_at_plan(tmp_path, field, value, says):
+    """A variant name with [ ] (terminal markup read `[/]` as a closing tag: a traceback), an empty
+    name, a NUL in a name or an env value: one line at `plan`, exit 2, before anything starts."""
+    import subprocess
+    import sys
+
+    text = (ROOT / "examples" / "quickstart.toml").read_text()
+    if field == "variant name":
+        text = text.replace('name = "spec1"', f'name = "{value}"', 1)
+    elif field == "experiment name":
+        text = text.replace('name = "quickstart"', f'name = "{value}"', 1)
+    elif field == "server env":
+        text = text.replace("[server]\n", f'[server]\nenv = {{ X = "{value}" }}\n', 1)
+    else:
+        text = text.replace('name = "spec1"\n', f'name = "spec1"\nenv = {{ "{value}" = "1" }}\n', 1)
+    path = tmp_path / "e.toml"
+    path.write_text(text)
+    res = subprocess.run([sys.executable, "-m", "truthput", "plan", str(path)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert says in res.stderr and "Traceback" not in res.stderr

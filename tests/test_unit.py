@@ -287,3 +287,13 @@ def test_the_engine_is_guessed_from_the_program(argv, kind):
     from truthput.experiment.unit import guess_engine
 
     assert guess_engine(argv) == kind
+
+
+def test_a_unit_that_is_not_utf8_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.service"
+    bad.write_bytes(b"[Service]\nExecStart=/usr/bin/vllm serve m \xff\xfe\n")
+    res = subprocess.run([sys.executable, "-m", "truthput", "import", str(bad), "-o", str(tmp_path / "x.toml")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "bad.service:2: not UTF-8" in res.stderr
+    assert not (tmp_path / "x.toml").exists()

@@ -27,10 +27,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Make an experiment file whose baseline is the unit's ExecStart= (warns where the unit contradicts itself)."""
         from truthput.errors import InputError
-        from truthput.experiment.unit import consistency_warnings, import_unit, parse_unit
+        from truthput.experiment.unit import consistency_warnings, import_unit, parse_unit, read_unit_text
 
         toml_text = import_unit(str(unit_file))
-        unit = parse_unit(unit_file.read_text(encoding="utf-8"), str(unit_file))
+        unit = parse_unit(read_unit_text(str(unit_file)), str(unit_file))
         for warning in consistency_warnings(unit) + unit.notes():
             typer.echo(f"truthput: warning: {warning}", err=True)
         target = output or default_import_path(unit_file)

@@ -6,6 +6,8 @@ key and what was expected, on one line (principle 5).
 
 from __future__ import annotations
 
+import re
+
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -31,11 +33,40 @@ def _core_list(v: list[int] | None) -> list[int] | None:
     return sorted(set(v))
 
 
+_NAME_BAD = re.compile(r"[\x00-\x1f\x7f\[\]]")
+
+
+def _check_name(v: str, what: str) -> str:
+    """A name every view prints: not empty, no control characters (NUL, newlines) and no square
+    brackets (terminal markup would read `[/]` as a tag)."""
+    if not v.strip():
+        raise ValueError(f"{what} is empty")
+    bad = _NAME_BAD.search(v)
+    if bad:
+        raise ValueError(f"{what} {v!r} holds {bad.group()!r}: names may not hold control characters or [ ]")
+    return v
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    """Environment variables a process can be given: a name of letters, digits and _, no NUL."""
+    for k, val in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise ValueError(f"environment variable name {k!r}: letters, digits and _ only")
+        if "\x00" in val:
+            raise ValueError(f"environment variable {k}: its value holds a NUL byte")
+    return env
+
+
 class ExperimentSection(_Strict):
     name: str
     baseline: str
     seed: int = 0
     description: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_name(v, "experiment name")
 
 
 class SystemdUnitRef(_Strict):
@@ -59,6 +90,11 @@ class ServerSection(_Strict):
     systemd_unit: SystemdUnitRef | None = None
     user: bool = False  # engine = "systemd": use `systemctl --user`
     cpus: list[int] | None = None  # CPU cores the server may run on (affinity; vLLM-CPU's threads bound there)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _check_env(v)
 
     @field_validator("cpus")
     @classmethod
@@ -115,6 +151,16 @@ class VariantSection(_Strict):
     tune_config: dict[str, str | int | float | bool] | None = None
     """Written by `truthput tune` into its rounds' experiments: the point of the search space this
     variant measures (flag -> value), so a resumed or re-read round knows it without parsing text."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_name(v, "variant name")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _check_env(v)
 
 
 MAX_CONCURRENCY = 8192

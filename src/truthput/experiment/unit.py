@@ -626,14 +626,27 @@ def _toml_multiline_literal(text: str) -> str:
     return _toml_str(text)
 
 
-def import_unit(path: str) -> str:
-    """An experiment TOML whose baseline is the unit's server: edit the variants and run it."""
+def read_unit_text(path: str) -> str:
+    """A unit file's text; one line saying what is wrong when it cannot be read or is not UTF-8."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as exc:
         raise InputError(f"{path}: cannot read unit file: {exc.strerror}") from None
-    unit = parse_unit(text, path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise InputError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); systemd reads units as "
+                         "UTF-8") from None
+    if "\x00" in text:
+        raise InputError(f"{path}: holds a NUL byte: not a unit file")
+    return text
+
+
+def import_unit(path: str) -> str:
+    """An experiment TOML whose baseline is the unit's server: edit the variants and run it."""
+    unit = parse_unit(read_unit_text(path), path)
     argv = unit.exec_start_argv()
     env = unit.environment()
     from truthput.experiment.argv import ServerArgv, speculative_settings

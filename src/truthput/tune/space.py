@@ -176,4 +176,4 @@ class Space:
 def _show(v: Any) -> str:
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
-    return str(v)
+    return str(v).replace("[", "(").replace("]", ")")  # a variant name holds no [ ] (terminal markup)
