@@ -646,7 +646,8 @@ def read_unit_text(path: str) -> str:
 
 def import_unit(path: str) -> str:
     """An experiment TOML whose baseline is the unit's server: edit the variants and run it."""
-    unit = parse_unit(read_unit_text(path), path)
+    text = read_unit_text(path)
+    unit = parse_unit(text, path)
     argv = unit.exec_start_argv()
     env = unit.environment()
     from truthput.experiment.argv import ServerArgv, speculative_settings
