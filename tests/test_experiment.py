@@ -193,3 +193,26 @@ def test_names_and_env_that_would_break_a_view_or_a_process_are_refused_at_plan(
                          timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     assert says in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_a_flag_typo_is_refused_before_any_start_naming_the_real_flag(tmp_path, command):
+    """`--spec-token` (for `--spec-tokens`) used to run on the simulator as the baseline and read as
+    "spec-tokens 1 is the same as 3". Now `plan` and `run` refuse it, name the nearest vLLM flag,
+    exit 2, and start nothing."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    text = (ROOT / "examples" / "quickstart.toml").read_text().replace('"--spec-tokens" = 1', '"--spec-token" = 1')
+    assert '"--spec-token" = 1' in text
+    path = tmp_path / "typo.toml"
+    path.write_text(text)
+    args = [sys.executable, "-m", "truthput", command, str(path)]
+    if command == "run":
+        args += ["--store", str(tmp_path / "s.db"), "--reports", str(tmp_path / "rep")]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "--spec-token (did you mean --spec-tokens?)" in res.stderr and "Traceback" not in res.stderr
+    if (tmp_path / "s.db").exists():
+        assert sqlite3.connect(tmp_path / "s.db").execute("SELECT COUNT(*) FROM starts").fetchone()[0] == 0

@@ -12,6 +12,7 @@ from typing import Any
 
 from truthput.engines.factory import sim_requirements
 from truthput.errors import InputError
+from truthput.experiment.flagcheck import check_variant_flags
 from truthput.experiment.argv import ServerArgv, argv_diff, int_flag, speculative_settings, variant_argv, whole_number
 from truthput.experiment.engines import metric_family
 from truthput.experiment.file import Experiment
@@ -139,6 +140,8 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     base = ServerArgv.parse(exp.server.command, engine=metric_family(kind))
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
+        if metric_family(kind) == "vllm" and kind != "external":
+            check_variant_flags(f"[[variant]] {v.name!r}", v.set, v.remove)
         argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
         try:
             spec = speculative_settings(argv)
