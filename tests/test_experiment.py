@@ -216,3 +216,21 @@ def test_a_flag_typo_is_refused_before_any_start_naming_the_real_flag(tmp_path, 
     assert "--spec-token (did you mean --spec-tokens?)" in res.stderr and "Traceback" not in res.stderr
     if (tmp_path / "s.db").exists():
         assert sqlite3.connect(tmp_path / "s.db").execute("SELECT COUNT(*) FROM starts").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("program, says", [
+    ("/no/such/dir/llama-server", "no such file (the server's program)"),
+    ("no-such-server-program", "is not on PATH"),
+])
+def test_a_missing_server_program_fails_plan(tmp_path, program, says):
+    import subprocess
+    import sys
+
+    text = (ROOT / "examples" / "quickstart.toml").read_text().replace('engine = "sim"', 'engine = "command"')
+    text = text.replace('"/home/alex/vllm-venv/bin/python"', f'"{program}"', 1)
+    assert program in text
+    path = tmp_path / "e.toml"
+    path.write_text(text)
+    res = subprocess.run([sys.executable, "-m", "truthput", "plan", str(path)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, res.stderr

@@ -64,12 +64,38 @@ def _check_names(exp: Experiment, kind: str) -> None:
             get_model(exp.model.ref)
         except InputError as exc:
             raise InputError(f"[model]: {exc}") from None
+    _check_program(exp, kind)
     host = exp.server.host
     if host and kind != "external":
         try:
             socket.getaddrinfo(host, None)
         except (socket.gaierror, UnicodeError) as exc:
             raise InputError(f"[server].host {host!r}: cannot be resolved ({exc})") from None
+
+
+LAUNCHED_KINDS = ("vllm", "sglang", "llamacpp", "command")
+"""Kinds whose command truthput executes itself (sim replaces the program; systemd and external
+servers are started by someone else)."""
+
+
+def _check_program(exp: Experiment, kind: str) -> None:
+    """The server's program exists and can be executed: a wrong path fails in `plan`, not after a
+    run was opened."""
+    import os
+    import shutil
+
+    if kind not in LAUNCHED_KINDS or not exp.server.command:
+        return
+    program = exp.server.command[0]
+    if "{" in program:
+        return  # a placeholder truthput fills in
+    if os.sep in program:
+        if not os.path.isfile(program):
+            raise InputError(f"[server].command: {program}: no such file (the server's program)")
+        if not os.access(program, os.X_OK):
+            raise InputError(f"[server].command: {program}: not executable")
+    elif shutil.which(program) is None:
+        raise InputError(f"[server].command: {program!r} is not on PATH (give the program's full path)")
 
 
 INT_FLAGS = ("--max-num-seqs", "--max-model-len", "--max-num-batched-tokens", "--block-size",
