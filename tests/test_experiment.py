@@ -234,3 +234,13 @@ def test_a_missing_server_program_fails_plan(tmp_path, program, says):
     res = subprocess.run([sys.executable, "-m", "truthput", "plan", str(path)], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_version_and_short_help():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "truthput", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("truthput ")
+    out = subprocess.run([sys.executable, "-m", "truthput", "plan", "-h"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "Usage: " in out.stdout and "plan" in out.stdout

@@ -22,7 +22,27 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help texts are plain: `[[claim]]` and `[slo]` are words, not markup
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"truthput {version('truthput')}")
+        except PackageNotFoundError:
+            typer.echo("truthput (not installed as a package)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print truthput's version and exit."),
+) -> None:
+    """A/B-test LLM inference server configurations and report the throughput that is really there."""
 
 
 def _register_all() -> None:
