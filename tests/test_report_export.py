@@ -110,3 +110,20 @@ def test_write_reports_and_cli(store, tmp_path):
     res = runner.invoke(app, ["report", "latest", "--store", store.path])
     assert res.exit_code == 0 and "SIMULATED" in res.output and "Verdict" in res.output
     assert set(tmp_path.iterdir()) == before
+
+
+def test_runs_lists_the_stores_runs(store):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "truthput", "runs", "--store", store.path, "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    (run,) = json.loads(out.stdout)
+    row = store.run(store.resolve_run("latest"))
+    assert (run["id"], run["name"], run["status"], run["engine"]) == (row.id, row.name, row.status, row.engine)
+    assert run["variants"] == ["original", "spec1", "nospec"] and run["simulated"] is True
+    assert run["verdict"] == row.summary["verdict_lines"][0]
+    table = subprocess.run([sys.executable, "-m", "truthput", "runs", "--store", store.path], capture_output=True,
+                           text=True, timeout=60, env={**__import__("os").environ, "COLUMNS": "250"})
+    assert table.returncode == 0 and row.id in table.stdout

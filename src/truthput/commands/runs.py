@@ -1,0 +1,45 @@
+"""`truthput runs`: the runs a store holds, newest last: id, name, status, when, engine, variants, verdict."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("runs")
+    def runs(
+        store: str = typer.Option("truthput.db", "--store", help="Results store (SQLite)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the runs as JSON instead of a table."),
+    ) -> None:
+        """List the store's runs (id, name, status, started, engine, variants, the verdict's first line)."""
+        import json
+        from pathlib import Path
+
+        from rich.table import Table
+        from rich.text import Text
+
+        from truthput.errors import StoreError
+        from truthput.report.terminal import make_console
+        from truthput.store.db import Store
+
+        if not Path(store).exists():
+            raise StoreError(f"{store}: no results store here (give --store PATH)")
+        db = Store(store, read_only=True)
+        try:
+            rows = [(r, [v.name for v in db.variants(r.id)]) for r in db.runs()]
+        finally:
+            db.close()
+        listed = [{"id": r.id, "name": r.name, "status": r.status, "created_at": r.created_at, "engine": r.engine,
+                   "simulated": bool(r.simulated), "variants": names,
+                   "verdict": ((r.summary or {}).get("verdict_lines") or [None])[0]} for r, names in rows]
+        if as_json:
+            typer.echo(json.dumps(listed, indent=2))
+            return
+        t = Table(title=f"runs in {store}")
+        for col in ("id", "name", "status", "started", "engine", "variants", "verdict (first line)"):
+            t.add_column(col)
+        for r in listed:
+            engine = r["engine"] + (" (simulated)" if r["simulated"] and r["engine"] != "sim" else "")
+            t.add_row(*(Text(str(x)) for x in (r["id"], r["name"], r["status"], r["created_at"], engine,
+                                              ", ".join(r["variants"]), r["verdict"] or "")))
+        make_console().print(t)
