@@ -9,6 +9,7 @@ own errors (unit, window, definition), not a window mismatch we introduced.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -639,10 +640,7 @@ def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Cou
     usage_w, seconds = result.throughput.usage_window.number(), counts.seconds
     usage_tokens = usage_w * seconds if usage_w is not None and seconds else None
     known = counts.usage_pc[counts.usage_pc > 0]
-    finished = None
-    if whole_requests:
-        finished = [(r.t_end, int(r.completion_tokens)) for r in records
-                    if r.status == "ok" and r.t_end and r.completion_tokens is not None]
+    finished = _finished_in(records, -math.inf, math.inf) if whole_requests else None
     validity.check_counter(result, engine, concurrency, counts.table.t, counts.chunks_pc, intervals,
                            d_win.resets, d_win.went_backwards_without_reset, d_trial.resets,
                            usage_tokens=usage_tokens, max_tokens_per_chunk=int(known.max()) if known.size else 1,

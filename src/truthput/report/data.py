@@ -14,7 +14,6 @@ strict JSON.
 from __future__ import annotations
 
 import dataclasses
-import math
 import shlex
 import tomllib
 from collections import defaultdict
@@ -28,7 +27,7 @@ from truthput.analyze.roofline import RooflineSection, context_tokens, place_cel
 from truthput.analyze.specdecode import SpecDecodeCell, spec_decode_cells
 from truthput.analyze.summary import RunSummary
 from truthput.report.document import (SCHEMA, ClaimsDoc, CompareDocument, ExperimentInfo, ReportDocument,
-                                      RooflineDoc, Slo)
+                                      RooflineDoc, Slo, clean)
 from truthput.report.runsummary import run_summary
 from truthput.experiment.levels import Level, level_json, level_label
 from truthput.store.db import Store, StoredTrial
@@ -36,26 +35,6 @@ from truthput.store.rows import RequestRow, RunRow, TelemetryRow
 
 GPU_UTIL_NOTE = ("GPU utilisation is the share of the sample period in which any kernel ran (time busy), "
                  "not the share of the GPU's capacity in use")
-
-
-def clean(obj: Any) -> Any:
-    """Strict-JSON copy: NaN/inf -> None, tuples -> lists, unknown objects -> str."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
-    if obj is None or isinstance(obj, (str, int, bool)):
-        return obj
-    try:
-        import numpy as np
-
-        if isinstance(obj, np.generic):
-            return clean(obj.item())
-    except ImportError:  # pragma: no cover
-        pass
-    return str(obj)
 
 
 def figure(value: Any, unit: str, source: str, simulated: bool, **extra: Any) -> dict[str, Any]:

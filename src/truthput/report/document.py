@@ -13,6 +13,7 @@ The document holds results only; it computes nothing. `report.data` fills it fro
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -403,7 +404,7 @@ class ReportDocument(DocModel):
         return [v.name for v in self.experiment.variants]
 
     def to_dict(self) -> dict[str, Any]:
-        return _strict(self.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        return clean(self.model_dump(mode="json", by_alias=True, exclude_unset=True))
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
@@ -463,7 +464,7 @@ class CompareDocument(DocModel):
     confidence: float
 
     def to_dict(self) -> dict[str, Any]:
-        return _strict(self.model_dump(mode="json", exclude_unset=True))
+        return clean(self.model_dump(mode="json", exclude_unset=True))
 
     def slower_cells(self, threshold: float) -> list[str]:
         """Cells whose B/A interval lies wholly below 1 - threshold (a regression a gate fails on)."""
@@ -475,15 +476,24 @@ class CompareDocument(DocModel):
         return out
 
 
-def _strict(obj: Any) -> Any:
-    """NaN/inf (a one-start cell's interval) become null, so the export is strict JSON."""
+def clean(obj: Any) -> Any:
+    """Strict-JSON copy: NaN/inf -> None, tuples -> lists, unknown objects -> str."""
     if isinstance(obj, float):
-        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+        return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _strict(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_strict(v) for v in obj]
-    return obj
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.generic):
+            return clean(obj.item())
+    except ImportError:  # pragma: no cover
+        pass
+    return str(obj)
 
 
 # ---- tune ---------------------------------------------------------------------------------------
@@ -549,4 +559,4 @@ class TuneDocument(DocModel):
     server_simulated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return _strict(self.model_dump(mode="json"))
+        return clean(self.model_dump(mode="json"))
