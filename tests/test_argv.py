@@ -337,3 +337,21 @@ def test_conflicting_speculative_keys_in_one_set_are_refused():
                                 "--spec-tokens": 2})
     ok = variant_argv(base, set={"--spec-tokens": 1, "--speculative-config.num_speculative_tokens": 1})
     assert '"num_speculative_tokens": 1' in " ".join(ok.to_argv())
+
+
+def test_llama_cpp_speculation_is_read_from_its_plain_flags():
+    """llama-server speculates only with --spec-type other than "none"; the draft model and the
+    maximum draft length are ordinary flags, kept as the user spelled them."""
+    from truthput.experiment.argv import ServerArgv, speculative_settings, variant_argv
+
+    base = ServerArgv.parse(["llama-server", "-m", "m.gguf", "-np", "4"], engine="llamacpp")
+    assert speculative_settings(base) is None
+    drafted = variant_argv(base, set={"--spec-type": "draft-simple", "-md": "d.gguf", "--spec-draft-n-max": 4},
+                           remove=[], where="t")
+    assert str(drafted).split()[-6:] == ["--spec-type", "draft-simple", "-md", "d.gguf", "--spec-draft-n-max", "4"]
+    assert speculative_settings(drafted) == {"method": "draft-simple", "model": "d.gguf", "num_speculative_tokens": 4}
+    # a draft model alone does not speculate; "none" is off
+    assert speculative_settings(variant_argv(base, set={"-md": "d.gguf"}, remove=[], where="t")) is None
+    assert speculative_settings(variant_argv(base, set={"--spec-type": "none"}, remove=[], where="t")) is None
+    ngram = variant_argv(base, set={"--spec-type": "ngram-simple"}, remove=[], where="t")
+    assert speculative_settings(ngram) == {"method": "ngram-simple"}

@@ -46,6 +46,28 @@ def trials(store: Path) -> list[tuple[int, int, dict]]:
             db.execute("SELECT id, concurrency, results_json FROM trials ORDER BY id")]
 
 
+def run_ab(tmp_path: Path, name: str, baseline: str, command: list[str], variants: list[str], levels: str,
+           output_tokens: int) -> tuple[subprocess.CompletedProcess, float]:
+    """`truthput run` of a two-variant experiment on llama-server (the default design), as a user runs it."""
+    exp = "\n".join([
+        "[experiment]", f'name = "{name}"', f'baseline = "{baseline}"', "seed = 1", "",
+        "[server]", 'engine = "llamacpp"', f"command = {json.dumps(command)}", "ready_timeout_s = 60",
+        "stop_grace_s = 5", "", *variants,
+        "[workload]", f"concurrency = {levels}", "duration_s = 4", "warmup_s = 0.5", 'endpoint = "completions"',
+        "input_tokens = 64", f"output_tokens = {output_tokens}", "ignore_eos = true", "",
+        "[measure]", "repeats = 1", "output_guard = false", "",
+    ])
+    (tmp_path / "ab.toml").write_text(exp)
+    t0 = time.monotonic()
+    proc = subprocess.run([str(TRUTHPUT), "run", str(tmp_path / "ab.toml"), "--store", str(tmp_path / "ab.db"),
+                           "--reports", str(tmp_path / "rep")], capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, COLUMNS="200"))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    db = sqlite3.connect(tmp_path / "ab.db")
+    assert db.execute("SELECT COUNT(*) FROM requests WHERE status != 'ok'").fetchone()[0] == 0
+    return proc, time.monotonic() - t0
+
+
 def test_a_server_that_closes_connections_after_each_stream_fails_no_request(serve, tiny_gguf, tmp_path):
     srv = serve(tiny_gguf, "-np", "4")
     proc, _ = load(srv.url, tmp_path / "s.db", "-c", "4", "-n", "96", "--output-tokens", "32")
@@ -102,27 +124,11 @@ def test_threads_ab_decided_on_the_real_server(llama_server, small_gguf, tmp_pat
     on any trial; the whole-trial identity (counter delta == sum of usage) holds in every trial; the
     headline says it is usage placed in time (this engine's counter moves per finished request)."""
     command = [str(llama_server), "-m", str(small_gguf), "--metrics", "-c", "4096", "-t", "1", "-np", "4"]
-    exp = "\n".join([
-        "[experiment]", 'name = "llama-threads"', 'baseline = "t1"', "seed = 1", "",
-        "[server]", 'engine = "llamacpp"', f"command = {json.dumps(command)}", "ready_timeout_s = 60",
-        "stop_grace_s = 5", "",
-        "[[variant]]", 'name = "t1"', "",
-        "[[variant]]", 'name = "t2"', 'set = { "-t" = 2 }', "",
-        "[workload]", "concurrency = [1, 4]", "duration_s = 4", "warmup_s = 0.5", 'endpoint = "completions"',
-        "input_tokens = 64", "output_tokens = 32", "ignore_eos = true", "",
-        "[measure]", "repeats = 1", "output_guard = false", "",
-    ])
-    (tmp_path / "ab.toml").write_text(exp)
-    t0 = time.monotonic()
-    proc = subprocess.run([str(TRUTHPUT), "run", str(tmp_path / "ab.toml"), "--store", str(tmp_path / "ab.db"),
-                           "--reports", str(tmp_path / "rep")], capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, COLUMNS="200"))
-    took = time.monotonic() - t0
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    proc, took = run_ab(tmp_path, "llama-threads", "t1", command,
+                        ['[[variant]]', 'name = "t1"', "", "[[variant]]", 'name = "t2"', 'set = { "-t" = 2 }', ""],
+                        "[1, 4]", 32)
     rows = trials(tmp_path / "ab.db")
     assert rows
-    db = sqlite3.connect(tmp_path / "ab.db")
-    assert db.execute("SELECT COUNT(*) FROM requests WHERE status != 'ok'").fetchone()[0] == 0
     for _tid, conc, doc in rows:
         assert doc["integrity"]["holds"] is True
         for fig in ("counter_window", "usage_window"):
@@ -133,3 +139,57 @@ def test_threads_ab_decided_on_the_real_server(llama_server, small_gguf, tmp_pat
         assert f"{level}: t2 is" in verdict and "faster than t1" in verdict, verdict[:2000]
     assert "usage placed in time" in proc.stdout
     print(f"llama.cpp threads A/B: {took:.0f} s; {len(rows)} trials")
+
+
+def _spec_ledger(db: sqlite3.Connection, tid: int) -> tuple[float, float, float]:
+    """(drafts, draft tokens, accepted) over the trial from the raw pre and post scrapes as served."""
+    pre = db.execute("SELECT text FROM scrapes WHERE trial_id=? AND phase='pre'", (tid,)).fetchone()[0]
+    post = db.execute("SELECT text FROM scrapes WHERE trial_id=? AND phase='post' ORDER BY t_mono DESC",
+                      (tid,)).fetchone()[0]
+
+    def read(text: str) -> dict[str, float]:
+        return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                if s.name.startswith("llamacpp:spec_decode_num_") and "per_pos" not in s.name}
+
+    a, b = read(pre), read(post)
+    return tuple(b[f"llamacpp:spec_decode_num_{k}_total"] - a[f"llamacpp:spec_decode_num_{k}_total"]
+                 for k in ("drafts", "draft_tokens", "accepted_tokens"))  # type: ignore[return-value]
+
+
+def test_draft_model_speculation_ab_on_the_real_server(llama_server, small_gguf, tmp_path):
+    """Draft-model speculation (the model drafting for itself, 3 tokens, temperature 0) vs none at
+    one stream: decided slower on these CPUs (every accepted token still costs a draft decode);
+    the spec-decode figures are the server's own counters (checked against the raw scrapes), with
+    the per-position acceptance and the method in the report; 0 failed requests, no stale flag."""
+    command = [str(llama_server), "-m", str(small_gguf), "--metrics", "-c", "4096", "-t", "1", "-np", "4"]
+    draft = f'set = {{ "--spec-type" = "draft-simple", "-md" = {json.dumps(str(small_gguf))}, "--spec-draft-n-max" = 3 }}'
+    proc, took = run_ab(tmp_path, "llama-spec", "none", command,
+                        ["[[variant]]", 'name = "none"', "", "[[variant]]", 'name = "draft"', draft, ""], "[1]", 48)
+    verdict = proc.stdout[proc.stdout.index("Verdict"):]
+    assert "c=1: draft is" in verdict and "slower than none" in verdict, verdict[:2000]
+    db = sqlite3.connect(tmp_path / "ab.db")
+    drafted = 0
+    for tid, _conc, doc in trials(tmp_path / "ab.db"):
+        assert doc["integrity"]["holds"] is True
+        for fig in ("counter_window", "usage_window"):
+            codes = {f["code"] for f in doc["throughput"][fig].get("flags", [])}
+            assert not codes & {"stale_counter", "counter_exceeds_usage", "counter_reset"}, (tid, fig, codes)
+        variant = db.execute("SELECT variant FROM trials WHERE id=?", (tid,)).fetchone()[0]
+        drafts, draft_tokens, accepted = _spec_ledger(db, tid)
+        block = doc.get("spec_decode") or {}
+        if variant == "none":
+            assert drafts == 0
+            continue
+        drafted += 1
+        assert drafts > 0 and block["k"] == 3 and block["method"] == "draft-simple"
+        whole = block["trial"]
+        assert whole["acceptance_rate"]["value"] == accepted / draft_tokens
+        assert whole["mean_acceptance_length"]["value"] == 1 + accepted / drafts
+        assert whole["checks"]["draft_tokens_le_k_drafts"]["ok"] is True
+        per_pos = [p["value"] for p in whole["per_position_acceptance"]]
+        assert len(per_pos) == 3 and abs(sum(per_pos) * drafts - accepted) < 1e-6 * max(accepted, 1)
+    assert drafted >= 2
+    md = next((tmp_path / "rep").glob("*.md")).read_text()
+    spec_rows = [ln for ln in md.splitlines() if ln.startswith("| draft | 1 |")]
+    assert spec_rows and any("| 3 |" in ln for ln in spec_rows), md[:3000]
+    print(f"llama.cpp draft-model speculation A/B: {took:.0f} s")

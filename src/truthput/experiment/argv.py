@@ -504,6 +504,8 @@ def speculative_settings(argv: ServerArgv) -> dict | None:
     - the same flag repeated: the last one wins (argparse); .KEY flags merge.
     """
     know = argv.knowledge
+    if know.spec_plain_flags:
+        return _plain_speculative_settings(argv)
     by_flag: dict[str, tuple[int, Flag, Any]] = {}  # --spec-* key -> (position, flag, value)
     json_config: tuple[int, Flag, dict[str, Any]] | None = None
     dotted: dict[str, Any] = {}
@@ -552,6 +554,22 @@ def speculative_settings(argv: ServerArgv) -> dict | None:
             )
         entries.append((position, 0, key, value))
     return {key: value for _, _, key, value in sorted(entries, key=lambda e: (e[0], e[1]))}
+
+
+def _plain_speculative_settings(argv: ServerArgv) -> dict | None:
+    """Speculation written as plain flags (llama.cpp): the last occurrence of each flag wins; no
+    method, or an "off" method, is no speculation whatever else is given."""
+    know = argv.knowledge
+    settings: dict[str, Any] = {}
+    for flag in argv.flags:
+        key = know.spec_plain_flags.get(flag.name)
+        if key is None or flag.value is None:
+            continue
+        settings[key] = _spec_value(key, flag.value, know, flag.spelling)
+    method = settings.get("method")
+    if not method or str(method).split(",")[0] in know.spec_off_methods:
+        return None
+    return settings
 
 
 def _describe(flag: Flag, key: str) -> str:

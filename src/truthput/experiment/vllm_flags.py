@@ -42,6 +42,11 @@ class FlagKnowledge:
     spec_core_keys: frozenset[str] = frozenset()
     # Keys whose value is an integer whichever form wrote them.
     spec_int_keys: frozenset[str] = frozenset()
+    # Engines whose speculation is plain flags (llama.cpp's --spec-type, --spec-draft-model, ...):
+    # flag -> speculative-config key, read into the same dict but edited as ordinary flags.
+    spec_plain_flags: dict[str, str] = field(default_factory=dict)
+    # Values of the "method" key that mean no speculation at all.
+    spec_off_methods: frozenset[str] = frozenset()
 
     def canonical(self, name: str) -> str:
         """Canonical spelling of a flag name: dashes for underscores (before any '.KEY' suffix)."""
@@ -291,8 +296,19 @@ LLAMA_CPP = FlagKnowledge(
         "-t": "--threads",
         "-b": "--batch-size",
         "-ub": "--ubatch-size",
+        "-ctk": "--cache-type-k",
+        "-ctv": "--cache-type-v",
+        "-fa": "--flash-attn",  # takes on|off|auto since 2025
     },
     model_flags=("--model",),
+    # --spec-type picks the method (draft-simple, ngram-simple, ...; "none" is off); the draft model
+    # and the maximum draft length are their own flags. A draft model without --spec-type does not
+    # speculate in llama-server b11434, so the method decides.
+    # (-md and --model-draft are kept as written: releases before 2026 know no --spec-draft-model.)
+    spec_plain_flags={"--spec-type": "method", "--spec-draft-model": "model", "-md": "model",
+                      "--model-draft": "model", "--spec-draft-n-max": "num_speculative_tokens"},
+    spec_off_methods=frozenset({"none"}),
+    spec_int_keys=frozenset({"num_speculative_tokens"}),
 )
 
 GENERIC = FlagKnowledge(engine="openai")

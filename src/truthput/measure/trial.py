@@ -518,10 +518,17 @@ def _spec_decode(records: Sequence[RequestRecord], sc: _Scrapes, names: EngineMe
                 for p in sc.all:
                     if p.ok:
                         positions.update(by_label(p, pp_name, "position"))
+                at_start = by_label(a, pp_name, "position") if a.ok else {}
                 for pos in sorted(positions, key=int):
                     dd = sc.delta(pp_name, a, b, {"position": pos})
                     if dd.value is not None:
                         per_pos[int(pos)] = dd.value
+                    elif a.ok and b.ok and a.has(acc_name or "") and pos not in at_start:
+                        # llama.cpp creates a position's series when a draft first reaches it: absent
+                        # at the start while the accepted total is there means it was 0 then
+                        end = by_label(b, pp_name, "position").get(pos)
+                        if end is not None:
+                            per_pos[int(pos)] = end
             em, dr, dt, ac = (float(v) for v in values if v is not None)
             return SpecDeltas(em, dr, dt, ac, per_pos)
 

@@ -95,6 +95,7 @@ def _slo(exp: Any, raw: dict[str, Any]) -> dict[str, float | None] | None:
 
 def _experiment_block(store: Store, run_id: str, run: RunRow, exp: Any, exp_error: str | None) -> ExperimentInfo:
     from truthput.experiment.argv import ServerArgv, speculative_settings
+    from truthput.experiment.engines import metric_family
 
     raw = _raw_toml(run)
     variants = []
@@ -102,7 +103,7 @@ def _experiment_block(store: Store, run_id: str, run: RunRow, exp: Any, exp_erro
         argv = v.argv
         diff = v.diff
         try:
-            spec = speculative_settings(ServerArgv.parse(argv))
+            spec = speculative_settings(ServerArgv.parse(argv, engine=metric_family(run.engine)))
         except Exception as exc:  # a stored argv the parser no longer accepts
             spec = {"error": str(exc)}
         variants.append({
