@@ -51,6 +51,17 @@ def _no_usage_at_all(sim):
         r.chunk_tokens = array("q", [-1] * len(r.chunk_times))
 
 
+def _busy_host(results):
+    """Another process used 1.5 of 2 cores in the window: what the pipeline's host sampler reports,
+    judged by the same check `run` applies after measuring (every window figure flagged)."""
+    from truthput.measure.methods import figure
+    from truthput.measure.validity import check_interference
+
+    results.interference.host_other_cores = figure(1.5, "cores", "client_clock", window="window")
+    results.interference.host_cores = 2
+    check_interference(results)
+
+
 def _metrics_gone_at_window_end(sim):
     """/metrics stops answering: the window_end scrape fails."""
     sim.scrapes[2] = Scrape("window_end", sim.scrapes[2].t_mono, None, "GET /metrics failed: connection refused")
@@ -67,10 +78,14 @@ class Condition:
     post: object = None
     reset_between: tuple[str, str] | None = None
     """Put the counter reset between these two scrapes (found by a dry run of the same config)."""
+    after: object = None
+    """Applied to each trial's results after measuring (as the pipeline's host checks are)."""
+    engine: str = "vllm"
+    """"command": a server truthput knows nothing of (tokens per chunk unknown, no chunk bound)."""
 
 
 def _cfg(**kw):
-    return dict(concurrency=4, requests=48, max_tokens=40, **kw)
+    return dict({"concurrency": 4, "requests": 48, "max_tokens": 40}, **kw)
 
 
 CONDITIONS = [
@@ -88,6 +103,15 @@ CONDITIONS = [
                                                                  tokens_per_chunk=(1,)),
               flag="stale_counter", usage=False),
     Condition("metrics one scrape behind, with usage", _cfg(metrics_lag_scrapes=True), flag="stale_counter"),
+    # an unknown engine (tokens per chunk unknown) with final usage only: whole requests bound it
+    Condition("command engine, metrics lag by time, usage only at the end",
+              _cfg(metrics_lag_s=0.3, continuous_usage=False, requests=96), flag="stale_counter", usage=False,
+              engine="command"),
+    Condition("command engine, clean, usage only at the end", _cfg(continuous_usage=False, requests=96),
+              usage=False, engine="command"),
+    # a stale counter never stays the headline beside usage flagged only for the host's conditions
+    Condition("metrics one scrape behind, with usage, on a busy host", _cfg(metrics_lag_scrapes=True),
+              flag="stale_counter", after=_busy_host),
     Condition("metrics one scrape behind, usage only at the end", _cfg(metrics_lag_scrapes=True,
                                                                        continuous_usage=False),
               flag="stale_counter", usage=False),
@@ -124,7 +148,10 @@ def _store(path: Path, cond: Condition) -> tuple[Store, str, float]:
         sim = simulate(TruthConfig(**cfg))
         if cond.post:
             cond.post(sim)
-        res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, cond.cfg["concurrency"])
+        res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, cond.cfg["concurrency"],
+                            engine=cond.engine)
+        if cond.after:
+            cond.after(res)
         ws, we = sim.window
         truths.append(sim.ledger.between(ws, we) / (we - ws))
         db.commit_trial(rid, "v", None, TrialKey("v", start, cond.cfg["concurrency"], 0), "ok", time.time(), 0.0,

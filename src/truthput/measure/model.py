@@ -139,6 +139,10 @@ class Integrity(Section):
     message: str = ""
 
 
+COUNT_WRONG_FLAGS = frozenset({"stale_counter", "counter_reset", "counter_exceeds_usage"})
+"""Flags that say the count itself is wrong, not that the conditions were poor."""
+
+
 class IntervalRow(Section):
     start_phase: str = Field(alias="from")
     end_phase: str = Field(alias="to")
@@ -148,6 +152,7 @@ class IntervalRow(Section):
     usage_arrived: int = 0
     resets: int = 0
     difference: float | None = None
+    slack: float | None = None  # tokens the two counts may differ by through the edges (None: not judged)
 
 
 class ScrapeIntervals(Section):
@@ -388,7 +393,9 @@ class TrialResults(Section):
         for fig in order:
             if fig.value is not None and not fig.flagged:
                 return fig
-        for fig in order:
+        # both flagged: a count known to be wrong (a stale, reset or foreign-token counter) gives
+        # way to one whose flags speak only of the conditions (a busy host, a load not reached)
+        for fig in sorted(order, key=lambda f: any(fl.code in COUNT_WRONG_FLAGS for fl in f.flags)):
             if fig.value is not None:
                 return fig
         return Figure(value=None, unit="tok/s", source="server_counter", window="window",

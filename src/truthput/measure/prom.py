@@ -23,6 +23,7 @@ class Scrape:
     t_mono: float
     text: str | None
     error: str | None = None
+    half_span_s: float = 0.0  # half the request/response time: how far the server's moment may be from t_mono
 
 
 @dataclass(slots=True)
@@ -33,6 +34,7 @@ class ParsedScrape:
     t_mono: float
     samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
     error: str | None = None
+    half_span_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -51,7 +53,7 @@ class ParsedScrape:
 
 def parse_scrape(scrape: Scrape) -> ParsedScrape:
     """Index a scrape; a fetch error or a parse error is kept as `error`, never raised."""
-    parsed = ParsedScrape(phase=scrape.phase, t_mono=scrape.t_mono)
+    parsed = ParsedScrape(phase=scrape.phase, t_mono=scrape.t_mono, half_span_s=scrape.half_span_s)
     if scrape.text is None:
         parsed.error = scrape.error or "no text (scrape failed)"
         return parsed

@@ -16,10 +16,11 @@ async def scrape_metrics(session: Any, base_url: str, phase: str) -> Scrape:
     try:
         async with session.get(base_url + "/metrics") as resp:
             text = await resp.text()
-            t_mid = (t_send + time.monotonic()) / 2
+            t_recv = time.monotonic()
+            t_mid = (t_send + t_recv) / 2
             if resp.status != 200:
                 return Scrape(phase, t_mid, None, f"GET {base_url}/metrics answered HTTP {resp.status}")
-            return Scrape(phase, t_mid, text, None)
+            return Scrape(phase, t_mid, text, None, (t_recv - t_send) / 2)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         return Scrape(phase, (t_send + time.monotonic()) / 2, None,
                       f"GET {base_url}/metrics failed: {exc.__class__.__name__} {exc}".strip())

@@ -285,37 +285,50 @@ def _integrity(records: Sequence[RequestRecord], sc: _Scrapes, emitted: str | No
     return out
 
 
-def _scrape_intervals(sc: _Scrapes, emitted: str | None, table: ChunkTable, usage_pc: np.ndarray) -> ScrapeIntervals:
+def _scrape_intervals(sc: _Scrapes, emitted: str | None, table: ChunkTable, usage_pc: np.ndarray,
+                      records: Sequence[RequestRecord], win: tuple[float, float] | None) -> ScrapeIntervals:
     """Counter increase vs usage tokens that arrived, per interval between consecutive scrapes.
 
-    The two count the same tokens, so per interval they agree up to the tokens in flight on the
-    wire. A /metrics that serves an older state (a cache, a lagging exporter, a proxy) shows as a
-    counter that trails usage in one interval and catches up in the next: flagged as stale.
+    The two count the same tokens, so per interval they agree up to what crosses its two edges:
+    the chunks each stream in flight at an edge may have on the wire or in the server's output
+    queue (up to the largest chunk seen), and the tokens produced while a scrape was being served
+    (the scrape's moment is known only to within half its round trip). A /metrics that serves an
+    older state (a cache, a lagging exporter, a proxy) shows as a counter trailing usage by more
+    than that. Only intervals inside the steady-state window are judged: ramp-up and drain are
+    not what the figure measures, and a drain's last tokens may reach a counter after the client.
     """
     ok = [p for p in sc.all if p.ok and emitted and p.has(emitted)]
     rows: list[IntervalRow] = []
     if len(ok) < 2 or not bool(table.continuous.any()) or not bool(table.continuous[table.rec].all()):
         return ScrapeIntervals(rows=rows, stale_suspected=None,
                                note="needs two scrapes with the counter and continuous usage on every request")
+    tpc = max(int(usage_pc.max()) if usage_pc.size else 1, 1)
+    starts = np.asarray([r.t_start for r in records], dtype=float)
+    ends = np.asarray([r.t_end if r.t_end else np.inf for r in records], dtype=float)
     for a, b in zip(ok, ok[1:]):
         d = sc.delta(emitted, a, b)
         m = (table.t > a.t_mono) & (table.t <= b.t_mono)
         arrived = int(usage_pc[m].sum())
+        inside = win is not None and a.t_mono >= win[0] - 1e-9 and b.t_mono <= win[1] + 1e-9
+        slack = None
+        if inside and b.t_mono > a.t_mono:
+            rate = arrived / (b.t_mono - a.t_mono)
+            slack = sum(tpc * (validity.EDGE_CHUNKS_PER_STREAM * int(((starts < p.t_mono) & (ends > p.t_mono)).sum())
+                               + 2) + rate * max(p.half_span_s, validity.SCRAPE_MOMENT_S) for p in (a, b))
         rows.append(IntervalRow.model_validate(
             {"from": a.phase, "to": b.phase, "t_from": a.t_mono, "t_to": b.t_mono, "counter": d.value,
-             "usage_arrived": arrived, "resets": d.resets,
+             "usage_arrived": arrived, "resets": d.resets, "slack": slack,
              "difference": None if d.value is None else d.value - arrived}))
-    # tokens on the wire at a scrape are a few per stream; a lag shows as a large trailing counter
-    clean = [r for r in rows if r.counter is not None and not r.resets]
-    trailing = [r for r in clean if r.usage_arrived > 0 and r.difference is not None
-                and r.difference < -max(16, 0.05 * r.usage_arrived)]
+    trailing = [r for r in rows if r.slack is not None and r.counter is not None and not r.resets
+                and r.usage_arrived > 0 and r.difference is not None and r.difference < -r.slack]
     stale = bool(trailing)
     note = ""
     if stale:
-        worst = min(trailing, key=lambda r: r.difference or 0.0)
+        worst = min(trailing, key=lambda r: (r.difference or 0.0) + (r.slack or 0.0))
         note = (f"/metrics looks stale: between the {worst.start_phase} and {worst.end_phase} scrapes the counter rose "
-                f"{worst.counter:g} while {worst.usage_arrived} tokens arrived at the client; "
-                "counter-based figures are suspect")
+                f"{worst.counter:g} while {worst.usage_arrived} tokens arrived at the client (more than the "
+                f"{worst.slack:.0f} the streams in flight at the two scrapes can explain); counter-based figures "
+                "are suspect")
     return ScrapeIntervals(rows=rows, stale_suspected=stale, note=note)
 
 
@@ -647,11 +660,27 @@ def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Cou
     usage_w, seconds = result.throughput.usage_window.number(), counts.seconds
     usage_tokens = usage_w * seconds if usage_w is not None and seconds else None
     known = counts.usage_pc[counts.usage_pc > 0]
+    moments = sum(max(p.half_span_s, validity.SCRAPE_MOMENT_S) for p in (ws_s, we_s) if p is not None)
+    placed = spread_pc = None
+    if usage_tokens is None and engine not in validity.PER_TOKEN_ENGINES:
+        spread_pc = final_usage_per_chunk(counts.table, records)
+        t = counts.table.t
+        placed = [float(spread_pc[(t > a) & (t <= b)].sum()) for a, b, _r, _n in intervals]
+        n_chunks = int(counts.chunks_pc.sum())
+        known = np.asarray([math.ceil(spread_pc.sum() / n_chunks)]) if n_chunks else known
+        if usage_w is None and seconds and placed:
+            moments *= placed[-1] / seconds
+        else:
+            moments *= usage_w or 0.0
     finished = _finished_in(records, -math.inf, math.inf) if whole_requests else None
     validity.check_counter(result, engine, concurrency, counts.table.t, counts.chunks_pc, intervals,
                            d_win.resets, d_win.went_backwards_without_reset, d_trial.resets,
                            usage_tokens=usage_tokens, max_tokens_per_chunk=int(known.max()) if known.size else 1,
-                           window_rise=d_win.value if counts.win_from_scrapes else None, finished=finished)
+                           window_rise=d_win.value if counts.win_from_scrapes else None, finished=finished,
+                           moment_tokens=moments if placed is not None else (usage_w or 0.0) * moments,
+                           placed=placed, spans=[(r.t_first, r.t_end, r.completion_tokens) for r in records
+                                  if r.status == "ok" and r.t_first is not None and r.t_end
+                                  and r.completion_tokens is not None])
     if not open_loop:
         validity.check_load(result, concurrency)
     validity.check_timestamps(result, records, concurrency)
@@ -802,7 +831,8 @@ def measure_trial(
         requests=_requests(records, int(table.continuous.sum())),
     )
     result.integrity = _integrity(records, sc, emitted)
-    result.scrape_intervals = _scrape_intervals(sc, emitted, table, counts.usage_pc)
+    result.scrape_intervals = _scrape_intervals(sc, emitted, table, counts.usage_pc, records,
+                                                 win if counts.win_from_scrapes else None)
     warnings: list[str] = []
     if result.scrape_intervals.stale_suspected:
         warnings.append(result.scrape_intervals.note)

@@ -34,6 +34,10 @@ EDGE_CHUNKS_PER_STREAM = 2
 """Chunks per stream that may arrive inside an interval though their tokens were counted before
 it opened (in flight on the wire or in the server's output queue at a scrape)."""
 
+SCRAPE_MOMENT_S = 0.005
+"""The least uncertainty of a scrape's moment on the server: the client times it at the midpoint of
+request and response, and the server renders it somewhere in between (a few ms on loopback)."""
+
 BURST_TOKEN_INTERVAL_S = 1e-4
 """Below 0.1 ms per token (over 10,000 tokens/s in one stream) client timestamps measure the
 network and the event loop, not decoding."""
@@ -83,12 +87,18 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
                   window_resets: int, window_backwards: bool, trial_resets: int,
                   usage_tokens: float | None = None, max_tokens_per_chunk: int = 1,
                   window_rise: float | None = None,
-                  finished: Sequence[tuple[float, int]] | None = None) -> None:
+                  finished: Sequence[tuple[float, int]] | None = None, moment_tokens: float = 0.0,
+                  spans: Sequence[tuple[float, float, int]] | None = None,
+                  placed: Sequence[float] | None = None) -> None:
     """Flag the counter figures. `intervals`: (t_from, t_to, counter increase or None, resets)
     between consecutive readable scrapes inside the window; `usage_tokens`: the usage counts of
     the chunks that arrived in the window (None without continuous usage on every request);
     `finished`: (end time, usage.completion_tokens) of every ok request, given for an engine whose
-    counter adds a request's tokens when it ends (then the bound is whole requests, not chunks)."""
+    counter adds a request's tokens when it ends (then the bound is whole requests, not chunks);
+    `moment_tokens`: tokens produced while the two edge scrapes were being served (their moment on
+    the server is known only to within half their round trip); `spans`: (first chunk, end,
+    usage.completion_tokens) of every ok request and `placed` (final usage spread over chunks, per
+    interval), for the bounds that need no tokens per chunk."""
     counter = results.throughput.counter_window
     if finished is not None:
         _check_whole_requests(results, intervals, finished, window_resets, window_backwards, trial_resets)
@@ -96,7 +106,7 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
     if usage_tokens is not None and window_rise is not None and not window_resets:
         # Both count the same tokens; they differ only by the tokens in flight at the two edges,
         # which cancel in steady state but not when the client reads late (a busy host).
-        slack = edge_slack(concurrency, max_tokens_per_chunk)
+        slack = int(edge_slack(concurrency, max_tokens_per_chunk) + moment_tokens)
         if window_rise < usage_tokens - slack:
             add_flag(counter, "stale_counter",
                      f"the counter rose {window_rise:g} in the window while the usage counts of the chunks that "
@@ -112,6 +122,9 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
     if engine not in PER_TOKEN_ENGINES:
         results.validity.not_applied.append(
             f"chunk bound on the counter: engine {engine!r} is not known to stream one delta per token")
+        if usage_tokens is None and spans is not None and placed is not None:
+            _check_request_spans(results, intervals, spans, placed,
+                                 edge_slack(concurrency, max_tokens_per_chunk) + moment_tokens)
         return
     results.validity.applied.append("chunk bound on the counter (tokens in an interval >= text chunks that "
                                     f"arrived in it - {EDGE_CHUNKS_PER_STREAM} per stream)")
@@ -172,6 +185,51 @@ def _check_whole_requests(results: TrialResults, intervals: Sequence[tuple[float
             break
 
 
+SPAN_EDGE_S = 0.05
+"""How much earlier than the client read it a chunk may have been counted (the wire, a client that
+reads late, a scrape's moment): a request is "wholly between" two scrapes only this far inside."""
+
+PLACED_SHARE = 0.02
+"""Final usage spread evenly over a request's text chunks places its tokens in time to within the
+unevenness of its chunks at the interval's edges; beyond the edge chunks, this share is allowed."""
+
+
+def _check_request_spans(results: TrialResults, intervals: Sequence[tuple[float, float, float | None, int]],
+                         spans: Sequence[tuple[float, float, int]], placed: Sequence[float],
+                         edge_tokens: float) -> None:
+    """Bounds for a counter that moves per token when chunks carry an unknown number of tokens and
+    usage comes only at the end. Sure: between two scrapes the counter rose by at least the usage of
+    the requests made wholly between them, by at most that of the requests running between them.
+    Estimated: by about the final usage spread over each request's text chunks (`placed`, one per
+    interval), give or take the edge chunks (`edge_tokens`) and PLACED_SHARE."""
+    counter = results.throughput.counter_window
+    results.validity.applied.append(
+        "request-span bound on the counter (final usage spread over each request's chunks, and the usage of the "
+        "requests made wholly between two scrapes / running between them)")
+    first = np.asarray([a for a, _b, _n in spans], dtype=float)
+    ends = np.asarray([b for _a, b, _n in spans], dtype=float)
+    tokens = np.asarray([n for _a, _b, n in spans], dtype=float)
+    e = SPAN_EDGE_S
+    for (t_from, t_to, rise, resets), est in zip(intervals, placed):
+        if rise is None or resets:
+            continue
+        slack = edge_tokens + PLACED_SHARE * est
+        low = max(float(tokens[(first > t_from + e) & (ends <= t_to - e)].sum()), est - slack)
+        high = min(float(tokens[(ends > t_from - e) & (first <= t_to + e)].sum()), est + slack)
+        if rise < low:
+            add_flag(counter, "stale_counter",
+                     f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while the requests' "
+                     f"final usage placed on their chunks puts {est:.0f} tokens between them (at least {low:.0f}): "
+                     "/metrics is behind what was served")
+            break
+        if rise > high:
+            add_flag(counter, "counter_exceeds_usage",
+                     f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while the requests' "
+                     f"final usage placed on their chunks puts {est:.0f} tokens between them (at most {high:.0f}): "
+                     "other clients' requests, or a /metrics out of step with what this client received")
+            break
+
+
 def check_timestamps(results: TrialResults, records: Sequence[RequestRecord], concurrency: int) -> None:
     """Flag per-stream and latency figures the client's timestamps cannot resolve."""
     multi = [r for r in records if r.status == "ok" and (r.completion_tokens or 0) >= 4 and r.t_first is not None
@@ -220,34 +278,41 @@ HOST_OTHER_CORES = 0.5
 def check_interference(results: TrialResults) -> None:
     """Flag the window's throughput figures when something else used the host's CPU or the GPU."""
     i = results.interference
-    targets = (results.throughput.counter_window, results.throughput.usage_window)
     other = i.host_other_cores.number() if i.host_other_cores is not None else None
     if other is not None and other > HOST_OTHER_CORES:
-        reason = (f"other processes used {other:.2f} of {i.host_cores} CPU cores on this host during the window "
-                  "(besides truthput and the server)")
-        for fig in targets:
-            add_flag(fig, "host_interference", reason)
+        flag_window(results, "host_interference",
+                    f"other processes used {other:.2f} of {i.host_cores} CPU cores on this host during the window "
+                    "(besides truthput and the server)")
     if i.gpu_foreign_pids:
-        reason = f"other processes computed on the GPU during the trial (pids {', '.join(map(str, i.gpu_foreign_pids))})"
-        for fig in targets:
-            add_flag(fig, "gpu_interference", reason)
+        flag_window(results, "gpu_interference", "other processes computed on the GPU during the trial "
+                                                 f"(pids {', '.join(map(str, i.gpu_foreign_pids))})")
     if i.gpu_throttle_samples:
         seen = ", ".join(f"{k} in {v} sample(s)" for k, v in i.gpu_throttle_samples.items())
-        for fig in targets:
-            add_flag(fig, "gpu_throttled", f"the GPU's clocks were held down during the trial: {seen}")
+        flag_window(results, "gpu_throttled", f"the GPU's clocks were held down during the trial: {seen}")
+
+
+WINDOW_METHOD_ROWS = {"counter (window)": "counter_window", "usage placed in time (window)": "usage_window"}
+
+
+def flag_window(results: TrialResults, code: str, reason: str) -> None:
+    """Flag both window figures for a condition of the whole window (found after measuring, by
+    the pipeline's host checks), and the audit's rows of the same figures."""
+    for fig in (results.throughput.counter_window, results.throughput.usage_window):
+        add_flag(fig, code, reason)
+    for row in results.methods:
+        if row.method in WINDOW_METHOD_ROWS and all(f.code != code for f in row.flags):
+            row.flags.append(Flag(code=code, reason=reason))
 
 
 def check_client(results: TrialResults) -> None:
     """Flag the window's throughput figures when the client says it was the bottleneck, or that
     its streams never all generated at once (the server queued some of them)."""
     if results.client.never_settled:
-        reason = next((n for n in results.client.notes if n.startswith("never settled")),
-                      "the streams never all generated at once: the server did not run the intended concurrency")
-        for fig in (results.throughput.counter_window, results.throughput.usage_window):
-            add_flag(fig, "load_not_reached", reason)
+        flag_window(results, "load_not_reached",
+                    next((n for n in results.client.notes if n.startswith("never settled")),
+                         "the streams never all generated at once: the server did not run the intended concurrency"))
     check = results.client.selfcheck
     if check is not None and check.client_bound:
-        reason = f"the load generator was the bottleneck ({check.reason}): the server may not have seen the load"
-        for fig in (results.throughput.counter_window, results.throughput.usage_window):
-            add_flag(fig, "load_not_reached", reason)
+        flag_window(results, "load_not_reached",
+                    f"the load generator was the bottleneck ({check.reason}): the server may not have seen the load")
 
