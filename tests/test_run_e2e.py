@@ -744,3 +744,46 @@ def test_a_crash_under_load_ends_that_start_and_two_fail_the_variant(tmp_path):
     assert ("crashy", 2) not in starts  # not started a third time
     assert [k for k in starts if k[0] == "base"] == [("base", 0), ("base", 1), ("base", 2)]
     assert "crashy: failed" in " ".join(store.run(run_id).summary["verdict_lines"])
+
+
+def test_a_variant_that_never_measures_exits_non_zero_and_says_why(tmp_path):
+    """Its own flags keep a variant's server from starting (a model length the simulator refuses,
+    as vLLM does): the others are measured and reported, the run exits 3 naming the variant and the
+    reason in the terminal; a run where nothing measured exits 1, is stored `failed`, and `latest`
+    still names the newest run that finished."""
+    variants = """
+[[variant]]
+name = "base"
+[[variant]]
+name = "tiny-ctx"
+set = { "--max-model-len" = 16 }
+"""
+    (tmp_path / "e.toml").write_text(experiment_text(variants, concurrency=(1,), duration=0.5))
+    proc = subprocess.run([*TRUTHPUT, "run", str(tmp_path / "e.toml"), "--store", str(tmp_path / "r.db")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if "never measured" in ln]
+    assert "tiny-ctx" in line and "maximum context length is 16" in line, line
+    store = Store(tmp_path / "r.db")
+    good = store.resolve_run("latest")
+    assert store.run(good).status == "done"
+
+    nothing = """
+[[variant]]
+name = "base"
+set = { "--max-model-len" = 16 }
+[[variant]]
+name = "other"
+set = { "--max-model-len" = 17 }
+"""
+    (tmp_path / "n.toml").write_text(experiment_text(nothing, concurrency=(1,), duration=0.5))
+    proc = subprocess.run([*TRUTHPUT, "run", str(tmp_path / "n.toml"), "--store", str(tmp_path / "r.db")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1 and "no variant produced a measurement" in proc.stderr, proc.stderr[-2000:]
+    store = Store(tmp_path / "r.db")
+    runs = store.runs()
+    assert [r.status for r in runs] == ["done", "failed"]
+    assert store.resolve_run("latest") == good  # the failed run is not `latest`
+    report = subprocess.run([*TRUTHPUT, "report", "--store", str(tmp_path / "r.db")], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path)
+    assert report.returncode == 0 and good in report.stdout

@@ -119,7 +119,9 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
     try:
         await executor.run_order(ctx, list(plan.order), done, tokenizer)
         await _more_starts(ctx, executor, tokenizer)
-        status = "done"
+        # a run that measured nothing (no server came up, every trial failed) is a failed run:
+        # kept with its failures, but never what `latest` names
+        status = "done" if any(t.status == "ok" for t in store.trial_results(run_id)) else "failed"
     except (asyncio.CancelledError, KeyboardInterrupt):
         status = "interrupted"
         raise

@@ -131,7 +131,7 @@ def run(
         raise InputError(f"--resume {resume}: no results store at {store}")
     db = Store(store)
     if resume:
-        run_id = db.resolve_run(resume)
+        run_id = db.resolve_run(resume, any_status=True)
         row = db.run(run_id)
         if row.status == "done":
             typer.echo(f"run {run_id} is complete (status done): nothing to resume; its summary follows")
@@ -171,7 +171,7 @@ def run(
         run_id = asyncio.run(main())
     except (KeyboardInterrupt, asyncio.CancelledError):
         progress.close()
-        latest = db.resolve_run("latest") if run_id is None else run_id
+        latest = db.resolve_run("latest", any_status=True) if run_id is None else run_id
         why = f"stopped by {signal.Signals(received[0]).name}" if received and received[0] != signal.SIGINT \
             else "interrupted"
         typer.echo(f"truthput: {why}; finished trials are kept. Resume with: truthput run --resume {latest} "
@@ -195,11 +195,23 @@ def run(
 
         for p in write_winner_units(db, store, run_id, reports):
             typer.echo(f"winning unit: {p}")
-    if not any(t.status == "ok" for t in db.trial_results(run_id)):
-        failed = db.failed_variants(run_id)
+    trials = db.trial_results(run_id)
+    measured = {t.variant for t in trials if t.status == "ok"}
+    failed = db.failed_variants(run_id)
+    for t in trials:  # a server that started but answered every request with an error
+        if t.variant not in measured and t.variant not in failed and t.error:
+            failed[t.variant] = t.error if len(t.error) <= 300 else t.error[:297] + "..."
+    if not measured:
         why = "; ".join(f"{k}: {v}" for k, v in failed.items()) or "every trial failed"
-        typer.echo(f"truthput: no variant produced a measurement ({why})", err=True)
+        typer.echo(f"truthput: no variant produced a measurement ({why}); run {run_id} is stored as failed",
+                   err=True)
         raise typer.Exit(1)
+    never = [v.name for v in db.variants(run_id) if v.name not in measured]
+    if never:
+        # a variant that never measured cannot be compared: the verdict above is about the others
+        why = "; ".join(f"{v}: {failed.get(v, 'no trial succeeded')}" for v in never)
+        typer.echo(f"truthput: {len(never)} variant(s) never measured ({why})", err=True)
+        raise typer.Exit(3)
 
 def plan(
     experiment: Path = typer.Argument(..., help="Experiment file (TOML)."),
