@@ -141,3 +141,32 @@ def test_a_version_2_store_reads_as_it_is_and_gains_the_rate_column_when_written
     assert trials[ids[2]].rate == 2.5 and trials[ids[2]].concurrency == 0
     assert trials[ids[0]].rate is None
     rw.close()
+
+
+def test_a_damaged_results_row_is_reported_and_the_rest_stays_readable(tmp_path):
+    """One trial's stored results cut short (invalid JSON) and another's of the wrong shape: every
+    command that reads the run names each damaged trial once on stderr, leaves it out, and shows
+    the rest (exit 0)."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from report_fixture import restore_quickstart_db
+
+    db = restore_quickstart_db(tmp_path / "q.db")
+    conn = sqlite3.connect(db)
+    ids = [i for (i,) in conn.execute("SELECT id FROM trials WHERE status='ok' ORDER BY id")]
+    conn.execute("UPDATE trials SET results_json = substr(results_json, 1, 200) WHERE id=?", (ids[0],))
+    conn.execute("UPDATE trials SET results_json = '{\"throughput\": 7}' WHERE id=?", (ids[1],))
+    conn.commit()
+    conn.close()
+    for args in (["report", "latest"], ["report", "latest", "--json", str(tmp_path / "r.json")], ["audit"],
+                 ["compare", "latest", "latest"], ["runs"]):
+        proc = subprocess.run([sys.executable, "-m", "truthput", *args, "--store", str(db)], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+        assert proc.returncode == 0, (args, proc.stderr[-1500:])
+        assert "Traceback" not in proc.stderr
+        if args[0] != "runs":
+            for tid in ids[:2]:
+                assert proc.stderr.count(f"trial {tid} of run") == 1, (args, proc.stderr)
+            assert "unreadable results" in proc.stderr

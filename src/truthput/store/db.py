@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 import sqlite3
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ class Store:
         so a damaged page is reported here, not as a wrong figure later."""
         self.path = str(path)
         self.read_only = read_only
+        self._damaged: set[int] = set()
         if read_only and not Path(self.path).exists():
             raise StoreError(f"{self.path}: no results store here (give --store PATH)")
         try:
@@ -431,15 +433,31 @@ class Store:
         """The run's trials with their figures in the results model (older documents converted)."""
         out = []
         for row in self._trial_rows(run_id):
-            doc = orjson.loads(row["results_json"]) if row["results_json"] else {}
+            try:
+                doc = orjson.loads(row["results_json"]) if row["results_json"] else {}
+                results = TrialResults.from_stored(doc)
+            except StoreError:
+                raise  # a newer schema: the whole store is for a newer truthput
+            except Exception as exc:  # one damaged row must not make the run unreadable
+                self._report_damaged(row, exc)
+                continue
             out.append(StoredTrial(
                 id=row["id"], run_id=row["run_id"], variant=row["variant"], start_id=row["start_id"],
                 start_index=row["start_index"], concurrency=row["concurrency"], trial_index=row["trial_index"],
                 status=row["status"], t0_wall=row["t0_wall"], t0_mono=row["t0_mono"],
                 window_start=row["window_start"], window_end=row["window_end"], t_end=row["t_end"],
-                error=row["error"], results=TrialResults.from_stored(doc),
+                error=row["error"], results=results,
                 rate=(row["rate"] or None) if "rate" in row.keys() else None))
         return out
+
+    def _report_damaged(self, row: Any, exc: Exception) -> None:
+        """Say once, on stderr, which stored trial was left out and why (the rest stays readable)."""
+        if row["id"] in self._damaged:
+            return
+        self._damaged.add(row["id"])
+        why = str(exc).splitlines()[0][:160] if str(exc) else exc.__class__.__name__
+        print(f"truthput: warning: {self.path}: trial {row['id']} of run {row['run_id']} ({row['variant']}, "
+              f"level {row['concurrency']}) has unreadable results ({why}); left out", file=sys.stderr)
 
     def apply_sim_target(self, run_id: str, exp: Any) -> None:
         """Apply the GPU and model a run was simulated on (`run --sim-gpu/--sim-model`, kept as the
