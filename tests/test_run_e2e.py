@@ -257,6 +257,19 @@ def _roofline_says_usage_in_every_view(db: Path, run_id: str, tmp_path: Path, us
     assert f"{row['measured']['value']:.1f} tok/s [usage placed in time]" in line
 
 
+def _running(pids):
+    """Pids that run (a zombie, dead but not yet reaped, does not)."""
+    out = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            out.append(pid)
+    return out
+
+
 def _pids_alive(pids):
     alive = []
     for pid in pids:
@@ -787,3 +800,38 @@ set = { "--max-model-len" = 17 }
     report = subprocess.run([*TRUTHPUT, "report", "--store", str(tmp_path / "r.db")], capture_output=True,
                             text=True, timeout=120, cwd=tmp_path)
     assert report.returncode == 0 and good in report.stdout
+
+
+@pytest.mark.slow
+def test_a_fresh_run_stops_a_server_an_earlier_killed_run_left(tmp_path):
+    """A server that ignores SIGTERM outlives kill -9 of its truthput (the parent-death signal is
+    SIGTERM). A fresh `run` on the same store (not a resume) finds the dead run by its free lock,
+    stops that very server (recorded identity) and marks the old run interrupted."""
+    # sh ignores SIGTERM and waits on the server (which itself stops on SIGTERM, as aiohttp does);
+    # its output goes to /dev/null: a server writing to the dead truthput's pipe could die of that
+    stub = (f"{sys.executable} {ROOT / 'tests' / 'stubserver.py'} --tokens-per-chunk 1 --token-delay-s 0.002 "
+            "--port {port} >/dev/null 2>&1 & wait")
+    cmd = ["sh", "-c", "trap '' TERM; " + stub]
+    variants = '[[variant]]\nname = "base"\n[[variant]]\nname = "other"\nset = { "--tokens-per-chunk" = 2 }\n'
+    text = experiment_text(variants, concurrency=(1,), engine="command", command=cmd, duration=0.5, starts=3,
+                           extra='ready_url = "/v1/models"')
+    proc, db = _start_run(tmp_path, "ignore-term", 1, text=text)
+    time.sleep(0.5)
+    with sqlite3.connect(db) as c:
+        (pid,) = c.execute("SELECT pid FROM starts WHERE status IN ('starting', 'ready') ORDER BY id DESC "
+                           "LIMIT 1").fetchone()
+        (old_run,) = c.execute("SELECT id FROM runs").fetchone()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    time.sleep(1.0)
+    assert _running([pid]), "the SIGTERM-ignoring server should have outlived kill -9 (test premise)"
+    fresh = tmp_path / "fresh.toml"
+    fresh.write_text(experiment_text(BASE_VARIANTS[:BASE_VARIANTS.index("[[variant]]\nname = \"spec1\"")] +
+                                     '[[variant]]\nname = "b"\nset = { "--max-num-seqs" = 32 }\n',
+                                     concurrency=(1,), duration=0.3))
+    out = subprocess.run([*TRUTHPUT, "run", str(fresh), "--store", str(db)], capture_output=True, text=True,
+                         timeout=240, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert not _running([pid]), "a fresh run left the earlier run's server running"
+    assert f"(pid {pid}) was still running and was stopped" in out.stderr, out.stderr[:3000]
+    assert Store(db, read_only=True).run(old_run).status == "interrupted"

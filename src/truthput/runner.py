@@ -50,6 +50,27 @@ def _stop_leftovers(store: Store, run_id: str, emit: Callable[[Event], None]) ->
         emit(Note(f"{s.variant} start {s.start_index + 1}: left by a stopped truthput; {what}", "warning"))
 
 
+def _stop_abandoned_runs(store: Store, emit: Callable[[Event], None]) -> None:
+    """Earlier runs a killed truthput left `running` (no live truthput holds their lock): stop the
+    servers they left (by recorded identity, never a stranger) and mark them interrupted, so a
+    fresh run on the same store starts on a quiet host and the old run can still be resumed."""
+    from truthput.errors import StoreError
+
+    for row in store.runs():
+        if row.status != "running":
+            continue
+        try:
+            held = store.lock_run(row.id)
+        except StoreError:
+            continue  # another truthput is running it right now
+        try:
+            _stop_leftovers(store, row.id, emit)
+            store.set_run_status(row.id, "interrupted")
+            store.event(row.id, "interrupted", "its truthput was gone; found by a later run on this store")
+        finally:
+            held.close()
+
+
 def summarize(store: Store, run_id: str, guard_texts: dict[str, list[str]] | None = None) -> dict:
     """The run's summary as stored in `runs.summary_json` (`truthput.analyze.summary` decides it)."""
     from truthput.report.runsummary import run_summary
@@ -74,7 +95,7 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
         progress = LiveProgress(live=False)
     emit = emitter(progress)
     if resume:
-        run_id = store.resolve_run(resume)
+        run_id = store.resolve_run(resume, any_status=True)
         run_lock = store.lock_run(run_id)
         engine = store.run(run_id).engine
         store.set_run_status(run_id, "running")
@@ -86,6 +107,7 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
     if resume:
         _stop_leftovers(store, run_id, emit)
     else:
+        _stop_abandoned_runs(store, emit)
         run_id = store.create_run(exp.experiment.name, plan.engine, plan.engine in SIMULATED_KINDS, exp_path,
                                   exp_text, exp.experiment.seed, machine_metadata())
         run_lock = store.lock_run(run_id)

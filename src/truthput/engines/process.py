@@ -133,8 +133,12 @@ def stop_leftover_server(pid: int, spawned_at: float, argv: Sequence[str], grace
     names = _program_names(pid)
     if names is None:
         return "gone"
-    same_start = process_identity(pid) == identity if identity else abs(started - spawned_at) <= 5.0
-    if not same_start or not argv or not _runs_program(names, str(argv[0])):
+    # the recorded identity (boot and start time) is the process itself, even after it exec'd
+    # another program (`sh -c "exec server ..."`); without one, its start time and program name
+    if identity:
+        if process_identity(pid) != identity:
+            return "not ours"
+    elif abs(started - spawned_at) > 5.0 or not argv or not _runs_program(names, str(argv[0])):
         return "not ours"
     try:
         os.killpg(pid, signal.SIGTERM)
