@@ -36,6 +36,9 @@ class StubConfig:
     prefill_delay_s: float = 0.0
     model: str = "stub-model"
     send_done: bool = True
+    huge_event_bytes: int = 0  # hostile: the second chunk's text is this many bytes (one SSE event)
+    serve_metrics: bool = False  # a /metrics with vllm:generation_tokens_total (tokens sent)
+    metrics_junk_bytes: int = 0  # hostile: /metrics carries one comment line this long
 
 
 @dataclass
@@ -64,6 +67,8 @@ class StubServer:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stats", self._stats)
+        if self.cfg.serve_metrics:
+            app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         return app
@@ -85,6 +90,14 @@ class StubServer:
 
     async def _stats(self, _req: web.Request) -> web.Response:
         return web.json_response(asdict(self.stats))
+
+    async def _metrics(self, _req: web.Request) -> web.Response:
+        text = ("# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
+                "# TYPE vllm:generation_tokens_total counter\n"
+                f'vllm:generation_tokens_total{{model_name="{self.cfg.model}"}} {float(self.stats.tokens_sent)}\n')
+        if self.cfg.metrics_junk_bytes:
+            text += "# " + "x" * self.cfg.metrics_junk_bytes + "\n"
+        return web.Response(text=text, content_type="text/plain")
 
     async def _completions(self, req: web.Request) -> web.StreamResponse:
         return await self._serve(req, chat=False)
@@ -155,6 +168,8 @@ class StubServer:
                     req.transport.close()
                     return resp
                 text = "".join(f" t{done + j}" for j in range(k))
+                if cfg.huge_event_bytes and chunk_no == 1:
+                    text = "y" * cfg.huge_event_bytes
                 done += k
                 self.stats.tokens_sent += k
                 fr = "length" if done >= max_tokens else None
@@ -192,9 +207,13 @@ def main() -> None:
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--token-delay-s", type=float, default=0.0)
     ap.add_argument("--continuous-usage", default="on", choices=["on", "off", "reject"])
+    ap.add_argument("--metrics", action="store_true", help="serve /metrics")
+    ap.add_argument("--huge-event-bytes", type=int, default=0)
+    ap.add_argument("--metrics-junk-bytes", type=int, default=0)
     args = ap.parse_args()
     cfg = StubConfig(tokens_per_chunk=args.tokens_per_chunk, token_delay_s=args.token_delay_s,
-                     continuous_usage=args.continuous_usage)
+                     continuous_usage=args.continuous_usage, serve_metrics=args.metrics,
+                     huge_event_bytes=args.huge_event_bytes, metrics_junk_bytes=args.metrics_junk_bytes)
     try:
         import uvloop
         uvloop.install()

@@ -248,3 +248,53 @@ def test_load_exits_non_zero_when_every_request_failed(tmp_path: Path) -> None:
     assert res.exit_code == 1, res.output
     assert "every request failed" in res.output and "127.0.0.1:9" in res.output
     assert time.monotonic() - t0 < 30
+
+
+def test_a_hostile_server_cannot_grow_the_client_or_the_store(tmp_path):
+    """A server (the stub, a FAKE) whose second chunk is one 8 MB event and whose /metrics carries a
+    20 MB line: every request fails with the cap named, the client's peak memory stays far below
+    what holding the events would take, and the store keeps no megabyte line."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stub = subprocess.Popen([sys.executable, str(root / "tests" / "stubserver.py"), "--port", str(port), "--metrics",
+                             "--huge-event-bytes", "8000000", "--metrics-junk-bytes", "20000000",
+                             "--token-delay-s", "0.001"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        # the load runs in a child that reports its own peak resident memory (KiB) on its last line
+        wrapper = ("import resource, sys\nfrom truthput.cli import main\nsys.argv = ['truthput'] + sys.argv[1:]\n"
+                   "try:\n    main()\nexcept SystemExit:\n    pass\n"
+                   "print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n")
+        proc = subprocess.run([sys.executable, "-c", wrapper, "load", f"http://127.0.0.1:{port}", "--engine",
+                               "command", "--store", str(tmp_path / "l.db"), "-c", "4", "-n", "24",
+                               "--output-tokens", "32"], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        peak_kib = int(proc.stderr.strip().splitlines()[-1].split()[1])
+    finally:
+        stub.terminate()
+        stub.wait(10)
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "l.db")
+    errors = [e for (e,) in db.execute("SELECT error FROM requests")]
+    assert errors and all(e and "4 MiB" in e for e in errors), errors[:3]
+    longest = db.execute("SELECT max(length(text)) FROM scrapes").fetchone()[0] or 0
+    assert longest < 1_000_000, longest
+    assert "over 64 KiB not stored" in db.execute("SELECT text FROM scrapes LIMIT 1").fetchone()[0]
+    # 24 events of 8 MB held would be ~200 MB of text alone (1.78 GB peak before the caps)
+    print(f"peak resident memory of the load: {peak_kib / 1024:.0f} MiB")
+    assert peak_kib < 600 * 1024, peak_kib

@@ -23,7 +23,11 @@ import orjson
 from truthput.errors import EngineError, InputError
 from truthput.load.chunks import MalformedChunk, decode_chunk
 from truthput.load.records import RequestRecord
-from truthput.load.sse import EventTooLarge, SSEParser, single_event_payload
+from truthput.load.sse import MAX_EVENT_BYTES, EventTooLarge, SSEParser, single_event_payload
+
+MAX_RESPONSE_BYTES = 64 << 20
+"""Bytes one streamed response may send (64 MiB: a chunk with running usage is ~300 bytes, so
+~200k tokens): a server sending huge events cannot grow the client without bound."""
 
 MAX_CHUNKS_PER_RESPONSE = 2_000_000
 """Chunks one response may stream (about 130 MB of recorded times, counts and texts): far above any
@@ -311,11 +315,16 @@ class StreamClient:
             spin = self.cfg.test_chunk_spin_s
             one_event = single_event_payload
             done_marker = _DONE
+            received = 0
             while not got_done:
                 data = await read()
                 if not data:
                     break
                 t = now()
+                received += len(data)
+                if received > MAX_RESPONSE_BYTES:
+                    return _failed(rec, t, f"a response from {url} over {MAX_RESPONSE_BYTES >> 20} MiB after "
+                                           f"{len(rec.chunk_times)} chunks: cut here to bound the client's memory")
                 if spin:
                     _spin(spin)
                 # One read = one whole event is the usual case of a client that keeps up: take it
@@ -329,6 +338,9 @@ class StreamClient:
                     except EventTooLarge as exc:
                         return _failed(rec, t, f"{exc}, from {url} after {len(rec.chunk_times)} chunks")
                 for payload in payloads:
+                    if len(payload) > MAX_EVENT_BYTES:
+                        return _failed(rec, t, f"an SSE event from {url} over {MAX_EVENT_BYTES >> 20} MiB at chunk "
+                                               f"{len(rec.chunk_times)}: cut here to bound the client's memory")
                     if payload == done_marker:
                         got_done = True
                         break

@@ -102,6 +102,7 @@ def _sampled_families(names: EngineMetricNames) -> tuple[str, ...]:
 
 
 def _keep_lines(text: str | None, prefixes: tuple[str, ...]) -> str | None:
+    """The sampled families' lines of a periodic scrape (what the window's series need)."""
     if text is None:
         return None
     keep = []

@@ -134,6 +134,21 @@ class TrialKey:
         return int(self.level), 0.0
 
 
+MAX_STORED_SCRAPE_LINE = 64 << 10
+"""A /metrics line longer than this (64 KiB; a real one is under 1 KiB) is left out of the stored
+text, with a comment saying so: a hostile endpoint cannot grow the store by megabytes a scrape."""
+
+
+def stored_scrape_text(text: str | None) -> str | None:
+    if text is None or len(text) <= MAX_STORED_SCRAPE_LINE:
+        return text
+    lines = text.split("\n")
+    kept = [ln for ln in lines if len(ln) <= MAX_STORED_SCRAPE_LINE]
+    if len(kept) == len(lines):
+        return text
+    return "\n".join(kept) + f"\n# truthput: {len(lines) - len(kept)} line(s) over 64 KiB not stored\n"
+
+
 class Store:
     """A thin, typed wrapper over the SQLite file. One connection, used from one thread at a time."""
 
@@ -406,7 +421,7 @@ class Store:
             )
             self.conn.executemany(
                 "INSERT INTO scrapes(trial_id, phase, t_mono, text, error) VALUES (?,?,?,?,?)",
-                [(trial_id, s.phase, s.t_mono, s.text, s.error) for s in scrapes],
+                [(trial_id, s.phase, s.t_mono, stored_scrape_text(s.text), s.error) for s in scrapes],
             )
             if telemetry:
                 self.conn.executemany(
