@@ -29,7 +29,7 @@ import numpy as np
 from truthput.analyze.decide import decide_family
 from truthput.analyze.stats import ratio_estimate
 from truthput.analyze.stopping import family_estimates, simulate_rule
-from truthput.analyze.summary import stopping_rule
+from truthput.analyze.values import stopping_rule
 from truthput.experiment.file import MeasureSection
 
 RULE = stopping_rule(MeasureSection())
@@ -170,10 +170,151 @@ def power_table(reps: int) -> None:
     print()
 
 
+def scenario_cells(rng: np.random.Generator, n: int, ratios: Sequence[float], cv: float, kind: str = "gaussian",
+                   levels: int = 1) -> dict:
+    """One experiment's cells (arm a0 the baseline), start j of every arm in round j, run in the
+    default order (rounds alternate A B, B A). kind: "gaussian"; "t3" (heavy tails); "bimodal" (15%
+    of starts 20% slower); "round drift" (a shift shared by every start of a round, SD = cv);
+    "thermal" (continuous drift: -cv per start position in time, the arms' positions as the runner
+    orders them); "noisy arm" (the last arm's start SD is 4x)."""
+    from truthput.analyze.design import block_order
+
+    arms = [f"a{i}" for i in range(len(ratios))]
+    position = {}
+    t = 0
+    for j in range(n):
+        for a in block_order(arms, j):
+            position[(a, j)] = t
+            t += 1
+    shared = rng.normal(0.0, cv, n) if kind == "round drift" else np.zeros(n)
+    cells = {}
+    for i, (arm, r) in enumerate(zip(arms, ratios, strict=True)):
+        sd = cv * (4.0 if kind == "noisy arm" and i == len(arms) - 1 else 1.0)
+        if kind == "t3":
+            eff = rng.standard_t(3, n) * sd / math.sqrt(3.0)
+        else:
+            eff = rng.normal(0.0, sd, n)
+        if kind == "bimodal":
+            eff = eff + np.where(rng.random(n) < 0.15, math.log(0.8), 0.0)
+        for lv in range(1, levels + 1):
+            starts = []
+            for j in range(n):
+                drift = -cv * position[(arm, j)] if kind == "thermal" else 0.0
+                base = math.log(300.0 * lv * r) + eff[j] + shared[j] + drift + rng.normal(0.0, cv / 4)
+                starts.append(np.exp(base + rng.normal(0.0, 0.01, 2)).tolist())
+            cells[(arm, lv)] = starts
+    return cells
+
+
+def fixed_welch_holm(cells: dict, baseline: str = "a0", alpha: float = 0.05) -> dict:
+    """The plain comparator: Welch's t per comparison at a fixed number of starts, Holm over all."""
+    est = {(a, lv): ratio_estimate(v, cells[(baseline, lv)]) for (a, lv), v in cells.items() if a != baseline}
+    order = sorted(est, key=lambda k: est[k].p_value)
+    out, m, stopped = {}, len(order), False
+    for i, k in enumerate(order):
+        stopped = stopped or est[k].p_value > alpha / (m - i)
+        out[k] = (not stopped, est[k].diff_log)
+    return out
+
+
+SCENARIOS = [
+    # name, true ratios per arm (baseline first), start CV, kind, levels
+    ("A/A gaussian, CV 5%", (1.0, 1.0), 0.05, "gaussian", 1),
+    ("A/A heavy tails (t3), CV 5%", (1.0, 1.0), 0.05, "t3", 1),
+    ("A/A bimodal starts, CV 3%", (1.0, 1.0), 0.03, "bimodal", 1),
+    ("A/A drift shared by round, CV 3%", (1.0, 1.0), 0.03, "round drift", 1),
+    ("A/A thermal drift, default order, CV 1%", (1.0, 1.0), 0.01, "thermal", 1),
+    ("A/A thermal drift, default order, CV 3%", (1.0, 1.0), 0.03, "thermal", 1),
+    ("A/A one arm 4x noisier, CV 5%", (1.0, 1.0), 0.05, "noisy arm", 1),
+    ("A/A, 3 variants x 2 levels, CV 10%", (1.0, 1.0, 1.0, 1.0), 0.10, "gaussian", 2),
+    ("one real effect (+10%) + 2 nulls, 2 levels", (1.0, 1.10, 1.0, 1.0), 0.05, "gaussian", 2),
+]
+
+POWER = [((1.0, 2.0), 0.10, 1), ((1.0, 2.0), 0.30, 1), ((1.0, 1.10), 0.03, 1), ((1.0, 1.10), 0.10, 1),
+         ((1.0, 1.03), 0.02, 1), ((1.0, 2.0), 0.10, 2), ((1.0, 1.10), 0.05, 2), ((1.0, 1.10), 0.10, 2)]
+
+
+def _claims(sim_truth: dict, decisions: dict, margin: float) -> tuple[bool, bool]:
+    """(a false claim anywhere, every real effect decided in its direction)."""
+    wrong, right = False, True
+    for key, t in sim_truth.items():
+        kind, diff = decisions[key]
+        lt = math.log(t)
+        if kind == "different" and (lt == 0 or np.sign(diff) != np.sign(lt)):
+            wrong = True
+        if kind == "equivalent" and abs(lt) > margin:
+            wrong = True
+        if abs(lt) > margin and not (kind == "different" and np.sign(diff) == np.sign(lt)):
+            right = False
+    return wrong, right
+
+
+def _run_rule(rule, full: dict, truth: dict, sequential: bool = True) -> tuple[bool, bool, int]:
+    """Look after each round as `truthput run` does (rule.decide_estimates on family_estimates);
+    with sequential=False one look at the first look's starts, Holm at alpha."""
+    from truthput.analyze.stopping import CONTINUE
+
+    looks = range(rule.min_starts, rule.max_starts + 1) if sequential else [rule.min_starts]
+    for look in looks:
+        est = family_estimates({k: v[:look] for k, v in full.items()}, "a0")
+        if sequential:
+            reason, dec, _a = rule.decide_estimates(est, look)
+            if reason != CONTINUE:
+                break
+        else:
+            dec = decide_family(est, rule.alpha, rule.min_effect)
+    decisions = {(k.variant, k.level): (v.kind, v.estimate.diff_log) for k, v in dec.items()}
+    wrong, right = _claims(truth, decisions, math.log1p(rule.min_effect))
+    return wrong, right, look
+
+
+def issue_table(reps: int) -> None:
+    """False claims in every scenario and power against a fixed 6-start Welch + Holm."""
+    rule = RULE
+    se = math.sqrt(0.05 * 0.95 / reps)
+    print(f"Table 4: the default rule (looks {rule.min_starts}..{rule.max_starts}, exact boundaries, futility) vs fixed "
+          f"6-start Welch + Holm; {reps} experiments a row (simulated; Monte-Carlo SE at 5%: {se:.3f})")
+    print(f"{'scenario':44s}{'rule: false':>12s}{'starts':>7s}{'one look':>9s}{'fixed 6':>8s}")
+    for name, ratios, cv, kind, levels in SCENARIOS:
+        rng = np.random.default_rng(abs(hash(name)) % 2**32)
+        truth = {(f"a{i}", lv): r for i, r in enumerate(ratios) if i for lv in range(1, levels + 1)}
+        w_rule = w_one = w_fix = 0
+        used = []
+        for _ in range(reps):
+            full = scenario_cells(rng, rule.max_starts, ratios, cv, kind, levels)
+            wrong, _right, look = _run_rule(rule, full, truth)
+            w_rule += wrong
+            used.append(look)
+            w_one += _run_rule(rule, full, truth, sequential=False)[0]
+            fx = fixed_welch_holm(full)
+            w_fix += any(dec and (ratios[int(a[1:])] == 1.0 or np.sign(diff) != np.sign(math.log(ratios[int(a[1:])])))
+                         for (a, _lv), (dec, diff) in fx.items())
+        print(f"{name:44s}{w_rule / reps:12.3f}{np.mean(used):7.2f}{w_one / reps:9.3f}{w_fix / reps:8.3f}")
+    print("  one look: sequential = false (the first look's starts, Holm at alpha)")
+    print(f"{'power: effect, start CV, levels':44s}{'rule':>8s}{'fixed 6':>8s}{'ratio':>7s}{'starts':>7s}{'by 3':>6s}")
+    for ratios, cv, levels in POWER:
+        rng = np.random.default_rng(int(ratios[1] * 1000 + cv * 100 + levels))
+        truth = {("a1", lv): ratios[1] for lv in range(1, levels + 1)}
+        p_rule = p_fix = by3 = 0
+        used = []
+        for _ in range(reps):
+            full = scenario_cells(rng, rule.max_starts, ratios, cv, "gaussian", levels)
+            _w, right, look = _run_rule(rule, full, truth)
+            p_rule += right
+            used.append(look)
+            by3 += right and look <= 3
+            fx = fixed_welch_holm(full)
+            p_fix += all(dec and diff > 0 for dec, diff in fx.values())
+        name = f"{ratios[1] - 1:+.0%} at CV {cv:.0%}, {levels} level{'s' if levels > 1 else ''}"
+        ratio = (p_rule / p_fix) if p_fix else float("nan")
+        print(f"{name:44s}{p_rule / reps:8.3f}{p_fix / reps:8.3f}{ratio:7.2f}{np.mean(used):7.2f}{by3 / reps:6.2f}")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=400)
-    parser.add_argument("--only", choices=("coverage", "null", "power"))
+    parser.add_argument("--only", choices=("coverage", "null", "power", "issue"))
     args = parser.parse_args()
     t0 = time.perf_counter()
     if args.only in (None, "coverage"):
@@ -182,6 +323,8 @@ def main() -> None:
         null_table(args.reps)
     if args.only in (None, "power"):
         power_table(args.reps)
+    if args.only in (None, "issue"):
+        issue_table(args.reps)
     print(f"({time.perf_counter() - t0:.1f} s)")
 
 

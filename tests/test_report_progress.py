@@ -69,3 +69,18 @@ def test_live_bar_on_a_terminal():
         assert p.state.done_trials == 1
     out = buf.getvalue()
     assert "1/4" in out and "252.0 tok/s [server counter, simulated]" in out
+
+
+def test_a_round_added_by_the_stopping_rule_grows_the_total():
+    """The plan's 8 trials done, the rule adds a round: the total grows with it (never "9/8")."""
+    from truthput.events import RoundAdded
+    from truthput.report.progress import LiveProgress
+
+    buf = io.StringIO()
+    p = LiveProgress(console=Console(file=buf, width=200), live=False)
+    p.set_plan(types.SimpleNamespace(order=[("a", 0), ("b", 0)], levels=[1, 8], repeats=2, estimate_s=100.0))
+    for k in range(8):
+        p.handle(TrialDone("a" if k < 4 else "b", 0, (1, 8)[k % 2], k // 2, 96.0, "server counter", True, "ok"))
+    p.handle(RoundAdded("stopping rule: adding start round 2", 16))
+    p.handle(TrialDone("a", 1, 1, 0, 96.0, "server counter", True, "ok"))
+    assert p.state.total_trials == 16 and "9/16 trials" in buf.getvalue() and "/8 trials" not in buf.getvalue()[-200:]

@@ -556,7 +556,8 @@ def test_plan_forecasts_starts_from_stored_noise_else_a_stated_default(tmp_path)
 
 def test_run_exits_non_zero_when_no_variant_produced_a_measurement(tmp_path):
     """Every start is refused (a max-model-len far above the model's): the failures are recorded as
-    results, the run is done, and `truthput run` says in one line that nothing was measured, exit 1."""
+    results, the run is stored failed, and `truthput run` says in one line that nothing was
+    measured, exit 1."""
     variants = """
 [[variant]]
 name = "base"
@@ -573,8 +574,8 @@ set = { "--max-model-len" = 99999999, "--max-num-seqs" = 8 }
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "no variant produced a measurement (base: " in out.stderr
     store = Store(db)
-    run_id = store.resolve_run("latest")
-    assert store.run(run_id).status == "done"
+    run_id = store.resolve_run("latest")  # the only run, though not a finished one
+    assert store.run(run_id).status == "failed"
     assert {s.status for s in store.starts(run_id)} == {"failed"}
 
 
@@ -651,8 +652,11 @@ def test_a_leftover_server_is_stopped_only_when_it_is_the_recorded_process(tmp_p
         assert stop_leftover_server(p.pid, spawned - 100.0, ["sleep"]) == "not ours"
         assert stop_leftover_server(p.pid, spawned, ["sleep"], identity=identity.split("/")[0] + "/1") == "not ours"
         assert p.poll() is None
-        assert stop_leftover_server(p.pid, spawned, ["/usr/bin/python3"], identity=identity) == "not ours"
+        # without an identity the program must match too
+        assert stop_leftover_server(p.pid, spawned, ["/usr/bin/python3"]) == "not ours"
         assert p.poll() is None
+        # (with the identity, the program may differ: a server started as `sh -c "exec ..."` is
+        # still that very process)
         # the wall clock may have moved since the spawn (a stepped clock, a paused VM): the identity holds
         seen = (identity, process_identity(p.pid), Path(f"/proc/{p.pid}/cmdline").read_bytes(),
                 _program_names(p.pid))
@@ -686,10 +690,10 @@ def test_a_leftover_is_known_by_its_command_name_where_proc_hides_its_cmdline(tm
         identity = proc_mod.process_identity(p.pid)
         monkeypatch.setattr(builtins, "open", open_without_cmdlines)
         assert "sleep" in [os.path.basename(n) for n in proc_mod._program_names(p.pid)]
-        assert proc_mod.stop_leftover_server(p.pid, spawned, ["/usr/bin/python3"], identity=identity) == "not ours"
+        assert identity  # a store without one falls back to the start time and the program's name
+        assert proc_mod.stop_leftover_server(p.pid, spawned, ["/usr/bin/python3"]) == "not ours"
         assert p.poll() is None
-        assert proc_mod.stop_leftover_server(p.pid, spawned, ["/bin/sleep", "300"], grace_s=5,
-                                             identity=identity) == "stopped"
+        assert proc_mod.stop_leftover_server(p.pid, spawned, ["/bin/sleep", "300"], grace_s=5) == "stopped"
         p.wait(timeout=10)
     finally:
         monkeypatch.undo()
@@ -747,7 +751,9 @@ def test_a_crash_under_load_ends_that_start_and_two_fail_the_variant(tmp_path):
     db = tmp_path / "c.db"
     out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],
                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
+    # crashy never measured: the run says so and exits 3 (base's figures are kept and reported)
+    assert out.returncode == 3, out.stderr[-3000:]
+    assert "variant(s) never measured (crashy: " in out.stderr
     store = Store(db, read_only=True)
     run_id = store.resolve_run("latest")
     starts = {(s.variant, s.start_index): s for s in store.starts(run_id)}
@@ -835,3 +841,16 @@ def test_a_fresh_run_stops_a_server_an_earlier_killed_run_left(tmp_path):
     assert not _running([pid]), "a fresh run left the earlier run's server running"
     assert f"(pid {pid}) was still running and was stopped" in out.stderr, out.stderr[:3000]
     assert Store(db, read_only=True).run(old_run).status == "interrupted"
+
+
+def test_a_variant_that_changes_nothing_is_refused_before_any_start(tmp_path):
+    """`set` to the value the baseline already has: plan and run refuse it in one line naming both
+    variants, exit 2, and nothing is started or stored."""
+    variants = '[[variant]]\nname = "base"\n[[variant]]\nname = "dup"\nset = { "--max-num-seqs" = 64 }\n'
+    (tmp_path / "d.toml").write_text(experiment_text(variants, concurrency=(1,)))
+    for cmd in ("plan", "run"):
+        out = subprocess.run([*TRUTHPUT, cmd, str(tmp_path / "d.toml"), "--store", str(tmp_path / "d.db")],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 2, (cmd, out.stderr)
+        assert "'dup' starts the same server as 'base'" in out.stderr and out.stderr.count("\n") == 1
+    assert not (tmp_path / "d.db").exists()

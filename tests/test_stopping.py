@@ -20,9 +20,38 @@ from truthput.errors import MeasurementError, InputError
 @pytest.mark.parametrize("method", ["linear", "pocock", "obrien-fleming"])
 def test_spending_sums_to_alpha(method):
     rule = StoppingRule(0.02, max_starts=10, min_starts=2, alpha=0.05, method=method)
-    total = sum(rule.look_alpha(k) for k in range(0, 12))
+    total = sum(rule.spent_at_look(k) for k in range(0, 12))
     assert total == pytest.approx(0.05, rel=1e-12)
     assert rule.look_alpha(1) == 0.0 and rule.look_alpha(11) == 0.0
+
+
+@pytest.mark.parametrize("method", ["linear", "obrien-fleming"])
+def test_the_boundary_spends_alpha_over_correlated_looks(method):
+    """The per-look levels, applied to fresh Gaussian experiments (another seed than the one they
+    were found with): with one arm 4x noisier (the case they are set by) a false claim at some look
+    happens in alpha of them, with equal variances in at most alpha; the looks' correlation is
+    counted (the levels add up to more than alpha, which a union bound would not allow)."""
+    from scipy import special
+
+    rule = StoppingRule(min_starts=3, max_starts=6, method=method)
+    levels = [rule.look_alpha(k) for k in range(3, 7)]
+    assert sum(levels) > 0.05
+    sims = 40_000
+    se = math.sqrt(0.05 * 0.95 / sims)
+    for sd_ratio in (1.0, 4.0):
+        rng = np.random.default_rng(99)
+        x, y = rng.standard_normal((sims, 6)), sd_ratio * rng.standard_normal((sims, 6))
+        crossed = np.zeros(sims, dtype=bool)
+        for n, level in zip(range(3, 7), levels):
+            a, b = x[:, :n], y[:, :n]
+            va, vb = a.var(axis=1, ddof=1) / n, b.var(axis=1, ddof=1) / n
+            df = (va + vb) ** 2 / (va**2 / (n - 1) + vb**2 / (n - 1))
+            p = 2 * special.stdtr(df, -np.abs(a.mean(axis=1) - b.mean(axis=1)) / np.sqrt(va + vb))
+            crossed |= p <= level
+        print(f"{method} SD ratio {sd_ratio}: any-look false claims {crossed.mean():.4f}")
+        assert crossed.mean() <= 0.05 + 3 * se
+        if sd_ratio == 4.0:
+            assert crossed.mean() >= 0.05 - 3 * se
 
 
 @pytest.mark.parametrize("method", ["linear", "obrien-fleming"])
@@ -44,17 +73,22 @@ def test_large_difference_stops_early():
     sim = rule.simulate([1.38], sd_between=0.03, sd_within=0.02, n_experiments=600, seed=3)
     print(f"+38%: mean starts {sim.mean_starts:.2f} {sim.starts_histogram} power {sim.power}")
     assert sim.power == 1.0
-    assert sim.mean_starts <= 3.5
+    # O'Brien-Fleming keeps most of alpha for late looks: a 38% change stops by look 3-4
+    assert sim.mean_starts <= 4.0
     assert sim.reasons.get("every comparison decided", 0) == 600
     assert sim.coverage >= 0.95
 
 
 def test_two_x_at_ten_percent_cv_is_decided_by_three_starts():
     """The default rule (first look at 3 starts, at most 6): a 2x effect with a 10% start CV is
-    decided at the first look in >= 90% of runs."""
+    decided at the first look in >= 55% of runs, and by the fourth in all. (The boundary tests
+    look 3 at ~0.4%: Welch's t with ~3 df at 3 starts is liberal when one arm is 4x noisier, and
+    the O'Brien-Fleming shape keeps the last look's power near a fixed design's; that is the
+    price, measured in benchmarks/RESULTS.md.)"""
     rule = StoppingRule(max_starts=6, min_starts=3)
     sim = rule.simulate([2.0], sd_between=0.10, sd_within=0.01, trials_per_start=1, n_experiments=500, seed=11)
-    assert sim.starts_histogram.get(3, 0) / 500 >= 0.90
+    assert sim.starts_histogram.get(3, 0) / 500 >= 0.55
+    assert sum(v for k, v in sim.starts_histogram.items() if k <= 4) == 500
     assert sim.false_winner_rate == 0.0 and sim.power >= 0.99
 
 
@@ -87,11 +121,11 @@ def test_decide_reasons_and_adjusted_intervals():
     d = rule.decide({"base": base, "v": same}, "base")
     assert d.stop and d.reason == "precision reached"
     est = d.per_comparison["v"]
-    assert est.level == pytest.approx(1 - rule.look_alpha(2))  # the adjusted level, not 95%
-    assert est.level == pytest.approx(1 - 0.05 * 2 / 4)
+    assert est.level == pytest.approx(1 - rule.look_alpha(2))  # the boundary's level, not 95%
+    assert 0.95 < est.level < 1.0
     # clear difference but wide interval -> decided
-    noisy_base = [[300.0], [330.0]]
-    fast = [[600.0], [640.0]]
+    noisy_base = [[300.0], [306.0]]
+    fast = [[600.0], [612.0]]
     d = rule.decide({("base", 1): noisy_base, ("v", 1): fast}, "base")
     assert d.stop and d.reason == "every comparison decided"
     assert "v@c=1" in d.per_comparison and d.per_comparison["v@c=1"].lo > 1
@@ -158,8 +192,8 @@ def test_bad_settings_are_spec_errors():
 
 
 def test_interleaved_order():
-    assert interleaved_order(["A", "B", "C"], 2, seed=0) == [
-        ("A", 0), ("B", 0), ("C", 0), ("A", 1), ("B", 1), ("C", 1)]
+    assert interleaved_order(["A", "B", "C"], 3, seed=0) == [  # rounds alternate: drift favours no one
+        ("A", 0), ("B", 0), ("C", 0), ("C", 1), ("B", 1), ("A", 1), ("A", 2), ("B", 2), ("C", 2)]
     r1 = interleaved_order(["A", "B", "C", "D"], 5, seed=42, randomized=True)
     r2 = interleaved_order(["A", "B", "C", "D"], 5, seed=42, randomized=True)
     assert r1 == r2
@@ -176,3 +210,15 @@ def test_estimate_plan_time():
     assert p.restart_s == 3600 and p.trials_s == 12 * 2 * (20 + 180)
     assert p.total_s == 3600 + 4800
     assert p.max_total_s == 30 * 300 + 30 * 2 * 200
+
+
+def test_futility_stops_an_a_a_comparison_early_without_false_claims():
+    """No change at a 3% start CV: equivalence within +-2% is out of reach at 6 starts, so the
+    rule stops once the estimate is well inside what 6 starts could resolve: mean starts per arm
+    <= 4.5 (6 without the futility stop), false claims still <= 5%."""
+    rule = StoppingRule(max_starts=6, min_starts=3)
+    sim = rule.simulate([1.0], sd_between=0.03, sd_within=0.01, trials_per_start=1, n_experiments=600, seed=21)
+    print(f"A/A CV 3%: mean starts {sim.mean_starts:.2f}, reasons {sim.reasons}, false {sim.false_winner_rate:.3f}")
+    assert sim.mean_starts <= 4.5
+    assert sim.false_winner_rate <= 0.05
+    assert sim.reasons.get("the rest cannot be decided within max_starts", 0) > 0

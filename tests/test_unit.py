@@ -254,8 +254,13 @@ def test_cli_import_and_unit_round_trip(tmp_path: Path, monkeypatch: pytest.Monk
     expected = ServerArgv.parse(SEED_ARGV).with_set({"--spec-tokens": 1}).to_argv()
     assert written.exec_start_argv() == expected  # the unit's own --host 0.0.0.0 --port 8080 came back
     assert written.get("Service", "Restart") == "on-failure"  # normal mode keeps the user's restart policy
+    # the verdict travels with the unit: this variant was never measured, and it says so
+    assert "spec1 was never measured" in result.output and "this unit is untested" in result.output
     missing = runner.invoke(app, ["unit", run_id, "--variant", "nope", "--store", str(tmp_path / "truthput.db")])
     assert missing.exit_code != 0 and "no variant 'nope'" in str(missing.exception)
+    # without --variant: the verdict's winner, and here there is none
+    none = runner.invoke(app, ["unit", run_id, "--store", str(tmp_path / "truthput.db")])
+    assert none.exit_code != 0 and "no winner at any level; choose one with --variant" in str(none.exception)
 
 
 def test_import_unwraps_a_simple_shell_wrapper_and_names_the_engine(tmp_path: Path) -> None:

@@ -98,6 +98,17 @@ class TrialDone:
 
 
 @dataclass(frozen=True)
+class RoundAdded:
+    """The stopping rule added a round of starts: the planned total of trials grows."""
+
+    message: str
+    total_trials: int
+
+    def text(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
 class Note:
     message: str
     level: str = "info"
@@ -107,7 +118,7 @@ class Note:
         return self.message
 
 
-Event = Union[RunStarted, StartLaunching, StartReady, StartFailed, TrialDone, Note]
+Event = Union[RunStarted, StartLaunching, StartReady, StartFailed, TrialDone, RoundAdded, Note]
 
 NOTE_STYLES = {"warning": "yellow", "error": "red"}
 

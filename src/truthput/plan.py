@@ -147,6 +147,19 @@ def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
                         f"but [hardware].count = {exp.hardware.count}")
 
 
+def _check_duplicates(variants: list[VariantPlan]) -> None:
+    """Two variants that would start the very same server (same argv, same environment) compare a
+    configuration with itself: almost always a typo or a flag that is already at that value."""
+    seen: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], str] = {}
+    for vp in variants:
+        key = (tuple(vp.argv.to_argv()), tuple(sorted(vp.env.items())))
+        if key in seen:
+            raise InputError(f"[[variant]] {vp.name!r} starts the same server as {seen[key]!r} (same command line "
+                             "and environment): its `set`/`remove` change nothing; give it a different setting or "
+                             "drop it")
+        seen[key] = vp.name
+
+
 def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     """Resolve every variant's argv (parsed, never string-replaced) and the order of server starts."""
     from truthput.analyze.design import estimate_plan_time, interleaved_order
@@ -179,6 +192,7 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
             name=v.name, position=pos, is_baseline=(v.name == exp.experiment.baseline), argv=argv,
             env={**exp.server.env, **v.env}, diff=diff.to_dict(), diff_text=str(diff).splitlines() or ["(no change)"],
             speculative=spec))
+    _check_duplicates(variants)
     order = interleaved_order([v.name for v in variants], exp.measure.starts, exp.experiment.seed,
                               randomized=exp.measure.randomize_order)
     wl = exp.workload

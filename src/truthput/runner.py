@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any, Callable
 
-from truthput.events import Event, EventSink, Note, RunStarted, emitter
+from truthput.events import Event, EventSink, Note, RoundAdded, RunStarted, emitter
 from truthput.executors.base import Executor
 from truthput.experiment.engines import SIMULATED_KINDS
 from truthput.experiment.file import Experiment
@@ -165,7 +165,8 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
 async def _more_starts(ctx: RunContext, executor: Executor, tokenizer: Any) -> None:
     """The stopping rule: add interleaved rounds of starts until every comparison is decided (or
     precise enough, with a target), or max_starts per variant (`truthput.analyze.summary`)."""
-    from truthput.analyze.summary import stopping_rule
+    from truthput.analyze.design import block_order
+    from truthput.analyze.values import stopping_rule
     from truthput.report.runsummary import run_summary
 
     m = ctx.exp.measure
@@ -174,11 +175,13 @@ async def _more_starts(ctx: RunContext, executor: Executor, tokenizer: Any) -> N
         return
     t_start = time.monotonic()
     n = m.starts
+    total = len(ctx.plan.order) * len(ctx.plan.levels) * ctx.plan.repeats
     while True:
         summary = run_summary(ctx.store, ctx.run_id, ctx.guard_texts)
         comps = summary.verdict.comparisons()
         reason = rule.reason(n, [c.decided for c in comps], [c.estimate.rel_halfwidth for c in comps],
-                             elapsed_s=time.monotonic() - t_start, budget_s=m.time_budget_s)
+                             elapsed_s=time.monotonic() - t_start, budget_s=m.time_budget_s,
+                             futile=[c.futile for c in comps])
         alive = [vp.name for vp in ctx.plan.variants if vp.name not in ctx.failed]
         if reason == "continue" and len(alive) < 2:
             reason = "nothing left to compare"
@@ -188,8 +191,9 @@ async def _more_starts(ctx: RunContext, executor: Executor, tokenizer: Any) -> N
             ctx.emit(Note(f"stopping rule: {n} starts per variant: {reason} ({detail})"))
             return
         undecided = sum(1 for c in comps if not c.decided)
-        ctx.emit(Note(f"stopping rule: {undecided} of {len(comps)} comparisons not decided after {n} starts per "
-                      f"variant; adding start round {n + 1} (at most {rule.max_starts})"))
-        order = [(name, n) for name in alive]
+        total += len(alive) * len(ctx.plan.levels) * ctx.plan.repeats
+        ctx.emit(RoundAdded(f"stopping rule: {undecided} of {len(comps)} comparisons not decided after {n} starts "
+                            f"per variant; adding start round {n + 1} (at most {rule.max_starts})", total))
+        order = [(name, n) for name in block_order(alive, n)]
         await executor.run_order(ctx, order, ctx.store.done_trials(ctx.run_id), tokenizer)
         n += 1

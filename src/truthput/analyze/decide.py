@@ -13,7 +13,7 @@ that would decide it. With a sequential rule alpha is the look's share of the er
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from truthput.analyze.stats import RatioEstimate, at_level, difference_p, equivalence_p
@@ -88,8 +88,11 @@ def decide_family(
     alpha: float,
     min_effect: float,
     describe: str = "",
+    nominal: Callable[[float], float] | None = None,
 ) -> dict[ComparisonKey, Decision]:
-    """Holm over `estimates` at family-wise `alpha` (see the module docstring).
+    """Holm over `estimates` at family-wise `alpha` (see the module docstring). `nominal` turns a
+    step's share of alpha into the level tested at this look (a sequential rule's boundary);
+    without it the share is the level (one look).
 
     Each estimate's interval is recomputed at the level its step used (alpha / (m - step + 1) for
     the decided ones; the level at which the procedure stopped for the rest), so every view shows
@@ -107,7 +110,8 @@ def decide_family(
     out: dict[ComparisonKey, Decision] = {}
     stopped_at: int | None = None
     for i, key in enumerate(order):
-        a_i = alpha / (m - (i if stopped_at is None else stopped_at))
+        share = alpha / (m - (i if stopped_at is None else stopped_at))
+        a_i = nominal(share) if nominal is not None else share
         if stopped_at is None and ps[key] > a_i:
             stopped_at = i
         corr = (f"Holm step {i + 1} of {m} at family-wise {1 - alpha:.4g}: interval at {1 - a_i:.2%}"

@@ -22,7 +22,7 @@ def interleaved_order(
     """(variant, start_index) in run order: block k holds every variant's start k.
 
     ``randomized`` shuffles the order within each block with ``numpy.random.default_rng(seed)``
-    so the same seed reproduces the same order; otherwise blocks are A B C, A B C, ...
+    so the same seed reproduces the same order; otherwise blocks alternate A B C, C B A, ...
     """
     names = list(variants)
     if len(set(names)) != len(names):
@@ -32,9 +32,16 @@ def interleaved_order(
     rng = np.random.default_rng(seed)
     order: list[tuple[str, int]] = []
     for k in range(n_starts):
-        block = [names[i] for i in rng.permutation(len(names))] if randomized else names
+        block = [names[i] for i in rng.permutation(len(names))] if randomized else block_order(names, k)
         order.extend((v, k) for v in block)
     return order
+
+
+def block_order(names: Sequence[str], k: int) -> list[str]:
+    """Round k's order: A B C in even rounds, C B A in odd ones. Alternating keeps a steady drift
+    (a host warming up) from always favouring the variant that runs first in a round: over each
+    pair of rounds every variant sits at the same mean position."""
+    return list(names) if k % 2 == 0 else list(reversed(names))
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,22 @@ Why: server starts are the expensive unit (minutes each for a 27B model).  Looki
 after every round of starts and stopping when the answer is clear saves hours -- but naive
 repeated looks at a 95% interval name false winners far more often than 5%.
 
-Method (stated in every decision): *alpha spending with a union bound over looks*.  The planned
-looks are the rounds ``min_starts .. max_starts`` (one start per variant per round).  A spending
-function F(t), t = look / max_starts, gives look k the error budget F(t_k) - F(t_{k-1}) (look
-``min_starts`` gets F(t_min), covering the looks that were skipped).  Those budgets sum to at most
-alpha; at each look every comparison of the run is decided together at the look's budget (Holm,
-`truthput.analyze.decide`), so by the union bound a wrong claim anywhere, at any look, has
-probability <= alpha, whatever the reason the run stopped (decided, precise, max starts, budget).
-It is conservative (no credit for the correlation between looks).
+Method (stated in every decision): *an exact group-sequential boundary*. The planned looks are
+the rounds ``min_starts .. max_starts`` (one start per variant per round, in an order the design
+fixes: rounds alternate A B, B A). A spending function F(t), t = look / max_starts (O'Brien-Fleming
+by default: little error early, nearly all of it at the last look, so the last look keeps almost
+the power of a plain fixed design), gives look k its share F(t_k) - F(t_{k-1}); `nominal_levels`
+turns the shares into the per-look levels at which exactly that share of null experiments would
+first cross, found by a seeded simulation of the verdict's own test (Welch's t on per-start log
+means), so the correlation between looks is counted and not thrown away as by a union bound. At
+each look every comparison of the run is decided together (Holm, `truthput.analyze.decide`): a
+step's share alpha / (m - i) is tested at that share's boundary. A wrong claim anywhere, at any
+look, has probability <= alpha whatever the reason the run stopped. The model is fixed by the
+design, never chosen from the data (no pre-test picks pairing or pooling).
+
+Futility: the run also stops when every comparison is decided or beyond reach (`beyond_reach`:
+the interval max_starts could reach would still include no change and could not show
+equivalence); such a comparison ends "not decided", which never adds a false claim.
 
 The default goal is a decision: stop when every comparison is decided (a change, or equivalence
 within +-min_effect).  A precision target (``[measure] target``) also stops the run once every
@@ -20,6 +28,7 @@ interval is that narrow.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,13 +37,21 @@ from typing import Any
 import numpy as np
 
 from truthput.analyze.decide import ComparisonKey, Decision, decide_family
-from truthput.analyze.stats import RatioEstimate, clean_starts, ratio_estimate, shared_noise, start_log_means
+from truthput.analyze.stats import RatioEstimate, clean_starts, ratio_estimate, start_log_means
 from truthput.errors import MeasurementError, InputError
 from truthput.experiment.levels import Level, level_label
 
-SPENDING_FUNCTIONS = ("linear", "pocock", "obrien-fleming")
+SPENDING_FUNCTIONS = ("linear", "quadratic", "pocock", "obrien-fleming")
+
+BOUNDARY_SIMULATIONS = 40_000
+"""Simulated experiments behind each boundary (seeded): its level is exact to about +-0.1 points."""
+
+FUTILITY_SHARE = 0.5
+"""An undecided comparison is beyond reach when its estimate is under half the half-width its
+interval would still have at max_starts (and that interval could not show equivalence either)."""
 
 CONTINUE = "continue"
+FUTILE = "the rest cannot be decided within max_starts"
 PRECISION = "precision reached"
 DECISION = "every comparison decided"
 MAX_STARTS = "max_starts reached"
@@ -86,12 +103,8 @@ def family_estimates(
             raise MeasurementError(f"stopping rule: baseline {baseline!r} has no cell{where}: nothing to compare with")
         names = [baseline, *[v for v in by_variant if v != baseline]]
         keys = [by_variant[v] for v in names]
-        rr = None if rounds is None else [list(rounds[k]) for k in keys]
-        noise = shared_noise([cells[k] for k in keys], rounds=rr)
-        for i, v in enumerate(names[1:], start=1):
-            out[ComparisonKey(metric, -1 if conc is None else conc, v)] = ratio_estimate(
-                cells[keys[i]], cells[keys[0]], noise=noise,
-                rounds_variant=None if rr is None else rr[i], rounds_baseline=None if rr is None else rr[0])
+        for i, v in enumerate(names[1:], start=1):  # Welch on the two arms: the design fixes the model
+            out[ComparisonKey(metric, -1 if conc is None else conc, v)] = ratio_estimate(cells[keys[i]], cells[keys[0]])
     return out
 
 
@@ -100,9 +113,9 @@ class StoppingRule:
 
     ``target_rel_halfwidth``: optional precision goal (0.02 = every interval within +-2%).
     ``min_effect``: the equivalence margin (default 2%).  ``alpha``: family-wise error over all
-    looks and all comparisons.  ``method``: the spending function, "linear" (F = alpha*t, the
-    default), "pocock" (Lan-DeMets Pocock type, spends early) or "obrien-fleming" (keeps nearly
-    all alpha for late looks).
+    looks and all comparisons.  ``method``: the spending function, "obrien-fleming" (the default:
+    keeps nearly all alpha for late looks), "linear" (F = alpha*t) or "pocock" (Lan-DeMets Pocock
+    type, spends early).
     """
 
     def __init__(
@@ -111,7 +124,7 @@ class StoppingRule:
         max_starts: int = 6,
         min_starts: int = 2,
         alpha: float = 0.05,
-        method: str = "linear",
+        method: str = "obrien-fleming",
         min_effect: float = 0.02,
     ) -> None:
         if not 0 < alpha < 1:
@@ -136,20 +149,11 @@ class StoppingRule:
     # -- spending -------------------------------------------------------------------------
     def spent(self, t: float) -> float:
         """Cumulative alpha spent by information fraction t in [0, 1]."""
-        from scipy import stats
+        return _spend(self.method, self.alpha, t)
 
-        t = min(max(t, 0.0), 1.0)
-        if t == 0.0:
-            return 0.0
-        if self.method == "linear":
-            return self.alpha * t
-        if self.method == "pocock":
-            return self.alpha * math.log(1.0 + (math.e - 1.0) * t)
-        z = stats.norm.isf(self.alpha / 2.0)
-        return float(2.0 * stats.norm.sf(z / math.sqrt(t)))
-
-    def look_alpha(self, look: int) -> float:
-        """Error budget of look ``look`` (= server starts per variant so far); 0 outside the plan."""
+    def spent_at_look(self, look: int) -> float:
+        """The error the spending function allots to look ``look``: F(t_k) - F(t_{k-1}), with the
+        first planned look taking F(t_first) (it covers the looks that were skipped)."""
         if look < self.min_starts or look > self.max_starts:
             return 0.0
         n = self.max_starts
@@ -157,22 +161,51 @@ class StoppingRule:
             return self.spent(look / n)
         return self.spent(look / n) - self.spent((look - 1) / n)
 
+    def look_alpha(self, look: int, alpha: float | None = None) -> float:
+        """The nominal per-comparison level of look ``look`` (= server starts per variant so far)
+        for a family-wise ``alpha`` (default the rule's): the exact group-sequential boundary of
+        the planned looks (`nominal_levels`), not the union bound; 0 outside the plan."""
+        if look < self.min_starts or look > self.max_starts:
+            return 0.0
+        levels = nominal_levels(self.min_starts, self.max_starts, round(self.alpha if alpha is None else alpha, 12),
+                                self.method)
+        return levels[look - self.min_starts]
+
+    def beyond_reach(self, est: RatioEstimate, look: int, share: float) -> bool:
+        """Futility: at ``look`` an undecided comparison whose interval at ``max_starts`` (the same
+        start-to-start noise, the boundary's last level for its ``share`` of alpha) would still be
+        too wide to show equivalence and whose estimate is under FUTILITY_SHARE of that interval's
+        half-width: more starts would most likely end "not decided" too. Stopping for it never adds
+        a false claim (it only gives up chances to decide), so the error rate holds."""
+        if look >= self.max_starts or not (math.isfinite(est.se_log) and math.isfinite(est.df) and est.df > 0):
+            return False
+        from truthput.analyze.stats import t_quantile
+
+        grow = (self.max_starts - 1) / max(look - 1, 1)
+        se_max = est.se_log * math.sqrt(look / self.max_starts)
+        half = t_quantile(self.look_alpha(self.max_starts, share), est.df * grow) * se_max
+        return half > math.log1p(self.min_effect) and abs(est.diff_log) < FUTILITY_SHARE * half
+
+    def nominal(self, look: int) -> Callable[[float], float]:
+        """Family share -> that share's nominal level at ``look`` (what Holm's steps test at)."""
+        return lambda share: self.look_alpha(self.clamp(look), share)
+
     def clamp(self, look: int) -> int:
         return min(max(look, self.min_starts), self.max_starts)
 
     def confidence_at(self, look: int, n_comparisons: int = 1) -> float:
         """Per-comparison confidence level of an interval reported at ``look`` (Bonferroni)."""
-        return 1.0 - self.look_alpha(self.clamp(look)) / max(1, n_comparisons)
+        return 1.0 - self.look_alpha(self.clamp(look), self.alpha / max(1, n_comparisons))
 
     def describe(self) -> str:
         goal = "every comparison decided (a change, or equivalence within +-" + f"{self.min_effect:.0%})"
         if self.target_rel_halfwidth is not None:
             goal += f" or every interval within +-{self.target_rel_halfwidth:.1%}"
         return (
-            f"sequential: stop when {goal}, or at {self.max_starts} server starts per variant; alpha={self.alpha:g} "
-            f"spent over looks {self.min_starts}..{self.max_starts} with the {self.method} spending function, union "
-            "bound over looks and Holm over the run's comparisons, so a wrong claim at any look has probability "
-            f"<= {self.alpha:g}"
+            f"sequential: stop when {goal} (or beyond reach), or at {self.max_starts} server starts per variant; "
+            f"alpha={self.alpha:g} spent over looks {self.min_starts}..{self.max_starts} with the {self.method} "
+            "spending function on an exact boundary (the looks' correlation counted) and Holm over the run's "
+            f"comparisons, so a wrong claim at any look has probability <= {self.alpha:g}"
         )
 
     # -- decision -------------------------------------------------------------------------
@@ -185,23 +218,29 @@ class StoppingRule:
     ) -> tuple[str, dict[ComparisonKey, Decision], float]:
         """(reason, decisions, look alpha) for raw estimates of the whole family at ``look``."""
         alpha_k = self.look_alpha(self.clamp(look))
-        decisions = decide_family(estimates, alpha_k, self.min_effect,
-                                  describe=f"look {look} of {self.min_starts}..{self.max_starts}, alpha {alpha_k:.4g} "
-                                  f"({self.method} spending)") if estimates else {}
+        decisions = decide_family(estimates, self.alpha, self.min_effect,
+                                  describe=f"look {look} of {self.min_starts}..{self.max_starts}, nominal level "
+                                  f"{alpha_k:.4g} ({self.method} spending, exact boundary)",
+                                  nominal=self.nominal(look)) if estimates else {}
         ds = list(decisions.values())
+        futile = [not d.decided and self.beyond_reach(d.estimate, look, self.alpha / max(d.family, 1)) for d in ds]
         return self.reason(look, [d.decided for d in ds], [d.estimate.rel_halfwidth for d in ds],
-                           elapsed_s, budget_s), decisions, alpha_k
+                           elapsed_s, budget_s, futile), decisions, alpha_k
 
     def reason(self, look: int, decided: Sequence[bool], halfwidths: Sequence[float],
-               elapsed_s: float | None = None, budget_s: float | None = None) -> str:
-        """Why to stop after ``look`` (or CONTINUE), given each comparison's decision and the
-        relative half-width of its interval."""
+               elapsed_s: float | None = None, budget_s: float | None = None,
+               futile: Sequence[bool] | None = None) -> str:
+        """Why to stop after ``look`` (or CONTINUE), given each comparison's decision, the
+        relative half-width of its interval and whether it is beyond reach (`beyond_reach`)."""
         if look >= self.min_starts and decided:
             t = self.target_rel_halfwidth
             if t is not None and all(h <= t for h in halfwidths):
                 return PRECISION
             if all(d or (t is not None and h <= t) for d, h in zip(decided, halfwidths, strict=True)):
                 return DECISION
+            if futile is not None and t is None and look < self.max_starts and \
+                    all(d or f for d, f in zip(decided, futile, strict=True)):
+                return FUTILE
         if look >= self.max_starts:
             return MAX_STARTS
         if budget_s is not None and elapsed_s is not None and elapsed_s >= budget_s:
@@ -253,6 +292,72 @@ class StoppingRule:
 
         truth = {f"a{i}": r for i, r in enumerate(arms) if i}
         return simulate_rule(self, draw, truth, "a0", n_experiments, rng)
+
+
+def _spend(method: str, alpha: float, t: float) -> float:
+    from scipy import stats
+
+    t = min(max(t, 0.0), 1.0)
+    if t == 0.0:
+        return 0.0
+    if method == "linear":
+        return alpha * t
+    if method == "quadratic":
+        return alpha * t * t
+    if method == "pocock":
+        return alpha * math.log(1.0 + (math.e - 1.0) * t)
+    z = stats.norm.isf(alpha / 2.0)
+    return float(2.0 * stats.norm.sf(z / math.sqrt(t)))
+
+
+@functools.lru_cache(maxsize=256)
+def nominal_levels(min_starts: int, max_starts: int, alpha: float, method: str) -> tuple[float, ...]:
+    """Per-look nominal two-sided levels for looks min_starts..max_starts (n starts per arm at
+    look n) whose chance of any false claim over all looks is ``alpha``, spent as ``method`` says.
+
+    Exact for the test the verdict uses (Welch's t on per-start log means) under Gaussian start
+    effects, with equal variances or one arm 4x noisier (whichever needs the lower level), found
+    by simulation: BOUNDARY_SIMULATIONS seeded experiments of
+    two arms; at each look, the level is the p-value below which the still-undecided experiments
+    would spend exactly that look's share. Successive looks share their first starts, so they are
+    strongly correlated: these levels are well above the shares a union bound would test at.
+    """
+    # Welch's t at 3 starts is conservative when the arms' variances are equal and much less so
+    # when one arm is far noisier: the levels hold under both (the smaller of the two, per look).
+    return tuple(min(pair) for pair in zip(*(_levels_for(min_starts, max_starts, alpha, method, ratio)
+                                             for ratio in SD_RATIOS), strict=True))
+
+
+SD_RATIOS = (1.0, 4.0)
+"""Start-to-start SD of one arm over the other's that the boundary is found under."""
+
+
+def _levels_for(min_starts: int, max_starts: int, alpha: float, method: str, sd_ratio: float) -> list[float]:
+    from scipy import special
+
+    rng = np.random.default_rng(20261204)
+    sims, k_max = BOUNDARY_SIMULATIONS, max_starts
+    x, y = rng.standard_normal((sims, k_max)), sd_ratio * rng.standard_normal((sims, k_max))
+    alive = np.ones(sims, dtype=bool)
+    levels: list[float] = []
+    spent_before = 0.0
+    for n in range(min_starts, max_starts + 1):
+        share = _spend(method, alpha, n / max_starts) - spent_before
+        spent_before += share
+        a, b = x[:, :n], y[:, :n]
+        va, vb = a.var(axis=1, ddof=1) / n, b.var(axis=1, ddof=1) / n
+        se2 = va + vb
+        df = se2**2 / (va**2 / (n - 1) + vb**2 / (n - 1))
+        p = 2.0 * special.stdtr(df, -np.abs(a.mean(axis=1) - b.mean(axis=1)) / np.sqrt(se2))
+        target = int(round(share * sims))
+        live = np.sort(p[alive])
+        if target < 1 or live.size == 0:
+            levels.append(share)
+            continue
+        level = float(live[min(target, live.size) - 1])
+        levels.append(level)
+        alive &= ~(p <= level)
+    return levels
 
 
 @dataclass(frozen=True)
@@ -312,7 +417,7 @@ def simulate_rule(
         for key, dec in by_label.items():
             t = math.log(truth[key])
             e = dec.estimate
-            if math.isfinite(e.lo) and not (math.log(e.lo) <= t <= math.log(e.hi)):
+            if math.isfinite(e.lo) and not (e.lo <= truth[key] <= e.hi):
                 covered = False
             if dec.kind == "different":
                 if t == 0 or np.sign(e.diff_log) != np.sign(t):

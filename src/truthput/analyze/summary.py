@@ -15,8 +15,8 @@ from typing import Any
 
 from truthput.analyze.cells import Cell, TrialLike, build_cells, metric_groups
 from truthput.analyze.guard import GuardResult, compare_outputs
-from truthput.analyze.stopping import StoppingRule
-from truthput.analyze.verdict import ComparisonVerdict, Verdict, make_verdict
+from truthput.analyze.values import StartValues, decide, start_values, stopping_rule
+from truthput.analyze.verdict import ComparisonVerdict, Verdict
 from truthput.experiment.file import MeasureSection
 from truthput.experiment.levels import Level
 
@@ -29,6 +29,8 @@ class RunSummary:
     guard: dict[str, GuardResult] = field(default_factory=dict)
     guard_texts: dict[str, list[str]] = field(default_factory=dict)
     stopping: StoppingInfo | None = None
+    values: list[StartValues] = field(default_factory=list)
+    """The per-start values the verdict was decided from (`truthput decide` recomputes it)."""
 
     def comparison(self, variant: str, level: Level, metric: str = "tok/s") -> ComparisonVerdict | None:
         """The verdict's comparison of `variant` with the baseline at `level` on `metric`."""
@@ -107,15 +109,6 @@ def _block_by_node(cells: list[Cell], values: dict[Any, Any], extra: dict[Any, A
                                      [f"tok/s {t}" for t in tests])
 
 
-def stopping_rule(m: MeasureSection) -> StoppingRule | None:
-    """The experiment's sequential rule (None when `sequential = false`): first look at
-    max(2, starts), at most max_starts per variant, equivalence within +-min_effect."""
-    if not m.sequential:
-        return None
-    return StoppingRule(target_rel_halfwidth=m.target_rel, max_starts=max(m.planned_max_starts, m.first_look),
-                        min_starts=m.first_look, alpha=1 - m.confidence, min_effect=m.min_effect_rel)
-
-
 def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapping[str, str], baseline: str,
               measure: MeasureSection, simulated: bool,
               guard_texts: Mapping[str, list[str]] | None = None,
@@ -149,11 +142,10 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
     blocks = None
     if placements:
         values, extra, blocks = _block_by_node(cells, values, extra, placements)
-    verdict = make_verdict(values, baseline, failed=failed, guard=guard, confidence=m.confidence,
-                           simulated=simulated, stopping_rule=rule, look=look, min_effect=m.min_effect_rel,
-                           rounds=rounds, metrics=extra, decide_throughput="tok/s" in m.verdicts)
+    groups = {"tok/s": (values, rounds), **extra}
+    verdict = decide(groups, baseline, m, look=look, failed=failed, guard=guard, simulated=simulated)
     _mark_flagged(verdict, cells, baseline)
     if blocks is not None:
         verdict.notes.append(blocks.line())
     return RunSummary(cells=cells, verdict=verdict, failed=failed, guard=guard, guard_texts=texts,
-                      stopping=stopping)
+                      stopping=stopping, values=start_values(groups))

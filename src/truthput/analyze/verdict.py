@@ -16,7 +16,7 @@ Rules (why they exist):
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 from dataclasses import asdict, dataclass, field
 
@@ -51,6 +51,9 @@ class ComparisonVerdict:
     better: bool | None = None
     """Whether the variant is decided better than the baseline on this metric (None: no change
     decided)."""
+    futile: bool = False
+    """Not decided, and beyond reach: more starts up to max_starts would most likely not decide it
+    either (the stopping rule's futility stop)."""
 
     @property
     def decided(self) -> bool:
@@ -161,6 +164,17 @@ Cells = Mapping[tuple[str, Level], Sequence[Sequence[float]]]
 Rounds = Mapping[tuple[str, Level], Sequence[int]]
 
 
+def one_look_levels(starts: int) -> Callable[[float], float] | None:
+    """A single look at `starts` starts per arm (`sequential = false`): Welch's t there is tested at
+    the level that holds its error with one arm 4x noisier (`nominal_levels` with one look), never
+    above the share itself (where Welch is conservative anyway the interval stays the one it says)."""
+    if starts < 2:
+        return None
+    from truthput.analyze.stopping import nominal_levels
+
+    return lambda share: min(share, nominal_levels(starts, starts, round(share, 12), "linear")[0])
+
+
 def make_verdict(
     cells: Cells,
     baseline: str,
@@ -190,20 +204,23 @@ def make_verdict(
     failed = dict(failed or {})
     guard = dict(guard or {})
     tag = "simulated: " if simulated else ""
+    nominal: Callable[[float], float] | None
     if stopping_rule is not None:
         confidence = 1.0 - stopping_rule.alpha
         min_effect = stopping_rule.min_effect
         if look is None:
             look = max((len(clean_starts(d)) for d in cells.values()), default=0)
-        alpha = stopping_rule.look_alpha(stopping_rule.clamp(look))
+        alpha = stopping_rule.alpha
+        nominal = stopping_rule.nominal(look)
     else:
         alpha = 1.0 - confidence
+        nominal = one_look_levels(max((len(clean_starts(d)) for d in cells.values()), default=0))
     by_metric: dict[str, tuple[Cells, Rounds | None]] = {
         **({"tok/s": (cells, rounds)} if decide_throughput else {}), **dict(metrics or {})}
     raw, groups, notes = _estimates(by_metric, baseline, failed)
     describe = (f"look {look} of {stopping_rule.min_starts}..{stopping_rule.max_starts}"
                 if stopping_rule is not None else "")
-    decisions = decide_family(raw, alpha, min_effect, describe) if raw else {}
+    decisions = decide_family(raw, alpha, min_effect, describe, nominal=nominal) if raw else {}
     family = sum(1 for d in decisions.values() if d.step is not None)
     out: list[ConcurrencyVerdict] = []
     sequential = stopping_rule is not None
@@ -212,6 +229,15 @@ def make_verdict(
         comps = [_comparison(decisions[ComparisonKey(mkey, conc, v)], v, baseline, conc, spec, guard,
                              expected_divergence, confidence, family, sequential, min_effect, tag)
                  for v in others]
+        if stopping_rule is not None and look is not None:
+            for c in comps:
+                if c.outcome == "not decided" and stopping_rule.beyond_reach(c.estimate, look,
+                                                                             stopping_rule.alpha / max(family, 1)):
+                    c.futile = True
+                    said = (f"; beyond reach: {stopping_rule.max_starts} starts per arm would most likely not "
+                            "decide it either (the starts differ too much for a change this small)")
+                    head, sep, tail = c.line.partition("; output guard:")
+                    c.line = head + said + sep + tail
         out.append(_level_verdict(mkey, conc, group, comps, baseline, noise_note, confidence, tag))
     return Verdict(per_concurrency=out, failed=failed, method_notes=_method_notes(family, min_effect, stopping_rule, look,
                                                                               simulated),
@@ -250,11 +276,9 @@ def _estimates(by_metric: Mapping[str, tuple[Cells, Rounds | None]], baseline: s
             rr = None
             if mrounds is not None and all((n, conc) in mrounds for n in names):
                 rr = [list(mrounds[(n, conc)]) for n in names]
-            noise = shared_noise([group[n] for n in names], rounds=rr)
-            for i, v in enumerate(others, start=1):
-                raw[ComparisonKey(mkey, conc, v)] = ratio_estimate(
-                    group[v], group[baseline], noise=noise, rounds_variant=None if rr is None else rr[i],
-                    rounds_baseline=None if rr is None else rr[0])
+            noise = shared_noise([group[n] for n in names], rounds=rr)  # diagnostics for the method section
+            for v in others:
+                raw[ComparisonKey(mkey, conc, v)] = ratio_estimate(group[v], group[baseline])
             groups.append((mkey, conc, group, others, noise.note if noise.df or noise.paired else ""))
     return raw, groups, notes
 

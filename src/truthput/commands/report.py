@@ -18,6 +18,9 @@ def register(app: typer.Typer) -> None:
         csv_dir: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV per table into this folder."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON document (schema truthput-report/1) here."),
         check: bool = typer.Option(False, "--check", help="Run SQLite's full integrity check on the store first (every open runs the quick one)."),
+        values: Optional[Path] = typer.Option(None, "--values", help="Write the per-start values the verdict was "
+                                              "decided from (.json: with the baseline and design; .csv: one row per "
+                                              "trial); `truthput decide FILE` recomputes the verdict."),
     ) -> None:
         """Write the run's reports; with no output option, print the terminal summary and write nothing."""
         from truthput.errors import StoreError
@@ -28,7 +31,14 @@ def register(app: typer.Typer) -> None:
         db = Store(store, read_only=True, full_check=check)
         try:
             rid = db.resolve_run(run_id)
-            if not any((html, md, csv_dir, json_path)):
+            if values is not None:
+                from truthput.report.runsummary import run_design, run_summary
+                from truthput.report.values import write_values
+
+                base, measure = run_design(db, rid)
+                write_values(values, run_summary(db, rid).values, base, measure, bool(db.run(rid).simulated))
+                typer.echo(f"values: {values}")
+            if not any((html, md, csv_dir, json_path, values)):
                 from truthput.report.data import roofline_for_run, roofline_lines
                 from truthput.report.terminal import make_console, print_run
 

@@ -18,7 +18,7 @@ def _starts_forecast(exp, plan, store_path: Path) -> list[str]:
     import socket
 
     from truthput.analyze.planning import DEFAULT_START_CV, forecast
-    from truthput.analyze.summary import stopping_rule
+    from truthput.analyze.values import stopping_rule
 
     m = exp.measure
     rule = stopping_rule(m)

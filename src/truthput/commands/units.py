@@ -45,7 +45,8 @@ def register(app: typer.Typer) -> None:
     @app.command("unit")
     def unit_(
         run_id: str = typer.Argument(..., help="Run id (or a unique prefix, or 'latest')."),
-        variant: str = typer.Option(..., "--variant", help="The variant to write as a unit."),
+        variant: Optional[str] = typer.Option(None, "--variant", help="The variant to write as a unit (default: the "
+                                              "verdict's winner)."),
         store: Path = typer.Option(Path("truthput.db"), "--store", help="Results store (SQLite)."),
         output: Optional[Path] = typer.Option(None, "-o", "--output", help="Unit file to write (default: print it)."),
         experiment_mode: bool = typer.Option(False, "--experiment-mode", help="Restart=no and no RestartSec= (a crash is a result, not a restart loop)."),
@@ -54,11 +55,21 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Overwrite the output file if it exists."),
     ) -> None:
         """Write a measured variant back as a systemd unit with the original unit's sections."""
-        from truthput.errors import InputError
-        from truthput.report.units import export_variant_unit
+        from truthput.errors import InputError, StoreError
+        from truthput.report.units import export_variant_unit, verdict_on_variant
+        from truthput.store.db import Store
 
-        text, warnings = export_variant_unit(store, run_id, variant, experiment_mode, description, template)
-        for warning in warnings:
+        if not store.exists():
+            raise StoreError(f"{store}: no results store here (give --store PATH)")
+        db = Store(store, read_only=True)
+        try:
+            rid = db.resolve_run(run_id)
+            variant, said = verdict_on_variant(db, rid, variant)
+        finally:
+            db.close()
+        typer.echo(f"truthput: writing {variant} of run {rid}", err=True)
+        text, warnings = export_variant_unit(store, rid, variant, experiment_mode, description, template)
+        for warning in said + warnings:
             typer.echo(f"truthput: warning: {warning}", err=True)
         if output is None:
             typer.echo(text, nl=False)

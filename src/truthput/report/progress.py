@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from truthput.events import Event, RunStarted, StartLaunching, TrialDone, style_of
+from truthput.events import Event, RoundAdded, RunStarted, StartLaunching, TrialDone, style_of
 from truthput.experiment.levels import Level, level_label
 
 
@@ -124,6 +124,8 @@ class LiveProgress:
         elif isinstance(event, StartLaunching):
             self.state.variant, self.state.start = event.variant, event.start_index + 1
             self.state.level = self.state.trial = None
+        elif isinstance(event, RoundAdded):
+            self.set_plan(total_trials=event.total_trials, estimate_s=self.state.estimate_s)
         elif isinstance(event, RunStarted):
             if event.total_trials is not None:
                 self.set_plan(total_trials=event.total_trials, estimate_s=event.estimate_s)
@@ -161,7 +163,8 @@ class LiveProgress:
             TimeRemainingColumn
 
         self._bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("trials"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                             TextColumn("trials"), TimeElapsedColumn(), TextColumn("elapsed,"), TimeRemainingColumn(),
+                             TextColumn("left"),
                              TextColumn("{task.fields[tokps]}", markup=False), console=self.console, transient=False)
         self._bar.start()
         self._task = self._bar.add_task(self.state.where(), total=self.state.total_trials, tokps="")

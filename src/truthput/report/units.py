@@ -91,6 +91,37 @@ def export_variant_unit(
     return text, warnings
 
 
+def verdict_on_variant(db: Store, run_id: str, variant: str | None) -> tuple[str, list[str]]:
+    """(the variant to write, what the verdict said of it): the winner when none is named (one
+    winner at every level that has one, else an error listing them), and a warning for a variant
+    never measured or decided slower than the baseline at some level."""
+    from truthput.errors import InputError
+    from truthput.experiment.levels import level_label
+    from truthput.report.runsummary import run_summary
+
+    summary = run_summary(db, run_id)
+    winners: dict[str, list[str]] = {}
+    for cv in summary.verdict.per_concurrency:
+        if cv.winner:
+            winners.setdefault(cv.winner, []).append(level_label(cv.level))
+    if variant is None:
+        if len(winners) != 1:
+            said = "; ".join(f"{w} at {', '.join(lv)}" for w, lv in winners.items()) or "no winner at any level"
+            raise InputError(f"run {run_id}: the verdict names {said}; choose one with --variant NAME")
+        variant = next(iter(winners))
+    warnings: list[str] = []
+    measured = {c.variant for c in summary.cells if c.per_start}
+    if variant not in measured:
+        why = summary.failed.get(variant, "no trial of it succeeded")
+        warnings.append(f"{variant} was never measured in run {run_id} ({why}): this unit is untested")
+    for cv in summary.verdict.per_concurrency:
+        for c in cv.comparisons:
+            if c.variant == variant and c.metric == "tok/s" and c.outcome == "slower":
+                warnings.append(f"the verdict decided {variant} {abs(c.estimate.pct):.0f}% slower than {cv.baseline} at "
+                                f"{level_label(cv.level)}")
+    return variant, warnings
+
+
 def write_winner_units(db: Store, store_path: Path, run_id: str, folder: Path) -> list[Path]:
     """The variant the verdict names the winner, as a systemd unit (when the baseline came from one)."""
     from truthput.report.runsummary import run_summary

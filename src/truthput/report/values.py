@@ -1,0 +1,77 @@
+"""The per-start values behind a verdict, as a file a user can read and recompute from.
+
+JSON (`truthput report RUN --values FILE.json`): the baseline, the design (`[measure]`) and one
+entry per server start. CSV (`--values FILE.csv`): one row per trial value, columns metric,
+variant, concurrency, rate, round, trial, value; the baseline and design are then given to
+`truthput decide` (`--baseline`, `--experiment`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from truthput.analyze.values import StartValues
+from truthput.errors import InputError
+from truthput.experiment.file import MeasureSection
+from truthput.experiment.levels import level_from_json, level_json
+
+CSV_COLUMNS = ["metric", "variant", "concurrency", "rate", "round", "trial", "value"]
+
+
+def write_values(path: Path, values: Sequence[StartValues], baseline: str, measure: MeasureSection,
+                 simulated: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".csv":
+        with path.open("w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(CSV_COLUMNS)
+            for v in values:
+                lv = level_json(v.level)
+                for i, x in enumerate(v.values):
+                    w.writerow([v.metric, v.variant, lv["concurrency"] if lv["concurrency"] is not None else "",
+                                lv["rate"] if lv["rate"] is not None else "", v.round, i, repr(x)])
+        return
+    doc = {"schema": "truthput-values/1", "baseline": baseline, "simulated": simulated,
+           "measure": measure.model_dump(mode="json", exclude_unset=True),
+           "starts": [{"metric": v.metric, "variant": v.variant, **level_json(v.level), "round": v.round,
+                       "values": list(v.values)} for v in values]}
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def read_values(path: Path) -> tuple[list[StartValues], str | None, MeasureSection | None, bool]:
+    """(values, baseline or None, design or None, simulated) from a file `write_values` wrote (or a
+    user did)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
+    if path.suffix.lower() == ".csv":
+        return _read_csv(path, text), None, None, False
+    try:
+        doc = json.loads(text)
+        starts = [StartValues(str(s["metric"]), str(s["variant"]), level_from_json(s), int(s["round"]),
+                              tuple(float(x) for x in s["values"])) for s in doc["starts"]]
+        measure = MeasureSection.model_validate(doc.get("measure") or {})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{path}: not a truthput values file ({exc.__class__.__name__}: {exc})") from None
+    return starts, doc.get("baseline"), measure, bool(doc.get("simulated"))
+
+
+def _read_csv(path: Path, text: str) -> list[StartValues]:
+    rows = list(csv.DictReader(text.splitlines()))
+    if not rows or set(CSV_COLUMNS) - set(rows[0]):
+        raise InputError(f"{path}: expected CSV columns {', '.join(CSV_COLUMNS)}")
+    by: dict[tuple[str, str, Any, int], list[tuple[int, float]]] = {}
+    for n, r in enumerate(rows, start=2):
+        try:
+            level = level_from_json({"concurrency": int(r["concurrency"]) if r["concurrency"] else None,
+                                     "rate": float(r["rate"]) if r["rate"] else None})
+            key = (r["metric"], r["variant"], level, int(r["round"]))
+            by.setdefault(key, []).append((int(r["trial"] or 0), float(r["value"])))
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"{path}, line {n}: {exc}") from None
+    return [StartValues(m, v, lv, rd, tuple(x for _t, x in sorted(vals))) for (m, v, lv, rd), vals in by.items()]
