@@ -91,7 +91,9 @@ def real_run(tiny_model, vllm_env, truthput_argv, tmp_path_factory):
     proc = subprocess.run([*truthput_argv, "run", str(exp), "--store", str(db_path), "--reports", str(work / "reports")],
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=REPO)
     elapsed = time.monotonic() - t0
-    assert proc.returncode == 0, f"truthput run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    # too-long never starts (its own max-model-len): the run measures the others and exits 3 saying so
+    assert proc.returncode == 3, f"truthput run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "variant(s) never measured (too-long: " in proc.stderr
     db = sqlite3.connect(db_path)
     db.row_factory = sqlite3.Row
     yield db, proc, elapsed
@@ -310,16 +312,28 @@ def test_sequential_rule_on_real_vllm_stops_within_max_starts_and_says_why(tiny_
     (comp,) = cv["comparisons"]
     n = comp["estimate"]["n_starts_variant"]
     assert 2 <= n <= 4 and comp["estimate"]["n_starts_baseline"] == n and set(starts.values()) == {n}
+    stops = [r[0] for r in db.execute("SELECT message FROM events WHERE kind='stopping_rule'")]
     if comp["outcome"] == "not decided":
-        assert n == 4 and comp["more_starts"] >= 1
-        assert f"about {comp['more_starts']} more start" in comp["line"]
+        assert comp["more_starts"] >= 1 and f"about {comp['more_starts']} more start" in comp["line"]
+        # at max_starts, or earlier when 4 starts would most likely not decide it either (futility)
+        assert (n == 4 and "max_starts reached" in stops[-1]) or \
+            ("beyond reach" in comp["line"] and "cannot be decided within max_starts" in stops[-1])
     else:
         assert comp["outcome"] in ("faster", "slower", "equivalent")
+        assert "every comparison decided" in stops[-1]
     if comp["flagged"]:
         assert "rests on flagged figures" in comp["line"]
     assert comp["line"].startswith("c=4: ngram ")
-    stops = [r[0] for r in db.execute("SELECT message FROM events WHERE kind='stopping_rule'")]
-    assert stops and (("max_starts reached" in stops[-1]) == (comp["outcome"] == "not decided"))
+    # a user recomputes the verdict from the run's per-start values: the same decision, the same interval
+    values = tmp_path / "values.json"
+    made = subprocess.run([*truthput_argv, "report", "latest", "--store", str(db_path), "--values", str(values)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert made.returncode == 0, made.stderr[-2000:]
+    again = subprocess.run([*truthput_argv, "decide", str(values)], capture_output=True, text=True, timeout=120,
+                           cwd=REPO)
+    assert again.returncode == 0, again.stderr[-2000:]
+    decision = comp["line"].split("; rests on flagged figures")[0]  # the flags live in the store, not the values
+    assert decision in again.stdout.splitlines(), (decision, again.stdout)
 
 
 def test_the_fidelity_protocol_short_on_the_real_run(real_run, tiny_model, truthput_argv, tmp_path):
