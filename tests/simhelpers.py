@@ -116,3 +116,16 @@ def parse_prometheus(text: str) -> dict[str, float]:
             key = name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(kept.items())) + "}" if kept else "")
             out[key] = value
     return out
+
+
+def wait_listening(port: int, timeout_s: float = 30.0) -> None:
+    """Until something accepts TCP connections on 127.0.0.1:port (a server started as a subprocess)."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)

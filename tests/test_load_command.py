@@ -257,7 +257,6 @@ def test_a_hostile_server_cannot_grow_the_client_or_the_store(tmp_path):
     import socket
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -268,13 +267,9 @@ def test_a_hostile_server_cannot_grow_the_client_or_the_store(tmp_path):
                              "--huge-event-bytes", "8000000", "--metrics-junk-bytes", "20000000",
                              "--token-delay-s", "0.001"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        from simhelpers import wait_listening
+
+        wait_listening(port, 20)
         # the load runs in a child that reports its own peak resident memory (KiB) on its last line
         wrapper = ("import resource, sys\nfrom truthput.cli import main\nsys.argv = ['truthput'] + sys.argv[1:]\n"
                    "try:\n    main()\nexcept SystemExit:\n    pass\n"

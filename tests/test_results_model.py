@@ -15,7 +15,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -286,13 +285,9 @@ def test_load_against_the_simulator_is_labelled_simulated_everywhere(tmp_path):
                                "--sim-startup-s", "0.1", "/models/llama"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        from simhelpers import wait_listening
+
+        wait_listening(port, 30)
         db = tmp_path / "l.db"
         out = subprocess.run([sys.executable, "-m", "truthput", "load", f"http://127.0.0.1:{port}", "-c", "2",
                               "--duration", "1", "--output-tokens", "24", "--store", str(db)],

@@ -661,26 +661,25 @@ def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Cou
     usage_tokens = usage_w * seconds if usage_w is not None and seconds else None
     known = counts.usage_pc[counts.usage_pc > 0]
     moments = sum(max(p.half_span_s, validity.SCRAPE_MOMENT_S) for p in (ws_s, we_s) if p is not None)
-    placed = spread_pc = None
+    rate = usage_w or 0.0
+    placed = spans = None
     if usage_tokens is None and engine not in validity.PER_TOKEN_ENGINES:
+        # final usage spread over each request's text chunks places the tokens of an engine whose
+        # chunks carry an unknown number of tokens; the last interval is the whole window
         spread_pc = final_usage_per_chunk(counts.table, records)
         t = counts.table.t
         placed = [float(spread_pc[(t > a) & (t <= b)].sum()) for a, b, _r, _n in intervals]
         n_chunks = int(counts.chunks_pc.sum())
         known = np.asarray([math.ceil(spread_pc.sum() / n_chunks)]) if n_chunks else known
-        if usage_w is None and seconds and placed:
-            moments *= placed[-1] / seconds
-        else:
-            moments *= usage_w or 0.0
+        rate = placed[-1] / seconds if placed and seconds else 0.0
+        spans = [(r.t_first, r.t_end, r.completion_tokens) for r in records
+                 if r.status == "ok" and r.t_first is not None and r.t_end and r.completion_tokens is not None]
     finished = _finished_in(records, -math.inf, math.inf) if whole_requests else None
     validity.check_counter(result, engine, concurrency, counts.table.t, counts.chunks_pc, intervals,
                            d_win.resets, d_win.went_backwards_without_reset, d_trial.resets,
                            usage_tokens=usage_tokens, max_tokens_per_chunk=int(known.max()) if known.size else 1,
                            window_rise=d_win.value if counts.win_from_scrapes else None, finished=finished,
-                           moment_tokens=moments if placed is not None else (usage_w or 0.0) * moments,
-                           placed=placed, spans=[(r.t_first, r.t_end, r.completion_tokens) for r in records
-                                  if r.status == "ok" and r.t_first is not None and r.t_end
-                                  and r.completion_tokens is not None])
+                           moment_tokens=rate * moments, placed=placed, spans=spans)
     if not open_loop:
         validity.check_load(result, concurrency)
     validity.check_timestamps(result, records, concurrency)
