@@ -14,9 +14,12 @@ The validation protocol (a prediction is worth its validation):
    (median ±20%), the training configurations are measured on more server starts, at most twice
    (a noisy host's windows scatter 10-15% within a start, and k=1 at 1 and 2 streams then cannot
    pin down n-gram's costs, whose extrapolation to 8 streams the bands carry);
-4. every other configuration is predicted (n-gram k=3's tokens per step and draft tokens verified
-   per sequence-step are inputs, read from its own counters as a short k=3 probe would give them:
-   k=1 data cannot identify them) and
+4. every other configuration is predicted twice: with its acceptance GIVEN (n-gram k=3's tokens
+   per step and draft tokens verified per sequence-step read from its own counters, as a short
+   k=3 probe would give them: this tests the step-cost model, not a prediction of the
+   configuration) and with its acceptance PREDICTED from the training configurations
+   (`predict_acceptance`: the k=1 points' drafting share and per-token acceptance carried to k=3
+   position by position: the configuration from the training data alone); each is
    compared with its measurement: predicted vs measured, the error, the 95% band's half-width,
    whether the measurement lies inside it, and the interval score; then the training points
    in-sample, then leave-one-out over every configuration.
@@ -176,25 +179,43 @@ def analyse(store_path: Path, run_ids: list[str], train: set[tuple[str, int]],
         replicate = _replicate_spread(result, chosen)
         return result, total if replicate is None else replicate, basis
 
-    def band(fitted_on, points) -> tuple[float, float, float, int]:
+    def band(fitted_on, points, acceptance: tuple[float | None, float | None] | None = None
+             ) -> tuple[float, float, float, int]:
         """The prediction for a configuration's mean over its starts, with its 95% band: from its
-        shape (streams, speculation, and k=3's counters as a probe gives them), not its tok/s."""
+        shape (streams, speculation), not its tok/s. Its acceptance (tokens per step, draft tokens
+        per sequence-step) is `acceptance` where given (predicted from the training
+        configurations), else read from its own counters, as a short probe would give them."""
         result, noise, _ = fitted_on
         n = len({p.group for p in points})
-        acc = [p.acceptance_length for p in points if p.acceptance_length]
-        drafted = [p.draft_tokens_per_step for p in points if p.draft_tokens_per_step is not None]
+        if acceptance is not None:
+            acc_len, drafted_per_step = acceptance
+        else:
+            acc = [p.acceptance_length for p in points if p.acceptance_length]
+            drafted = [p.draft_tokens_per_step for p in points if p.draft_tokens_per_step is not None]
+            acc_len = statistics.fmean(acc) if acc else points[0].acceptance_length
+            drafted_per_step = statistics.fmean(drafted) if drafted else None
         cfg = replace(points[0], steps=None, window_s=None, measured_tokps=None, tail_s=0.0, idle_s=0.0,
-                      head_s=None, following_step=None,
-                      acceptance_length=statistics.fmean(acc) if acc else points[0].acceptance_length,
-                      draft_tokens_per_step=statistics.fmean(drafted) if drafted else None)
+                      head_s=None, following_step=None, acceptance_length=acc_len,
+                      draft_tokens_per_step=drafted_per_step)
         return (*result.predict_measurement(cfg, starts=n, replicate_spread=noise), n)
+
+    train_points = [p for k in by_config if k in train for p in by_config[k]]
 
     def row(fitted_on, key, points, kind):
         value, lo, hi, n = band(fitted_on, points)
         measured = statistics.fmean(p.measured_tokps for p in points)
-        return {"kind": kind, "variant": key[0], "c": key[1], "measured": measured, "predicted": value,
-                "error": value / measured - 1, "half_width": (hi - lo) / 2 / value, "inside": lo <= measured <= hi,
-                "score": interval_score(lo, hi, measured), "starts": n}
+        out = {"kind": kind, "variant": key[0], "c": key[1], "measured": measured, "predicted": value,
+               "error": value / measured - 1, "half_width": (hi - lo) / 2 / value, "inside": lo <= measured <= hi,
+               "score": interval_score(lo, hi, measured), "starts": n}
+        predicted_acc = predict_acceptance(train_points, points[0].spec_k) if points[0].spec_k else None
+        if predicted_acc is not None:
+            v2, lo2, hi2, _ = band(fitted_on, points, predicted_acc[:2])
+            out.update({"predicted_acc": v2, "error_acc": v2 / measured - 1, "inside_acc": lo2 <= measured <= hi2,
+                        "acceptance_basis": predicted_acc[2]})
+        elif not points[0].spec_k:
+            out.update({"predicted_acc": value, "error_acc": out["error"], "inside_acc": out["inside"],
+                        "acceptance_basis": "no speculation"})
+        return out
 
     on_train = fitted([k for k in by_config if k in train])
     training_starts = min(len({p.group for p in by_config[k]}) for k in train if k in by_config)
@@ -214,6 +235,45 @@ def analyse(store_path: Path, run_ids: list[str], train: set[tuple[str, int]],
     return {"gpu": gpu, "model": model, "result": on_train[0], "rows": rows, "loo": loo,
             "spread": on_train[1], "spread_basis": on_train[2], "skipped": pts.skipped, "front": shares, "runs": len(run_ids),
             "training_starts": training_starts}
+
+
+def predict_acceptance(train_points: list, k: int) -> tuple[float, float, str] | None:
+    """A speculative configuration's tokens per step and draft tokens per sequence-step predicted
+    from the training points alone, never its own counters. Training points with the same k: their
+    mean. Another k, from the training points of the nearest k below it: the share of
+    sequence-steps that drafted (draft tokens per sequence-step / k') and the chance p that a draft
+    token is accepted (accepted / drafted, from 1 + accepted/drafts) carried over, each draft now k
+    tokens long and accepted position by position with that p (so 1 + p + ... + p^k per drafting
+    step). A stated model, not a measurement: it is what the simulator's acceptance would need to
+    predict."""
+    same = [p for p in train_points if p.spec_k == k and p.acceptance_length]
+    if same:
+        drafted = [p.draft_tokens_per_step for p in same if p.draft_tokens_per_step is not None]
+        return (statistics.fmean(p.acceptance_length for p in same),
+                statistics.fmean(drafted) if drafted else float(k), f"training points at k={k}")
+    lower = sorted({p.spec_k for p in train_points if 0 < p.spec_k < k and p.acceptance_length
+                    and p.draft_tokens_per_step is not None})
+    if not lower:
+        return None
+    k0 = lower[-1]
+    pts = [p for p in train_points if p.spec_k == k0 and p.acceptance_length and p.draft_tokens_per_step is not None]
+    share = min(1.0, statistics.fmean(p.draft_tokens_per_step for p in pts) / k0)  # sequence-steps that draft
+    accepted_per_draft = statistics.fmean(p.acceptance_length - 1 for p in pts)  # of k0 tokens
+    per_token = min(0.999, max(0.0, accepted_per_draft / k0 if k0 == 1 else _per_position(accepted_per_draft, k0)))
+    accepted_k = sum(per_token ** i for i in range(1, k + 1))
+    return 1 + accepted_k, share * k, f"k={k0} training points, position-by-position acceptance {per_token:.2f}"
+
+
+def _per_position(accepted: float, k: int) -> float:
+    """The p with p + p^2 + ... + p^k = accepted (bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid ** i for i in range(1, k + 1)) < accepted:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def _pooled(by_config: dict, value) -> float | None:
@@ -293,19 +353,37 @@ def print_report(a: dict) -> None:
               f"{front[0]:.2f}-{front[-1]:.2f} cores in the windows (median {statistics.median(front):.2f}); "
               f"the server's processes {statistics.median(s for _, s in a['front']):.2f} cores (median): "
               "pinned to one core, that is engine time the front end takes")
-    header = f"{'':14s} {'variant':8s} {'c':>3s} {'measured':>9s} {'predicted':>9s} {'error':>7s} {'±band':>6s} {'inside':>6s} {'score':>6s}"
+    print("\nTwo predictions per configuration. 'given acc.': the step cost predicted with the acceptance "
+          "(tokens per step, draft tokens per sequence-step) read from that configuration's own counters, as a "
+          "short probe would give them: it tests the step-cost model, not a prediction of the configuration. "
+          "'predicted acc.': the acceptance predicted from the training configurations too "
+          "(predict_acceptance: same k, else position-by-position from the k below): the configuration "
+          "predicted from the training data alone.")
+    header = (f"{'':14s} {'variant':8s} {'c':>3s} {'measured':>9s} {'given acc.':>10s} {'error':>7s} {'±band':>6s} "
+              f"{'inside':>6s} {'score':>6s} {'pred. acc.':>10s} {'error':>7s} {'inside':>6s}")
     for title, rows in (("held out / in sample", a["rows"]), ("leave-one-out", a["loo"])):
         print(f"\n{title}\n{header}")
         for r in rows:
-            print(f"{r['kind']:14s} {r['variant']:8s} {r['c']:>3d} {r['measured']:>9.1f} {r['predicted']:>9.1f} "
-                  f"{r['error']:>+7.1%} {r['half_width']:>6.1%} {'yes' if r['inside'] else 'NO':>6s} {r['score']:>6.2f}")
+            pred = (f"{r['predicted_acc']:>10.1f} {r['error_acc']:>+7.1%} {'yes' if r['inside_acc'] else 'NO':>6s}"
+                    if "predicted_acc" in r else f"{'-':>10s} {'-':>7s} {'-':>6s}")
+            print(f"{r['kind']:14s} {r['variant']:8s} {r['c']:>3d} {r['measured']:>9.1f} {r['predicted']:>10.1f} "
+                  f"{r['error']:>+7.1%} {r['half_width']:>6.1%} {'yes' if r['inside'] else 'NO':>6s} {r['score']:>6.2f} "
+                  + pred)
+    bases = sorted({r["acceptance_basis"] for r in a["rows"] if r.get("acceptance_basis")})
+    if bases:
+        print("acceptance predicted from: " + "; ".join(bases))
     for kind in ("held out", "in sample", "leave-one-out"):
         rows = [r for r in a["rows"] + a["loo"] if r["kind"] == kind]
         if rows:
-            print(f"{kind:14s}: median |error| {statistics.median(abs(r['error']) for r in rows):.1%}, "
+            print(f"{kind:14s}: given acceptance: median |error| {statistics.median(abs(r['error']) for r in rows):.1%}, "
                   f"inside {sum(r['inside'] for r in rows)}/{len(rows)}, median ±band "
                   f"{statistics.median(r['half_width'] for r in rows):.1%}, "
                   f"median interval score {statistics.median(r['score'] for r in rows):.2f}")
+            pred = [r for r in rows if "predicted_acc" in r]
+            if pred:
+                print(f"{'':14s}  predicted acceptance: median |error| "
+                      f"{statistics.median(abs(r['error_acc']) for r in pred):.1%}, inside "
+                      f"{sum(r['inside_acc'] for r in pred)}/{len(pred)}")
 
 
 def main() -> int:

@@ -101,6 +101,16 @@ CASES: list[tuple[str, str, str, Any, tuple[str, ...]]] = [
     ("completion_echo_stream", "POST", "/v1/completions",
      _c(max_tokens=4, echo=True, ignore_eos=True, stream=True), ()),
     ("detokenize", "POST", "/detokenize", {"tokens": [581, 274, 67]}, ()),
+    ("chat_tool_auto_without_parser", "POST", "/v1/chat/completions",
+     _chat(max_tokens=8, tools=[TOOL], tool_choice="auto"), ()),
+    ("max_tokens_as_string", "POST", "/v1/completions", _c(max_tokens="4", ignore_eos=True), ("completion_tokens",)),
+    ("max_tokens_as_word", "POST", "/v1/completions", _c(max_tokens="four"), ()),
+    ("chat_logprobs", "POST", "/v1/chat/completions",
+     _chat(max_tokens=4, ignore_eos=True, logprobs=True, top_logprobs=2), ("completion_tokens",)),
+    ("completion_stream_logprobs", "POST", "/v1/completions",
+     _c(max_tokens=4, ignore_eos=True, logprobs=1, stream=True), ()),
+    ("chat_stream_logprobs", "POST", "/v1/chat/completions",
+     _chat(max_tokens=4, ignore_eos=True, logprobs=True, top_logprobs=1, stream=True), ()),
 ]
 
 ALLOWED: dict[str, str] = {
@@ -164,12 +174,16 @@ TEXT_DEPENDENT = {"stop_reason"}
 """Keys whose type follows the generated text (a stop string is hit or not): null or a string."""
 KEYED_BY_TOKEN = {"top_logprobs"}
 """Lists of mappings keyed by token strings: compared by how many entries each has."""
+TOKEN_BYTES = {"bytes"}
+"""A token's UTF-8 bytes (chat logprobs): as long as the token's text, which may differ."""
 
 
 def shape(value: Any, key: str = "") -> Any:
     """Key sets and value types, recursively (a list by the shapes of its items, in order)."""
     if key in TEXT_DEPENDENT and (value is None or isinstance(value, str)):
         return "str|null"
+    if key in TOKEN_BYTES and isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return "bytes"
     if key in KEYED_BY_TOKEN and isinstance(value, list) and all(isinstance(v, dict) for v in value):
         return [f"{len(v)} tokens" for v in value]
     if isinstance(value, dict):

@@ -25,7 +25,8 @@ from aiohttp import web
 class StubConfig:
     tokens_per_chunk: int = 1
     token_delay_s: float = 0.0  # pacing per token (a chunk of k tokens waits k * delay)
-    continuous_usage: str = "on"  # "on": honour the option; "off": ignore it; "reject": HTTP 400
+    continuous_usage: str = "on"  # "on": honour the option; "off": ignore it; "reject": HTTP 400;
+    # "none": no usage at all, not even the final one (servers that ignore stream_options)
     fail_after_tokens: int | None = None  # cut the connection after this many tokens
     keepalive_every: int = 0  # emit ": keep-alive" comment every k chunks
     crlf: bool = False
@@ -39,6 +40,7 @@ class StubConfig:
     huge_event_bytes: int = 0  # hostile: the second chunk's text is this many bytes (one SSE event)
     serve_metrics: bool = False  # a /metrics with vllm:generation_tokens_total (tokens sent)
     metrics_junk_bytes: int = 0  # hostile: /metrics carries one comment line this long
+    metrics_without_counter: bool = False  # /metrics serves other series only (no token counter)
 
 
 @dataclass
@@ -95,6 +97,10 @@ class StubServer:
         text = ("# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
                 "# TYPE vllm:generation_tokens_total counter\n"
                 f'vllm:generation_tokens_total{{model_name="{self.cfg.model}"}} {float(self.stats.tokens_sent)}\n')
+        if self.cfg.metrics_without_counter:
+            text = ("# HELP process_cpu_seconds_total Total user and system CPU time.\n"
+                    "# TYPE process_cpu_seconds_total counter\n"
+                    f"process_cpu_seconds_total {time.process_time():.3f}\n")
         if self.cfg.metrics_junk_bytes:
             text += "# " + "x" * self.cfg.metrics_junk_bytes + "\n"
         return web.Response(text=text, content_type="text/plain")
@@ -122,7 +128,7 @@ class StubServer:
         else:
             prompt_tokens = len(str(body.get("prompt", "")).split())
         running = bool(opts.get("continuous_usage_stats")) and cfg.continuous_usage == "on"
-        include_usage = bool(opts.get("include_usage"))
+        include_usage = bool(opts.get("include_usage")) and cfg.continuous_usage != "none"
         self.stats.requests += 1
         self.stats.active += 1
         self.stats.max_active = max(self.stats.max_active, self.stats.active)
@@ -206,14 +212,17 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--token-delay-s", type=float, default=0.0)
-    ap.add_argument("--continuous-usage", default="on", choices=["on", "off", "reject"])
+    ap.add_argument("--continuous-usage", default="on", choices=["on", "off", "reject", "none"])
     ap.add_argument("--metrics", action="store_true", help="serve /metrics")
     ap.add_argument("--huge-event-bytes", type=int, default=0)
     ap.add_argument("--metrics-junk-bytes", type=int, default=0)
+    ap.add_argument("--metrics-without-counter", action="store_true")
+    ap.add_argument("--prefill-delay-s", type=float, default=0.0)
     args = ap.parse_args()
     cfg = StubConfig(tokens_per_chunk=args.tokens_per_chunk, token_delay_s=args.token_delay_s,
                      continuous_usage=args.continuous_usage, serve_metrics=args.metrics,
-                     huge_event_bytes=args.huge_event_bytes, metrics_junk_bytes=args.metrics_junk_bytes)
+                     huge_event_bytes=args.huge_event_bytes, metrics_junk_bytes=args.metrics_junk_bytes,
+                     metrics_without_counter=args.metrics_without_counter, prefill_delay_s=args.prefill_delay_s)
     try:
         import uvloop
         uvloop.install()

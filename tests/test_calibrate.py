@@ -296,3 +296,24 @@ def test_with_one_start_per_configuration_the_start_spread_is_read_off_the_start
     result = fit(slow, GPU, MODEL, free=("step_overhead_s",), prior=TRUE)
     assert result.interior == ("step_overhead_s",)
     assert _lack_of_fit_spread(result)[0] == DEFAULT_START_CV
+
+
+def test_the_fidelity_benchmark_predicts_acceptance_from_training_points_only():
+    """A held-out speculative configuration's acceptance predicted from the training points: at
+    the same k, their mean; at a larger k, each draft token accepted with the k=1 points' chance p
+    position by position (1 + p + p^2 + p^3 tokens per drafting step at k=3), drafting as often."""
+    import sys
+    from types import SimpleNamespace as Point
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from sim_fidelity import predict_acceptance
+
+    train = [Point(spec_k=1, acceptance_length=1.5, draft_tokens_per_step=0.6),
+             Point(spec_k=1, acceptance_length=1.7, draft_tokens_per_step=0.8),
+             Point(spec_k=0, acceptance_length=None, draft_tokens_per_step=None)]
+    acc, drafted, basis = predict_acceptance(train, 1)
+    assert (acc, drafted) == pytest.approx((1.6, 0.7)) and basis == "training points at k=1"
+    acc, drafted, basis = predict_acceptance(train, 3)
+    assert acc == pytest.approx(1 + 0.6 + 0.6 ** 2 + 0.6 ** 3) and drafted == pytest.approx(3 * 0.7)
+    assert "k=1 training points" in basis
+    assert predict_acceptance([train[2]], 3) is None  # nothing speculative to learn from

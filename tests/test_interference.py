@@ -154,3 +154,29 @@ def test_gpu_strangers_and_throttling_are_flagged_and_the_server_is_not():
     (flag,) = throttled.throughput.counter_window.flags
     assert flag.code == "gpu_throttled" and "power cap" in flag.reason and "thermal slowdown (HW)" in flag.reason
     assert container.throughput.counter_window.flags == [] and "another namespace" in container.interference.note
+
+
+def test_tick_rounding_never_reports_more_cores_than_the_host_has(monkeypatch):
+    """/proc ticks over a short window can sum past the host's cores (a process's ticks land at its
+    exit): the figure is capped, and the flag reads 'all 2 CPU cores', never '2.24 of 2'."""
+    import os
+
+    from truthput.engines.interference import HostSample
+
+    hz = os.sysconf("SC_CLK_TCK")
+    samples = iter([HostSample(busy=0, ours=0, server=0), HostSample(busy=int(2.24 * hz), ours=0, server=0)])
+    host = HostLoad(cores=2)
+    monkeypatch.setattr(host, "_sample", lambda: next(samples))
+    clock = iter([100.0, 101.0])
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    host.begin()
+    host.end()
+    assert host.other_cores == 2.0
+    res = TrialResults()
+    res.interference.host_other_cores = __import__("truthput.measure.methods", fromlist=["figure"]).figure(
+        host.other_cores, "cores", "client_clock")
+    res.interference.host_cores = 2
+    res.throughput.counter_window.value = 10.0
+    check_interference(res)
+    reasons = [f.reason for f in res.throughput.counter_window.flags]
+    assert any("all 2 CPU cores" in r for r in reasons) and not any("2.24" in r for r in reasons), reasons

@@ -293,3 +293,78 @@ def test_a_hostile_server_cannot_grow_the_client_or_the_store(tmp_path):
     # 24 events of 8 MB held would be ~200 MB of text alone (1.78 GB peak before the caps)
     print(f"peak resident memory of the load: {peak_kib / 1024:.0f} MiB")
     assert peak_kib < 600 * 1024, peak_kib
+
+
+def _stub_process(*args: str):
+    """tests/stubserver.py (a FAKE server with set timings) on a free port, as `load` meets it."""
+    import socket
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(root / "tests" / "stubserver.py"), "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from simhelpers import wait_listening
+
+    wait_listening(port, 20)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _load_cli(*args: str, cwd: Path):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "truthput", "load", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def test_load_prints_latency_percentiles_that_match_the_servers_timings(tmp_path: Path) -> None:
+    """The stub waits 60 ms before the first token, then 10 ms per token, one token per chunk: TTFT
+    is 70 ms, TPOT and ITL 10 ms, E2E 60 + 24 x 10 = 300 ms (plus scheduling overshoot of the
+    sleeps, which only adds). `--json` and the table both carry them."""
+    proc, url = _stub_process("--metrics", "--token-delay-s", "0.01", "--prefill-delay-s", "0.06")
+    try:
+        done = _load_cli(url, "-c", "2", "-n", "10", "--output-tokens", "24", "--json", "--no-store", cwd=tmp_path)
+        table = _load_cli(url, "-c", "2", "-n", "4", "--output-tokens", "24", "--no-store", cwd=tmp_path)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    row = doc["levels"][0]
+    lat = row["latency_ms"]
+    for q in ("mean", "p50"):
+        assert 69 <= lat["ttft"][q] <= 85, lat["ttft"]
+        assert 9.9 <= lat["tpot"][q] <= 12, lat["tpot"]
+        assert 9.5 <= lat["itl"][q] <= 12.5, lat["itl"]
+        assert 299 <= lat["e2e"][q] <= 345, lat["e2e"]
+    assert lat["e2e"]["p99"] >= lat["e2e"]["p90"] >= lat["e2e"]["p50"]
+    # two streams, each request ~0.3 s: ~6.5 req/s; every token counted by the server's counter
+    assert 5.0 <= row["requests_per_s"] <= 7.0, row
+    assert row["client_tokens"] == 10 * 24 and row["tokens_equal"] and row["headline_source"] == "server_counter"
+    assert row["total_tps"] > row["headline_tps"] > 0
+    assert table.returncode == 0, table.stderr[-2000:]
+    for label in ("TTFT", "TPOT", "ITL", "E2E", "p50", "p90", "p99", "req/s", "total tok/s"):
+        assert label in table.stdout, (label, table.stdout)
+
+
+def test_load_says_why_there_is_no_counter_and_no_client_token_count(tmp_path: Path) -> None:
+    """A /metrics without the token counter, and a server that sends no usage: the views say both,
+    instead of a bare '-' against a DIFFER or a client count of 0."""
+    proc, url = _stub_process("--metrics", "--metrics-without-counter", "--continuous-usage", "none",
+                              "--token-delay-s", "0.001")
+    try:
+        done = _load_cli(url, "-c", "2", "-n", "6", "--output-tokens", "16", "--no-store", cwd=tmp_path)
+        as_json = _load_cli(url, "-c", "2", "-n", "6", "--output-tokens", "16", "--no-store", "--json", cwd=tmp_path)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    out = " ".join(done.stdout.split())
+    assert "no server counter figure: metric not exposed: the server's /metrics has no vllm:generation_tokens_total" \
+        in out, out
+    row = json.loads(as_json.stdout)["levels"][0]
+    assert row["counter_tokens"] is None and "vllm:generation_tokens_total" in row["counter_missing"]
+    assert row["client_tokens"] is None
+    assert "the server sent no usage counts: client tokens unknown" in out
+    assert "DIFFER" not in out and " 0 / -" not in out

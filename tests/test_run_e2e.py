@@ -736,6 +736,44 @@ def test_a_servers_daemon_child_in_its_own_session_is_stopped_too(tmp_path):
     assert not left, "a server's setsid child outlived the run"
 
 
+def test_a_servers_daemon_child_left_by_a_killed_run_is_stopped_by_a_fresh_run(tmp_path):
+    """kill -9 of truthput while its server has a child in its own session (setsid): the server dies
+    with truthput (parent-death signal), the child gets no signal and lives on. A fresh `run` on the
+    store stops it by the identity recorded with the start, and leaves a stranger alone."""
+    marker = f"{8000 + os.getpid() % 1000}.25"
+    sim = [sys.executable, "-m", "truthput.sim", "serve", "--host", "127.0.0.1", "--port", "{port}",
+           "--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b", "--sim-startup-s", "0.1"]
+    script = f"(setsid sleep {marker} &) ; exec " + " ".join(sim)
+    variants = '[[variant]]\nname = "base"\n[[variant]]\nname = "other"\nset = { "--max-num-seqs" = 32 }\n'
+    text = experiment_text(variants, concurrency=(1,), duration=0.5, starts=3, engine="command",
+                           command=["bash", "-c", script])
+    stranger = subprocess.Popen(["sleep", f"{marker}1"])  # not the server's: must survive
+    try:
+        proc, db = _start_run(tmp_path, "daemon9", 1, text=text)
+        with sqlite3.connect(db) as c:
+            infos = [json.loads(i or "{}") for (i,) in c.execute("SELECT info_json FROM starts")]
+        assert any(i.get("descendants") for i in infos), infos
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        time.sleep(1.0)
+        assert _procs_with(marker), "the setsid child should outlive kill -9 of truthput (test premise)"
+        fresh = tmp_path / "fresh.toml"
+        fresh.write_text(experiment_text(BASE_VARIANTS[:BASE_VARIANTS.index("[[variant]]\nname = \"spec1\"")] +
+                                         '[[variant]]\nname = "b"\nset = { "--max-num-seqs" = 32 }\n',
+                                         concurrency=(1,), duration=0.3))
+        out = subprocess.run([*TRUTHPUT, "run", str(fresh), "--store", str(db)], capture_output=True, text=True,
+                             timeout=240, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        left = _procs_with(marker)
+        for p in left:
+            os.kill(p, signal.SIGKILL)
+        assert not left, "a fresh run left the killed run's server child running"
+        assert stranger.poll() is None, "a process that was never the server's was stopped"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
 def test_a_crash_under_load_ends_that_start_and_two_fail_the_variant(tmp_path):
     """A variant whose server is killed (SIGKILL) a moment into its first trial: each such start ends
     as `crash_under_load` with its own class, the other variant is unaffected, and after two crashes

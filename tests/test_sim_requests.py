@@ -132,3 +132,75 @@ def test_the_added_metric_families_count_what_was_served():
     assert m["vllm:prompt_tokens_by_source_total{source=local_compute}"] == usage["prompt_tokens"]
     assert m["vllm:request_inference_time_seconds_count"] == 1
     assert m["vllm:estimated_flops_per_gpu_total"] > 0 and m["vllm:estimated_read_bytes_per_gpu_total"] > 0
+
+
+def test_under_load_tokens_leave_merged_into_fewer_chunks_and_every_count_stays_exact():
+    """vLLM's API server writes one chunk at a time; when a step's outputs take it longer than the
+    step, a stream's tokens leave together (real vLLM 0.32 on CPU: 16 tokens in 8 chunks). The
+    simulator models that front end: one stream gets a token per chunk, 64 at once get fewer
+    chunks than tokens, and the running usage on each chunk still counts every token; with the
+    front end's cost at 0 no chunk carries two."""
+    async def load(url: str, c: int) -> tuple[int, int, bool]:
+        body = {"prompt": "hello", "max_tokens": 48, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        results = await asyncio.gather(*[_post(url, "/v1/completions", body) for _ in range(c)])
+        chunks = tokens = 0
+        steps_ok = True
+        for status, events in results:
+            assert status == 200
+            seen = [e["usage"]["completion_tokens"] for e in events if e.get("choices")]
+            chunks += len(seen)
+            tokens += events[-1]["usage"]["completion_tokens"]
+            steps_ok &= seen == sorted(seen) and seen[-1] == 48
+        return chunks, tokens, steps_ok
+
+    async def fn(url):
+        return await load(url, 1), await load(url, 64)
+
+    one, many = _with_sim(["--sim-frontend-chunk-us", "200"], fn)
+    assert one == (48, 48, True)
+    chunks, tokens, exact = many
+    assert tokens == 64 * 48 and exact
+    assert chunks < 0.95 * tokens, (chunks, tokens)
+    _, off = _with_sim(["--sim-frontend-chunk-us", "0"], fn)
+    assert off[0] == off[1] == 64 * 48
+
+
+def test_served_names_access_lines_and_the_tool_parser_counter_are_vllms():
+    """Only the served names are models (the path is not, once --served-model-name is given); one
+    uvicorn access line per request; vllm:tool_call_parser_invocations exists with a parser."""
+    import io
+
+    from truthput.sim.flags import parse_serve_args
+    from truthput.sim.server import SimServer, resolve_setup
+
+    async def go():
+        out = io.StringIO()
+        cfg = parse_serve_args(["/models/x", "--served-model-name", "a", "b", *BASE, "--port", "0", "--host",
+                                "127.0.0.1", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"])
+        server = SimServer(cfg, resolve_setup(cfg, eff=FAST), log_out=out)
+        await server.start()
+        try:
+            url = f"http://127.0.0.1:{server.port}"
+            codes = [(await _post(url, "/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 2}))[0]
+                     for m in ("a", "b", "/models/x")]
+            status, _ = await _post(url, "/v1/chat/completions", {
+                "model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "tools": [TOOL], "tool_choice": "auto"})
+            async with aiohttp.ClientSession() as s:
+                async with s.get(url + "/metrics") as r:
+                    metrics = await r.text()
+        finally:
+            await server.stop()
+        return codes, status, out.getvalue(), metrics
+
+    codes, auto_status, log, metrics = asyncio.run(go())
+    assert codes == [200, 200, 404]
+    assert auto_status == 200  # "auto" with both flags set is allowed
+    lines = [ln for ln in log.splitlines() if ln.startswith("INFO:     127.0.0.1:")]
+    assert sum('"POST /v1/completions HTTP/1.1" 200 OK' in ln for ln in lines) == 2
+    assert sum('"POST /v1/completions HTTP/1.1" 404 Not Found' in ln for ln in lines) == 1
+    calls = [ln for ln in metrics.splitlines() if ln.startswith("vllm:tool_call_parser_invocations_total{")]
+    assert len(calls) == 12
+    assert any('mode="non_streaming"' in ln and 'request_type="chat_completions"' in ln and not ln.endswith(" 0.0")
+               for ln in calls), calls

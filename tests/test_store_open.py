@@ -170,3 +170,60 @@ def test_a_damaged_results_row_is_reported_and_the_rest_stays_readable(tmp_path)
             for tid in ids[:2]:
                 assert proc.stderr.count(f"trial {tid} of run") == 1, (args, proc.stderr)
             assert "unreadable results" in proc.stderr
+
+
+def _cli(*args, cwd):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "truthput", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_an_empty_or_foreign_sqlite_file_is_named_not_a_raw_sqlite_error(tmp_path):
+    import sqlite3
+    (tmp_path / "empty.db").write_bytes(b"")
+    sqlite3.connect(tmp_path / "other.db").execute("CREATE TABLE notes(a)")
+    for name, what in (("empty.db", "an empty file"), ("other.db", "an SQLite file with other tables (notes)")):
+        for command in ("report", "runs", "audit"):
+            done = _cli(command, "--store", name, cwd=tmp_path)
+            assert done.returncode == 2, (command, done.stderr)
+            line = done.stderr.strip()
+            assert "\n" not in line and "Traceback" not in line and "OperationalError" not in line
+            assert f"{name}: not a truthput results store ({what}" in line, line
+
+
+def test_a_read_only_folder_is_named_as_the_reason_a_store_cannot_be_written():
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    if os.geteuid() == 0 and not shutil.which("setpriv"):
+        pytest.skip("root writes anywhere, and setpriv is absent to run as another user")
+    base = tempfile.mkdtemp(prefix="truthput-ro-", dir="/tmp")
+    try:
+        os.chmod(base, 0o755)
+        folder = os.path.join(base, "ro")
+        os.mkdir(folder)
+        s = Store(os.path.join(folder, "r.db"))
+        s.create_run("x", "sim", True, None, "", 1, {"hostname": "h"})
+        s.close()
+        for side in os.listdir(folder):
+            if side.startswith("r.db-"):
+                os.unlink(os.path.join(folder, side))
+        os.chmod(os.path.join(folder, "r.db"), 0o666)
+        os.chmod(folder, 0o555)
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        done = subprocess.run([*prefix, sys.executable, "-c",
+                               "from truthput.store.db import Store\n"
+                               "from truthput.errors import StoreError\n"
+                               "try:\n    Store('ro/r.db')\nexcept StoreError as e:\n    print(e)"],
+                              cwd=base, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(
+                                  __import__("truthput").__file__))})
+    finally:
+        os.chmod(os.path.join(base, "ro"), 0o755)
+        shutil.rmtree(base)
+    if "Permission denied" in done.stderr or "No module named" in done.stderr:
+        pytest.skip(f"the other user cannot read this checkout: {done.stderr.strip()[-200:]}")
+    assert "folder" in done.stdout and "is not writable" in done.stdout, (done.stdout, done.stderr)

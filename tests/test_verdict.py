@@ -254,3 +254,16 @@ def test_unequal_variances_shrink_partly_and_widen_the_noisy_comparison():
         assert "shrunk toward" in noise.note and "prior weight" in noise.note
     assert noise.kind in ("shrunk", "separate")
     assert shrunk.hi / shrunk.lo > pooled.hi / pooled.lo
+
+
+def test_absurd_bounds_and_start_counts_print_as_bounds_not_forty_digit_numbers():
+    """Two starts per arm at a sequential look's small nominal level give a t quantile so large that
+    exp() of it is a 10^40 % bound: exact, unreadable. The wording caps it, in every view that
+    uses these helpers."""
+    from truthput.analyze.verdict import _pct
+    from truthput.report.terminal import interval_text
+    from truthput.text import percent
+
+    assert percent(1.5e40) == ">+999%" and percent(-2000.0) == "<-999%" and percent(12.34) == "+12.3%"
+    assert _pct(1e50) == ">+999%"
+    assert interval_text(-100.0, 1e45, "{:+.1f}") == " (-100.0..>+999.0)"

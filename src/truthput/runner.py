@@ -44,7 +44,7 @@ def _stop_leftovers(store: Store, run_id: str, emit: Callable[[Event], None]) ->
                     "gone": "its server had already exited",
                     "not ours": f"pid {s.pid} is now another process, left alone"}[
                 stop_leftover_server(int(s.pid), float(s.started_at or 0.0), argv,
-                                     identity=info.get("process"))]
+                                     identity=info.get("process"), descendants=info.get("descendants"))]
         store.update_start(s.id, status="lost", stopped_at=time.time(),
                            failure_reason=f"the truthput running this start stopped before it ended; {what}")
         emit(Note(f"{s.variant} start {s.start_index + 1}: left by a stopped truthput; {what}", "warning"))

@@ -177,6 +177,22 @@ def _record_spawns(store: Store, start_id: int) -> Callable[[int], None]:
     return record
 
 
+def _record_descendants(ctx: RunContext, engine: Engine) -> None:
+    """The server's whole process tree (children in their own session included) with identities, as
+    of now: a later truthput can stop them all if this one is killed -9 (they get no parent-death
+    signal of ours)."""
+    if not engine.pid or ctx.start_id is None or ctx.placement:
+        return
+    from truthput.engines.process import server_descendants
+
+    found = server_descendants(engine.pid)
+    if found:
+        known = next((s.info.get("descendants") or {} for s in ctx.store.starts(ctx.run_id) if s.id == ctx.start_id),
+                     {})
+        if not set(found) <= set(known):
+            ctx.store.merge_start_info(ctx.start_id, {"descendants": {**known, **found}})
+
+
 async def run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: set[TrialKey], tokenizer: Any) -> None:
     """One server start of a variant: launch, health-check, its unfinished trials, the output guard,
     and the server stopped whatever happens."""
@@ -244,6 +260,7 @@ async def _launch(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index:
     store.update_start(start_id, status="ready", ready_s=outcome.ready_s, pid=outcome.pid,
                        engine_version=await _engine_version(ctx.plan.engine, launched))
     store.merge_start_info(start_id, info)
+    _record_descendants(ctx, engine)
     ctx.emit(StartReady(vp.name, start_index, outcome.ready_s or 0.0))
     return True
 
@@ -273,6 +290,7 @@ async def _trials(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index:
             for i, t in enumerate(trials):
                 trial = await _run_trial(ctx, engine, client, vp, start_index, c, t, tokenizer,
                                          lead_s=lead if i == 0 else 0.0)
+                _record_descendants(ctx, engine)
                 h = headline(trial.results)
                 ctx.emit(TrialDone(vp.name, start_index, c, t, h.number(), source_label(h.source),
                                    trial.results.simulated, trial.status))

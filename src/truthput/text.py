@@ -6,3 +6,19 @@ from __future__ import annotations
 def plural(n: int, noun: str, many: str | None = None) -> str:
     """ "1 trial", "2 trials" (`many` for irregular plurals)."""
     return f"{n} {noun if n == 1 else (many or noun + 's')}"
+
+
+PERCENT_SHOWN = 999.0
+"""Beyond this a percentage is printed as a bound: an interval from very few starts at a small
+nominal level can reach +10^40% (exact, and meaningless to read)."""
+
+
+def percent(x: float, fmt: str = "{:+.1f}") -> str:
+    """`fmt` of a percentage with its % sign, or '>+999%' / '<-999%' beyond what is worth reading."""
+    if x != x:
+        return "n/a"
+    if x > PERCENT_SHOWN:
+        return f">{fmt.format(PERCENT_SHOWN)}%".replace(".0%", "%")
+    if x < -PERCENT_SHOWN:
+        return f"<{fmt.format(-PERCENT_SHOWN)}%".replace(".0%", "%")
+    return fmt.format(x) + "%"

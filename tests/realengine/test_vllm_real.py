@@ -369,6 +369,10 @@ def test_the_fidelity_protocol_short_on_the_real_run(real_run, tiny_model, truth
             assert r["inside"], r
         else:  # within 2x, or inside the band the fit itself gives (one noisy start identifies little)
             assert 0.5 <= r["predicted"] / r["measured"] <= 2.0 or r["inside"], r
+    # the held-out n-gram point is also predicted with its acceptance from the training points
+    # (here the same k at 1 stream), not only with its own counters given
+    ngram = rows[("held out", "ngram", 4)]
+    assert ngram["acceptance_basis"].startswith("training points at k=") and ngram["predicted_acc"] > 0
     assert statistics.median(abs(r["error"]) for r in a["loo"]) < 1.0
     # the bands that decide whether to measure the training configurations again are the report's
     planned = analyse(Path(path), [run_id], {("nospec", 1), ("ngram", 1)}, gpu=str(host), model=str(tiny_model),

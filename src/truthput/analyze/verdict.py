@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 from truthput.analyze.decide import ComparisonKey, Decision, decide_family, metric, more_starts_to_decide
 from truthput.analyze.guard import GuardResult
+from truthput.text import percent
 from truthput.analyze.stats import RatioEstimate, cell_estimate, clean_starts, ratio_estimate, shared_noise
 from truthput.analyze.stopping import StoppingRule
 from truthput.experiment.levels import Level, level_json, level_label
@@ -124,14 +125,19 @@ class Verdict:
         return out
 
 
+MORE_STARTS_SHOWN = 100
+"""Past this an estimate of the starts still needed is said as 'more than 100': a figure like
+1,064,677 (from two starts that disagree) is not a plan anyone runs."""
+
+
 def _pct(x: float) -> str:
-    return f"{x:+.1f}%" if abs(x) < 10 else f"{x:+.0f}%"
+    return percent(x, "{:+.1f}" if abs(x) < 10 else "{:+.0f}")
 
 
 def _mag(x: float) -> str:
     """A magnitude in percent, without a sign: "29%", "4.4%"."""
     x = abs(x)
-    return f"{x:.1f}%" if x < 10 else f"{x:.0f}%"
+    return percent(x, "{:.1f}" if x < 10 else "{:.0f}")
 
 
 def _change(e: RatioEstimate, up: str, down: str) -> tuple[str, str]:
@@ -404,8 +410,12 @@ def _comparison(d: Decision, v: str, baseline: str, conc: Level, spec: Any, guar
     else:
         outcome = "not decided"
         more = more_starts_to_decide(est, min_effect)
-        why = (f"; about {more} more start{'s' if more != 1 else ''} per arm would likely decide it"
-               if more is not None else "")
+        if more is not None and more > MORE_STARTS_SHOWN:
+            why = f"; more than {MORE_STARTS_SHOWN} more starts per arm would be needed to decide it"
+        elif more is not None:
+            why = f"; about {more} more start{'s' if more != 1 else ''} per arm would likely decide it"
+        else:
+            why = ""
         line = f"{head}{what}{v} vs {baseline}: not decided ({_pct(est.pct)}, {ci}, {counts}){why}"
     vetoed = diverges and not expected
     if g is not None and throughput:

@@ -92,6 +92,8 @@ def load(
     store: Path = typer.Option(Path("truthput.db"), "--store", help="Results store (SQLite)"),
     no_store: bool = typer.Option(False, "--no-store", help="Do not store the run"),
     name: str = typer.Option("load", "--name", help="Run name in the store"),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout instead of the tables "
+                                 "(tok/s, req/s, TTFT/TPOT/ITL/E2E mean and percentiles in ms, flags)"),
 ) -> None:
     """Load a running endpoint (closed loop, open loop or a sweep) and report the server-counted throughput."""
     from truthput.load.tokenizer import load_tokenizer
@@ -112,9 +114,16 @@ def load(
 
         db = Store(store)
     result = _drive(opts, db, tok, executor, workers, address, _cluster_options(executor, address, clock_skew))
-    from truthput.report.loadtable import print_summary
+    if as_json:
+        import json
 
-    print_summary(result, opts, store=None if no_store else str(store))
+        from truthput.report.loadtable import summary_json
+
+        print(json.dumps(summary_json(result, opts), indent=2))
+    else:
+        from truthput.report.loadtable import print_summary
+
+        print_summary(result, opts, store=None if no_store else str(store))
     _exit_if_nothing_measured(result)
 
 

@@ -121,9 +121,11 @@ class HostLoad:
         hz = os.sysconf("SC_CLK_TCK")
         other = (stop.busy - self.start.busy) - (stop.ours - self.start.ours) - (stop.server - self.start.server)
         self.seconds = seconds
-        self.other_cores = max(other, 0) / hz / seconds
+        # /proc ticks are counted at 1/hz and per process at its exit or read, so over a short
+        # window they can add up to more than the host has: never report more than all its cores
+        self.other_cores = min(max(other, 0) / hz / seconds, float(self.cores))
         if self.server_pgids:
-            self.server_cores = max(stop.server - self.start.server, 0) / hz / seconds
+            self.server_cores = min(max(stop.server - self.start.server, 0) / hz / seconds, float(self.cores))
             if stop.front is not None and self.start.front is not None:
                 self.front_cores = max(stop.front - self.start.front, 0) / hz / seconds
 

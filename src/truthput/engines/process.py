@@ -122,11 +122,20 @@ def _runs_program(names: Sequence[str], program: str) -> bool:
 
 
 def stop_leftover_server(pid: int, spawned_at: float, argv: Sequence[str], grace_s: float = 10.0,
-                         identity: str | None = None) -> str:
+                         identity: str | None = None, descendants: dict[str, str] | None = None) -> str:
     """Stop a server a dead truthput left running -- only when `pid` is that very process (never a
     stranger that reused the pid): it runs the recorded program and has the `identity` recorded at
     spawn (`process_identity`), or, for a store without one, started within 5 s of `spawned_at`.
-    Returns "stopped", "gone" or "not ours"."""
+    The server's recorded `descendants` (`server_descendants`) that still are those processes are
+    stopped too, whatever became of the leader. Returns "stopped", "gone" or "not ours"."""
+    leader = _stop_leftover_leader(pid, spawned_at, argv, grace_s, identity)
+    if descendants and stop_recorded_descendants(descendants) and leader == "gone":
+        return "stopped"
+    return leader
+
+
+def _stop_leftover_leader(pid: int, spawned_at: float, argv: Sequence[str], grace_s: float,
+                          identity: str | None) -> str:
     started = process_started_at(pid)
     if started is None:
         return "gone"
@@ -191,6 +200,69 @@ def _children(pid: int) -> list[int]:
         if ppid == pid:
             out.append(int(name))
     return out
+
+
+def _parents() -> dict[int, int]:
+    """pid -> ppid of every process /proc shows."""
+    out: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in entries:
+        if name.isdigit():
+            try:
+                out[int(name)] = int(_stat_fields(name)[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def server_descendants(leader: int) -> dict[str, str]:
+    """Every process that belongs to the server `leader`: its descendants, and -- where this
+    truthput is the subreaper -- the orphans its descendants left (reparented here, in their own
+    session), each with its identity (`process_identity`). Recorded in the store so that a later
+    truthput, after this one was killed, can stop them too and never a stranger reusing a pid."""
+    parents = _parents()
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    roots = [leader]
+    if _SUBREAPER:
+        me = os.getpid()
+        for pid in children.get(me, []):
+            if pid in _LIVE_GROUPS or pid == leader:
+                continue
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"multiprocessing" in cmd or b"truthput" in cmd:
+                continue  # our own helpers (resource tracker, load workers), not a server's
+            roots.append(pid)
+    found: dict[str, str] = {}
+    todo = [p for r in roots for p in ([r] if r != leader else children.get(r, []))]
+    while todo:
+        pid = todo.pop()
+        ident = process_identity(pid)
+        if ident is not None and str(pid) not in found:
+            found[str(pid)] = ident
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def stop_recorded_descendants(recorded: dict[str, str]) -> int:
+    """SIGKILL each recorded descendant of a dead run's server that is still that very process
+    (same identity); returns how many were stopped."""
+    stopped = 0
+    for pid_text, ident in recorded.items():
+        pid = int(pid_text)
+        if process_identity(pid) != ident:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            stopped += 1
+    return stopped
 
 
 def reap_orphans(keep: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]

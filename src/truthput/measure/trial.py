@@ -68,8 +68,10 @@ def _pct(value: float | None, ref: float | None) -> float | None:
 class _Scrapes:
     """Parsed scrapes in time order with phase lookup and counter series."""
 
-    def __init__(self, scrapes: Sequence[Scrape]) -> None:
+    def __init__(self, scrapes: Sequence[Scrape], counter_names: tuple[str, ...] = ()) -> None:
         self.all: list[ParsedScrape] = sorted((parse_scrape(s) for s in scrapes), key=lambda p: p.t_mono)
+        self.counter_names = counter_names
+        """The engine's emitted-token counter names, named when /metrics has none of them."""
 
     def phase(self, name: str, last: bool = False) -> ParsedScrape | None:
         hits = [p for p in self.all if p.phase == name]
@@ -91,7 +93,9 @@ class _Scrapes:
             if not any(p.ok for p in self.all):
                 first = self.all[0]
                 return CounterDelta(value=None, note=f"no readable /metrics scrape ({first.phase}: {first.error})")
-            return CounterDelta(value=None, note="metric not exposed by this engine (check the metric names)")
+            wanted = " or ".join(self.counter_names) or "the engine's token counter"
+            return CounterDelta(value=None, note=f"metric not exposed: the server's /metrics has no {wanted} "
+                                "(is --engine / [server] engine the server's kind?)")
         if start is None or end is None:
             return CounterDelta(value=None, note="scrape for this interval missing")
         created = name[: -len("_total")] + "_created" if name.endswith("_total") else None
@@ -802,7 +806,7 @@ def measure_trial(
     flight; an open loop sets `open_loop`, since its level is a rate and requests waiting in the
     server's queue are what it measures, not a load that was never reached."""
     names = names or metric_names(engine)
-    sc = _Scrapes(scrapes)
+    sc = _Scrapes(scrapes, names.candidates("emitted_tokens"))
     table = build_chunk_table(records)
     tok_pc = tok_req = None
     if tokenizer is not None:

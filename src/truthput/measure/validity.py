@@ -275,13 +275,20 @@ HOST_OTHER_CORES = 0.5
 """Other processes using more than half a core on average during the window is interference."""
 
 
+def _cores_used(used: float, cores: int | None) -> str:
+    """'1.40 of 2 CPU cores'; a figure at or over the host's cores (tick rounding) reads 'all'."""
+    if cores and used >= cores - 0.005:
+        return f"all {cores} CPU cores"
+    return f"{used:.2f} of {cores} CPU cores"
+
+
 def check_interference(results: TrialResults) -> None:
     """Flag the window's throughput figures when something else used the host's CPU or the GPU."""
     i = results.interference
     other = i.host_other_cores.number() if i.host_other_cores is not None else None
     if other is not None and other > HOST_OTHER_CORES:
         flag_window(results, "host_interference",
-                    f"other processes used {other:.2f} of {i.host_cores} CPU cores on this host during the window "
+                    f"other processes used {_cores_used(other, i.host_cores)} on this host during the window "
                     "(besides truthput and the server)")
     if i.gpu_foreign_pids:
         flag_window(results, "gpu_interference", "other processes computed on the GPU during the trial "

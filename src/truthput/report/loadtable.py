@@ -1,13 +1,15 @@
-"""The short terminal summary of `truthput load`: counter throughput, token totals, client health.
+"""The terminal summary of `truthput load` (and its `--json`): throughput, rates, latency
+percentiles, token totals, client health.
 
-Why these three: the server counter is the reference figure; the client's token total must equal
-the counter's delta (every finished request counted), and the self-check says whether the client
+Why these: the server counter is the reference figure; req/s, prompt tok/s and the TTFT/TPOT/ITL/E2E
+percentiles are what a `vllm bench serve` user reads; the client's token total must equal the
+counter's delta (every finished request counted), and the self-check says whether the client
 could have distorted the figures (client-bound).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from truthput.pipeline.load import LoadOptions, LoadRun
@@ -34,20 +36,34 @@ class LoadRow:
     error: str | None
     requests: int
     failed: int
-    client_tokens: int
+    client_tokens: int | None  # None: the server sent no usage counts
     counter_tokens: float | None
+    counter_missing: str | None  # why there is no counter figure, when there is none
     tokens_equal: bool
+    requests_per_s: float | None
+    prompt_tps: float | None
+    total_tps: float | None
     goodput_rps: float | None
     good_fraction: float | None
     client_bound: bool
     client_reason: str | None
     cpu_util: float | None
     lag_p99_ms: float | None
+    latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    """TTFT, TPOT, ITL, E2E: mean, p50, p90, p99 in milliseconds (client clock)."""
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+LATENCY_STATS = ("mean", "p50", "p90", "p99")
 
 
 def summary_rows(run: LoadRun) -> list[LoadRow]:
     """One row per trial with the figures the table shows (also handy for tests and scripts)."""
     from truthput.analyze.cells import headline
+    from truthput.measure.rates import window_rates
 
     rows = []
     for o in run.outcomes:
@@ -56,21 +72,32 @@ def summary_rows(run: LoadRun) -> list[LoadRow]:
         sc = res.client.selfcheck
         counter = o.counter_tokens
         h = headline(res)
+        rates = window_rates(o.load.records, res.window)
+        usage_seen = any(r.completion_tokens is not None or any(x >= 0 for x in r.chunk_tokens)
+                         for r in o.load.records)
+        client_tokens = o.client_tokens if usage_seen else None
+        tps = h.number()
+        latency = {m: {q: (None if (d := res.latency.metric(m)) is None or d.at(q) is None else 1000 * (d.at(q) or 0))
+                       for q in LATENCY_STATS} for m in LATENCY_METRICS}
         rows.append(LoadRow(
             level=o.level, mode=o.mode, counter_tps=o.counter_tps,
-            headline_tps=h.number(), headline_source=h.source, simulated=res.simulated,
+            headline_tps=tps, headline_source=h.source, simulated=res.simulated,
             flags=[f"{f.code}: {f.reason}" for f in h.flags],
             per_stream_flags=[f"{f.code}: {f.reason}" for f in res.per_stream.decode_tps_median.flags],
             counter_set_aside=[f"{f.code}: {f.reason}" for f in res.throughput.counter_window.flags]
             if h is not res.throughput.counter_window else [],
             status=o.trial.status, error=o.trial.error,
             requests=len(o.load.records), failed=sum(1 for r in o.load.records if r.status != "ok"),
-            client_tokens=o.client_tokens, counter_tokens=counter,
-            tokens_equal=counter is not None and int(round(counter)) == o.client_tokens,
+            client_tokens=client_tokens, counter_tokens=counter,
+            counter_missing=None if counter is not None else (res.integrity.counter_delta.note or "no counter"),
+            tokens_equal=counter is not None and client_tokens is not None and int(round(counter)) == client_tokens,
+            requests_per_s=rates.requests_per_s, prompt_tps=rates.prompt_tps,
+            total_tps=None if tps is None or rates.prompt_tps is None else tps + rates.prompt_tps,
             goodput_rps=gp.goodput_rps.number() if gp is not None and gp.goodput_rps is not None else None,
             good_fraction=gp.good_fraction.number() if gp is not None and gp.good_fraction is not None else None,
             client_bound=bool(sc and sc.client_bound), client_reason=sc.reason if sc else None,
             cpu_util=sc.cpu_util if sc else None, lag_p99_ms=sc.loop_lag_p99_ms if sc else None,
+            latency_ms=latency,
         ))
     return rows
 
@@ -90,29 +117,57 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
                   "no figure below is a measurement of real hardware.")
     t = Table(title=Text(f"truthput load {opts.url}" + (f"  (run {run.run_id})" if run.run_id else "")))
     t.add_column(unit, justify="right")
-    t.add_column(Text(f"tok/s\n[server counter{tag}]"), justify="right")
-    t.add_column("requests (failed)", justify="right")
-    t.add_column("tokens: client / counter", justify="right")
+    t.add_column(Text(f"output tok/s\n[server counter{tag}]"), justify="right")
+    t.add_column("req/s", justify="right")
+    t.add_column("total tok/s\n(+ prompt)", justify="right")
+    t.add_column("requests\n(failed)", justify="right")
+    t.add_column("tokens:\nclient / counter", justify="right")
     if opts.slo.any:
-        t.add_column("goodput req/s (good %)", justify="right")
+        t.add_column("goodput req/s\n(good %)", justify="right")
     t.add_column("client", justify="left")
-    for row in summary_rows(run):
-        tokens = f"{row.client_tokens} / {_f(row.counter_tokens, '{:.0f}')}"
-        tokens += " [green]equal[/green]" if row.tokens_equal else " [red]DIFFER[/red]"
-        client = (f"[red]client-bound[/red]: {row.client_reason}" if row.client_bound
-                  else f"ok (CPU {_f(row.cpu_util, '{:.2f}')} core, lag p99 {_f(row.lag_p99_ms)} ms)")
+    rows = summary_rows(run)
+    for row in rows:
+        client_tokens = "-" if row.client_tokens is None else str(row.client_tokens)
+        tokens = f"{client_tokens} / {_f(row.counter_tokens, '{:.0f}')}"
+        if row.tokens_equal:
+            tokens += " [green]equal[/green]"
+        elif row.counter_tokens is not None and row.client_tokens is not None:
+            tokens += " [red]DIFFER[/red]"
+        client = "[red]client-bound[/red]" if row.client_bound else "ok"
         tps = Text(_f(row.headline_tps))
         if row.headline_tps is not None and row.headline_source != "server_counter":
             tps.append(f" [{source_label(row.headline_source)}]", style="yellow")
         if row.flags:
             tps.append(" !" + ",".join(dict.fromkeys(f.split(":", 1)[0] for f in row.flags)), style="bold red")
-        cells: list[str | Text] = [f"{row.level:g}", tps, f"{row.requests} ({row.failed})", tokens]
+        cells: list[str | Text] = [f"{row.level:g}", tps, _f(row.requests_per_s, "{:.2f}"), _f(row.total_tps),
+                                   f"{row.requests} ({row.failed})", tokens]
         if opts.slo.any:
             gf = row.good_fraction
             cells.append(f"{_f(row.goodput_rps, '{:.2f}')} ({_f(None if gf is None else 100 * gf, '{:.0f}')} %)")
         cells.append(client)
         t.add_row(*cells)
     con.print(t)
+    lat = Table(title="latency, ms (client clock; TPOT and ITL per token, not per chunk)")
+    lat.add_column(unit, justify="right")
+    lat.add_column("")
+    for q in LATENCY_STATS:
+        lat.add_column(q, justify="right")
+    for row in rows:
+        for i, m in enumerate(LATENCY_METRICS):
+            lat.add_row(f"{row.level:g}" if i == 0 else "", m.upper(),
+                        *[_f(row.latency_ms[m][q], "{:.2f}") for q in LATENCY_STATS],
+                        end_section=i == len(LATENCY_METRICS) - 1)
+    con.print(lat)
+    for row in rows:
+        if row.client_bound:
+            con.print(Text(f"{row.level:g} {unit}: client-bound: {row.client_reason}", style="red"))
+        else:
+            con.print(Text(f"{row.level:g} {unit}: client ok (CPU {_f(row.cpu_util, '{:.2f}')} core, event-loop lag "
+                           f"p99 {_f(row.lag_p99_ms)} ms)", style="dim"))
+        if row.counter_missing:
+            con.print(Text(f"{row.level:g} {unit}: no server counter figure: {row.counter_missing}", style="yellow"))
+        if row.client_tokens is None:
+            con.print(Text(f"{row.level:g} {unit}: the server sent no usage counts: client tokens unknown", style="yellow"))
     if run.sweep is not None:
         sat = run.sweep.saturation()
         if sat is None:
@@ -121,7 +176,7 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
             state = "throughput stopped rising" if run.sweep.saturated else "still rising at the last level tried"
             con.print(f"sweep: saturation point {sat.level:g} {unit} at {_f(sat.throughput)} tok/s ({state}; "
                       f"lowest level within {run.sweep.tolerance:.0%} of the best)")
-    for row in summary_rows(run):
+    for row in rows:
         for f in row.flags:
             con.print(Text("! flagged", style="bold red") + Text(f" {row.level:g} {unit}: tok/s: {f}"))
         for f in row.per_stream_flags:
@@ -138,3 +193,15 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
             con.print(Text(f"{o.level:g} {unit}: trial failed: {o.trial.error}", style="red"))
     if store:
         con.print(f"[dim]stored in {store}[/dim]")
+
+
+def summary_json(run: LoadRun, opts: LoadOptions) -> dict[str, Any]:
+    """`truthput load --json`: the rows the table prints, every figure with its unit in the key."""
+    doc: dict[str, Any] = {"url": opts.url, "run_id": run.run_id, "simulated": run.simulated,
+                           "unit": "req/s" if opts.rate else "streams",
+                           "levels": [row.as_json() for row in summary_rows(run)]}
+    if run.sweep is not None:
+        sat = run.sweep.saturation()
+        doc["sweep"] = {"saturation_level": sat.level if sat else None,
+                        "saturation_tps": sat.throughput if sat else None, "saturated": run.sweep.saturated}
+    return doc

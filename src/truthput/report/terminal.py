@@ -28,7 +28,13 @@ def interval_text(lo: float | None, hi: float | None, fmt: str = "{:.1f}") -> st
     """' (lo..hi)' when both bounds are numbers, else ''."""
     if lo is None or hi is None or lo != lo or hi != hi:
         return ""
-    return f" ({fmt.format(lo)}..{fmt.format(hi)})"
+    from truthput.text import PERCENT_SHOWN
+
+    def one(x: float) -> str:
+        if abs(x) > PERCENT_SHOWN and "+" in fmt:  # a percentage: beyond reading, a bound
+            return (">" if x > 0 else "<") + fmt.format(PERCENT_SHOWN if x > 0 else -PERCENT_SHOWN)
+        return fmt.format(x)
+    return f" ({one(lo)}..{one(hi)})"
 
 
 def delta_text(comparison: Any) -> str:

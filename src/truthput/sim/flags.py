@@ -24,6 +24,8 @@ from truthput.errors import InputError
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_STARTUP_S = 0.5
+DEFAULT_FRONTEND_CHUNK_US = 40.0
+"""A Python API server's time per SSE chunk (detokenise, serialise, write): ~25k chunks/s."""
 
 _SPEC_INT_KEYS = {"num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
                   "draft_tensor_parallel_size", "max_model_len"}
@@ -31,7 +33,7 @@ _SPEC_INT_KEYS = {"num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_
 NOT_MODELLED = frozenset({
     "--data-parallel-size", "-dp", "--dtype", "--quantization", "-q", "--enable-prefix-caching",
     "--no-enable-prefix-caching", "--enforce-eager", "--no-enforce-eager", "--swap-space",
-    "--cpu-offload-gb", "--enable-auto-tool-choice", "--reasoning-parser",
+    "--cpu-offload-gb", "--reasoning-parser",
     "--chat-template", "--default-chat-template-kwargs", "--trust-remote-code",
     "--revision", "--download-dir", "--load-format", "--uvicorn-log-level", "--api-key",
     "--max-logprobs",
@@ -71,6 +73,10 @@ class SimServeConfig:
     sim_copy_span: float = 8.0
     tokenizer: str | None = None
     tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    served_model_names: list[str] = field(default_factory=list)
+    access_log: bool = True
+    frontend_chunk_s: float = 0.0
     ignored: list[str] = field(default_factory=list)
     allow_remote: bool = False
     argv: list[str] = field(default_factory=list)
@@ -192,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--disable-log-stats", action=bo, default=False,
                    help="Do not print the periodic throughput log lines.")
     v.add_argument("--uvicorn-log-level", default="info", help="Accepted.")
+    v.add_argument("--disable-uvicorn-access-log", action=bo, default=False,
+                   help="No access line per request (as uvicorn prints them by default).")
     v.add_argument("--api-key", default=None, help="Accepted (not enforced).")
     v.add_argument("--max-logprobs", type=int, default=20, help="Accepted.")
     v.add_argument("--seed", type=int, default=0, help="Seeds every random choice of the sim.")
@@ -221,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "loopback is replaced by 127.0.0.1: a simulator is for this machine)")
     s.add_argument("--sim-startup-s", type=float, default=DEFAULT_STARTUP_S,
                    help=f"Seconds before /health answers (default {DEFAULT_STARTUP_S}).")
+    s.add_argument("--sim-frontend-chunk-us", type=float, default=DEFAULT_FRONTEND_CHUNK_US,
+                   help="Microseconds the modelled API server spends per stream chunk, one chunk at a time "
+                        f"(default {DEFAULT_FRONTEND_CHUNK_US:g}); when a step's outputs take it longer than the "
+                        "step, a stream's tokens wait and leave merged into fewer chunks, as vLLM's do under load. "
+                        "0: every token in its own chunk.")
     return p
 
 
@@ -329,7 +342,12 @@ def parse_serve_args(argv: list[str]) -> SimServeConfig:
     model = ns.model or ns.model_tag
     if ns.model and ns.model_tag and ns.model != ns.model_tag:
         raise InputError(f"two models given: positional {ns.model_tag!r} and --model {ns.model!r}")
-    served = (ns.served_model_name or [model or ns.sim_model or "sim-model"])[0]
+    served_names = list(ns.served_model_name or [model or ns.sim_model or "sim-model"])
+    served = served_names[0]
+    if ns.enable_auto_tool_choice and not ns.tool_call_parser:
+        raise InputError("Error: --enable-auto-tool-choice requires --tool-call-parser")
+    if not 0 <= ns.sim_frontend_chunk_us < 1e6:
+        raise InputError(f"--sim-frontend-chunk-us must lie in [0, 1e6), got {ns.sim_frontend_chunk_us}")
     for name, val in (("--tensor-parallel-size", ns.tensor_parallel_size),
                       ("--pipeline-parallel-size", ns.pipeline_parallel_size),
                       ("--max-num-seqs", ns.max_num_seqs),
@@ -376,6 +394,10 @@ def parse_serve_args(argv: list[str]) -> SimServeConfig:
         disable_log_stats=ns.disable_log_stats,
         tokenizer=ns.tokenizer,
         tool_call_parser=ns.tool_call_parser,
+        enable_auto_tool_choice=ns.enable_auto_tool_choice,
+        served_model_names=served_names,
+        access_log=not ns.disable_uvicorn_access_log,
+        frontend_chunk_s=ns.sim_frontend_chunk_us / 1e6,
         ignored=ignored,
         argv=list(argv),
     )

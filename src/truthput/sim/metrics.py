@@ -51,7 +51,8 @@ class SimMetrics:
     request_preemptions: Histogram
     prefill_kv_computed: Histogram
 
-    def __init__(self, model_name: str, max_model_len: int, spec_k: int, config: dict | None = None) -> None:
+    def __init__(self, model_name: str, max_model_len: int, spec_k: int, config: dict | None = None,
+                 tool_parser: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         labels = ["model_name", "engine"]
         lv = (model_name, "0")
@@ -149,6 +150,18 @@ class SimMetrics:
         if info:
             Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", ["engine", *sorted(info)],
                   registry=r).labels("0", *[str(info[k]) for k in sorted(info)]).set(1)
+        self.tool_parser_invocations: dict[tuple[str, str, str], Any] = {}
+        if tool_parser:
+            # vLLM registers it only with --tool-call-parser, every label set at 0 from the start
+            calls = Counter("vllm:tool_call_parser_invocations",
+                            "Total number of ToolParser invocations. Non-streaming increments once per choice; "
+                            "streaming increments once per delta.",
+                            ["model_name", "mode", "outcome", "request_type"], registry=r)
+            for mode in ("streaming", "non_streaming"):
+                for outcome in ("tool_call", "no_tool_call"):
+                    for kind in ("chat_completions", "responses", "other"):
+                        self.tool_parser_invocations[(mode, outcome, kind)] = calls.labels(model_name, mode, outcome,
+                                                                                          kind)
         self.spec_k = spec_k
         if spec_k > 0:
             self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")

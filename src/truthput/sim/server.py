@@ -17,16 +17,19 @@ import functools
 import json
 import os
 import random
+import re
 import signal
 import sys
 import time
 import uuid
 from dataclasses import dataclass, replace
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Callable
 
 import orjson
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from truthput.errors import InputError
 from truthput.sim import textgen
@@ -38,6 +41,8 @@ from truthput.sim.speculation import DEFAULT_VOCAB, OutputTokens, Repetition, lo
 
 GiB = 1024**3
 SIM_VERSION = "0.0.0+truthput.sim"
+FRONTEND_MIN_WAIT_S = 0.001
+"""A front-end wait shorter than this is not slept (a timer costs the sim more than it models)."""
 PRICE_CACHE_SHAPES = 1 << 16
 """Step shapes whose price a pricer keeps (cleared when full: a long open-loop run meets new ones)."""
 _PROM_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"  # as vLLM 0.32 serves /metrics
@@ -315,12 +320,11 @@ def _json_instance(schema: dict) -> Any:
     return {"string": "", "integer": 0, "number": 0, "boolean": False, "null": None}.get(kind or "", {})
 
 
-def _completion_logprobs(stream: Any, start: int, stop: int, k: int, key: int) -> dict:
+def _completion_logprobs(stream: Any, start: int, stop: int, k: int, key: int, offset: int = 0) -> dict:
     """Completions-style logprobs for tokens start..stop: each token's logprob and the top `k`
     (the token itself among them), deterministic per request; the simulator has no model, so the
     values are stand-ins of the right shape and range."""
     tokens, lps, tops, offsets = [], [], [], []
-    offset = 0
     for i in range(start, stop):
         tok = stream.piece(i)
         r = random.Random(key * 1_000_003 + i)
@@ -334,6 +338,47 @@ def _completion_logprobs(stream: Any, start: int, stop: int, k: int, key: int) -
         offsets.append(offset)
         offset += len(tok)
     return {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens, "top_logprobs": tops}
+
+
+class UvicornAccessLogger(AbstractAccessLogger):
+    """One line per request in uvicorn's words, as vLLM's API server prints them by default
+    (`--disable-uvicorn-access-log` turns them off): `INFO:     HOST:PORT - "POST /v1/completions
+    HTTP/1.1" 200 OK`."""
+
+    out: Any = None  # where the lines go (the server's log stream; stdout when None)
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "-"
+        try:
+            phrase = HTTPStatus(response.status).phrase
+        except ValueError:
+            phrase = ""
+        emit(f'INFO:     {where} - "{request.method} {request.path_qs} HTTP/{request.version.major}.'
+             f'{request.version.minor}" {response.status} {phrase}'.rstrip(), self.out)
+
+
+def _chat_logprobs(stream: Any, start: int, stop: int, top: int, key: int) -> dict:
+    """Chat-style logprobs for tokens start..stop (`{"content": [...]}`, each token with its UTF-8
+    bytes and its `top` alternatives), stand-in values from the same draws as the completions form."""
+    base = _completion_logprobs(stream, start, stop, max(1, top), key)
+    content = []
+    for tok, lp, alts in zip(base["tokens"], base["token_logprobs"], base["top_logprobs"]):
+        tops = [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in list(alts.items())[:top]]
+        content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": tops})
+    return {"content": content}
+
+
+def _logprobs_asked(body: dict, chat: bool) -> int | None:
+    """How many alternatives per token the request asks for, or None when it asks for no logprobs
+    (chat: `logprobs: true` with `top_logprobs`; completions: `logprobs: K`)."""
+    asked = body.get("logprobs")
+    if chat:
+        if asked is not True:
+            return None
+        top = body.get("top_logprobs")
+        return top if isinstance(top, int) and not isinstance(top, bool) else 0
+    return asked if isinstance(asked, int) and not isinstance(asked, bool) else None
 
 
 @web.middleware
@@ -359,7 +404,9 @@ class SimServer:
         self.setup = setup
         self.model_name = cfg.served_model_name
         self.max_model_len = setup.max_model_len
-        self.metrics = SimMetrics(self.model_name, self.max_model_len, cfg.spec_k, config=_cache_config(cfg, setup))
+        self.metrics = SimMetrics(self.model_name, self.max_model_len, cfg.spec_k, config=_cache_config(cfg, setup),
+                                  tool_parser=bool(cfg.tool_call_parser))
+        self._frontend_free_at = 0.0
         interval = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10") or 10)
         self.log_interval = interval
         self.stats_logger = StatsLogger(cfg.spec_k, out=log_out, prefix_caching=cfg.enable_prefix_caching)
@@ -427,8 +474,10 @@ class SimServer:
         """Start engine and HTTP site; returns the bound port (0 picks a free one)."""
         cfg = self.cfg
         self.engine_start()
-        self._runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=0.1,
-                                     handle_signals=False)
+        access: dict[str, Any] = {"access_log": None}
+        if cfg.access_log:
+            access = {"access_log_class": type("AccessLog", (UvicornAccessLogger,), {"out": self.log_out})}
+        self._runner = web.AppRunner(self.build_app(), shutdown_timeout=0.1, handle_signals=False, **access)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host or cfg.host, cfg.port if port is None else port,
                            reuse_address=True, backlog=2048)
@@ -598,7 +647,7 @@ class SimServer:
                         chat: bool) -> web.StreamResponse:
         prompt_tokens = max(p.tokens for p in prompts)
         model = body.get("model")
-        if model is not None and model != self.model_name and model != self.cfg.model:
+        if model is not None and model not in (self.cfg.served_model_names or [self.model_name]):
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         max_tokens = body.get("max_completion_tokens") if chat else None
         if max_tokens is None:
@@ -609,6 +658,13 @@ class SimServer:
                 return _body_error("int_from_float", f"body.{name}",
                                    "Input should be a valid integer, got a number with a fractional part",
                                    repr(max_tokens))
+            max_tokens = int(max_tokens)
+        if isinstance(max_tokens, str):
+            # pydantic's lax mode, as vLLM's request model: a string of an integer is that integer
+            if not re.fullmatch(r"\s*[+-]?\d+\s*", max_tokens):
+                return _body_error("int_parsing", f"body.{name}",
+                                   "Input should be a valid integer, unable to parse string as an integer",
+                                   max_tokens)
             max_tokens = int(max_tokens)
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
             return _body_error("int_type", f"body.{name}", "Input should be a valid integer", repr(max_tokens))
@@ -718,6 +774,8 @@ class SimServer:
         tools = body.get("tools") or []
         choice = body.get("tool_choice")
         named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        if tools and choice == "auto" and not (self.cfg.tool_call_parser and self.cfg.enable_auto_tool_choice):
+            return _error(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
         if tools and (choice == "required" or named):
             if not self.cfg.tool_call_parser:
                 what = '"required"' if choice == "required" else f'function "{named}"'
@@ -777,7 +835,11 @@ class SimServer:
                     message["content"] = None
                     message["tool_calls"] = [{"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
                                               "function": {"name": shape.tool_call, "arguments": text}}]
-                choices.append({"index": index, "message": message, "logprobs": None, **choice_tail})
+                self._count_tool_parse(body, "non_streaming", shape.tool_call is not None)
+                top = _logprobs_asked(body, chat=True)
+                logprobs = (_chat_logprobs(req.stream, 0, req.emitted, top, req.stream.key)
+                            if top is not None and hasattr(req.stream, "key") else None)
+                choices.append({"index": index, "message": message, "logprobs": logprobs, **choice_tail})
             else:
                 k = body.get("logprobs")
                 logprobs = (_completion_logprobs(req.stream, 0, req.emitted, int(k), req.stream.key)
@@ -794,6 +856,30 @@ class SimServer:
             out = {"id": f"cmpl-{first.rid}", "object": "text_completion", "created": int(time.time()),
                    "model": self.model_name, "choices": choices, **tail}
         return web.Response(body=orjson.dumps(out), content_type="application/json")
+
+    def _count_tool_parse(self, body: dict, mode: str, called: bool) -> None:
+        """vLLM's tool-call parser runs on chat requests with tools (once per choice, or once per
+        delta when streamed) where a parser is configured."""
+        if body.get("tools") and self.metrics.tool_parser_invocations:
+            outcome = "tool_call" if called else "no_tool_call"
+            self.metrics.tool_parser_invocations[(mode, outcome, "chat_completions")].inc()
+
+    async def _frontend_turn(self) -> bool:
+        """The modelled API server writes one chunk at a time, `frontend_chunk_s` each: a chunk
+        waits for the chunks queued before it. True when it waited (then the tokens that arrived
+        meanwhile go out with it, merged, as vLLM's output collector merges a stream's outputs that
+        arrive before its writer reads them)."""
+        cost = self.cfg.frontend_chunk_s
+        if cost <= 0:
+            return False
+        now = asyncio.get_running_loop().time()
+        done_at = max(now, self._frontend_free_at) + cost
+        self._frontend_free_at = done_at
+        wait = done_at - now
+        if wait < FRONTEND_MIN_WAIT_S:
+            return False
+        await asyncio.sleep(wait)
+        return True
 
     async def _stream(self, request: web.Request, body: dict, req: SimRequest, chat: bool) -> web.StreamResponse:
         resp, include_usage, continuous = await _open_stream(request, body)
@@ -831,6 +917,8 @@ class SimServer:
             await write(head + b'{"role":"assistant","content":""}' + tail_open + b"null}]"
                         + usage_part(0) + b',"prompt_token_ids":null,"prompt_text":null}\n\n')
         sent = 0
+        top = _logprobs_asked(body, chat)
+        text_offset = 0
         while True:
             n = req.emitted
             if n == sent:
@@ -838,6 +926,8 @@ class SimServer:
                     break
                 await req.wait()
                 continue
+            if await self._frontend_turn():
+                n = req.emitted  # what arrived while the front end was busy leaves in this chunk
             text = orjson.dumps(echo + self._shown(req, sent, n))
             if echo and not chat:
                 # the echoed first chunk carries the prompt's token ids, as vLLM's does
@@ -858,9 +948,17 @@ class SimServer:
                 content = orjson.dumps({"tool_calls": [call]})
             else:
                 content = (b'{"content":' + text + b"}") if chat else text
+            if chat:
+                self._count_tool_parse(body, "streaming", shape.tool_call is not None)
             # the last choices chunk carries the fingerprint, unless a usage chunk follows (then that does)
             print_ = (b',"system_fingerprint":' + orjson.dumps(self.fingerprint)) if done and not include_usage else b""
-            await write(head + content + tail_open + reason
+            opened = tail_open
+            if top is not None and hasattr(req.stream, "key"):
+                lp = (_chat_logprobs(req.stream, sent, n, top, req.stream.key) if chat else
+                      _completion_logprobs(req.stream, sent, n, top, req.stream.key, offset=text_offset))
+                opened = b',"logprobs":' + orjson.dumps(lp) + b',"finish_reason":'
+                text_offset += len(orjson.loads(text)) if not chat else 0
+            await write(head + content + opened + reason
                         + (tail_last if done else (tail_first or tail_more)) + usage_part(n) + print_ + b"}\n\n")
             sent = n
             if done:

@@ -170,7 +170,7 @@ class Store:
             else:
                 self.conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot open results store: {exc}") from None
+            raise StoreError(f"{self.path}: cannot open results store: {exc}{self._folder_note()}") from None
         self.conn.row_factory = sqlite3.Row
         self._lock = threading.Lock()
         try:
@@ -183,10 +183,14 @@ class Store:
                                   (str(SCHEMA_VERSION),))
                 self.conn.commit()
             self._quick_check(full_check)
+            if read_only:
+                self._check_has_tables()
         except sqlite3.OperationalError as exc:
             if "readonly" in str(exc) or "read-only" in str(exc):
-                raise StoreError(f"{self.path}: the results store is read-only here; commands that only read "
-                                 "(report, audit, compare, unit) open it as it is") from None
+                raise StoreError(f"{self.path}: the results store is read-only here{self._folder_note()}; commands "
+                                 "that only read (report, audit, compare, unit) open it as it is") from None
+            if not read_only and self._folder_note():
+                raise StoreError(f"{self.path}: cannot write the results store ({exc}){self._folder_note()}") from None
             raise StoreError(f"{self.path}: not a truthput results store ({exc})") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a truthput results store ({exc})") from None
@@ -216,6 +220,23 @@ class Store:
                 self.conn.execute("UPDATE trials SET rate=?, concurrency=0 WHERE id=?", (float(load["level"]), row[0]))
         self.conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
         self.conn.commit()
+
+    def _folder_note(self) -> str:
+        """SQLite writes a journal beside the store, so a writable file in a read-only folder
+        cannot be written either; say so rather than blame the file."""
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if os.path.isdir(folder) and not os.access(folder, os.W_OK):
+            return f" (its folder {folder} is not writable, and SQLite writes its journal there)"
+        return ""
+
+    def _check_has_tables(self) -> None:
+        """A read-only open of an empty or foreign SQLite file would otherwise fail later, at the
+        first query, with SQLite's own words (no such table): say what the file is instead."""
+        names = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()}
+        if "runs" not in names:
+            what = "an empty file" if not names else f"an SQLite file with other tables ({', '.join(sorted(names)[:4])})"
+            raise StoreError(f"{self.path}: not a truthput results store ({what}: no runs table); "
+                             "give the store a run wrote with --store PATH")
 
     def _quick_check(self, full: bool = False) -> None:
         pragma = "integrity_check" if full else "quick_check"
