@@ -736,6 +736,18 @@ def test_a_servers_daemon_child_in_its_own_session_is_stopped_too(tmp_path):
     assert not left, "a server's setsid child outlived the run"
 
 
+def _fresh_run_on(db, tmp_path):
+    """A new, short `truthput run` (not a resume) on the store `db`; it must succeed."""
+    fresh = tmp_path / "fresh.toml"
+    fresh.write_text(experiment_text(BASE_VARIANTS[:BASE_VARIANTS.index("[[variant]]\nname = \"spec1\"")] +
+                                     '[[variant]]\nname = "b"\nset = { "--max-num-seqs" = 32 }\n',
+                                     concurrency=(1,), duration=0.3))
+    out = subprocess.run([*TRUTHPUT, "run", str(fresh), "--store", str(db)], capture_output=True, text=True,
+                         timeout=240, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
 def test_a_servers_daemon_child_left_by_a_killed_run_is_stopped_by_a_fresh_run(tmp_path):
     """kill -9 of truthput while its server has a child in its own session (setsid): the server dies
     with truthput (parent-death signal), the child gets no signal and lives on. A fresh `run` on the
@@ -757,13 +769,7 @@ def test_a_servers_daemon_child_left_by_a_killed_run_is_stopped_by_a_fresh_run(t
         proc.communicate(timeout=30)
         time.sleep(1.0)
         assert _procs_with(marker), "the setsid child should outlive kill -9 of truthput (test premise)"
-        fresh = tmp_path / "fresh.toml"
-        fresh.write_text(experiment_text(BASE_VARIANTS[:BASE_VARIANTS.index("[[variant]]\nname = \"spec1\"")] +
-                                         '[[variant]]\nname = "b"\nset = { "--max-num-seqs" = 32 }\n',
-                                         concurrency=(1,), duration=0.3))
-        out = subprocess.run([*TRUTHPUT, "run", str(fresh), "--store", str(db)], capture_output=True, text=True,
-                             timeout=240, cwd=tmp_path)
-        assert out.returncode == 0, out.stderr[-2000:]
+        out = _fresh_run_on(db, tmp_path)
         left = _procs_with(marker)
         for p in left:
             os.kill(p, signal.SIGKILL)
@@ -869,13 +875,7 @@ def test_a_fresh_run_stops_a_server_an_earlier_killed_run_left(tmp_path):
     proc.communicate(timeout=30)
     time.sleep(1.0)
     assert _running([pid]), "the SIGTERM-ignoring server should have outlived kill -9 (test premise)"
-    fresh = tmp_path / "fresh.toml"
-    fresh.write_text(experiment_text(BASE_VARIANTS[:BASE_VARIANTS.index("[[variant]]\nname = \"spec1\"")] +
-                                     '[[variant]]\nname = "b"\nset = { "--max-num-seqs" = 32 }\n',
-                                     concurrency=(1,), duration=0.3))
-    out = subprocess.run([*TRUTHPUT, "run", str(fresh), "--store", str(db)], capture_output=True, text=True,
-                         timeout=240, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _fresh_run_on(db, tmp_path)
     assert not _running([pid]), "a fresh run left the earlier run's server running"
     assert f"(pid {pid}) was still running and was stopped" in out.stderr, out.stderr[:3000]
     assert Store(db, read_only=True).run(old_run).status == "interrupted"

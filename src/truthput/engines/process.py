@@ -218,6 +218,16 @@ def _parents() -> dict[int, int]:
     return out
 
 
+def _is_orphan_of_a_server(pid: int) -> bool:
+    """A child of this subreaper that is not one of truthput's own helpers (multiprocessing's
+    resource tracker, load worker processes): a server's descendant reparented here."""
+    try:
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False
+    return not (b"multiprocessing" in cmd and (b"resource_tracker" in cmd or b"truthput" in cmd))
+
+
 def server_descendants(leader: int) -> dict[str, str]:
     """Every process that belongs to the server `leader`: its descendants, and -- where this
     truthput is the subreaper -- the orphans its descendants left (reparented here, in their own
@@ -230,16 +240,8 @@ def server_descendants(leader: int) -> dict[str, str]:
     roots = [leader]
     if _SUBREAPER:
         me = os.getpid()
-        for pid in children.get(me, []):
-            if pid in _LIVE_GROUPS or pid == leader:
-                continue
-            try:
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-            except OSError:
-                continue
-            if b"multiprocessing" in cmd or b"truthput" in cmd:
-                continue  # our own helpers (resource tracker, load workers), not a server's
-            roots.append(pid)
+        roots += [pid for pid in children.get(me, [])
+                  if pid not in _LIVE_GROUPS and pid != leader and _is_orphan_of_a_server(pid)]
     found: dict[str, str] = {}
     todo = [p for r in roots for p in ([r] if r != leader else children.get(r, []))]
     while todo:
@@ -274,14 +276,8 @@ def reap_orphans(keep: set[int] = frozenset()) -> list[int]:  # type: ignore[ass
         return []
     gone = []
     for pid in _children(os.getpid()):
-        if pid in keep or pid in _LIVE_GROUPS:
+        if pid in keep or pid in _LIVE_GROUPS or not _is_orphan_of_a_server(pid):
             continue
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if b"multiprocessing" in cmd and b"resource_tracker" in cmd:
-            continue  # our own helper, not a server's
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
             gone.append(pid)
