@@ -103,13 +103,13 @@ def summary_rows(run: LoadRun) -> list[LoadRow]:
 
 
 def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> None:
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from truthput.analyze.cells import source_label
+    from truthput.report.terminal import make_console
 
-    con = Console(highlight=False)
+    con = make_console(highlight=False)
     unit = "req/s" if opts.rate else "streams"
     tag = ", simulated" if run.simulated else ""
     if run.simulated:
@@ -121,7 +121,7 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
     t.add_column("req/s", justify="right")
     t.add_column("total tok/s\n(+ prompt)", justify="right")
     t.add_column("requests\n(failed)", justify="right")
-    t.add_column("tokens:\nclient / counter", justify="right")
+    t.add_column("tokens:\nclient / counter", justify="right", no_wrap=True)
     if opts.slo.any:
         t.add_column("goodput req/s\n(good %)", justify="right")
     t.add_column("client", justify="left")
