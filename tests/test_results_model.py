@@ -309,3 +309,29 @@ def test_load_against_the_simulator_is_labelled_simulated_everywhere(tmp_path):
     cmp_model = compare_runs(store, rid, store, rid)
     cmp = cmp_model.to_dict()
     assert cmp["rows"] and any("SIMULATED" in n for n in cmp["notes"])
+
+
+def test_the_verdict_says_each_levels_decision_first_and_keeps_diagnostics_behind_verbose(store):
+    """Under 'Verdict': one decision line per level (winner / no winner ...), then the comparisons;
+    the noise-model lines only with verbose (a short note says where they are)."""
+    from rich.console import Console
+
+    from truthput.report.runsummary import run_summary
+    from truthput.report.terminal import print_run
+
+    rid = run_id(store, "recorded-sim")
+    verdict = run_summary(store, rid).verdict
+    levels = {cv.level for cv in verdict.per_concurrency if cv.metric == "tok/s"}
+    outputs = {}
+    for verbose in (False, True):
+        con = Console(record=True, width=250)
+        print_run(store, rid, console=con, verbose=verbose)
+        outputs[verbose] = con.export_text().splitlines()
+    short = outputs[False]
+    after = short[short.index("Verdict") + 1:]
+    decisions = after[:len(levels)]
+    assert all(("winner" in ln or "beat" in ln) for ln in decisions), decisions
+    assert all(ln.startswith("    ") for ln in after[len(levels):len(levels) + len(verdict.comparison_lines())])
+    assert not any(": noise: " in ln for ln in short)
+    assert any("--verbose shows them" in ln for ln in short)
+    assert any(": noise: " in ln for ln in outputs[True])

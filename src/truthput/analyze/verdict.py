@@ -76,6 +76,11 @@ class ConcurrencyVerdict:
     lines: list[str]
     metric: str = "tok/s"
     noise: str = ""
+    decision: list[str] = field(default_factory=list)
+    """The level's outcome in a line (winner / no winner / several beat the baseline): what the
+    terminal says first."""
+    diagnostics: list[str] = field(default_factory=list)
+    """How the data looked (noise, a noisy baseline): the method's evidence, not a decision."""
 
     @property
     def label(self) -> str:
@@ -113,6 +118,20 @@ class Verdict:
 
     def comparisons(self) -> list[ComparisonVerdict]:
         return [c for cv in self.per_concurrency for c in cv.comparisons]
+
+    def decision_lines(self) -> list[str]:
+        """One line per level: its outcome, then what happened to variants that failed."""
+        out = [line for cv in self.per_concurrency for line in cv.decision]
+        tag = "simulated: " if self.simulated else ""
+        out += [f"{tag}{variant}: failed, no measurements ({why})" for variant, why in self.failed.items()]
+        return out
+
+    def comparison_lines(self) -> list[str]:
+        return [c.line for cv in self.per_concurrency for c in cv.comparisons]
+
+    def diagnostic_lines(self) -> list[str]:
+        tag = "simulated: " if self.simulated else ""
+        return [line for cv in self.per_concurrency for line in cv.diagnostics] + [f"{tag}{n}" for n in self.notes]
 
     def lines(self) -> list[str]:
         out: list[str] = []
@@ -296,6 +315,8 @@ def _level_verdict(mkey: str, conc: Level, group: dict[str, Sequence[Sequence[fl
     head-to-head better than every other faster one), the baseline's noise."""
     spec = metric(mkey)
     lines = [c.line for c in comps]
+    decision: list[str] = []
+    diagnostics: list[str] = []
     winner = None
     base_mean = None
     if mkey == "tok/s":
@@ -309,20 +330,35 @@ def _level_verdict(mkey: str, conc: Level, group: dict[str, Sequence[Sequence[fl
             if all(ratio_estimate(group[best.variant], group[c.variant], confidence=best.estimate.level).significant
                    for c in rivals):
                 winner = best.variant
-                lines.append(f"{tag}{level_label(conc)}: winner {winner}")
+                decision.append(f"{tag}{level_label(conc)}: winner {winner}")
             else:
                 beat = ", ".join(c.variant for c in qualifiers)
-                lines.append(
+                decision.append(
                     f"{tag}{level_label(conc)}: {beat} all beat {baseline}; their intervals overlap, so no single winner")
         elif comps:
-            lines.append(f"{tag}{level_label(conc)}: no winner: {baseline} stays")
+            open_ = [c for c in comps if not c.decided]
+            decision.append(f"{tag}{level_label(conc)}: no winner: {baseline} stays" + (
+                f"; not decided: {', '.join(_starts_to_go(c) for c in open_)}" if open_ else ""))
         if base_est.noisy and base_est.warning:
-            lines.append(f"{tag}{level_label(conc)}: {baseline} is noisy: {base_est.warning}")
+            diagnostics.append(f"{tag}{level_label(conc)}: {baseline} is noisy: {base_est.warning}")
     if comps and noise_note:
         where = level_label(conc) if mkey == "tok/s" else f"{level_label(conc)} {spec.label}"
-        lines.append(f"{tag}{where}: noise: {noise_note}")
+        diagnostics.append(f"{tag}{where}: noise: {noise_note}")
+    lines += decision + diagnostics
     return ConcurrencyVerdict(level=conc, baseline=baseline, baseline_mean=base_mean,
-                              comparisons=comps, winner=winner, lines=lines, metric=mkey, noise=noise_note)
+                              comparisons=comps, winner=winner, lines=lines, metric=mkey, noise=noise_note,
+                              decision=decision, diagnostics=diagnostics)
+
+
+def _starts_to_go(c: ComparisonVerdict) -> str:
+    """'spec1 (about 12 more starts per arm)' from the comparison's own estimate."""
+    if c.futile:
+        return f"{c.variant} (beyond reach of the planned starts)"
+    if c.more_starts is None:
+        return c.variant
+    if c.more_starts > MORE_STARTS_SHOWN:
+        return f"{c.variant} (more than {MORE_STARTS_SHOWN} more starts per arm)"
+    return f"{c.variant} (about {c.more_starts} more start{'s' if c.more_starts != 1 else ''} per arm)"
 
 
 def _method_notes(family: int, min_effect: float, stopping_rule: StoppingRule | None, look: int | None,

@@ -21,6 +21,8 @@ def register(app: typer.Typer) -> None:
         values: Optional[Path] = typer.Option(None, "--values", help="Write the per-start values the verdict was "
                                               "decided from (.json: with the baseline and design; .csv: one row per "
                                               "trial); `truthput decide FILE` recomputes the verdict."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Terminal summary: also how the data looked "
+                                     "(noise, pooling, drift) under the verdict"),
     ) -> None:
         """Write the run's reports; with no output option, print the terminal summary and write nothing."""
         from truthput.errors import StoreError
@@ -43,9 +45,9 @@ def register(app: typer.Typer) -> None:
                 from truthput.report.terminal import make_console, print_run
 
                 con = make_console()
-                print_run(db, rid, console=con)
                 for line in roofline_lines(roofline_for_run(db, rid)):
                     con.print(line, markup=False, highlight=False)
+                print_run(db, rid, console=con, verbose=verbose)  # ends with the verdict
                 return
             from truthput.report.data import build_report_data
 

@@ -103,6 +103,8 @@ def run(
                                             "instead of the file's [model]."),
     executor: str = typer.Option("local", "--executor", help=EXECUTOR_HELP),
     address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print how the data looked (noise, pooling, "
+                                 "drift) under the verdict"),
 ) -> None:
     """Run every variant x load level, measure from server counters, print the verdict."""
     import asyncio
@@ -178,10 +180,11 @@ def run(
                    f"--store {store}", err=True)
         raise typer.Exit(128 + received[0] if received else 130)
     progress.close()
-    print_run(db, run_id)
+    # the audit and the roofline first: the run ends with its table and verdict
     print_audit_matrix(db, run_id)
     for line in roofline_lines(roofline_for_run(db, run_id)):
         typer.echo(line)
+    print_run(db, run_id, verbose=verbose)
     if reports is not None:
         try:
             from truthput.report.files import write_reports

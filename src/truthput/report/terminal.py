@@ -48,7 +48,9 @@ def flag_mark(flags: list[Any]) -> str:
     return (" !" + ",".join(dict.fromkeys(f.code for f in flags))) if flags else ""
 
 
-def print_run(store: Store, run_id: str, console: Any = None) -> None:
+def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = False) -> None:
+    """The run's table, then the verdict: each level's decision first, then each comparison; how the
+    data looked (noise, pooling, drift) only with `verbose`."""
     from rich.table import Table
     from rich.text import Text
 
@@ -102,11 +104,20 @@ def print_run(store: Store, run_id: str, console: Any = None) -> None:
               "(all N streams in flight) / the window's wall time (usage placed in time where there is no counter, "
               "marked). Per-stream rates leave out TTFT and the gaps between requests, so at c=1 a per-stream rate "
               "can exceed the aggregate.")
-    lines = summary.verdict.lines()
-    if lines:
+    verdict = summary.verdict
+    if verdict.per_concurrency or verdict.failed:
         con.print("[bold]Verdict[/bold]")
-        for line in lines:
-            con.print(Text(f"  {line}"))
+        for line in verdict.decision_lines():
+            con.print(Text(f"  {line}", style="bold"))
+        for line in verdict.comparison_lines():
+            con.print(Text(f"    {line}"))
+        diagnostics = verdict.diagnostic_lines()
+        if verbose:
+            for line in diagnostics:
+                con.print(Text(f"  {line}", style="dim"))
+        elif diagnostics:
+            con.print(Text(f"  ({len(diagnostics)} lines on how the data looked: noise, pooling, drift; "
+                           "--verbose shows them, and the report's method section has them)", style="dim"))
     stopping = summary.stopping
     if stopping:
         used = stopping.starts_used
