@@ -302,3 +302,36 @@ def test_a_unit_that_is_not_utf8_is_one_line_and_exit_2(tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert "bad.service:2: not UTF-8" in res.stderr
     assert not (tmp_path / "x.toml").exists()
+
+
+def test_import_of_a_shell_script_with_vllm_serve_makes_an_experiment(tmp_path):
+    """`truthput import serve.sh`: the script's `vllm serve` line (continuations joined, a trailing
+    comment dropped, its VAR=value prefix and the exported variables as the environment) is the
+    baseline's command; a script that starts no server is one line and exit 2."""
+    import subprocess
+    import sys
+    import tomllib
+
+    script = tmp_path / "serve.sh"
+    script.write_text("#!/usr/bin/env bash\nset -euo pipefail\nexport CUDA_VISIBLE_DEVICES=0,1\n"
+                      "source /opt/vllm/bin/activate\n"
+                      "VLLM_LOG_STATS_INTERVAL=5 exec vllm serve /models/m \\\n"
+                      "    --served-model-name m --tensor-parallel-size 2 \\\n"
+                      "    --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'  # spec\n")
+    done = subprocess.run([sys.executable, "-m", "truthput", "import", str(script), "-o", str(tmp_path / "e.toml")],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    doc = tomllib.loads((tmp_path / "e.toml").read_text())
+    assert doc["server"]["engine"] == "vllm"
+    assert doc["server"]["command"] == ["vllm", "serve", "/models/m", "--served-model-name", "m",
+                                        "--tensor-parallel-size", "2", "--speculative-config",
+                                        '{"method": "ngram", "num_speculative_tokens": 3}']
+    assert doc["server"]["env"] == {"CUDA_VISIBLE_DEVICES": "0,1", "VLLM_LOG_STATS_INTERVAL": "5"}
+    plan = subprocess.run([sys.executable, "-m", "truthput", "plan", str(tmp_path / "e.toml"), "--engine", "sim",
+                           "--sim-gpu", "RTX 3090", "--sim-model", "qwen3.6-27b-5.5bit"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    (tmp_path / "other.sh").write_text("echo hello\n")
+    bad = subprocess.run([sys.executable, "-m", "truthput", "import", str(tmp_path / "other.sh"), "-o", "-"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "starts a server" in bad.stderr

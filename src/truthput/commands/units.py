@@ -21,16 +21,18 @@ def default_import_path(unit_path: Path) -> Path:
 def register(app: typer.Typer) -> None:
     @app.command("import")
     def import_(
-        unit_file: Path = typer.Argument(..., help="A systemd unit (e.g. vllm.service) whose ExecStart= runs the server."),
+        unit_file: Path = typer.Argument(..., help="A systemd unit (e.g. vllm.service) whose ExecStart= runs the "
+                                         "server, or a shell script with a `vllm serve ...` (or llama-server) line."),
         output: Optional[Path] = typer.Option(None, "-o", "--output", help="Experiment file to write (default: UNIT.toml here)."),
         force: bool = typer.Option(False, "--force", help="Overwrite the output file if it exists."),
     ) -> None:
-        """Make an experiment file whose baseline is the unit's ExecStart= (warns where the unit contradicts itself)."""
+        """Make an experiment file whose baseline is the unit's ExecStart= or the script's server line (warns where
+        the unit contradicts itself)."""
         from truthput.errors import InputError
-        from truthput.experiment.unit import consistency_warnings, import_unit, parse_unit, read_unit_text
+        from truthput.experiment.unit import consistency_warnings, import_unit, parse_unit, read_server_definition
 
         toml_text = import_unit(str(unit_file))
-        unit = parse_unit(read_unit_text(str(unit_file)), str(unit_file))
+        unit = parse_unit(read_server_definition(str(unit_file)), str(unit_file))
         for warning in consistency_warnings(unit) + unit.notes():
             typer.echo(f"truthput: warning: {warning}", err=True)
         target = output or default_import_path(unit_file)

@@ -644,9 +644,75 @@ def read_unit_text(path: str) -> str:
     return text
 
 
-def import_unit(path: str) -> str:
-    """An experiment TOML whose baseline is the unit's server: edit the variants and run it."""
+SERVER_PROGRAMS = ("vllm.entrypoints.openai.api_server", "sglang.launch_server", "llama-server", "llama_cpp.server")
+"""Words that mark a shell script's line as the one that starts the server (besides `vllm serve`)."""
+
+
+def _shell_logical_lines(text: str) -> list[str]:
+    """The script's lines with backslash continuations joined."""
+    out: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        if raw.rstrip().endswith("\\"):
+            pending += raw.rstrip()[:-1] + " "
+            continue
+        out.append(pending + raw)
+        pending = ""
+    if pending:
+        out.append(pending)
+    return out
+
+
+def _starts_a_server(words: Sequence[str]) -> bool:
+    if len(words) >= 2 and os.path.basename(words[0]) == "vllm" and words[1] == "serve":
+        return True
+    return any(w in SERVER_PROGRAMS or os.path.basename(w) in SERVER_PROGRAMS for w in words[:4])
+
+
+def script_as_unit(text: str, path: str) -> str | None:
+    """A shell script that starts a server (`vllm serve ...`, `python -m vllm.entrypoints...`,
+    `llama-server ...`), as the unit text systemd would run it with: its `export NAME=value` lines
+    become Environment=, the server's line ExecStart=. None when `text` is a unit already."""
+    import shlex
+
+    if re.search(r"^\s*\[Service\]", text, flags=re.M):
+        return None
+    env: dict[str, str] = {}
+    for number, line in enumerate(_shell_logical_lines(text), start=1):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as exc:
+            raise InputError(f"{path}:{number}: cannot split this shell line ({exc})") from None
+        if not words:
+            continue
+        assigned: dict[str, str] = {}
+        while words and (words[0] in ("export", "exec", "nohup", "env")
+                         or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0])):
+            if "=" in words[0]:
+                name, value = words[0].split("=", 1)
+                assigned[name] = value
+            words = words[1:]
+        if not words:
+            env.update(assigned)  # `export NAME=value` or `NAME=value` on its own line
+            continue
+        if _starts_a_server(words):
+            env.update(assigned)
+            return "[Service]\n" + render_environment(env) + render_exec_start(words)
+    raise InputError(f"{path}: neither a systemd unit (no [Service] section) nor a shell script with a line that "
+                     "starts a server (`vllm serve ...`, `python -m vllm.entrypoints.openai.api_server ...`, "
+                     "`llama-server ...`)")
+
+
+def read_server_definition(path: str) -> str:
+    """A unit file's text, or a shell script's server line as a unit's."""
     text = read_unit_text(path)
+    return script_as_unit(text, path) or text
+
+
+def import_unit(path: str) -> str:
+    """An experiment TOML whose baseline is the unit's (or the shell script's) server: edit the
+    variants and run it."""
+    text = read_server_definition(path)
     unit = parse_unit(text, path)
     argv = unit.exec_start_argv()
     env = unit.environment()
