@@ -227,7 +227,7 @@ def test_a_missing_server_program_fails_plan(tmp_path, program, says):
     import sys
 
     text = (ROOT / "examples" / "quickstart.toml").read_text().replace('engine = "sim"', 'engine = "command"')
-    text = text.replace('"/home/alex/vllm-venv/bin/python"', f'"{program}"', 1)
+    text = text.replace('"/opt/vllm/bin/python"', f'"{program}"', 1)
     assert program in text
     path = tmp_path / "e.toml"
     path.write_text(text)
