@@ -253,7 +253,12 @@ def test_tune_killed_mid_round_continues_without_redoing_finished_work(tmp_path)
     assert con.execute("SELECT COUNT(*) FROM trials t JOIN studies s ON s.study_id = t.study_id "
                        "WHERE s.study_name LIKE '%/simulator'").fetchone()[0] == 60
     con.close()
-    assert "chosen: " in done.stdout and "simulator vs server ranking" in done.stdout
+    # one outcome line: a chosen configuration, or "keep the baseline" said once (never "chosen: <baseline>")
+    assert ("chosen: " in done.stdout) != ("outcome: keep the baseline" in done.stdout)
+    assert done.stdout.count("keep the baseline") <= 1
+    assert "simulator vs server ranking" in done.stdout and "Spearman's rho" in done.stdout
+    rank_line = next(ln for ln in done.stdout.splitlines() if ln.startswith("simulator vs server ranking"))
+    assert rank_line.count(":") >= 2, rank_line  # the figure comes with its reading
     report = next((tmp_path / "reports").glob("*.html"))
     assert "<svg" in report.read_text() and "SIMULATED" in report.read_text()
 
@@ -363,3 +368,12 @@ def test_a_tok_per_watt_tune_on_a_real_engine_without_nvml_is_refused_in_one_lin
     assert "tokps_per_watt" in line and "NVML" in line
     assert not (tmp_path / "t.db").exists() or not sqlite3.connect(tmp_path / "t.db").execute(
         "SELECT COUNT(*) FROM starts").fetchone()[0]
+
+
+def test_the_rank_agreement_says_what_it_means_for_the_screen():
+    from truthput.commands.tune import rank_agreement_text
+
+    assert "can be trusted" in rank_agreement_text(0.91, 8)
+    assert "close to a random pick" in rank_agreement_text(0.10, 6)
+    assert "too few configurations to read" in rank_agreement_text(0.10, 3)
+    assert "unchecked" in rank_agreement_text(None, 1)

@@ -8,6 +8,24 @@ from typing import Optional
 import typer
 
 
+def rank_agreement_text(rho: float | None, pairs: int) -> str:
+    """Spearman's rho between the simulator's and the server's ranking, with what it means for
+    trusting the simulator's screen of the configurations the server never ran."""
+    if rho is None:
+        return (f"simulator vs server ranking: too few configurations measured on both ({pairs}) for a rank "
+                "correlation; the screen's order is unchecked")
+    if pairs < 5:
+        reading = "too few configurations to read much into it"
+    elif rho >= 0.8:
+        reading = "the simulator ranks them as the server does: its screen can be trusted to pick candidates"
+    elif rho >= 0.4:
+        reading = "the simulator's order roughly holds: its screen finds good candidates, not the exact best"
+    else:
+        reading = ("the simulator's order does not hold on this server: its screen is close to a random pick here; "
+                   "calibrate it on a run of this server (truthput sim calibrate) before trusting it")
+    return f"simulator vs server ranking: Spearman's rho {rho:.2f} over {pairs} configurations: {reading}"
+
+
 def register(app: typer.Typer) -> None:
     from truthput.commandline import ADDRESS_HELP, ENGINE_HELP, EXECUTOR_HELP, STORE_HELP
 
@@ -83,14 +101,14 @@ def register(app: typer.Typer) -> None:
                 else "no data")
             sim = figure_text(r.simulated) if r.simulated else "n/a"
             typer.echo(f"  {r.config}: simulator {sim}, server {server}")
-        rho = doc.rank_correlation
-        typer.echo(f"simulator vs server ranking: Spearman's rho {rho:.2f} over {doc.rank_pairs} configurations"
-                   if rho is not None else f"simulator vs server ranking: too few configurations measured "
-                   f"({doc.rank_pairs}) for a rank correlation")
+        typer.echo(rank_agreement_text(doc.rank_correlation, doc.rank_pairs))
         typer.echo(f"server time: {doc.server_starts} starts, {doc.server_minutes:.1f} server-minutes; "
                    f"stopped: {doc.stop_reason}")
-        typer.echo(f"chosen: {doc.chosen}")
-        typer.echo(f"  {doc.chosen_line}")
+        if outcome.chosen_variant == exp.experiment.baseline:
+            typer.echo(f"outcome: keep the baseline ({doc.chosen}): {doc.chosen_line.split(': keep the baseline')[0]}")
+        else:
+            typer.echo(f"chosen: {doc.chosen}")
+            typer.echo(f"  {doc.chosen_line}")
         if reports is not None:
             reports.mkdir(parents=True, exist_ok=True)
             html = reports / f"{outcome.name}.html"
