@@ -326,7 +326,7 @@ def test_load_prints_latency_percentiles_that_match_the_servers_timings(tmp_path
     proc, url = _stub_process("--metrics", "--token-delay-s", "0.01", "--prefill-delay-s", "0.06")
     try:
         done = _load_cli(url, "-c", "2", "-n", "10", "--output-tokens", "24", "--json", "--no-store", cwd=tmp_path)
-        table = _load_cli(url, "-c", "2", "-n", "4", "--output-tokens", "24", "--no-store", cwd=tmp_path)
+        table = _load_cli(url, "-c", "2", "-n", "4", "--output-tokens", "24", "--store", "l.db", cwd=tmp_path)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -347,6 +347,15 @@ def test_load_prints_latency_percentiles_that_match_the_servers_timings(tmp_path
     assert table.returncode == 0, table.stderr[-2000:]
     for label in ("TTFT", "TPOT", "ITL", "E2E", "p50", "p90", "p99", "req/s", "total tok/s"):
         assert label in table.stdout, (label, table.stdout)
+    # `report` on the stored load run shows what applies: percentiles, no comparison, no verdict
+    import subprocess
+
+    report = subprocess.run([sys.executable, "-m", "truthput", "report", "--store", "l.db"], capture_output=True,
+                            text=True, timeout=60, cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "TTFT ms" in report.stdout and "p50 / p90 / p99" in report.stdout
+    for absent in ("vs baseline", "Verdict", "server starts per variant", "roofline"):
+        assert absent not in report.stdout, (absent, report.stdout)
 
 
 def test_load_says_why_there_is_no_counter_and_no_client_token_count(tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"server time: {doc.server_starts} starts, {doc.server_minutes:.1f} server-minutes; "
                    f"stopped: {doc.stop_reason}")
         if outcome.chosen_variant == exp.experiment.baseline:
-            typer.echo(f"outcome: keep the baseline ({doc.chosen}): {doc.chosen_line.split(': keep the baseline')[0]}")
+            typer.echo(f"outcome: keep the baseline ({doc.chosen}): {(doc.chosen_line or '').split(': keep the baseline')[0]}")
         else:
             typer.echo(f"chosen: {doc.chosen}")
             typer.echo(f"  {doc.chosen_line}")

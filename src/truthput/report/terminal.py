@@ -66,6 +66,9 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     if sim:
         con.print("[bold yellow]SIMULATED[/bold yellow]: every figure below comes from the embedded simulator "
                   "(a physics model), not from a measurement of real hardware.")
+    if (run.experiment_toml or "").startswith("[load]"):
+        _print_load_run(store, run_id, run.status, tag, con)
+        return
     level = f"{summary.verdict.confidence:.0%}"
     t = Table(title=Text(f"run {run_id} ({run.status})"))
     t.add_column("variant")
@@ -128,6 +131,38 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
         con.print(Text(line))
     for w in summary.warnings():
         con.print(Text("warning", style="yellow") + Text(f": {w}"))
+
+
+def _print_load_run(store: Store, run_id: str, status: str, tag: str, con: Any) -> None:
+    """A `truthput load` run: one server someone else runs, no variants to compare, so no verdict;
+    each level's throughput and latency percentiles, as `load` printed them."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from truthput.analyze.cells import headline, source_label
+
+    trials = store.trial_results(run_id)
+    t = Table(title=Text(f"run {run_id} ({status}): truthput load of a running server"))
+    t.add_column("level", justify="right")
+    t.add_column(Text(f"output tok/s\n[server counter{tag}]"), justify="right")
+    for metric in ("TTFT", "TPOT", "ITL", "E2E"):
+        t.add_column(f"{metric} ms\np50 / p90 / p99", justify="right", no_wrap=True)
+    for tr in trials:
+        res = tr.results
+        h = headline(res)
+        tps = Text(_f(h.number()))
+        if h.number() is not None and h.source != "server_counter":
+            tps.append(f" [{source_label(h.source)}]", style="yellow")
+        tps.append(flag_mark([f"{f.code}: {f.reason}" for f in h.flags]), style="bold red")
+        cells: list[Any] = [level_cell(tr.level), tps]
+        for metric in ("ttft", "tpot", "itl", "e2e"):
+            d = res.latency.metric(metric)
+            cells.append(" / ".join(_f(None if d is None or d.at(q) is None else 1000 * (d.at(q) or 0))
+                                    for q in ("p50", "p90", "p99")))
+        t.add_row(*cells)
+    con.print(t)
+    con.print("a load run measures one server at each level: nothing is compared, so there is no verdict "
+              "(truthput run compares configurations)")
 
 
 def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
