@@ -106,3 +106,24 @@ def test_pareto_front():
     # (latency, tok/s): b dominates a (lower latency, more tok/s); c is faster but slower to respond
     pts = [(10.0, 100.0), (5.0, 120.0), (50.0, 300.0), (60.0, 250.0)]
     assert pareto_front(pts) == [1, 2]
+
+
+def test_the_audit_is_collapsed_and_the_verdicts_diagnostics_sit_apart(tmp_path):
+    """The verdict's list holds decisions; how the data looked (noise) sits in its own collapsed
+    section; the audit table is collapsed by default, its row count in the summary."""
+    import re
+
+    from report_fixture import restore_quickstart_db
+
+    from truthput.report.data import build_report_data
+    from truthput.report.html import render_html
+    from truthput.store.db import Store
+
+    store = Store(restore_quickstart_db(tmp_path / "q.db"), read_only=True)
+    doc = build_report_data(store, store.resolve_run("latest"))
+    html = render_html(doc)
+    verdict = html[html.index('<section id="verdict">'):html.index("</section>", html.index('<section id="verdict">'))]
+    main_list = verdict[:verdict.index('<details id="verdict-diagnostics">')]
+    assert ": noise: " not in main_list and ": noise: " in verdict
+    assert re.search(r'<details id="audit-details"><summary>\d+ rows', html)
+    assert '<details id="audit-details" open' not in html
