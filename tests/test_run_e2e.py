@@ -130,10 +130,16 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
         assert samples["n"] >= 3 and samples["running_max"]["value"] >= t.concurrency
         # (the simulator reports a request in prefill as waiting: a few samples may read below N)
         assert 0.25 * t.concurrency <= samples["running_mean"]["value"] <= t.concurrency
-        # a clean simulated run: no validity flag on any figure
-        assert t.results.flagged_figures() == [], t.results.flagged_figures()
+        # a clean simulated run: no validity flag on any figure, but what a busy host (the suite's other
+        # workers) rightly says of itself, and only when it was busy
+        host_flags = {"client_bound", "host_interference"}
+        wrong = [(name, [f.code for f in fig.flags if f.code not in host_flags])
+                 for name, fig in t.results.flagged_figures()]
+        assert not [w for w in wrong if w[1]], wrong
         host = t.results.interference.host_other_cores  # the sim's process group is the server's
-        assert host is not None and host.value is not None and host.value < 0.5
+        assert host is not None and host.value is not None
+        codes = {f.code for f in t.results.throughput.counter_window.flags}
+        assert ("host_interference" in codes) == (host.value > 0.5)
         assert "vllm:generation_tokens_total" in store.scrapes(t.id)[0].text
     # speculation counters only where speculation is on
     by_variant = {t.variant: t.results.to_json_dict() for t in trials if t.concurrency == 4}
