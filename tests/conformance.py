@@ -84,7 +84,7 @@ CASES: list[tuple[str, str, str, Any, tuple[str, ...]]] = [
     ("logprobs", "POST", "/v1/completions", _c(max_tokens=4, logprobs=2, ignore_eos=True), ()),
     ("echo", "POST", "/v1/completions", _c(max_tokens=4, echo=True, ignore_eos=True), ()),
     ("chat_json_object", "POST", "/v1/chat/completions",
-     _chat(max_tokens=32, response_format={"type": "json_object"}), ()),
+     _chat(max_tokens=32, response_format={"type": "json_object"}), ("completion_tokens",)),
     ("chat_json_schema", "POST", "/v1/chat/completions",
      _chat(max_tokens=64, response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": {
          "type": "object", "properties": {"city": {"type": "string"}, "year": {"type": "integer"}},

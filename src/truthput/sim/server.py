@@ -730,7 +730,11 @@ class SimServer:
                 shape = Shaping(echo=p.text if body.get("echo") and not chat else None)
                 if fixed is not None:
                     text, tool = fixed
-                    max_new = max(1, min(limit, len(text) // 3 or 1))
+                    # the answer's own tokens (the model's tokenizer where the simulator has it, as
+                    # vLLM counts them) and the end-of-sequence token that stops it
+                    own = (len(self.tokenizer.encode(text)) if self.tokenizer is not None
+                           else textgen.count_text_tokens(text))
+                    max_new = max(1, min(limit, own + 1))
                     # the engine finishes it with "stop" (its metrics' reason); the API says tool_calls
                     stream, reason = FixedStream(text, max_new), "stop"
                     shape.tool_call = tool
