@@ -156,7 +156,8 @@ def _pct(x: float) -> str:
 def _mag(x: float) -> str:
     """A magnitude in percent, without a sign: "29%", "4.4%"."""
     x = abs(x)
-    return percent(x, "{:.1f}" if x < 10 else "{:.0f}")
+    # near 0 two decimals, so a decided interval's edge never reads as "0.0%"
+    return percent(x, "{:.2f}" if x < 0.1 else "{:.1f}" if x < 10 else "{:.0f}")
 
 
 def _change(e: RatioEstimate, up: str, down: str) -> tuple[str, str]:
