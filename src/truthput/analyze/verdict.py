@@ -331,7 +331,8 @@ def _level_verdict(mkey: str, conc: Level, group: dict[str, Sequence[Sequence[fl
             if all(ratio_estimate(group[best.variant], group[c.variant], confidence=best.estimate.level).significant
                    for c in rivals):
                 winner = best.variant
-                decision.append(f"{tag}{level_label(conc)}: winner {winner}")
+                decision.append(f"{tag}{level_label(conc)}: winner {winner} "
+                                f"({_change(best.estimate, 'faster', 'slower')[0]} than {baseline})")
             else:
                 beat = ", ".join(c.variant for c in qualifiers)
                 decision.append(
