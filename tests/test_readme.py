@@ -54,6 +54,8 @@ SKIPPED = {
         "mid-round and checks that the same command continues without redoing finished work",
     "truthput tune examples/tune-goodput.toml": "run as written (its own folder) by tests/test_tune.py, which checks "
         "the goodput it measures and the configuration it chooses against known truth",
+    "truthput load http://HOST:8000 -c 1,8,32 --duration 30": "HOST stands for the user's server; "
+        "tests/test_load_command.py runs load against servers with known timings and checks its percentiles",
     "truthput tune EXP.toml": "EXP.toml stands for an experiment with a [tune] section (examples/tune.toml is run)",
     "truthput tune": "a command named in prose",
     "truthput plan": "a command named in prose",
