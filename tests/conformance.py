@@ -328,3 +328,37 @@ def _usage(record: dict) -> dict:
         if isinstance(e, dict) and e.get("usage"):
             return e["usage"]
     return {}
+
+
+LOAD_STREAMS = 64
+LOAD_TOKENS = 64
+
+
+def tokens_per_chunk_under_load(host: str, port: int, model: str | None, streams: int = LOAD_STREAMS,
+                                tokens: int = LOAD_TOKENS) -> dict:
+    """`streams` streamed completions at once, each `tokens` long with continuous usage: how many
+    tokens each content chunk carried (from the running usage), over all of them. Real vLLM merges
+    a stream's tokens into fewer chunks when its front end falls behind the engine's steps."""
+    import threading
+
+    body = _c(max_tokens=tokens, ignore_eos=True, stream=True,
+              stream_options={"include_usage": True, "continuous_usage_stats": True})
+    results: list[dict] = []
+
+    def one() -> None:
+        results.append(send(host, port, "POST", "/v1/completions", body, model))
+
+    threads = [threading.Thread(target=one) for _ in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    per_chunk: list[int] = []
+    totals: list[int] = []
+    for r in results:
+        seen = [e["usage"]["completion_tokens"] for e in r.get("events", [])
+                if isinstance(e, dict) and e.get("choices") and e.get("usage")]
+        per_chunk += [b - a for a, b in zip([0] + seen[:-1], seen) if b > a]
+        totals.append(seen[-1] if seen else 0)
+    return {"streams": streams, "tokens": tokens, "totals": totals, "chunks": len(per_chunk),
+            "tokens_per_chunk_max": max(per_chunk, default=0), "merged_chunks": sum(1 for n in per_chunk if n > 1)}
