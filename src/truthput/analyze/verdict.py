@@ -120,18 +120,18 @@ class Verdict:
         return [c for cv in self.per_concurrency for c in cv.comparisons]
 
     def decision_lines(self) -> list[str]:
-        """One line per level: its outcome, then what happened to variants that failed."""
+        """One line per level: its outcome, then what happened to variants that failed, and what the
+        run rests on (its notes: where it was placed)."""
         out = [line for cv in self.per_concurrency for line in cv.decision]
         tag = "simulated: " if self.simulated else ""
         out += [f"{tag}{variant}: failed, no measurements ({why})" for variant, why in self.failed.items()]
-        return out
+        return out + [f"{tag}{n}" for n in self.notes]  # what the run rests on (placement ...)
 
     def comparison_lines(self) -> list[str]:
         return [c.line for cv in self.per_concurrency for c in cv.comparisons]
 
     def diagnostic_lines(self) -> list[str]:
-        tag = "simulated: " if self.simulated else ""
-        return [line for cv in self.per_concurrency for line in cv.diagnostics] + [f"{tag}{n}" for n in self.notes]
+        return [line for cv in self.per_concurrency for line in cv.diagnostics]
 
     def lines(self) -> list[str]:
         out: list[str] = []
