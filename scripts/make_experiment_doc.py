@@ -22,21 +22,23 @@ from pydantic_core import PydanticUndefined
 from truthput.experiment import file as model
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "experiment.md"
-TABLES: list[tuple[str, type[BaseModel], str]] = [
-    ("[experiment]", model.ExperimentSection, "Names the experiment and its baseline variant."),
-    ("[server]", model.ServerSection, "How each variant's server is started (or where it already runs)."),
-    ("[server.systemd_unit]", model.SystemdUnitRef, "The unit the baseline was imported from."),
-    ("[hardware]", model.HardwareSection, "The accelerators, for the roofline and the simulator."),
-    ("[model]", model.ModelSection, "The model, for the roofline and the simulator."),
-    ("[sim]", model.SimSection, "The embedded simulator (engine = \"sim\")."),
-    ("[[variant]]", model.VariantSection, "One configuration to compare; the first is usually the baseline."),
-    ("[workload]", model.WorkloadSection, "The load each trial drives."),
-    ("[measure]", model.MeasureSection, "Replication, the stopping rule and the verdict."),
-    ("[slo]", model.SloSection, "Latency targets for goodput."),
-    ("[cluster]", model.ClusterSection, "Running on a Ray cluster."),
-    ("[tune]", model.TuneSection, "`truthput tune`: search on the simulator, prove on the server."),
-    ("[[tune.param]]", model.TuneParam, "One flag of the tune search space."),
-]
+def tables(cls: type[BaseModel] = model.Experiment, prefix: str = "") -> list[tuple[str, type[BaseModel], str]]:
+    """(table header, its model, what it is for) of every table the file can hold, walked from the
+    model in its order: `[server]`, `[server.systemd_unit]`, `[[variant]]`, ..."""
+    out = []
+    for name, info in cls.model_fields.items():
+        annotation = info.annotation
+        many = typing.get_origin(annotation) is list
+        for inner in typing.get_args(annotation) or (annotation,):
+            inner = typing.get_args(inner)[0] if typing.get_origin(inner) is list else inner
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                what = " ".join((inner.__dict__.get("__doc__") or "").split("\n\n")[0].split())
+                out.append((f"[[{prefix}{name}]]" if many else f"[{prefix}{name}]", inner, what))
+                out += tables(inner, f"{prefix}{name}.")
+    return out
+
+
+TABLES = tables()
 
 
 def field_comments(cls: type) -> dict[str, str]:

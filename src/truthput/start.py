@@ -45,6 +45,8 @@ class RunContext:
     simulated: bool = False
     placement: dict[str, Any] | None = None
     """Where this start's server runs, when an executor placed it on a cluster node."""
+    descendants: dict[str, str] = field(default_factory=dict)
+    """The running start's server processes recorded so far (pid -> identity)."""
 
 
 def _log_sink(ctx: RunContext) -> LogSink:
@@ -186,11 +188,9 @@ def _record_descendants(ctx: RunContext, engine: Engine) -> None:
     from truthput.engines.process import server_descendants
 
     found = server_descendants(engine.pid)
-    if found:
-        known = next((s.info.get("descendants") or {} for s in ctx.store.starts(ctx.run_id) if s.id == ctx.start_id),
-                     {})
-        if not set(found) <= set(known):
-            ctx.store.merge_start_info(ctx.start_id, {"descendants": {**known, **found}})
+    if not set(found) <= set(ctx.descendants):  # written only when the tree grew
+        ctx.descendants.update(found)
+        ctx.store.merge_start_info(ctx.start_id, {"descendants": dict(ctx.descendants)})
 
 
 async def run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: set[TrialKey], tokenizer: Any) -> None:
@@ -206,6 +206,7 @@ async def run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: se
     engine, launched = make_engine(exp, ctx.plan.engine, vp.argv, vp.env, seed, log_sink=_log_sink(ctx),
                                    run_id=ctx.run_id, variant=vp.name, start_index=start_index)
     ctx.log_buffer = []
+    ctx.descendants = {}
     ctx.log_seq = 0
     ctx.start_id = start_id = store.begin_start(ctx.run_id, vp.name, start_index, launched, engine.port)
     if ctx.placement:

@@ -13,12 +13,18 @@ PERCENT_SHOWN = 999.0
 nominal level can reach +10^40% (exact, and meaningless to read)."""
 
 
+def capped(x: float, fmt: str) -> str:
+    """`fmt` of a percentage (without its % sign), or '>' / '<' and the bound beyond PERCENT_SHOWN."""
+    if x > PERCENT_SHOWN:
+        return ">" + fmt.format(PERCENT_SHOWN)
+    if x < -PERCENT_SHOWN:
+        return "<" + fmt.format(-PERCENT_SHOWN)
+    return fmt.format(x)
+
+
 def percent(x: float, fmt: str = "{:+.1f}") -> str:
     """`fmt` of a percentage with its % sign, or '>+999%' / '<-999%' beyond what is worth reading."""
     if x != x:
         return "n/a"
-    if x > PERCENT_SHOWN:
-        return f">{fmt.format(PERCENT_SHOWN)}%".replace(".0%", "%")
-    if x < -PERCENT_SHOWN:
-        return f"<{fmt.format(-PERCENT_SHOWN)}%".replace(".0%", "%")
-    return fmt.format(x) + "%"
+    text = capped(x, fmt) + "%"
+    return text.replace(".0%", "%") if abs(x) > PERCENT_SHOWN else text

@@ -358,9 +358,14 @@ def _starts_to_go(c: ComparisonVerdict) -> str:
         return f"{c.variant} (beyond reach of the planned starts)"
     if c.more_starts is None:
         return c.variant
-    if c.more_starts > MORE_STARTS_SHOWN:
-        return f"{c.variant} (more than {MORE_STARTS_SHOWN} more starts per arm)"
-    return f"{c.variant} (about {c.more_starts} more start{'s' if c.more_starts != 1 else ''} per arm)"
+    return f"{c.variant} ({_more_starts(c.more_starts)})"
+
+
+def _more_starts(n: int) -> str:
+    """'about 12 more starts per arm', or 'more than 100 more starts per arm' past reading."""
+    if n > MORE_STARTS_SHOWN:
+        return f"more than {MORE_STARTS_SHOWN} more starts per arm"
+    return f"about {n} more start{'s' if n != 1 else ''} per arm"
 
 
 def _method_notes(family: int, min_effect: float, stopping_rule: StoppingRule | None, look: int | None,
@@ -449,9 +454,9 @@ def _comparison(d: Decision, v: str, baseline: str, conc: Level, spec: Any, guar
         outcome = "not decided"
         more = more_starts_to_decide(est, min_effect)
         if more is not None and more > MORE_STARTS_SHOWN:
-            why = f"; more than {MORE_STARTS_SHOWN} more starts per arm would be needed to decide it"
+            why = f"; {_more_starts(more)} would be needed to decide it"
         elif more is not None:
-            why = f"; about {more} more start{'s' if more != 1 else ''} per arm would likely decide it"
+            why = f"; {_more_starts(more)} would likely decide it"
         else:
             why = ""
         line = f"{head}{what}{v} vs {baseline}: not decided ({_pct(est.pct)}, {ci}, {counts}){why}"

@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
                 from truthput.report.terminal import make_console, print_run
 
                 con = make_console()
-                if not (db.run(rid).experiment_toml or "").startswith("[load]"):  # a load run has no [hardware]
+                if not db.run(rid).is_load:  # a load run has no [hardware]
                     for line in roofline_lines(roofline_for_run(db, rid)):
                         con.print(line, markup=False, highlight=False)
                 print_run(db, rid, console=con, verbose=verbose)  # ends with the verdict

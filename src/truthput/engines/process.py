@@ -185,21 +185,7 @@ def become_subreaper() -> bool:
 
 
 def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            ppid = int(_stat_fields(name)[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == pid:
-            out.append(int(name))
-    return out
+    return [child for child, parent in _parents().items() if parent == pid]
 
 
 def _parents() -> dict[int, int]:

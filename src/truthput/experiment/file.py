@@ -58,6 +58,8 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class ExperimentSection(_Strict):
+    """Names the experiment and its baseline variant."""
+
     name: str
     """The experiment's name: in run ids, reports and unit file names."""
     baseline: str
@@ -83,6 +85,8 @@ class SystemdUnitRef(_Strict):
 
 
 class ServerSection(_Strict):
+    """How each variant's server is started (or where it already runs)."""
+
     engine: EngineKind = "vllm"
     """What starts the server: vllm, sglang, llamacpp, command (any OpenAI-compatible server, its own flags),
     systemd (a unit), external (already running at url) or sim (the embedded simulator)."""
@@ -126,6 +130,8 @@ class ServerSection(_Strict):
 
 
 class HardwareSection(_Strict):
+    """The accelerators, for the roofline and the simulator."""
+
     gpu: str
     """The accelerator (a catalog name such as "RTX 3090", or a probed host profile .toml): for the roofline
     and the simulator."""
@@ -134,6 +140,8 @@ class HardwareSection(_Strict):
 
 
 class ModelSection(_Strict):
+    """The model, for the roofline and the simulator."""
+
     profile: str | None = None
     """A named model profile (`truthput roofline --help` lists them): parameters, layers, KV shape."""
     path: str | None = None
@@ -151,6 +159,8 @@ class ModelSection(_Strict):
 
 
 class SimSection(_Strict):
+    """The embedded simulator (engine = "sim")."""
+
     noise: float = Field(0.03, ge=0.0, le=0.5)
     """Start-to-start spread of the simulated server's speed (a fraction; 0 = exact)."""
     startup_s: float = Field(0.5, ge=0.0)
@@ -168,6 +178,8 @@ class SimSection(_Strict):
 
 
 class VariantSection(_Strict):
+    """One configuration to compare; the first is usually the baseline."""
+
     name: str
     """The variant's name (letters, digits, - _ . only)."""
     set: dict[str, Any] = Field(default_factory=dict)
@@ -199,6 +211,8 @@ MAX_CONCURRENCY = 8192
 
 
 class WorkloadSection(_Strict):
+    """The load each trial drives."""
+
     concurrency: list[int] = Field(default_factory=lambda: [1])
     """Closed loop: the numbers of streams each start is measured at, in order."""
     rates: list[float] | None = None  # requests/s offered: an open loop at each rate instead of streams
@@ -292,6 +306,8 @@ client-clock latency quantiles per trial."""
 
 
 class MeasureSection(_Strict):
+    """Replication, the stopping rule and the verdict."""
+
     repeats: int = Field(2, ge=1)  # timed trials per concurrency level per server start
     starts: int = Field(3, ge=1)  # server starts per variant before the first look (the unit of replication)
     sequential: bool = True  # add rounds of starts until every comparison is decided, up to max_starts

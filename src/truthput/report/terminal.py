@@ -28,12 +28,10 @@ def interval_text(lo: float | None, hi: float | None, fmt: str = "{:.1f}") -> st
     """' (lo..hi)' when both bounds are numbers, else ''."""
     if lo is None or hi is None or lo != lo or hi != hi:
         return ""
-    from truthput.text import PERCENT_SHOWN
+    from truthput.text import capped
 
     def one(x: float) -> str:
-        if abs(x) > PERCENT_SHOWN and "+" in fmt:  # a percentage: beyond reading, a bound
-            return (">" if x > 0 else "<") + fmt.format(PERCENT_SHOWN if x > 0 else -PERCENT_SHOWN)
-        return fmt.format(x)
+        return capped(x, fmt) if "+" in fmt else fmt.format(x)  # a signed format is a percentage
     return f" ({one(lo)}..{one(hi)})"
 
 
@@ -66,7 +64,7 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     if sim:
         con.print("[bold yellow]SIMULATED[/bold yellow]: every figure below comes from the embedded simulator "
                   "(a physics model), not from a measurement of real hardware.")
-    if (run.experiment_toml or "").startswith("[load]"):
+    if run.is_load:
         _print_load_run(store, run_id, run.status, tag, con)
         return
     level = f"{summary.verdict.confidence:.0%}"

@@ -54,6 +54,12 @@ class RunRow:
         """The stored verdict and stopping record (None until the run ended)."""
         return _json(self.summary_json, None)
 
+    @property
+    def is_load(self) -> bool:
+        """A `truthput load` run (one running server measured, nothing compared): its stored
+        options are a [load] table, not an experiment."""
+        return (self.experiment_toml or "").startswith("[load]")
+
 
 @dataclass(frozen=True)
 class VariantRow:
