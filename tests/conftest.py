@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SPREAD = {"test_run_e2e.py", "test_tune.py", "test_stopping.py", "test_stats.py", "test_store_open.py",
-          "test_validity_matrix.py", "test_interference.py", "test_sim_requests.py"}
+          "test_validity_matrix.py", "test_interference.py", "test_sim_requests.py", "test_malformed_runs.py"}
 WORKERS = 4
 
 

@@ -280,6 +280,9 @@ def plan(
 
     for line in max_num_seqs_warnings(exp, p):
         con.print("warning: " + line, markup=False, style="yellow")
+    if len(p.variants) == 1:
+        con.print("note: one variant, nothing to compare: a run measures it alone (figures, no verdict); "
+                  "add a [[variant]] that changes a flag to compare", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ import re
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -64,8 +64,8 @@ class ExperimentSection(_Strict):
     """The experiment's name: in run ids, reports and unit file names."""
     baseline: str
     """The variant every other one is compared with (usually the user's command as it is)."""
-    seed: int = 0
-    """Seeds the workload's prompts, the run order and the simulator."""
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Seeds the workload's prompts, the run order and the simulator (0 to 2^32-1: numpy's range)."""
     description: str = ""
     """Free text shown in the reports."""
 
@@ -168,7 +168,7 @@ class SimSection(_Strict):
     profile: str | None = None  # calibration profile JSON (truthput sim calibrate)
     log_stats_interval_s: float = Field(10.0, gt=0.0)
     """Seconds between the simulator's throughput log lines (vLLM's VLLM_LOG_STATS_INTERVAL)."""
-    acceptance: list[float] | None = None
+    acceptance: list[Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]] | None = None
     """Per-position acceptance rates of simulated draft tokens (speculative decoding), first position first."""
     # how much the simulated model's greedy text repeats: what n-gram speculation can find
     # (`truthput sim fit-ngram` fits both to a real run's counters)
@@ -257,6 +257,10 @@ class WorkloadSection(_Strict):
     def _positive(cls, v: list[int]) -> list[int]:
         if not v or any(c < 1 for c in v):
             raise ValueError("expected a non-empty list of positive integers")
+        twice = sorted({c for c in v if v.count(c) > 1})
+        if twice:
+            raise ValueError(f"level {', '.join(map(str, twice))} given more than once (each level is measured once "
+                             "per start; repeats = N times its trials)")
         if max(v) > MAX_CONCURRENCY:
             raise ValueError(f"{max(v)} streams: at most {MAX_CONCURRENCY} (each open stream holds its records "
                              "and a connection in this one client process)")
@@ -483,8 +487,8 @@ class TuneSection(_Strict):
     """Real server starts at most (all rounds, baseline included)."""
     budget_server_minutes: float | None = Field(None, gt=0)
     """Real server time at most, in minutes (all rounds)."""
-    seed: int = 0
-    """Seeds the search (optuna's sampler)."""
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Seeds the search (optuna's sampler; 0 to 2^32-1)."""
 
     @model_validator(mode="after")
     def _has_space(self) -> "TuneSection":
