@@ -9,6 +9,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tomlwrite import toml_text
+
 from truthput.errors import TruthputError
 
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -39,33 +41,6 @@ toml_values = st.one_of(toml_scalars, st.lists(toml_scalars, max_size=4),
                         st.dictionaries(st.text(max_size=8), toml_scalars, max_size=3))
 
 
-def _toml(doc: dict) -> str:
-    """A small TOML writer for the fuzz documents (JSON strings are TOML basic strings)."""
-    def val(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, float):
-            return "nan" if v != v else ("inf" if v == float("inf") else "-inf" if v == float("-inf") else repr(v))
-        if isinstance(v, int):
-            return str(v)
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(val(x) for x in v) + "]"
-        return "{ " + ", ".join(f"{json.dumps(k)} = {val(x)}" for k, x in v.items()) + " }"
-
-    out = []
-    for section, body in doc.items():
-        if isinstance(body, list):
-            for item in body:
-                out.append(f"[[{section}]]")
-                out.extend(f"{json.dumps(k)} = {val(v)}" for k, v in item.items())
-        else:
-            out.append(f"[{section}]")
-            out.extend(f"{json.dumps(k)} = {val(v)}" for k, v in body.items())
-    return "\n".join(out) + "\n"
-
-
 @FUZZ
 @given(changes=st.lists(st.tuples(st.sampled_from(KEYS), toml_values), max_size=4),
        variant_set=st.dictionaries(st.sampled_from(["--spec-tokens", "-tp", "--max-num-seqs", "--speculative-config",
@@ -80,7 +55,7 @@ def test_experiment_files_parse_or_fail_clearly(changes, variant_set):
         doc[section][key] = value
     doc["variant"][1]["set"] = variant_set
     try:
-        text = _toml(doc)
+        text = toml_text(doc)
     except (TypeError, ValueError):
         return
     try:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tomlwrite import toml_text
 
 TRUTHPUT = [sys.executable, "-m", "truthput"]
 
@@ -36,35 +37,6 @@ BASE: dict[str, Any] = {
                  "ignore_eos": True},
     "measure": {"starts": 1, "sequential": False, "repeats": 1, "output_guard": False},
 }
-
-
-def _val(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else ("inf" if v == math.inf else "-inf" if v == -math.inf else repr(v))
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_val(x) for x in v) + "]"
-    return "{ " + ", ".join(f"{json.dumps(k)} = {_val(x)}" for k, x in v.items()) + " }"
-
-
-def toml_text(doc: dict[str, Any]) -> str:
-    out: list[str] = []
-    for section, body in doc.items():
-        if isinstance(body, list):
-            for item in body:
-                out.append(f"[[{section}]]")
-                out.extend(f"{json.dumps(k)} = {_val(v)}" for k, v in item.items())
-        elif isinstance(body, dict):
-            out.append(f"[{section}]")
-            out.extend(f"{json.dumps(k)} = {_val(v)}" for k, v in body.items())
-        else:
-            out.append(f"{section} = {_val(body)}")
-    return "\n".join(out) + "\n"
 
 
 DROP = object()  # a key's value meaning "leave the key out"
