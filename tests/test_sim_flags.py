@@ -86,3 +86,15 @@ def test_sim_port_out_of_range_and_allow_remote():
         parse_serve_args(["--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b", "--port", "99999"])
     cfg = parse_serve_args(["--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b", "--host", "0", "--allow-remote"])
     assert cfg.allow_remote and cfg.host == "0"
+
+
+def test_a_speculative_config_key_vllm_does_not_have_is_refused_as_vllm_refuses_it():
+    """vLLM 0.32's SpeculativeConfig forbids unknown keys (start-up fails); the simulator, which reads
+    only the keys it models, must not measure without the misspelt one."""
+    with pytest.raises(InputError, match=r"num_speculative_token \(did you mean num_speculative_tokens\?\)"):
+        parse_serve_args(["m", "--speculative-config", '{"method": "ngram", "num_speculative_token": 3}'])
+    with pytest.raises(InputError, match="prompt_lookup_mx"):
+        parse_serve_args(["m", "--spec-method", "ngram", "--spec-tokens", "3", "--speculative-config.prompt_lookup_mx", "4"])
+    ok = parse_serve_args(["m", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, '
+                           '"prompt_lookup_max": 4}'])
+    assert ok is not None

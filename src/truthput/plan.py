@@ -12,7 +12,7 @@ from typing import Any
 
 from truthput.engines.factory import sim_requirements
 from truthput.errors import InputError
-from truthput.experiment.flagcheck import check_variant_flags
+from truthput.experiment.flagcheck import check_speculative_keys, check_variant_flags
 from truthput.experiment.argv import ServerArgv, argv_diff, int_flag, speculative_settings, variant_argv, whole_number
 from truthput.experiment.engines import metric_family
 from truthput.experiment.file import Experiment
@@ -186,6 +186,8 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
             spec = speculative_settings(argv)
         except InputError as exc:
             raise InputError(f"[[variant]] {v.name!r}: {exc}") from None
+        if metric_family(kind) == "vllm" and kind != "external":
+            check_speculative_keys(f"[[variant]] {v.name!r}", spec)
         _check_variant_argv(exp, v.name, argv)
         diff = argv_diff(base, argv)
         variants.append(VariantPlan(

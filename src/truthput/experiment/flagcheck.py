@@ -29,6 +29,12 @@ def vllm_flags() -> tuple[str, frozenset[str]]:
     return str(doc["version"]), frozenset(doc["flags"])
 
 
+@functools.lru_cache(maxsize=1)
+def speculative_config_keys() -> frozenset[str]:
+    """Every key vLLM's SpeculativeConfig accepts (it forbids any other)."""
+    return frozenset(json.loads(VOCABULARY.read_text(encoding="utf-8"))["speculative_config_keys"])
+
+
 def _canonical(flag: str) -> str:
     """How vLLM reads a flag: underscores as dashes in the name, a `--flag.KEY` as `--flag`."""
     name = flag.split("=", 1)[0]
@@ -59,3 +65,19 @@ def check_variant_flags(where: str, set_flags: Iterable[str], remove_flags: Iter
     said = "; ".join(f"{flag}" + (f" (did you mean {near}?)" if near else "") for flag, near in bad)
     raise InputError(f"{where}: not a flag of vLLM {version}: {said}. vLLM refuses an unknown argument at start-up, "
                      "and on the simulator it would measure the baseline again")
+
+
+def check_speculative_keys(where: str, settings: dict | None) -> None:
+    """Refuse a speculative-config key vLLM does not have: vLLM fails at start-up on it, and the
+    simulator, which reads only the keys it models, would silently measure without it."""
+    if not settings:
+        return
+    known = speculative_config_keys()
+    bad = [k for k in settings if k not in known]
+    if not bad:
+        return
+    version, _flags = vllm_flags()
+    said = "; ".join(k + (f" (did you mean {near[0]}?)" if (near := difflib.get_close_matches(k, sorted(known), n=1,
+                                                                                                 cutoff=0.75)) else "")
+                     for k in bad)
+    raise InputError(f"{where}: not a speculative-config key of vLLM {version}: {said}")

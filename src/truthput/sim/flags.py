@@ -313,9 +313,12 @@ def _merge_speculative(argv: list[str]) -> dict[str, Any] | None:
     accepts exactly the speculative flags vLLM does."""
     from truthput.experiment.argv import ServerArgv, speculative_settings
 
+    from truthput.experiment.flagcheck import check_speculative_keys
+
     merged = speculative_settings(ServerArgv.parse(list(argv), engine="vllm")) or {}
     if not merged:
         return None
+    check_speculative_keys("--speculative-config", merged)
     k = merged.get("num_speculative_tokens")
     if k is None:
         raise InputError("speculative decoding needs num_speculative_tokens (--spec-tokens N)")
