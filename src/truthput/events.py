@@ -98,6 +98,24 @@ class TrialDone:
 
 
 @dataclass(frozen=True)
+class TrialStarting:
+    """A trial's load begins: the live display names the level and trial during a long window
+    (nothing is printed for it on plain lines, where the finished trial says the same)."""
+
+    variant: str
+    start_index: int
+    level: Level
+    trial_index: int
+    window_s: float | None
+    """The timed window (None when trials count requests)."""
+
+    def text(self) -> str:
+        window = f" ({self.window_s:g} s window)" if self.window_s else ""
+        return (f"{self.variant} start {self.start_index + 1} {level_label(self.level)} trial {self.trial_index + 1}"
+                f"{window}")
+
+
+@dataclass(frozen=True)
 class RoundAdded:
     """The stopping rule added a round of starts: the planned total of trials grows."""
 
@@ -118,7 +136,7 @@ class Note:
         return self.message
 
 
-Event = Union[RunStarted, StartLaunching, StartReady, StartFailed, TrialDone, RoundAdded, Note]
+Event = Union[RunStarted, StartLaunching, StartReady, StartFailed, TrialStarting, TrialDone, RoundAdded, Note]
 
 NOTE_STYLES = {"warning": "yellow", "error": "red"}
 
@@ -142,4 +160,4 @@ def emitter(progress: Callable[[str], None] | EventSink | None) -> Callable[[Eve
     if callable(handle):
         return handle
     plain: Callable[[str], None] = progress  # type: ignore[assignment]
-    return lambda e: plain(e.text())
+    return lambda e: None if isinstance(e, TrialStarting) else plain(e.text())

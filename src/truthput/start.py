@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from truthput.engines.base import Engine, LogSink
 from truthput.engines.factory import make_engine
-from truthput.events import Event, Note, StartFailed, StartLaunching, StartReady, TrialDone
+from truthput.events import Event, Note, StartFailed, StartLaunching, StartReady, TrialDone, TrialStarting
 from truthput.experiment.engines import SIMULATED_KINDS, metric_family
 from truthput.experiment.file import Experiment
 from truthput.experiment.levels import Level, is_rate
@@ -289,6 +289,7 @@ async def _trials(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index:
             if not lead:
                 await _warmup(ctx, client, c, tokenizer)
             for i, t in enumerate(trials):
+                ctx.emit(TrialStarting(vp.name, start_index, c, t, wl.duration_s))
                 trial = await _run_trial(ctx, engine, client, vp, start_index, c, t, tokenizer,
                                          lead_s=lead if i == 0 else 0.0)
                 _record_descendants(ctx, engine)

@@ -13,8 +13,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from truthput.events import Event, RoundAdded, RunStarted, StartLaunching, TrialDone, style_of
+from truthput.events import Event, RoundAdded, RunStarted, StartLaunching, TrialDone, TrialStarting, style_of
 from truthput.experiment.levels import Level, level_label
+
+
+DESCRIPTION_WIDTH = 40
+"""Columns the live bar gives "variant start level trial": a long variant name is cut with an
+ellipsis there instead of pushing the bar off the line."""
+
+
+def clock(seconds: float) -> str:
+    """H:MM:SS, as a clock reads (a duration never mistaken for a time of day: always labelled)."""
+    s = max(int(round(seconds)), 0)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 @dataclass
@@ -40,15 +51,23 @@ class ProgressState:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.t0
 
+    window_s: float | None = None
+    """The running trial's timed window, while one runs (None between trials)."""
+    before_run: int = 0
+    """Trials counted by earlier runs shown on this display (tune's earlier rounds)."""
+
     @property
     def remaining_s(self) -> float | None:
-        """From the pace so far; before the first trial, from the plan's estimate."""
+        """From the pace so far; before the first trial finishes, the plan's estimate less the
+        time gone (so it is known, and counts down, from the first second)."""
         if self.total_trials is None:
             return None
         left = max(self.total_trials - self.kept_trials - self.done_trials, 0)
         if self.done_trials:
             return self.elapsed_s / self.done_trials * left
-        return self.estimate_s
+        if self.estimate_s is None:
+            return None
+        return max(self.estimate_s - self.elapsed_s, 0.0)
 
     def where(self) -> str:
         parts = []
@@ -60,7 +79,19 @@ class ProgressState:
             parts.append(level_label(self.level))
         if self.trial is not None:
             parts.append(f"trial {self.trial}")
+        if self.window_s:
+            parts.append(f"({self.window_s:g} s window)")
         return " ".join(parts) or "starting"
+
+    def counts_text(self) -> str:
+        """'0:01:05 elapsed, 3/8 trials, about 0:02:10 left': each figure says what it is."""
+        head = f"{clock(self.elapsed_s)} elapsed"
+        if self.total_trials:
+            head += f", {self.kept_trials + self.done_trials}/{self.total_trials} trials"
+            rem = self.remaining_s
+            if rem is not None:
+                head += f", about {clock(rem)} left"
+        return head
 
     def tokps_text(self) -> str:
         if self.last_tokps is None:
@@ -72,6 +103,7 @@ class ProgressState:
         """Count a finished trial once (starts and trials 1-based); False when already counted."""
         key = (variant, start, level, trial)
         self.variant, self.start, self.level, self.trial = key
+        self.window_s = None
         if tokps is not None:
             self.last_tokps, self.simulated, self.last_source = tokps, simulated, source
         if key in self.seen:
@@ -121,16 +153,29 @@ class LiveProgress:
         if isinstance(event, TrialDone):
             self.state.record_trial(event.variant, event.start_index + 1, event.level, event.trial_index + 1,
                                     event.tokps, event.simulated, event.source)
+        elif isinstance(event, TrialStarting):
+            st = self.state
+            st.variant, st.start, st.level, st.trial = (event.variant, event.start_index + 1, event.level,
+                                                        event.trial_index + 1)
+            st.window_s = event.window_s
+            if self.live:
+                self._ensure_bar()
+            self._refresh()
+            return  # shown by the live bar; on plain lines the finished trial says it
         elif isinstance(event, StartLaunching):
             self.state.variant, self.state.start = event.variant, event.start_index + 1
-            self.state.level = self.state.trial = None
+            self.state.level = self.state.trial = self.state.window_s = None
         elif isinstance(event, RoundAdded):
-            self.set_plan(total_trials=event.total_trials, estimate_s=self.state.estimate_s)
+            self.set_plan(total_trials=self.state.before_run + event.total_trials, estimate_s=self.state.estimate_s)
         elif isinstance(event, RunStarted):
-            if event.total_trials is not None:
-                self.set_plan(total_trials=event.total_trials, estimate_s=event.estimate_s)
+            # one display over several runs (tune's rounds): this run's trials add to what came before
+            st = self.state
+            st.before_run = st.kept_trials + st.done_trials
+            st.seen.clear()
             if event.resumed:
-                self.state.kept_trials = event.kept_trials
+                st.kept_trials += event.kept_trials
+            if event.total_trials is not None:
+                self.set_plan(total_trials=st.before_run + event.total_trials, estimate_s=event.estimate_s)
         self._print(event.text(), style_of(event))
 
     def __call__(self, msg: str) -> None:
@@ -146,34 +191,32 @@ class LiveProgress:
             self._bar.console.print(line)
             self._refresh()
             return
-        st = self.state
-        head = f"{st.elapsed_s:7.1f}s"
-        if st.total_trials:
-            rem = st.remaining_s
-            head += f" {st.kept_trials + st.done_trials}/{st.total_trials} trials"
-            if rem is not None:
-                head += f", ~{rem:.0f} s left"
-        self.console.print(Text(head + " ", style="dim") + line)
+        self.console.print(Text(self.state.counts_text() + "  ", style="dim") + line)
 
     # ---- rich rendering ---------------------------------------------------------------------
     def _ensure_bar(self) -> None:
         if self._bar is not None:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-            TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.table import Column
 
-        self._bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("trials"), TimeElapsedColumn(), TextColumn("elapsed,"), TimeRemainingColumn(),
-                             TextColumn("left"),
+        self._bar = Progress(TextColumn("{task.description}", markup=False,
+                                        table_column=Column(max_width=DESCRIPTION_WIDTH, no_wrap=True,
+                                                            overflow="ellipsis")),
+                             BarColumn(bar_width=20), MofNCompleteColumn(), TextColumn("trials"),
+                             TextColumn("{task.fields[times]}", markup=False),
                              TextColumn("{task.fields[tokps]}", markup=False), console=self.console, transient=False)
         self._bar.start()
-        self._task = self._bar.add_task(self.state.where(), total=self.state.total_trials, tokps="")
+        self._task = self._bar.add_task(self.state.where(), total=self.state.total_trials, tokps="", times="")
 
     def _refresh(self) -> None:
         if self._bar is None:
             return
-        self._bar.update(self._task, completed=self.state.kept_trials + self.state.done_trials, description=self.state.where(),
-                         tokps=self.state.tokps_text())
+        st = self.state
+        rem = st.remaining_s
+        times = f"{clock(st.elapsed_s)} elapsed" + (f", about {clock(rem)} left" if rem is not None else "")
+        self._bar.update(self._task, completed=st.kept_trials + st.done_trials, description=st.where(),
+                         tokps=st.tokps_text(), times=times)
 
     def close(self) -> None:
         """Stop the live bar (idempotent); plain mode has nothing to close."""
