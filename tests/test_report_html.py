@@ -33,9 +33,9 @@ def test_sections_and_plots(html):
     for sec in ("verdict", "experiment", "cells", "throughput", "tradeoff", "goodput", "per_stream", "latency",
                 "acceptance", "roofline", "audit", "claims", "failures", "telemetry", "trials"):
         assert f'id="{sec}"' in html, sec
-    for plot in ("throughput", "tradeoff", "per_stream", "latency", "acceptance", "roofline"):
+    for plot in ("throughput", "tradeoff", "per_stream", "levels", "latency", "acceptance", "roofline"):
         assert f'id="plot-{plot}"' in html, plot
-    assert html.count("<svg") == 6
+    assert html.count("<svg") == 7
     assert 'id="simulated-banner"' in html and "SIMULATED" in html
     assert "no GPU telemetry" in html and "time busy" in html
     assert "nospec vs original: not decided (-54%" in html

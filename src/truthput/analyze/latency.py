@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
 from truthput.analyze.cells import TrialLike, group_trials
 from truthput.experiment.levels import Level
 from truthput.load.records import RequestRecord
-from truthput.measure.model import Goodput
+from truthput.measure.model import Figure, Goodput
+from truthput.measure.rates import WindowRates, window_rates
 
 
 @dataclass
@@ -29,6 +30,17 @@ class LatencyCell:
     n_failed: int = 0
     per_trial: list[dict[str, Any]] = field(default_factory=list)
     """Each trial's own latency quantiles as the measuring side stored them."""
+    requests_per_s: float | None = None
+    """Requests finished inside the window per second (client clock), median over ok trials."""
+    prompt_tps: float | None = None
+    """Prompt tokens (usage) of requests prefilled inside the window per second, median over ok trials."""
+    kv_usage_max: float | None = None
+    """The server's KV-cache use gauge, highest inside the window, median over trials (a fraction)."""
+    waiting_mean: float | None = None
+    """Requests the server reported waiting, mean over the window's scrapes, median over trials."""
+    waiting_max: float | None = None
+    preemptions: float | None = None
+    """Requests the server preempted inside the window (its counter), mean per trial."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,15 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return mean(vals) if vals else None
 
 
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(median(known)) if known else None
+
+
+def _num(fig: Figure | None) -> float | None:
+    return None if fig is None else fig.number()
+
+
 def latency_and_goodput(trials: Sequence[TrialLike], records_of: Callable[[Any], list[RequestRecord]],
                         slo: dict[str, float | None] | None) -> tuple[list[LatencyCell], list[GoodputCell] | None]:
     """Per (variant, level): latency of every request, and goodput where there are SLOs (the
@@ -59,8 +80,11 @@ def latency_and_goodput(trials: Sequence[TrialLike], records_of: Callable[[Any],
     for (variant, level), ts in group_trials(trials).items():
         cell = LatencyCell(variant, level)
         rows: list[Goodput] = []
+        per_trial_rates: list[WindowRates] = []
         for t in ts:
             records = records_of(t)
+            if t.status == "ok":
+                per_trial_rates.append(window_rates(records, t.results.window))
             cell.n_requests += len(records)
             for r in records:
                 if r.status != "ok":
@@ -83,6 +107,13 @@ def latency_and_goodput(trials: Sequence[TrialLike], records_of: Callable[[Any],
                     rows.append(stored)
         cell.ttft_ms.sort()
         cell.itl_ms.sort()
+        cell.requests_per_s = _median([r.requests_per_s for r in per_trial_rates])
+        cell.prompt_tps = _median([r.prompt_tps for r in per_trial_rates])
+        samples = [t.results.server_samples for t in ts if t.status == "ok"]
+        cell.kv_usage_max = _median([_num(s.kv_usage_max) for s in samples])
+        cell.waiting_mean = _median([_num(s.waiting_mean) for s in samples])
+        cell.waiting_max = _median([_num(s.waiting_max) for s in samples])
+        cell.preemptions = _mean([_num(s.preemptions) for s in samples])
         latency.append(cell)
         if rows:
             good.append(GoodputCell(

@@ -303,6 +303,12 @@ class ServerSamples(Section):
     running_min: Figure | None = None
     running_max: Figure | None = None
     waiting_mean: Figure | None = None
+    waiting_max: Figure | None = None
+    kv_usage_mean: Figure | None = None
+    """The server's KV-cache use gauge (a fraction of its blocks) at the scrapes inside the window."""
+    kv_usage_max: Figure | None = None
+    preemptions: Figure | None = None
+    """Requests the server preempted between the window's first and last scrape (its counter's delta)."""
     note: str = ""
 
 

@@ -30,6 +30,10 @@ def window_rates(records: Sequence[RequestRecord], window: Window) -> WindowRate
     ok = [r for r in records if r.status == "ok"]
     finished = sum(1 for r in ok if start <= r.t_end <= end)
     prefilled = [r for r in ok if r.t_first is not None and start <= r.t_first <= end]
+    if not finished and not prefilled:
+        # not a rate of zero: the window is shorter than one request (none began or ended in it)
+        return WindowRates(None, None, "no request finished or began inside the window (each takes longer than "
+                                       "it: a longer duration_s gives these rates)")
     if any(r.prompt_tokens is None for r in prefilled):
         return WindowRates(finished / seconds, None, "the server sent no prompt token counts (usage)")
     return WindowRates(finished / seconds, sum(r.prompt_tokens or 0 for r in prefilled) / seconds)

@@ -635,16 +635,28 @@ def _server_samples(sc: _Scrapes, names: EngineMetricNames, win: tuple[float, fl
     if not run_vals:
         return ServerSamples(note="no readable scrape inside the window")
     wait_vals = [v for v in (p.total(waiting) for p in inside) if v is not None] if waiting else []
+    kv = sc.first_name(names.candidates("kv_usage"))
+    kv_vals = [v for v in (p.total(kv) for p in inside) if v is not None] if kv else []
+    preempt = sc.first_name(names.candidates("preemptions"))
+    d_pre = sc.delta(preempt, inside[0], inside[-1]) if preempt and len(inside) > 1 else None
     times = [p.t_mono for p in inside]
     interval = float(np.mean(np.diff(times))) if len(times) > 1 else None
     note = f"{len(run_vals)} scrape(s) of {running} inside the window (window_start, periodic, window_end)"
+
+    def gauge(values: list[float], stat: Any, unit: str) -> Figure | None:
+        return figure(float(stat(values)), unit, "server_counter", window="window") if values else None
+
     return ServerSamples(
         n=len(run_vals), interval_s=interval,
         running_mean=figure(float(np.mean(run_vals)), "requests", "server_counter", note, window="window"),
-        running_min=figure(float(min(run_vals)), "requests", "server_counter", window="window"),
-        running_max=figure(float(max(run_vals)), "requests", "server_counter", window="window"),
-        waiting_mean=figure(float(np.mean(wait_vals)), "requests", "server_counter", window="window")
-        if wait_vals else None,
+        running_min=gauge(run_vals, min, "requests"),
+        running_max=gauge(run_vals, max, "requests"),
+        waiting_mean=gauge(wait_vals, np.mean, "requests"),
+        waiting_max=gauge(wait_vals, max, "requests"),
+        kv_usage_mean=gauge(kv_vals, np.mean, "fraction"),
+        kv_usage_max=gauge(kv_vals, max, "fraction"),
+        preemptions=figure(d_pre.value, "requests", "server_counter", window="window")
+        if d_pre is not None and d_pre.value is not None else None,
         note=note,
     )
 

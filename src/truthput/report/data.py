@@ -200,6 +200,18 @@ def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: Slo | Non
                                         slo.model_dump() if slo is not None else None)
     lat_rows = [{"variant": c.variant, **level_json(c.level), "ttft_ms": c.ttft_ms, "itl_ms": c.itl_ms,
                  "n_requests": c.n_requests, "n_failed": c.n_failed, "from_results": c.per_trial,
+                 "requests_per_s": figure(c.requests_per_s, "req/s", "client_clock", simulated,
+                                          note="requests finished inside the window / its seconds; median over trials"),
+                 "prompt_tps": figure(c.prompt_tps, "tok/s", "usage", simulated,
+                                      note="prompt tokens of requests whose first token came inside the window / "
+                                           "its seconds; median over trials"),
+                 "kv_usage_max": figure(c.kv_usage_max, "fraction", "server_counter", simulated,
+                                        note="the server's KV-cache use gauge, highest at the window's scrapes; "
+                                             "median over trials"),
+                 "waiting_mean": figure(c.waiting_mean, "requests", "server_counter", simulated),
+                 "waiting_max": figure(c.waiting_max, "requests", "server_counter", simulated),
+                 "preemptions": figure(c.preemptions, "requests", "server_counter", simulated,
+                                       note="the server's preemption counter over the window; mean per trial"),
                  "source": "simulator" if simulated else "client_clock",
                  "note": ("per request, from the requests table: TTFT = first chunk - request sent; "
                           "ITL = (last chunk - first chunk) / (completion tokens - 1)")} for c in latency]

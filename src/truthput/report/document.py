@@ -238,6 +238,12 @@ class LatencyRow(LevelRow):
     n_requests: int
     n_failed: int
     from_results: list[Any] = Field(default_factory=list)
+    requests_per_s: Figure | None = None
+    prompt_tps: Figure | None = None
+    kv_usage_max: Figure | None = None
+    waiting_mean: Figure | None = None
+    waiting_max: Figure | None = None
+    preemptions: Figure | None = None
     source: str
     note: str
 

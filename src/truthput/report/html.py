@@ -19,7 +19,7 @@ from truthput.store.db import Store
 SECTIONS = (
     ("verdict", "Verdict"), ("experiment", "Experiment"), ("cells", "Throughput table"),
     ("throughput", "Throughput vs concurrency"), ("tradeoff", "Trade-off"), ("goodput", "Goodput"),
-    ("per_stream", "Per-stream speed"), ("latency", "Latency distributions"), ("acceptance", "Speculation"),
+    ("per_stream", "Per-stream speed"), ("levels", "Per-level figures"), ("latency", "Latency distributions"), ("acceptance", "Speculation"),
     ("roofline", "Roofline"), ("audit", "Audit and claims"), ("failures", "Failures"),
     ("telemetry", "GPU telemetry"), ("trials", "Raw trials"),
 )
@@ -33,6 +33,8 @@ PLOT_SECTIONS = (
      "Completion tokens (usage) of requests that met every latency target and finished in the window, per second."),
     ("per_stream", "Per-stream speed vs concurrency",
      "Median per request of (completion tokens - 1) / (last chunk - first token): what one user sees, not aggregate throughput."),
+    ("levels", "Requests, latency and the server's queue per level",
+     "Medians over each cell's trials. Top: requests finished inside the window per second, TPOT and end-to-end latency (client clock). Bottom: the server's own /metrics at the scrapes inside the window: KV-cache use (highest), requests waiting (mean), preemptions (counter delta)."),
     ("latency", "TTFT and ITL distributions",
      "Empirical CDFs over every request of the cell, from the requests table (client clock)."),
     ("acceptance", "Speculative acceptance per position",
@@ -46,6 +48,7 @@ ABSENT = {
     "tradeoff": "no latency figures to plot",
     "goodput": "no SLOs set in the experiment, so no goodput (set ttft_ms / itl_ms targets)",
     "per_stream": "no per-stream figures",
+    "levels": "no request or server figures per level",
     "latency": "no request timings stored",
     "acceptance": "no speculative decoding in this run (or no spec-decode counters exposed)",
     "roofline": "no roofline for this run",

@@ -106,6 +106,21 @@ def render_markdown(doc: ReportDocument) -> str:
     lines += ["", "\\* baseline. tok/s = emitted-token counter delta over the steady-state window / its wall time "
                   "(marked where usage placed in time stood in for the counter); the interval is over server starts."]
 
+    if doc.latency:
+        cells = {(c.variant, c.level): c for c in doc.cells}
+        lines += ["", f"### Requests, latency and what the server saw (medians over trials{tag})", ""]
+        level_rows = []
+        for r in doc.latency:
+            cell = cells.get((r.variant, r.level))
+            level_rows.append([
+                md_text(r.variant), row_level(r), _num(r.requests_per_s, 1, "{:.2f}"), _num(r.prompt_tps),
+                _num(cell.tpot_p50 if cell else None, 1000), f"{_num(cell.e2e_p50 if cell else None, 1, '{:.2f}')} / "
+                f"{_num(cell.e2e_p90 if cell else None, 1, '{:.2f}')}", _num(r.kv_usage_max, 100, "{:.0f}%"),
+                f"{_num(r.waiting_mean)} / {_num(r.waiting_max, 1, '{:.0f}')}", _num(r.preemptions)])
+        lines += _table(["variant", row_header(doc.latency), "req/s [client clock]", "prompt tok/s [usage]",
+                         "TPOT p50 ms", "E2E p50 / p90 s", "KV-cache use max [server]", "waiting mean / max [server]",
+                         "preemptions per trial [server]"], level_rows)
+
     roof = doc.roofline
     if roof.available:
         lines += ["", f"### Roofline ({md_text(roof.gpu_count)} × {md_text(roof.gpu)}, "

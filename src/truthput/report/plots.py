@@ -21,7 +21,7 @@ from truthput.report.document import CellRow, LevelRow, ReportDocument
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
-def _figure(width: float = 7.0, height: float = 3.6, ncols: int = 1) -> tuple[Any, Any]:
+def _figure(width: float = 7.0, height: float = 3.6, ncols: int = 1, nrows: int = 1) -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
@@ -31,8 +31,8 @@ def _figure(width: float = 7.0, height: float = 3.6, ncols: int = 1) -> tuple[An
 
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)  # a canvas to measure text on (labels are placed by their drawn size)
-    axes = fig.subplots(1, ncols, squeeze=False)[0]
-    return fig, list(axes)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, [ax for row in axes for ax in row]
 
 
 def _svg(fig: Any, salt: str) -> str:
@@ -100,10 +100,17 @@ def _plain_log_axis(axis: Any) -> None:
 
 
 def place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str]) -> list[Any]:
-    """Annotations next to their points, none overlapping another or a point's marker: each tries
-    offsets around its point and keeps the first whose box is clear (else the least crowded)."""
+    """Annotations next to their points, none overlapping another or a point's marker, none
+    crossing the axes' edge (where the SVG would clip it or a tick label would sit under it): each
+    tries offsets around its point and keeps the first whose box is clear and inside (else the
+    least crowded one inside, else the least crowded)."""
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+
+    def outside(b: Any) -> bool:
+        return b.x0 < frame.x0 or b.x1 > frame.x1 or b.y0 < frame.y0 or b.y1 > frame.y1
+
     offsets = [(4, 4), (4, -12), (-4, 4), (-4, -12), (4, 14), (-4, 14), (4, -22), (-4, -22), (12, -4), (-12, -4)]
     placed: list[Any] = []
     boxes: list[Any] = []
@@ -114,8 +121,10 @@ def place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str]) -
                               ha="left" if dx >= 0 else "right", va="bottom")
             ann.set_in_layout(False)  # the layout is fixed before labels are placed
             box = ann.get_window_extent(renderer)
-            hits = sum(1 for b in boxes if b.overlaps(box))
+            hits = sum(1 for b in boxes if b.overlaps(box)) + (1000 if outside(box) else 0)
             if hits == 0:
+                if best is not None:
+                    best.remove()
                 best, best_hits = ann, 0
                 break
             if best_hits is None or hits < best_hits:
@@ -168,6 +177,8 @@ def tradeoff(doc: ReportDocument) -> str | None:
     if not cells:
         return None
     fig, axes = _figure(width=9.0, height=3.8, ncols=2)
+    # the title first: labels are placed on the final layout
+    fig.suptitle(f"Throughput-latency trade-off per variant x concurrency (Pareto front circled){_tag(doc)}")
     drawn = False
     for ax, key, label in ((axes[0], "ttft_p99", "TTFT p99 (ms)"), (axes[1], "itl_p99", "ITL p99 (ms)")):
         pts: list[tuple[float, float]] = []
@@ -194,7 +205,6 @@ def tradeoff(doc: ReportDocument) -> str | None:
         place_labels(ax, pts, [f"{c.variant} {c.level}" for c in meta])
     if not drawn:
         return None
-    fig.suptitle(f"Throughput-latency trade-off per variant x concurrency (Pareto front circled){_tag(doc)}")
     return _svg(fig, "tradeoff")
 
 
@@ -215,7 +225,7 @@ def per_stream(doc: ReportDocument) -> str | None:
     fig, (ax,) = _figure()
     _line_per_variant(ax, doc, cells, lambda c: c.per_stream.value)
     ax.set_ylabel("tok/s per stream")
-    ax.set_title(f"Per-stream decode speed vs concurrency (median) [usage, client clock{_tag(doc)}]")
+    ax.set_title(f"Per-stream decode speed vs concurrency (median)\n[usage, client clock{_tag(doc)}]")
     ax.legend(fontsize=8)
     return _svg(fig, "per_stream")
 
@@ -230,7 +240,7 @@ def goodput(doc: ReportDocument) -> str | None:
     ax.set_ylabel("good tok/s")
     targets = ", ".join(f"{k} ≤ {v:g}" for k, v in (("ttft_ms", slo.ttft_ms), ("itl_ms", slo.itl_ms))
                         if v is not None)
-    ax.set_title(f"Goodput under SLO ({targets}) [usage, client clock{_tag(doc)}]")
+    ax.set_title(f"Goodput under SLO ({targets})\n[usage, client clock{_tag(doc)}]")
     ax.legend(fontsize=8)
     return _svg(fig, "goodput")
 
@@ -312,11 +322,67 @@ def roofline(doc: ReportDocument) -> str | None:
     return _svg(fig, "roofline")
 
 
+def level_figures(doc: ReportDocument) -> str | None:
+    """Six panels against the level, one marker per variant: the client's req/s, TPOT p50 and E2E
+    p50, and what the server's own /metrics said inside the window (KV-cache use, waiting queue,
+    preemptions). A panel the engine has no series for says so instead of plotting zeros."""
+    rows = doc.latency
+    if not rows:
+        return None
+    cells = {(c.variant, c.level): c for c in doc.cells}
+
+    def cell_value(r: Any, key: str, scale: float) -> float | None:
+        f = getattr(cells.get((r.variant, r.level)), key, None)
+        return None if f is None or f.value is None else f.value * scale
+
+    def row_value(key: str, scale: float = 1.0) -> Callable[[Any], float | None]:
+        def read(r: Any) -> float | None:
+            f = getattr(r, key)
+            return None if f is None or f.value is None else f.value * scale
+        return read
+
+    panels: list[tuple[str, str, Callable[[Any], float | None]]] = [
+        ("requests/s", "client clock", row_value("requests_per_s")),
+        ("TPOT p50 (ms)", "client clock", lambda r: cell_value(r, "tpot_p50", 1000.0)),
+        ("E2E latency p50 (s)", "client clock", lambda r: cell_value(r, "e2e_p50", 1.0)),
+        ("KV-cache use, max (%)", "server gauge", row_value("kv_usage_max", 100.0)),
+        ("requests waiting, mean", "server gauge", row_value("waiting_mean")),
+        ("preemptions per trial", "server counter", row_value("preemptions")),
+    ]
+    if not any(read(r) is not None for _t, _s, read in panels for r in rows):
+        return None
+    fig, axes = _figure(width=9.0, height=5.2, ncols=3, nrows=2)
+    for ax, (title, source, read) in zip(axes, panels):
+        known = [r for r in rows if read(r) is not None]
+        ax.set_title(f"{title} [{source}]", fontsize=8)
+        if not known:
+            ax.text(0.5, 0.5, "not reported\nby this engine" if source != "client clock"
+                    else "no request finished\ninside the window",
+                    ha="center", va="center", transform=ax.transAxes, fontsize=8, color="#777777")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
+        _line_per_variant(ax, doc, known, read)
+        ax.set_ylim(bottom=0)
+    handles, labels = [], []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        for hh, ll in zip(h, lab):
+            if ll not in labels:
+                handles.append(hh)
+                labels.append(ll)
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6), fontsize=8)
+    fig.suptitle(f"Requests, latency and the server's own queue per load level (medians over trials){_tag(doc)}")
+    return _svg(fig, "levels")
+
+
 PLOTS: dict[str, tuple[str, Callable[[ReportDocument], str | None]]] = {
     "throughput": ("Throughput vs concurrency", throughput),
     "tradeoff": ("Throughput-latency trade-off", tradeoff),
     "goodput": ("Goodput under the SLOs", goodput),
     "per_stream": ("Per-stream speed vs concurrency", per_stream),
+    "levels": ("Requests, latency and the server's queue per level", level_figures),
     "latency": ("TTFT and ITL distributions", latency_distributions),
     "acceptance": ("Speculative acceptance per position", acceptance),
     "roofline": ("% of roofline and unexplained time per step", roofline),

@@ -55,7 +55,7 @@ def _ms(v: Any) -> str:
 def tradeoff_plot(d: TuneDocument) -> str | None:
     """The objective's figure against p99 ITL: the simulator's screen (grey), the server's
     measurements, the front."""
-    from truthput.report.plots import _figure, _svg, pareto_front
+    from truthput.report.plots import _figure, _svg, pareto_front, place_labels
 
     figure = "counter tok/s" if d.figure == "tok/s" else d.figure
     real = [(r.server_itl_p99_s, r.server, r.config) for r in d.measured if r.server and r.server_itl_p99_s]
@@ -72,12 +72,13 @@ def tradeoff_plot(d: TuneDocument) -> str | None:
         idx = pareto_front([(x, y) for x, y, _ in real])
         front = sorted((real[i] for i in idx), key=lambda p: p[0])
         ax.plot([x * 1000 for x, _, _ in front], [y for _, y, _ in front], color="#d62728", label="measured Pareto front")
-        for x, y, name in front:
-            ax.annotate(name, (x * 1000, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("p99 inter-token latency (ms, client clock)")
     ax.set_ylabel(figure)
     ax.set_title(f"{figure} against p99 ITL")
     ax.legend(fontsize=7)
+    if real:
+        fig.canvas.draw()  # the final layout first: names are placed where they collide with nothing
+        place_labels(ax, [(x * 1000, y) for x, y, _ in front], [name for _x, _y, name in front])
     return _svg(fig, "tune")
 
 
