@@ -56,3 +56,38 @@ def test_the_worked_example_in_docs_statistics_is_what_decide_prints(tmp_path):
     assert got.returncode == 0, got.stderr
     first = got.stdout.splitlines()[0]
     assert first in doc, first
+
+
+def test_a_decision_once_reached_is_kept_and_its_share_of_alpha_passes_to_the_open_ones():
+    """Two levels. At look 3 the change at c=1 is decided (x2, tight starts) and c=8 is not; a 4th
+    start at c=1 far off the others would undo the c=1 decision if every look re-decided the
+    whole family from scratch. It stays decided as it was at look 3 (its interval then), and c=8
+    is tested from then on at the whole alpha (Holm over what is still open), not half of it."""
+    from truthput.analyze.values import StartValues, decide
+    from truthput.experiment.file import MeasureSection
+
+    def starts(variant, level, values):
+        return [StartValues("tok/s", variant, level, r, (v,)) for r, v in enumerate(values)]
+
+    base1, fast1 = [100.0, 101.0, 99.0, 100.5], [200.0, 202.0, 198.0, 60.0]  # 4th start: an outlier
+    base8, var8 = [400.0, 430.0, 370.0, 410.0], [460.0, 500.0, 430.0, 470.0]
+    values = starts("a", 1, base1) + starts("b", 1, fast1) + starts("a", 8, base8) + starts("b", 8, var8)
+    measure = MeasureSection(starts=3, max_starts=6)
+    at3 = decide([v for v in values if v.round < 3], "a", measure, look=3)
+    at4 = decide(values, "a", measure, look=4)
+    c1_at3 = [c for lv in at3.per_concurrency if lv.level == 1 for c in lv.comparisons][0]
+    c1_at4 = [c for lv in at4.per_concurrency if lv.level == 1 for c in lv.comparisons][0]
+    assert c1_at3.outcome == "faster"
+    assert c1_at4.outcome == "faster" and c1_at4.estimate.ratio == c1_at3.estimate.ratio  # kept as reached
+    # re-deciding look 4 from scratch (one look, the same boundary) would not decide c=1: the premise
+    from truthput.analyze.stopping import StoppingRule
+    from truthput.analyze.values import grouped
+    from truthput.analyze.verdict import _estimates
+
+    rule = StoppingRule(max_starts=6, min_starts=3)
+    raw = _estimates({"tok/s": grouped(values)["tok/s"]}, "a", {})[0]
+    _reason, fresh, _a = rule.decide_estimates(raw, 4)
+    assert [d.kind for k, d in fresh.items() if k.level == 1] == ["not decided"]
+    # c=8 is tested at look 4 over a family of one (what is still open)
+    c8 = [c for lv in at4.per_concurrency if lv.level == 8 for c in lv.comparisons][0]
+    assert "1 decided earlier" in c8.estimate.correction

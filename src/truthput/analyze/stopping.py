@@ -215,17 +215,55 @@ class StoppingRule:
         look: int,
         elapsed_s: float | None = None,
         budget_s: float | None = None,
+        estimates_at: Callable[[int], Mapping[ComparisonKey, RatioEstimate]] | None = None,
     ) -> tuple[str, dict[ComparisonKey, Decision], float]:
-        """(reason, decisions, look alpha) for raw estimates of the whole family at ``look``."""
+        """(reason, decisions, look alpha) for raw estimates of the whole family at ``look``;
+        with ``estimates_at`` (the estimates at each earlier look) decisions reached earlier are
+        kept (`decide_looks`)."""
         alpha_k = self.look_alpha(self.clamp(look))
-        decisions = decide_family(estimates, self.alpha, self.min_effect,
-                                  describe=f"look {look} of {self.min_starts}..{self.max_starts}, nominal level "
-                                  f"{alpha_k:.4g} ({self.method} spending, exact boundary)",
-                                  nominal=self.nominal(look)) if estimates else {}
+        if not estimates:
+            decisions: dict[ComparisonKey, Decision] = {}
+        elif estimates_at is not None:
+            decisions = self.decide_looks(estimates_at, look, estimates)
+        else:  # no history given: this look alone
+            decisions = decide_family(estimates, self.alpha, self.min_effect,
+                                      describe=f"look {look} of {self.min_starts}..{self.max_starts}, nominal level "
+                                      f"{alpha_k:.4g} ({self.method} spending, exact boundary)",
+                                      nominal=self.nominal(look))
         ds = list(decisions.values())
         futile = [not d.decided and self.beyond_reach(d.estimate, look, self.alpha / max(d.family, 1)) for d in ds]
         return self.reason(look, [d.decided for d in ds], [d.estimate.rel_halfwidth for d in ds],
                            elapsed_s, budget_s, futile), decisions, alpha_k
+
+    def decide_looks(
+        self,
+        estimates_at: Callable[[int], Mapping[ComparisonKey, RatioEstimate]],
+        look: int,
+        now: Mapping[ComparisonKey, RatioEstimate] | None = None,
+    ) -> dict[ComparisonKey, Decision]:
+        """The family's decisions at ``look``, every decision an earlier look reached kept as it
+        was reached: the looks min_starts..look are replayed on the values as they stood
+        (`estimates_at(j)`), and at each look only the comparisons still open are tested, Holm
+        over those alone (a decided comparison's share of alpha passes to the rest: the
+        sequentially rejective procedure for group-sequential designs, which holds the
+        family-wise error at alpha). Replayed from the values, so the same values always give
+        the same decisions, whoever computes them. ``now``: the estimates at ``look`` when the
+        caller has them already."""
+        kept: dict[ComparisonKey, Decision] = {}
+        first = min(self.min_starts, look)
+        for j in range(first, look + 1):
+            est = now if (j == look and now is not None) else estimates_at(j)
+            open_ = {k: e for k, e in est.items() if k not in kept}
+            alpha_j = self.look_alpha(self.clamp(j))
+            dec = decide_family(open_, self.alpha, self.min_effect,
+                                describe=f"look {j} of {self.min_starts}..{self.max_starts}, nominal level "
+                                f"{alpha_j:.4g} ({self.method} spending, exact boundary)"
+                                + (f"; {len(kept)} decided earlier" if kept else ""),
+                                nominal=self.nominal(j)) if open_ else {}
+            if j == look:
+                return {k: kept.get(k) or dec[k] for k in est if k in kept or k in dec}
+            kept.update({k: d for k, d in dec.items() if d.decided})
+        return kept
 
     def reason(self, look: int, decided: Sequence[bool], halfwidths: Sequence[float],
                elapsed_s: float | None = None, budget_s: float | None = None,
@@ -265,7 +303,16 @@ class StoppingRule:
         if look is None:
             look = max((len(clean_starts(d)) for d in cells.values()), default=0)
         estimates = family_estimates(cells, baseline, rounds)
-        reason, decisions, alpha_k = self.decide_estimates(estimates, look, elapsed_s, budget_s)
+
+        def estimates_at(j: int) -> dict[ComparisonKey, RatioEstimate]:
+            cut = {k: list(v)[:j] for k, v in cells.items()}
+            try:
+                return family_estimates(cut, baseline, None if rounds is None else {k: list(r)[:j]
+                                                                                    for k, r in rounds.items()})
+            except MeasurementError:  # the baseline had no start yet at that look: nothing decided there
+                return {}
+
+        reason, decisions, alpha_k = self.decide_estimates(estimates, look, elapsed_s, budget_s, estimates_at)
         labels = {k: comparison_label(k.variant, None if k.level == -1 else k.level) for k in decisions}
         return StopDecision(reason != CONTINUE, reason, {labels[k]: d.estimate for k, d in decisions.items()},
                             look, alpha_k, self.describe(), {labels[k]: d for k, d in decisions.items()})

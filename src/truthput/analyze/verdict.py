@@ -244,9 +244,15 @@ def make_verdict(
     by_metric: dict[str, tuple[Cells, Rounds | None]] = {
         **({"tok/s": (cells, rounds)} if decide_throughput else {}), **dict(metrics or {})}
     raw, groups, notes = _estimates(by_metric, baseline, failed)
-    describe = (f"look {look} of {stopping_rule.min_starts}..{stopping_rule.max_starts}"
-                if stopping_rule is not None else "")
-    decisions = decide_family(raw, alpha, min_effect, describe, nominal=nominal) if raw else {}
+    if stopping_rule is not None and look is not None:
+        rule = stopping_rule
+
+        def raw_at(j: int) -> dict[ComparisonKey, RatioEstimate]:
+            return _estimates(_up_to_round(by_metric, j), baseline, failed)[0]
+
+        decisions = rule.decide_looks(raw_at, look, raw)
+    else:
+        decisions = decide_family(raw, alpha, min_effect, nominal=nominal) if raw else {}
     family = sum(1 for d in decisions.values() if d.step is not None)
     out: list[ConcurrencyVerdict] = []
     sequential = stopping_rule is not None
@@ -268,6 +274,26 @@ def make_verdict(
     return Verdict(per_concurrency=out, failed=failed, method_notes=_method_notes(family, min_effect, stopping_rule, look,
                                                                               simulated),
                    simulated=simulated, confidence=confidence, notes=notes, family=family)
+
+
+def _up_to_round(by_metric: Mapping[str, tuple[Cells, Rounds | None]], look: int,
+                 ) -> dict[str, tuple[Cells, Rounds | None]]:
+    """The values as they stood at ``look``: the starts of rounds 0..look-1 (by their round where
+    known, else the first ``look`` starts of each cell)."""
+    out: dict[str, tuple[Cells, Rounds | None]] = {}
+    for mkey, (mcells, mrounds) in by_metric.items():
+        if mrounds is None:
+            out[mkey] = ({k: list(v)[:look] for k, v in mcells.items()}, None)
+            continue
+        cut: dict[Any, list[Sequence[float]]] = {}
+        cut_rounds: dict[tuple[str, Level], list[int]] = {}
+        for k, v in mcells.items():
+            rs = list(mrounds.get(k, range(len(v))))
+            keep = [i for i, r in enumerate(rs) if r < look]
+            cut[k] = [v[i] for i in keep]
+            cut_rounds[k] = [rs[i] for i in keep]
+        out[mkey] = (cut, cut_rounds)
+    return out
 
 
 Group = tuple[str, Level, dict[str, Sequence[Sequence[float]]], list[str], str]
