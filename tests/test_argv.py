@@ -355,3 +355,24 @@ def test_llama_cpp_speculation_is_read_from_its_plain_flags():
     assert speculative_settings(variant_argv(base, set={"--spec-type": "none"}, remove=[], where="t")) is None
     ngram = variant_argv(base, set={"--spec-type": "ngram-simple"}, remove=[], where="t")
     assert speculative_settings(ngram) == {"method": "ngram-simple"}
+
+
+@pytest.mark.parametrize("command", [
+    ["numactl", "--cpunodebind=0", "--membind=0", "vllm", "serve", "/models/m", "--max-num-seqs", "8"],
+    ["taskset", "-c", "0-3", "vllm", "serve", "/models/m", "--max-num-seqs", "8"],
+    ["taskset", "0xf", "python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--max-num-seqs", "8"],
+    ["env", "VLLM_CPU_KVCACHE_SPACE=4", "vllm", "serve", "/models/m", "--max-num-seqs", "8"],
+    ["docker", "run", "--rm", "--gpus", "all", "-p", "{port}:8000", "-e", "A=1", "--ipc=host",
+     "vllm/vllm-openai:v0.11.0", "--model", "/models/m", "--max-num-seqs", "8"],
+    ["podman", "run", "-d", "img:1", "vllm", "serve", "/models/m", "--max-num-seqs", "8"],
+])
+def test_a_launcher_or_container_before_the_server_stays_where_it_is_written(command):
+    """What runs the server (numactl, taskset, env, docker run ... IMAGE) is part of the program:
+    the command renders back token for token, and a variant's flag changes only the server's argv
+    (never a launcher's or docker's option, never moving the image in front of docker's options)."""
+    from truthput.experiment.argv import ServerArgv, variant_argv
+
+    base = ServerArgv.parse(command)
+    assert base.to_argv() == command
+    changed = variant_argv(base, set={"--max-num-seqs": 64}, remove=[], where="v").to_argv()
+    assert changed == [("64" if i == len(command) - 1 else t) for i, t in enumerate(command)]

@@ -244,3 +244,19 @@ def test_version_and_short_help():
     assert out.returncode == 0 and out.stdout.startswith("truthput ")
     out = subprocess.run([sys.executable, "-m", "truthput", "plan", "-h"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "Usage: " in out.stdout and "plan" in out.stdout
+
+
+def test_the_docker_example_changes_only_vllms_argv_after_the_image():
+    """examples/docker-vllm.toml: the variant's flag lands in vLLM's argv after the image; docker's
+    own options (-p {port}:8000, --gpus, -v) are left as written, and {port} is filled per start."""
+    from truthput.plan import build_plan
+
+    exp, _text = load_experiment(ROOT / "examples" / "docker-vllm.toml")
+    plan = build_plan(exp)
+    by_name = {v.name: v.argv.to_argv() for v in plan.variants}
+    base, more = by_name["seqs64"], by_name["seqs128"]
+    image = base.index("vllm/vllm-openai:v0.11.0")
+    assert base[:image] == more[:image] == ["docker", "run", "--rm", "--gpus", "all", "-p", "{port}:8000", "-v",
+                                           "/models:/models"]
+    assert more[more.index("--max-num-seqs") + 1] == "128" and more.index("--max-num-seqs") > image
+    assert base[base.index("--max-num-seqs") + 1] == "64"

@@ -56,6 +56,8 @@ SKIPPED = {
         "the goodput it measures and the configuration it chooses against known truth",
     "truthput load http://HOST:8000 -c 1,8,32 --duration 30": "HOST stands for the user's server; "
         "tests/test_load_command.py runs load against servers with known timings and checks its percentiles",
+    "truthput import your.service -o exp.toml": "your.service stands for the user's unit; the Usage block "
+        "imports examples/seed.service as written",
     "truthput tune EXP.toml": "EXP.toml stands for an experiment with a [tune] section (examples/tune.toml is run)",
     "truthput tune": "a command named in prose",
     "truthput plan": "a command named in prose",

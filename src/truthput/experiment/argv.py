@@ -309,8 +309,81 @@ class ServerArgv:
 # --------------------------------------------------------------------------- helpers
 
 
+_CONTAINER_RUNTIMES = frozenset({"docker", "podman", "nerdctl"})
+_CONTAINER_BOOLEANS = frozenset({
+    "--rm", "-d", "--detach", "-i", "--interactive", "-t", "--tty", "-it", "-ti", "--init", "--privileged",
+    "--read-only", "-P", "--publish-all", "--no-healthcheck", "--oom-kill-disable", "-q", "--quiet",
+})
+"""`docker run` options that take no value (every other option without "=" takes the next token)."""
+
+
+def _container_prefix(tokens: list[str]) -> int:
+    """`docker run [options] IMAGE`: the tokens up to and including the image are the program (the
+    server's own argv follows the image; variants never touch docker's options), 0 when not one."""
+    if os.path.basename(tokens[0]) not in _CONTAINER_RUNTIMES or len(tokens) < 3 or tokens[1] != "run":
+        return 0
+    i = 2
+    while i < len(tokens) and tokens[i].startswith("-"):
+        i += 1 if ("=" in tokens[i] or tokens[i] in _CONTAINER_BOOLEANS) else 2
+    if i >= len(tokens):
+        return 0
+    i += 1  # the image
+    if tokens[i:i + 2] == ["vllm", "serve"]:
+        i += 2
+    elif i < len(tokens) and tokens[i] == "serve":
+        i += 1
+    return min(i, len(tokens))
+
+
+_LAUNCHERS: dict[str, frozenset[str]] = {
+    "env": frozenset({"-i", "--ignore-environment", "-0", "--null"}),
+    "taskset": frozenset({"-a", "--all-tasks", "-p", "--pid", "-c", "--cpu-list"}),
+    "numactl": frozenset({"-a", "--all", "-l", "--localalloc", "-s", "--show", "-H", "--hardware"}),
+    "nice": frozenset(),
+    "ionice": frozenset({"-t", "--ignore"}),
+    "chrt": frozenset({"-b", "--batch", "-f", "--fifo", "-i", "--idle", "-o", "--other", "-r", "--rr", "-R",
+                       "--reset-on-fork", "-a", "--all-tasks"}),
+}
+"""Commands that run the server (`numactl --cpunodebind=0 vllm serve ...`) and their options that
+take no value (taskset's -c marks its list as an option's value, so no mask follows)."""
+
+
+def _launcher_prefix(tokens: list[str]) -> int:
+    """The launcher's own tokens before the command it runs (0 when tokens[0] is not one)."""
+    name = os.path.basename(tokens[0])
+    if name not in _LAUNCHERS:
+        return 0
+    no_value = _LAUNCHERS[name]
+    i = 1
+    listed = False
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "--":
+            return i + 1
+        if name == "env" and "=" in token and not token.startswith("-"):
+            i += 1
+            continue
+        if not token.startswith("-") or token == "-":
+            break
+        listed = listed or token in ("-c", "--cpu-list")
+        i += 1 if ("=" in token or token in no_value) else 2
+        if token in ("-c", "--cpu-list"):
+            i += 1  # its list
+    if name in ("taskset", "chrt") and not listed and i < len(tokens):
+        i += 1  # taskset's mask, chrt's priority: a positional before the command
+    return min(i, len(tokens) - 1)
+
+
 def _program_length(tokens: list[str]) -> int:
-    """How many leading tokens name the program: "python -m mod", "vllm serve", "llama-server"."""
+    """How many leading tokens name the program: "python -m mod", "vllm serve", "llama-server",
+    "docker run [options] IMAGE" (its options and image stay where they are written), after any
+    launcher ("numactl --cpunodebind=0 ...", "env VAR=1 ...", "taskset -c 0-7 ...")."""
+    launcher = _launcher_prefix(tokens)
+    if launcher:
+        return launcher + _program_length(tokens[launcher:])
+    container = _container_prefix(tokens)
+    if container:
+        return container
     base = os.path.basename(tokens[0])
     i = 1
     if _PYTHON.match(base):
