@@ -89,9 +89,32 @@ async def _devtools(html_path: Path, profile: Path, shot: Path) -> dict:
                       id: f.dataset.plot, svg: !!f.querySelector('svg'),
                       w: f.querySelector('svg') ? f.querySelector('svg').getBoundingClientRect().width : 0})),
                   scripts: document.querySelectorAll('script').length,
-                  height: document.documentElement.scrollHeight})"""
+                  height: document.documentElement.scrollHeight,
+                  pageWidth: document.documentElement.scrollWidth, viewWidth: window.innerWidth,
+                  wideTables: Array.from(document.querySelectorAll('table')).filter(
+                      t => t.getBoundingClientRect().right > window.innerWidth + 1).map(t => t.id || t.innerText.slice(0, 60)),
+                  clipped: [], overprinted: []})"""
+                # every text the browser drew in a plot: inside its SVG, and clear of the others
+                texts_probe = """(() => { const clipped = [], over = [];
+                  for (const fig of document.querySelectorAll('figure.plot')) {
+                    const svg = fig.querySelector('svg'); if (!svg) continue;
+                    const box = svg.getBoundingClientRect();
+                    const rects = Array.from(svg.querySelectorAll('text')).filter(t => t.textContent.trim())
+                      .map(t => [t.textContent.trim(), t.getBoundingClientRect()]).filter(([_, r]) => r.width > 0);
+                    for (const [s, r] of rects)
+                      if (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1 || r.bottom > box.bottom + 1)
+                        clipped.push(fig.dataset.plot + ': ' + s);
+                    for (let i = 0; i < rects.length; i++) for (let j = i + 1; j < rects.length; j++) {
+                      const a = rects[i][1], b = rects[j][1];
+                      const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+                      const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+                      if (w > 1 && h > 1) over.push(fig.dataset.plot + ': ' + rects[i][0] + ' / ' + rects[j][0]);
+                    } }
+                  return JSON.stringify({clipped: clipped, overprinted: over}); })()"""
                 res = await call("Runtime.evaluate", expression=probe, returnByValue=True)
                 info = json.loads(res["result"]["value"])
+                res = await call("Runtime.evaluate", expression=texts_probe, returnByValue=True)
+                info.update(json.loads(res["result"]["value"]))
                 await call("Emulation.setDeviceMetricsOverride", width=1200, height=min(info["height"], 16000),
                            deviceScaleFactor=1, mobile=False)
                 png = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
@@ -141,6 +164,11 @@ def test_quickstart_report_renders_in_chromium(tmp_path):
     for name in PLOTS:
         assert name in plots and plots[name]["svg"], f"plot {name} missing"
         assert plots[name]["w"] > 300, f"plot {name} rendered {plots[name]['w']} px wide"
+    # nothing runs off the page or out of its plot, and no text of a plot sits on another
+    assert info["pageWidth"] <= info["viewWidth"] + 1 and not info["wideTables"], (info["pageWidth"],
+                                                                                  info["wideTables"])
+    assert info["clipped"] == [], info["clipped"]
+    assert info["overprinted"] == [], info["overprinted"]
     assert shot.stat().st_size > 50_000
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     try:

@@ -74,6 +74,7 @@ def _environment() -> Any:
                       trim_blocks=True, lstrip_blocks=True)
     del StrictUndefined  # lenient: an absent optional key renders as empty
     env.filters["plain"] = plain_value
+    env.filters["pct"] = _pct
     return env
 
 
@@ -85,6 +86,14 @@ def plain_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ", ".join(plain_value(v) for v in value) or "none"
     return "" if value is None else str(value)
+
+
+def _pct(x: float, sign: bool = True) -> str:
+    """A percentage as the terminal and markdown show it: beyond +-999% a bound (">+999%"), so one
+    start's runaway interval cannot stretch a table off the page."""
+    from truthput.text import capped, percent
+
+    return percent(x) if sign else capped(x, "{:+.1f}")
 
 
 def render_html(doc: ReportDocument, plots: dict[str, str | None] | None = None) -> str:

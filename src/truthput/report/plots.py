@@ -356,7 +356,7 @@ def level_figures(doc: ReportDocument) -> str | None:
         known = [r for r in rows if read(r) is not None]
         ax.set_title(f"{title} [{source}]", fontsize=8)
         if not known:
-            ax.text(0.5, 0.5, "not reported\nby this engine" if source != "client clock"
+            ax.text(0.5, 0.5, "no such series\nin this run's scrapes" if source != "client clock"
                     else "no request finished\ninside the window",
                     ha="center", va="center", transform=ax.transAxes, fontsize=8, color="#777777")
             ax.set_xticks([])
