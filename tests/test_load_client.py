@@ -536,7 +536,7 @@ def test_a_dead_server_ends_the_load_at_once_within_the_error_budget() -> None:
     assert "127.0.0.1:9" in res.stopped_early
     assert 4 <= len(res.records) <= 4 + 4 < budget  # the other streams' requests in flight at the stop
     assert all(r.status == "error" for r in res.records)
-    assert elapsed < 10.0, elapsed
+    assert elapsed < 60.0 / 4, elapsed  # a fraction of the 60-s duration: it stopped, not waited
     assert res.t_window_start is None and any("load ended early" in n for n in res.notes)
 
 
@@ -569,7 +569,8 @@ def test_a_dead_server_ends_an_open_loop_at_its_error_budget() -> None:
 
     res, elapsed = asyncio.run(go())
     assert res.stopped_early is not None and "error budget" in res.stopped_early
-    assert len(res.records) < 400 and elapsed < 15.0, (len(res.records), elapsed)
+    # 400 arrivals would be 10 s of the minute at 40 req/s: it stopped long before the duration
+    assert len(res.records) < 400 and elapsed < 60.0 / 4, (len(res.records), elapsed)
 
 
 def test_a_server_rejecting_every_request_ends_the_load_at_its_error_budget() -> None:
@@ -586,4 +587,4 @@ def test_a_server_rejecting_every_request_ends_the_load_at_its_error_budget() ->
     res, elapsed, budget = asyncio.run(with_stub(StubConfig(), go))
     assert res.stopped_early is not None and "requests failed (error budget" in res.stopped_early
     assert "HTTP 404" in res.stopped_early and budget <= len(res.records) <= budget + 2
-    assert elapsed < 20.0, elapsed
+    assert elapsed < 60.0 / 3, elapsed  # a fraction of the 60-s duration
