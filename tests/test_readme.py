@@ -62,6 +62,7 @@ SKIPPED = {
     "truthput tune": "a command named in prose",
     "truthput plan": "a command named in prose",
     "truthput load": "a command named in prose",
+    "truthput unit": "a command named in prose (the Usage block runs `truthput unit latest --variant spec1`)",
     ".venv/bin/truthput": "a path named in prose",
 }
 """README commands not run here, and why."""
