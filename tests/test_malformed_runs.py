@@ -232,3 +232,12 @@ def test_a_malformed_file_is_refused_in_one_line_or_runs_and_measures(label: str
         assert (proc.returncode == 3 and "never measured" in said) or (
             proc.returncode == 1 and "no variant produced a measurement" in said), f"{label}: {said}"
 
+
+
+def test_plan_warns_that_a_variants_own_port_is_replaced(tmp_path: Path):
+    """A variant setting --port: accepted (truthput's port for the start wins), and `plan` says so."""
+    path = tmp_path / "exp.toml"
+    path.write_text(_with_variants([{"name": "a"}, {"name": "b", "set": {"--port": 1, "--max-num-seqs": 32}}]))
+    code, out, exc = _cli(["plan", str(path)])
+    assert exc is None and code == 0, out
+    assert "b: sets --port, which truthput replaces on every start" in " ".join(out.split())

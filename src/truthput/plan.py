@@ -120,6 +120,15 @@ def max_num_seqs_warnings(exp: Experiment, plan: Plan) -> list[str]:
     return out
 
 
+def address_warnings(exp: Experiment) -> list[str]:
+    """A variant that sets the server's address: truthput puts its own --host/--port on every
+    start (a free port each time, or [server] port), so the variant's value is not what runs."""
+    if exp.server.engine == "external":
+        return []
+    return [f"{v.name}: sets {flag}, which truthput replaces on every start (a free port each time; "
+            "[server] host / port pin them)" for v in exp.variant for flag in v.set if flag in ("--host", "--port")]
+
+
 def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
     """What no server start can survive, refused before any starts: a NUL byte in an argument (the
     exec'd argv would be cut there) and more GPUs (tensor x pipeline parallel) than [hardware] has."""

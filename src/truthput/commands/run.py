@@ -276,9 +276,9 @@ def plan(
                  else ""))
     for line in _starts_forecast(exp, p, store):
         con.print(line, markup=False)
-    from truthput.plan import max_num_seqs_warnings
+    from truthput.plan import address_warnings, max_num_seqs_warnings
 
-    for line in max_num_seqs_warnings(exp, p):
+    for line in [*max_num_seqs_warnings(exp, p), *address_warnings(exp)]:
         con.print("warning: " + line, markup=False, style="yellow")
     if len(p.variants) == 1:
         con.print("note: one variant, nothing to compare: a run measures it alone (figures, no verdict); "
