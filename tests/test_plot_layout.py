@@ -43,6 +43,27 @@ def _texts(svg: str) -> list[str]:
     return [t.strip() for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg) if t.strip()]
 
 
+def _drawn(draw, doc) -> tuple[object, object]:
+    """What `draw(doc)` returned, and the figure it saved (None when it saved none), as
+    matplotlib drew it: Figure.savefig is wrapped for the call."""
+    from matplotlib.figure import Figure
+
+    captured: dict[str, object] = {}
+    real = Figure.savefig
+
+    def grab(self, *a, **k):
+        out = real(self, *a, **k)
+        captured["fig"] = self
+        return out
+
+    Figure.savefig = grab
+    try:
+        result = draw(doc)
+    finally:
+        Figure.savefig = real
+    return result, captured.get("fig")
+
+
 def test_level_ticks_are_the_measured_levels_in_plain_numbers():
     svg = plots.throughput(_doc(levels=(1, 8, 32)))
     texts = _texts(svg)
@@ -54,26 +75,10 @@ def test_level_ticks_are_the_measured_levels_in_plain_numbers():
 
 
 def test_no_line_joins_levels():
-    import matplotlib
-
-    from matplotlib.figure import Figure
-
-    captured = {}
-    real = Figure.savefig
-
-    def grab(self, *a, **k):
-        captured["fig"] = self
-        return real(self, *a, **k)
-
-    Figure.savefig = grab
-    try:
-        plots.throughput(_doc())
-    finally:
-        Figure.savefig = real
-    ax = captured["fig"].axes[0]
+    _svg, fig = _drawn(plots.throughput, _doc())
+    ax = fig.axes[0]
     drawn = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 1]
     assert drawn and all(ln.get_linestyle() in ("None", "none", "") for ln in drawn)
-    del matplotlib
 
 
 def test_latency_axes_read_plain_milliseconds():
@@ -89,22 +94,8 @@ def test_latency_axes_read_plain_milliseconds():
 
 def test_tradeoff_labels_do_not_overlap():
     """Nine cells crowded into a corner: every label box clear of every other after the final draw."""
-    from matplotlib.figure import Figure
-
-    captured = {}
-    real = Figure.savefig
-
-    def grab(self, *a, **k):
-        out = real(self, *a, **k)
-        captured["fig"] = self
-        return out
-
-    Figure.savefig = grab
-    try:
-        assert plots.tradeoff(_doc()) is not None
-    finally:
-        Figure.savefig = real
-    fig = captured["fig"]
+    svg, fig = _drawn(plots.tradeoff, _doc())
+    assert svg is not None
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
         boxes = [t.get_window_extent(renderer) for t in ax.texts]
@@ -116,25 +107,11 @@ def test_tradeoff_labels_do_not_overlap():
 
 def _drawn_figures(doc) -> dict[str, object]:
     """Every figure the report draws for `doc`, as matplotlib drew it (captured at savefig)."""
-    from matplotlib.figure import Figure
-
-    captured: dict[str, object] = {}
-    real = Figure.savefig
-
-    def grab(self, *a, **k):
-        out = real(self, *a, **k)
-        captured["last"] = self
-        return out
-
     figures = {}
-    Figure.savefig = grab
-    try:
-        for name, (_title, draw) in plots.PLOTS.items():
-            captured.pop("last", None)
-            if draw(doc) is not None:
-                figures[name] = captured["last"]
-    finally:
-        Figure.savefig = real
+    for name, (_title, draw) in plots.PLOTS.items():
+        svg, fig = _drawn(draw, doc)
+        if svg is not None:
+            figures[name] = fig
     return figures
 
 
@@ -216,8 +193,6 @@ def test_no_text_of_any_plot_is_clipped_or_overprinted(source, tmp_path):
 def test_the_tune_reports_names_do_not_overprint():
     """Six measured configurations on one Pareto front, close together: every name is drawn clear
     of the others and inside the figure (the tune report's plot uses the same label placement)."""
-    from matplotlib.figure import Figure
-
     from truthput.report.document import TuneCorrection, TuneDocument, TuneRow
     from truthput.report.tune import tradeoff_plot
 
@@ -226,19 +201,8 @@ def test_the_tune_reports_names_do_not_overprint():
     doc = TuneDocument(name="t", objective="max tok/s", figure="tok/s", level="c=32", screened=40, screen_failed=0,
                        screen_cpu_s=1.0, measured=rows, server_minutes=3.0, server_starts=12,
                        correction=TuneCorrection())
-    captured = {}
-    real = Figure.savefig
-
-    def grab(self, *a, **k):
-        captured["fig"] = self
-        return real(self, *a, **k)
-
-    Figure.savefig = grab
-    try:
-        assert tradeoff_plot(doc) is not None
-    finally:
-        Figure.savefig = real
-    fig = captured["fig"]
+    svg, fig = _drawn(tradeoff_plot, doc)
+    assert svg is not None
     fig.set_dpi(72)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
