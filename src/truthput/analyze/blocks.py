@@ -46,7 +46,7 @@ def remove_node_effects(values: Mapping[Key, Sequence[Sequence[float]]],
     """`values` with each start's entries divided by its node's fitted factor, per load level where
     an F test finds a node effect; the node factors removed; one line per level saying what the
     test found."""
-    from scipy import stats
+    from scipy import special
 
     out = {k: [list(v) for v in vs] for k, vs in values.items()}
     factors: dict[str, float] = {}
@@ -86,7 +86,7 @@ def remove_node_effects(values: Mapping[Key, Sequence[Sequence[float]]],
             lines.append(f"{label}: node effects not testable ({len(rows)} starts on {len(node_names)} nodes), "
                          "not removed")
             continue
-        p = float(stats.f.sf(((ss0 - ss1) / df1) / (ss1 / df2), df1, df2))
+        p = float(special.fdtrc(df1, df2, ((ss0 - ss1) / df1) / (ss1 / df2)))
         spread = math.exp(max(beta.values()) - min(beta.values())) - 1
         if p >= NODE_P:
             lines.append(f"{label}: no node effect (F test p = {p:.2f}), not removed")

@@ -87,7 +87,7 @@ def cell_estimate(
     With one start the between-start variance is unknown: the interval is NaN and the warning
     says so (trial-to-trial spread within one start would understate the real uncertainty).
     """
-    from scipy import stats
+    from scipy import special
 
     _check_confidence(confidence)
     starts = clean_starts(per_start)
@@ -115,7 +115,7 @@ def cell_estimate(
         if sd_log == 0.0:
             lo = hi = mean
         else:
-            half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd_log / math.sqrt(n)
+            half = float(special.stdtrit(n - 1, 0.5 + confidence / 2)) * sd_log / math.sqrt(n)
             lo, hi = float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
         method = (
             f"geometric mean of {n} per-start geometric means (log tok/s averaged within each start), "
@@ -253,7 +253,7 @@ def _starts_and_rounds(per_start: Sequence[Sequence[float]], rounds: Sequence[in
 
 
 def _bartlett(s2: np.ndarray, n: np.ndarray) -> float | None:
-    from scipy import stats
+    from scipy import special
 
     if s2.size < 2 or not (s2 > 0).all():
         return None
@@ -261,12 +261,12 @@ def _bartlett(s2: np.ndarray, n: np.ndarray) -> float | None:
     pooled = float(((n - 1) * s2).sum() / df)
     t_stat = (df * math.log(pooled) - float(((n - 1) * np.log(s2)).sum())) / (
         1 + (float((1 / (n - 1)).sum()) - 1 / df) / (3 * (k - 1)))
-    return float(stats.chi2.sf(t_stat, k - 1))
+    return float(special.chdtrc(k - 1, t_stat))
 
 
 def _drift(logs: list[np.ndarray], rounds: list[list[int]]) -> tuple[float | None, float | None, int]:
     """(p of the round effect, two-way residual SD, its df) over the rounds every arm has."""
-    from scipy import stats
+    from scipy import special
 
     common = sorted(set.intersection(*(set(r) for r in rounds))) if rounds else []
     k, b = len(logs), len(common)
@@ -282,7 +282,7 @@ def _drift(logs: list[np.ndarray], rounds: list[list[int]]) -> tuple[float | Non
     if ss_res <= 0:
         return (0.0 if ss_block > 0 else None), 0.0, df_res
     f = (ss_block / (b - 1)) / (ss_res / df_res)
-    return float(stats.f.sf(f, b - 1, df_res)), math.sqrt(ss_res / df_res), df_res
+    return float(special.fdtrc(b - 1, df_res, f)), math.sqrt(ss_res / df_res), df_res
 
 
 def shared_noise(arms: Sequence[Sequence[Sequence[float]]], het_p: float = HETEROGENEITY_P,
@@ -523,10 +523,11 @@ def welch_log_diff(log_variant: np.ndarray, log_baseline: np.ndarray, alpha: flo
 
     Vectorised over leading axes (the last axis holds the starts) so simulations of thousands
     of experiments run as array operations; ``ratio_estimate`` calls it with one experiment.
-    The t quantiles come from scipy.stats.t with Welch-Satterthwaite degrees of freedom.
+    The t quantiles are Student's t with Welch-Satterthwaite degrees of freedom (scipy.special:
+    the same figures as scipy.stats.t without its per-call overhead, which dominated `plan`).
     A zero standard error (identical start means) gives a degenerate interval at the estimate.
     """
-    from scipy import stats
+    from scipy import special
 
     lv = np.asarray(log_variant, dtype=float)
     lb = np.asarray(log_baseline, dtype=float)
@@ -538,9 +539,9 @@ def welch_log_diff(log_variant: np.ndarray, log_baseline: np.ndarray, alpha: flo
     se = np.sqrt(se2)
     with np.errstate(divide="ignore", invalid="ignore"):
         df = np.where(se2 > 0, se2**2 / (a**2 / (nv - 1) + b**2 / (nb - 1)), float(nv + nb - 2))
-        half = stats.t.isf(alpha / 2.0, df) * se
+        half = special.stdtrit(df, 1.0 - alpha / 2.0) * se
         tstat = np.where(se > 0, np.abs(diff) / se, np.where(diff == 0, 0.0, np.inf))
-    p = 2.0 * stats.t.sf(tstat, df)
+    p = 2.0 * special.stdtr(df, -tstat)
     return WelchArrays(diff=diff, se=se, df=df, lo=diff - half, hi=diff + half, p=p)
 
 
@@ -570,8 +571,11 @@ def noise_warnings(
       its start, pooled normal-scaled MAD, and at least ``min_rel_outlier`` away) and outlier starts (same score on the start means, >= 3 starts);
     - drift of start means with start order (Kendall tau, >= 4 starts) and a warm-up effect
       (first trial of each start differs from the rest, one-sample t on relative gaps, >= 3 starts).
+
+    Student-t tails from scipy.special: scipy.stats costs a second of start-up to every command
+    that reads a run, and is imported only for Kendall's tau (four or more starts).
     """
-    from scipy import stats
+    from scipy import special
 
     starts = clean_starts(per_start)
     out: list[str] = []
@@ -608,7 +612,7 @@ def noise_warnings(
                 continue
             r = float(s[t] - rest.mean())
             tstat = r / math.sqrt(ss / dof * (1.0 + 1.0 / rest.size))
-            p = 2.0 * float(stats.t.sf(abs(tstat), dof))
+            p = 2.0 * float(special.stdtr(dof, -abs(tstat)))
             if p < outlier_alpha / n_trials and abs(r) / rest.mean() > min_rel_outlier:
                 flagged_trials.append(f"start {s_idx} trial {t} ({r / rest.mean():+.1%})")
     if flagged_trials:
@@ -622,12 +626,14 @@ def noise_warnings(
                 continue
             r = float(means[i] - rest.mean())
             tstat = r / (sd * math.sqrt(1.0 + 1.0 / rest.size))
-            p = 2.0 * float(stats.t.sf(abs(tstat), rest.size - 1))
+            p = 2.0 * float(special.stdtr(rest.size - 1, -abs(tstat)))
             if p < outlier_alpha / means.size and abs(r) / rest.mean() > min_rel_outlier:
                 flagged_starts.append(f"start {i} ({r / rest.mean():+.1%})")
         if flagged_starts:
             out.append(f"{len(flagged_starts)} outlier start(s): {', '.join(flagged_starts[:5])}")
     if means.size >= 4:
+        from scipy import stats
+
         tau = stats.kendalltau(np.arange(means.size), means)
         if np.isfinite(tau.pvalue) and tau.pvalue < drift_p:
             direction = "upward" if tau.statistic > 0 else "downward"
@@ -639,11 +645,13 @@ def noise_warnings(
     if len(gaps) >= 3:
         g = np.asarray(gaps)
         if np.ptp(g) > 0:
-            res = stats.ttest_1samp(g, 0.0)
-            if res.pvalue < drift_p and abs(g.mean()) > cv_threshold / 5:
+            sd_g = float(g.std(ddof=1))
+            pvalue = (2.0 * float(special.stdtr(g.size - 1, -abs(float(g.mean()) / (sd_g / math.sqrt(g.size)))))
+                      if sd_g > 0 else 0.0)  # one-sample t against no gap
+            if pvalue < drift_p and abs(g.mean()) > cv_threshold / 5:
                 kind = "slower" if g.mean() < 0 else "faster"
                 out.append(
                     f"first trial of each start is {kind} than the rest by {g.mean():+.1%} on average "
-                    f"(p={res.pvalue:.3f}): warm-up may be too short"
+                    f"(p={pvalue:.3f}): warm-up may be too short"
                 )
     return out

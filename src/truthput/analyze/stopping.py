@@ -342,7 +342,7 @@ class StoppingRule:
 
 
 def _spend(method: str, alpha: float, t: float) -> float:
-    from scipy import stats
+    from scipy import special
 
     t = min(max(t, 0.0), 1.0)
     if t == 0.0:
@@ -353,8 +353,8 @@ def _spend(method: str, alpha: float, t: float) -> float:
         return alpha * t * t
     if method == "pocock":
         return alpha * math.log(1.0 + (math.e - 1.0) * t)
-    z = stats.norm.isf(alpha / 2.0)
-    return float(2.0 * stats.norm.sf(z / math.sqrt(t)))
+    z = -float(special.ndtri(alpha / 2.0))
+    return float(2.0 * special.ndtr(-z / math.sqrt(t)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -498,7 +498,7 @@ def fixed_design_starts_from_sd(
 ) -> int:
     """Starts per arm a fixed (non-sequential) design needs for a Welch interval on the log
     ratio of relative half-width <= target, given per-start SDs of mean log tok/s."""
-    from scipy import stats
+    from scipy import special
 
     sv2, sb2 = sd_log_variant**2, sd_log_baseline**2
     if sv2 + sb2 == 0.0:
@@ -506,7 +506,7 @@ def fixed_design_starts_from_sd(
     n = np.arange(2, max_n + 1, dtype=float)
     df = (sv2 + sb2) ** 2 / ((sv2**2 + sb2**2) / (n - 1))
     alpha = (1.0 - confidence) / n_comparisons
-    half = stats.t.isf(alpha / 2.0, df) * np.sqrt((sv2 + sb2) / n)
+    half = special.stdtrit(df, 1.0 - alpha / 2.0) * np.sqrt((sv2 + sb2) / n)
     ok = np.flatnonzero(half <= math.log1p(target_rel_halfwidth))
     return int(n[ok[0]]) if ok.size else max_n
 
