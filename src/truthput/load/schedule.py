@@ -64,6 +64,13 @@ def refused_connection(error: str | None) -> bool:
     return bool(error) and ("Cannot connect to host" in error or "Connection refused" in error)  # type: ignore[operator]
 
 
+def refused_request(http_status: int | None) -> bool:
+    """A 4xx answer other than 408 (timeout) and 429 (too many requests): the server judged the
+    request itself (too long a prompt, an unknown model), and the same request gets the same answer,
+    so a pause before the next one would only delay the error budget's verdict."""
+    return http_status is not None and 400 <= http_status < 500 and http_status not in (408, 429)
+
+
 ERROR_BUDGET_MIN = 20
 ERROR_BUDGET_PER_STREAM = 4
 
@@ -250,6 +257,8 @@ class ClosedLoop:
                 self._stop = True
                 self._abort.set()
                 return
+            if refused_request(rec.http_status):
+                continue  # the server answered at once that this request is wrong: waiting changes nothing
             # back off a little after consecutive failures (never a tight loop against a dead server)
             await asyncio.sleep(min(1.0, 0.01 * 2 ** min(self._consecutive, 7)))
 
