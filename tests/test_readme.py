@@ -133,7 +133,7 @@ def test_every_readme_command_is_run_or_skipped_with_a_reason():
     assert not unknown, f"README commands this test neither runs nor skips: {unknown}"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(110)
 def test_readme_commands_run_as_written(tmp_path):
     """Runs the README's commands in order (about 2 minutes: the quickstart runs on the simulator).
     Prints the list of skipped lines and why."""
