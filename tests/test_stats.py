@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from truthput.analyze.stats import (
     cell_estimate,
@@ -38,6 +37,8 @@ def _experiment(rng, n_starts, true_ratio, sd_b_var=0.03, sd_b_base=0.02, sd_w=0
 
 
 def test_ratio_matches_scipy_welch_on_start_log_means():
+    from scipy import stats  # imported here: a second of every worker's collection otherwise
+
     rng = np.random.default_rng(11)
     v, b = _experiment(rng, 4, 1.2)
     b = b[:3]
@@ -91,6 +92,8 @@ def test_bonferroni_family_coverage():
 
 
 def test_cell_estimate_t_interval_on_start_means():
+    from scipy import stats  # imported here: a second of every worker's collection otherwise
+
     per_start = [[100.0, 102.0, 101.0], [97.0, 98.0], [], [103.0, 104.0, 105.0, 106.0]]
     est = cell_estimate(per_start)
     means = np.array([101.0, 97.5, 104.5])

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from truthput.analyze.design import estimate_plan_time, interleaved_order
 from truthput.analyze.stopping import (
@@ -145,6 +144,8 @@ def test_decide_reasons_and_adjusted_intervals():
 def test_holm_over_the_family_decides_the_easiest_first():
     """Holm: the smallest p is tested at alpha/m, the next at alpha/(m-1); intervals are reported at
     those levels, and a comparison tested after the first undecided one stays undecided."""
+    from scipy import stats  # imported here: a second of every worker's collection otherwise
+
     from truthput.analyze.decide import ComparisonKey, decide_family
     from truthput.analyze.stats import ratio_estimate
 
@@ -167,6 +168,8 @@ def test_holm_over_the_family_decides_the_easiest_first():
 
 
 def test_fixed_design_starts_is_the_smallest_sufficient_n():
+    from scipy import stats  # imported here: a second of every worker's collection otherwise
+
     sv, sb, target = 0.03, 0.02, 0.02
     n = fixed_design_starts_from_sd(sv, sb, target)
 

@@ -54,7 +54,7 @@ def test_virtual_time_matches_the_real_time_simulator(tmp_path):
     exp_text = QUICKSTART.read_text()
     exp_text = exp_text.replace("noise = 0.03", "noise = 0.0").replace("concurrency = [1, 8]", "concurrency = [8]")
     exp_text = exp_text.replace("duration_s = 2\n", "duration_s = 4\n").replace("starts = 3 ", "starts = 1 ")
-    exp_text = exp_text.replace("max_starts = 3", "max_starts = 1")
+    exp_text = exp_text.replace("max_starts = 3", "max_starts = 1").replace("guard_prompts = 3", "output_guard = false")
     head, _, tail = exp_text.partition("[[variant]]")
     variants = '[[variant]]\nname = "original"\n\n[[variant]]\nname = "nospec"\nremove = ["--speculative-config"]\n\n'
     tail = tail[tail.index("[workload]"):]
