@@ -322,8 +322,9 @@ def _load_cli(*args: str, cwd: Path):
 
 def test_load_prints_latency_percentiles_that_match_the_servers_timings(tmp_path: Path) -> None:
     """The stub waits 60 ms before the first token, then 10 ms per token, one token per chunk: TTFT
-    is 70 ms, TPOT and ITL 10 ms, E2E 60 + 24 x 10 = 300 ms (plus scheduling overshoot of the
-    sleeps, which only adds). `--json` and the table both carry them."""
+    is 70 ms, TPOT and ITL 10 ms, E2E 60 + 24 x 10 = 300 ms. A sleep only overshoots, so each figure
+    is at least its truth; on a host busy with the rest of the suite 25 sleeps overshoot by up to a
+    few ms each, so the upper bounds allow 30%. `--json` and the table both carry them."""
     proc, url = _stub_process("--metrics", "--token-delay-s", "0.01", "--prefill-delay-s", "0.06")
     try:
         done = _load_cli(url, "-c", "2", "-n", "10", "--output-tokens", "24", "--json", "--no-store", cwd=tmp_path)
@@ -336,10 +337,10 @@ def test_load_prints_latency_percentiles_that_match_the_servers_timings(tmp_path
     row = doc["levels"][0]
     lat = row["latency_ms"]
     for q in ("mean", "p50"):
-        assert 69 <= lat["ttft"][q] <= 85, lat["ttft"]
-        assert 9.9 <= lat["tpot"][q] <= 12, lat["tpot"]
-        assert 9.5 <= lat["itl"][q] <= 12.5, lat["itl"]
-        assert 299 <= lat["e2e"][q] <= 345, lat["e2e"]
+        assert 69 <= lat["ttft"][q] <= 91, lat["ttft"]
+        assert 9.9 <= lat["tpot"][q] <= 13, lat["tpot"]
+        assert 9.5 <= lat["itl"][q] <= 13, lat["itl"]
+        assert 299 <= lat["e2e"][q] <= 390, lat["e2e"]
     assert lat["e2e"]["p99"] >= lat["e2e"]["p90"] >= lat["e2e"]["p50"]
     # two streams, each request ~0.3 s: ~6.5 req/s; every token counted by the server's counter
     assert 5.0 <= row["requests_per_s"] <= 7.0, row
