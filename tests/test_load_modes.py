@@ -196,9 +196,13 @@ def test_open_loop_duration_window_and_exact_tokens() -> None:
     res, loop, server, calls = run_open(StubConfig(token_delay_s=0.002), rate=100.0, arrival="constant",
                                         duration_s=0.3)
     assert calls == ["start", "end"]
-    assert res.t_window_end - res.t_window_start == pytest.approx(0.3, abs=0.05)
+    # the window lasts its duration; a busy host's event loop can only close it late
+    length = res.t_window_end - res.t_window_start
+    assert 0.3 - 0.005 <= length <= 0.3 + 0.25, length
     assert all(r.status == "ok" for r in res.records)
     assert sum(r.completion_tokens for r in res.records) == server.stats.tokens_sent == 10 * len(res.records)
-    assert 25 <= len(res.records) <= 40  # ~100 req/s over ~0.32 s
+    # 100 requests a second from the first arrival until the window closed, and none after
+    span = res.t_window_end - min(r.t_start for r in res.records)
+    assert abs(len(res.records) - 100.0 * span) <= 3, (len(res.records), span)
     first_end = min(r.t_end for r in res.records)
     assert res.t_window_start >= first_end

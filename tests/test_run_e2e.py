@@ -131,10 +131,11 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
         # (the simulator reports a request in prefill as waiting: a few samples may read below N)
         assert 0.25 * t.concurrency <= samples["running_mean"]["value"] <= t.concurrency
         # a clean simulated run: no validity flag on any figure, but what a busy host (the suite's other
-        # workers) rightly says of itself: the client or the host was busy, or the starved simulator's
-        # own gauge fell short of the streams in the window (the streams reaching the server is held
-        # above by the gauge's maximum)
-        host_flags = {"client_bound", "host_interference", "load_not_reached"}
+        # workers) rightly says of itself: the client or the host was busy, a starved simulator's chunks
+        # reached the client in bursts (per-stream rates then cannot be resolved), or its own gauge fell
+        # short of the streams in the window (the streams reaching the server is held above by the
+        # gauge's maximum)
+        host_flags = {"client_bound", "host_interference", "load_not_reached", "burst_delivery"}
         wrong = [(name, [f.code for f in fig.flags if f.code not in host_flags])
                  for name, fig in t.results.flagged_figures()]
         assert not [w for w in wrong if w[1]], wrong
