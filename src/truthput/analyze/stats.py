@@ -87,8 +87,6 @@ def cell_estimate(
     With one start the between-start variance is unknown: the interval is NaN and the warning
     says so (trial-to-trial spread within one start would understate the real uncertainty).
     """
-    from scipy import special
-
     _check_confidence(confidence)
     starts = clean_starts(per_start)
     if not starts:
@@ -115,7 +113,7 @@ def cell_estimate(
         if sd_log == 0.0:
             lo = hi = mean
         else:
-            half = float(special.stdtrit(n - 1, 0.5 + confidence / 2)) * sd_log / math.sqrt(n)
+            half = t_quantile(1.0 - confidence, n - 1) * sd_log / math.sqrt(n)
             lo, hi = float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
         method = (
             f"geometric mean of {n} per-start geometric means (log tok/s averaged within each start), "
@@ -572,11 +570,9 @@ def noise_warnings(
     - drift of start means with start order (Kendall tau, >= 4 starts) and a warm-up effect
       (first trial of each start differs from the rest, one-sample t on relative gaps, >= 3 starts).
 
-    Student-t tails from scipy.special: scipy.stats costs a second of start-up to every command
-    that reads a run, and is imported only for Kendall's tau (four or more starts).
+    Student-t tails from `t_two_sided_p` (scipy.special): scipy.stats costs a second of start-up
+    to every command that reads a run, and is imported only for Kendall's tau (four or more starts).
     """
-    from scipy import special
-
     starts = clean_starts(per_start)
     out: list[str] = []
     if not starts:
@@ -612,7 +608,7 @@ def noise_warnings(
                 continue
             r = float(s[t] - rest.mean())
             tstat = r / math.sqrt(ss / dof * (1.0 + 1.0 / rest.size))
-            p = 2.0 * float(special.stdtr(dof, -abs(tstat)))
+            p = t_two_sided_p(tstat, dof)
             if p < outlier_alpha / n_trials and abs(r) / rest.mean() > min_rel_outlier:
                 flagged_trials.append(f"start {s_idx} trial {t} ({r / rest.mean():+.1%})")
     if flagged_trials:
@@ -626,7 +622,7 @@ def noise_warnings(
                 continue
             r = float(means[i] - rest.mean())
             tstat = r / (sd * math.sqrt(1.0 + 1.0 / rest.size))
-            p = 2.0 * float(special.stdtr(rest.size - 1, -abs(tstat)))
+            p = t_two_sided_p(tstat, rest.size - 1)
             if p < outlier_alpha / means.size and abs(r) / rest.mean() > min_rel_outlier:
                 flagged_starts.append(f"start {i} ({r / rest.mean():+.1%})")
         if flagged_starts:
@@ -645,9 +641,8 @@ def noise_warnings(
     if len(gaps) >= 3:
         g = np.asarray(gaps)
         if np.ptp(g) > 0:
-            sd_g = float(g.std(ddof=1))
-            pvalue = (2.0 * float(special.stdtr(g.size - 1, -abs(float(g.mean()) / (sd_g / math.sqrt(g.size)))))
-                      if sd_g > 0 else 0.0)  # one-sample t against no gap
+            # one-sample t against no gap (ptp > 0: the SD is positive)
+            pvalue = t_two_sided_p(float(g.mean()) / (float(g.std(ddof=1)) / math.sqrt(g.size)), g.size - 1)
             if pvalue < drift_p and abs(g.mean()) > cv_threshold / 5:
                 kind = "slower" if g.mean() < 0 else "faster"
                 out.append(
