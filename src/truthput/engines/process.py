@@ -451,4 +451,5 @@ class ProcessEngine:
             await self._drain_readers()
             await asyncio.get_running_loop().run_in_executor(None, wait_port_free, self.port, self.host, 30.0)
         finally:
-            _LIVE_GROUPS.discard(proc.pid)
+            if proc.returncode is not None:  # else the exit handler still kills its group
+                _LIVE_GROUPS.discard(proc.pid)

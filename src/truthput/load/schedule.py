@@ -544,9 +544,19 @@ async def _timed(cb: Callback | None) -> float:
 
 
 async def _wait_first(*aws: Awaitable[object], timeout: float | None) -> None:
+    """Until the first of `aws` completes, or `timeout` seconds have passed by the monotonic clock:
+    an event loop fires a timer up to its clock's resolution early (a low-resolution kernel clock
+    is a tick of several ms), and a window that closed early would be shorter than asked."""
     tasks = [asyncio.ensure_future(a) for a in aws]
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            done, _ = await asyncio.wait(tasks, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if done:
+                return
     finally:
         for t in tasks:
             t.cancel()
