@@ -4,9 +4,10 @@ how a stop signal stops a long command (the first cancels it gracefully, a secon
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from truthput.executors.base import Executor
+if TYPE_CHECKING:
+    from truthput.executors.base import Executor
 
 ENGINE_HELP = "Run on this engine instead of the file's [server].engine (e.g. 'sim': the embedded simulator)."
 STORE_HELP = "Results store (SQLite)."

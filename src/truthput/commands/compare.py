@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from truthput.report.document import CompareDocument, Figure
+if TYPE_CHECKING:
+    from truthput.report.document import CompareDocument, Figure
 
 
 def register(app: typer.Typer) -> None:
