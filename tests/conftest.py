@@ -69,11 +69,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Units of work by `scope_of`; the real servers' unit only once every worker is idle, and the
-    other workers are then let go."""
+    """Units of work by `scope_of`. The real servers' unit waits for the rest: the first worker left
+    idle keeps it, the others are let go as they become idle, and it is sent once they have all
+    exited (a worker let go still runs the test it held back)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Scheduler(LoadScopeScheduling):
+        keeper: Any = None
+
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid)
 
@@ -85,12 +88,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             # needs the next test to run it): one pending test is an idle worker
             if self._pending_of(self.assigned_work[node]) > 1:
                 return
-            others = [n for n in self.nodes if n is not node and not n.shutting_down]
-            if any(self._pending_of(self.assigned_work[n]) > 1 for n in others):
-                node.shutdown()  # not the last one busy: it runs its last test and leaves
-                return
-            self._assign_work_unit(node)
-            for other in others:
-                other.shutdown()
+            if self.keeper is None:
+                self.keeper = node
+            elif node is not self.keeper:
+                node.shutdown()
+            self._send_alone_when_others_left()
+
+        def remove_node(self, node: Any) -> str | None:
+            crashed = super().remove_node(node)
+            if node is self.keeper:
+                self.keeper = None
+            elif self.keeper is not None:
+                self._send_alone_when_others_left()
+            return crashed
+
+        def _send_alone_when_others_left(self) -> None:
+            if self.keeper is not None and self.workqueue and list(self.assigned_work) == [self.keeper]:
+                self._assign_work_unit(self.keeper)
 
     return Scheduler(config, log)
