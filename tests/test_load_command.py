@@ -72,11 +72,13 @@ def test_open_loop_trial_through_the_driver(stub) -> None:
     assert run.outcomes[0].load.max_in_flight <= 6
 
 
-def test_sweep_through_the_driver_stops_at_max_level(stub) -> None:
-    o = opts(stub.url, concurrency=[1], sweep=True, sweep_max=4, requests=8)
-    run = asyncio.run(run_load(o))
-    # the paced stub (0.5 ms per token) is far from saturated at 1..4 streams: throughput about
-    # doubles per step, so the sweep runs to its max level and says it did not saturate
+def test_sweep_through_the_driver_stops_at_max_level() -> None:
+    # a stub paced at 4 ms per token is far from saturated at 1..4 streams (at 0.5 ms, 4 streams
+    # need some 2,700 chunks/s, more than a stub starved by a busy 2-core host sends): throughput
+    # about doubles per step, so the sweep runs to its max level and says it did not saturate
+    with LeanStubProcess(tokens_per_chunk=3, token_delay_ms=4.0) as slow_stub:
+        o = opts(slow_stub.url, concurrency=[1], sweep=True, sweep_max=4, requests=8)
+        run = asyncio.run(run_load(o))
     assert [x.level for x in run.outcomes] == [1, 2, 4]
     tps = [x.counter_tps for x in run.outcomes]
     assert tps[1] > 1.3 * tps[0] and tps[2] > 1.3 * tps[1]
