@@ -231,7 +231,7 @@ def test_engine_version_of_real_vllm_is_cached():
     first = time.monotonic() - t0
     t0 = time.monotonic()
     assert engine_version(str(VLLM_PY)) == "0.32.0"
-    assert time.monotonic() - t0 < min(0.05, first)
+    assert time.monotonic() - t0 < first / 20  # from the cache: no second start of vLLM's Python
 
 
 def test_engine_version_of_a_binary_engine(tmp_path):
