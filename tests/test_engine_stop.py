@@ -17,7 +17,7 @@ from truthput.engines.ports import free_port
 from truthput.engines.process import ProcessEngine
 
 SLOW_TO_STOP = textwrap.dedent("""
-    import http.server, signal, sys, threading, time
+    import http.server, signal, sys, time
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
