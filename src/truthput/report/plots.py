@@ -179,7 +179,7 @@ def tradeoff(doc: ReportDocument) -> str | None:
     fig, axes = _figure(width=9.0, height=3.8, ncols=2)
     # the title first: labels are placed on the final layout
     fig.suptitle(f"Throughput-latency trade-off per variant x concurrency (Pareto front circled){_tag(doc)}")
-    drawn = False
+    to_label: list[tuple[Any, list[tuple[float, float]], list[str]]] = []
     for ax, key, label in ((axes[0], "ttft_p99", "TTFT p99 (ms)"), (axes[1], "itl_p99", "ITL p99 (ms)")):
         pts: list[tuple[float, float]] = []
         meta: list[CellRow] = []
@@ -192,7 +192,6 @@ def tradeoff(doc: ReportDocument) -> str | None:
         if not pts:
             ax.text(0.5, 0.5, "no latency data", ha="center", transform=ax.transAxes)
             continue
-        drawn = True
         for (x, y), c in zip(pts, meta):
             ax.scatter([x], [y], color=_colour(doc, c.variant), s=30, zorder=3)
         front = sorted((pts[i] for i in pareto_front(pts)), key=lambda p: p[0])
@@ -201,10 +200,14 @@ def tradeoff(doc: ReportDocument) -> str | None:
         ax.set_xlabel(f"{label} [client clock]")
         ax.set_ylabel(f"output tok/s [{_headline_source(doc)}]")
         ax.legend(fontsize=7, loc="lower right")
-        fig.canvas.draw()  # lay the axes out, then place labels where they do not collide
-        place_labels(ax, pts, [f"{c.variant} {c.level}" for c in meta])
-    if not drawn:
+        to_label.append((ax, pts, [f"{c.variant} {c.level}" for c in meta]))
+    if not to_label:
         return None
+    # lay the axes out once (text measured, nothing rasterised), then place labels where they do not
+    # collide; labels stay out of the layout, so saving it keeps these positions
+    fig.draw_without_rendering()
+    for ax, pts, texts in to_label:
+        place_labels(ax, pts, texts)
     return _svg(fig, "tradeoff")
 
 
