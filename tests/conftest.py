@@ -1,8 +1,11 @@
 """How the suite spreads over worker processes (pytest-xdist, `-n auto` in pyproject).
 
-Most tests wait on simulated servers in real time, so on a 2-core host five workers finish the
-suite in a fraction of the serial time (4 workers: 5 min 32 s, 5: 5 min 8 s on a fresh clone, both
-with the longest tests first). Tests of one module run on one worker (its module-scoped fixtures
+Most tests wait on simulated servers in real time, so on a 2-core host six workers finish the
+suite in a fraction of the serial time (4 workers: 5 min 32 s, 5: about 5 min, 6: 4 min 33 s on a
+fresh clone, all with the longest tests first). The longest tests mostly wait: with five workers
+they alone held the first minute and a quarter, on about one core; a sixth worker keeps the other
+core busy with short tests meanwhile. Seven were faster still but broke a timing premise (a
+simulated run's decode window held a prefill on a host saturated from the first second). Tests of one module run on one worker (its module-scoped fixtures
 are built once), except the modules listed in SPREAD, whose tests are independent,
 slow, and better spread. The tests that time real servers (vLLM on the CPU, llama-server, a Ray
 cluster on loopback: ALONE) run last, one after another on one worker, once every other worker has
@@ -25,7 +28,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SPREAD = {"test_run_e2e.py", "test_tune.py", "test_stopping.py", "test_stats.py", "test_store_open.py",
           "test_validity_matrix.py", "test_interference.py", "test_sim_requests.py", "test_malformed_runs.py"}
-WORKERS = 5
+WORKERS = 6
 ALONE = ("tests/realengine/", "tests/llamacpp/", "tests/test_ray_cluster.py")
 """Where the tests that time real servers live: they run last, alone (see the module docstring)."""
 ALONE_SCOPE = "real servers, alone"
