@@ -119,7 +119,7 @@ def test_long_prompt_ttft_is_chunked_prefill_priced_by_flops():
     """The price is checked exactly on simulated time (one output token: the engine's whole time is
     the prefill); the served TTFT, on the server's histogram and the client's clock, is that price
     waited in real time: not earlier (a timer may fire a clock tick early), and late only by what a
-    shared host adds (CI's 2 cores added 18 ms to a 102 ms price)."""
+    shared host adds (this 2-core host, running the whole suite, added 18 ms to a 102 ms price)."""
     eff = Efficiency(bw_frac=0.8, flops_frac=0.5, step_overhead_s=0.001, tp_latency_s=0.0)
     prompt = " ".join(["word"] * 2250)  # 3000 prompt tokens at 0.75 words/token
 
