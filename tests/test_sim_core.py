@@ -83,8 +83,9 @@ def test_no_speculation_one_token_per_chunk_and_per_step():
     for r in res:
         # one token per sequence per step, one chunk per step; a step whose chunk could not be sent
         # before the next one (an event loop held up on a busy host) merges two, as vLLM's output
-        # processor does
-        assert r.completion_tokens == 50 and 45 <= len(r.chunk_times) <= 50, len(r.chunk_times)
+        # processor does: never more chunks than tokens, and how many merge depends on the host
+        # (44 of 50 chunks on a saturated 2-core host), so the identities are checked on the engine
+        assert r.completion_tokens == 50 and 25 <= len(r.chunk_times) <= 50, len(r.chunk_times)
     assert eng.total_emitted == 200
     assert eng.total_drafts == 0 and eng.total_nodraft_emissions == 200
 
@@ -254,7 +255,9 @@ def test_noise_varies_per_seed_and_zero_noise_is_exact():
 
 def test_max_num_seqs_caps_the_batch_and_the_rest_wait():
     async def go():
-        slow = Efficiency(bw_frac=0.8, step_overhead_s=0.0)  # ~6 ms steps on H100
+        # ~24 ms steps on H100: the first two hold their slots for ~0.7 s, time enough for all six
+        # to arrive and be seen waiting even on a saturated host (at ~6 ms steps, one was not)
+        slow = Efficiency(bw_frac=0.2, step_overhead_s=0.0)
         async with running_sim(BASE + ["--max-num-seqs", "2"], eff=slow) as server:
             url = f"http://127.0.0.1:{server.port}"
             async with aiohttp.ClientSession() as s:
