@@ -5,9 +5,9 @@ suite in a fraction of the serial time (4 workers: 5 min 32 s, 5: about 5 min, 6
 fresh clone, all with the longest tests first). The longest tests mostly wait: with five workers
 they alone held the first minute and a quarter, on about one core; a sixth worker keeps the other
 core busy with short tests meanwhile. Seven were faster still but broke a timing premise (a
-simulated run's decode window held a prefill on a host saturated from the first second). Tests of one module run on one worker (its module-scoped fixtures
-are built once), except the modules listed in SPREAD, whose tests are independent,
-slow, and better spread. The tests that time real servers (vLLM on the CPU, llama-server, a Ray
+simulated run's decode window held a prefill on a host saturated from the first second). Tests of
+one module run on one worker (its module-scoped fixtures are built once), except the modules listed
+in SPREAD, whose tests are independent, slow, and better spread. The tests that time real servers (vLLM on the CPU, llama-server, a Ray
 cluster on loopback: ALONE) run last, one after another on one worker, once every other worker has
 finished: they must not share the cores with the rest of the suite. Where none is installed they
 skip at once. TRUTHPUT_TEST_WORKERS=N sets the number of workers.

@@ -39,19 +39,14 @@ def _cores_of(pid: int, during) -> tuple[float, object]:
 
 
 def _child_of(pid: int, timeout: float = 10.0) -> int:
-    """The pid of process `pid`'s one child, once it has started (read from every process's parent)."""
-    import os
+    """The pid of process `pid`'s one child, once it has started (from /proc's parent links)."""
+    from truthput.engines.process import _children
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat", "rb") as f:
-                        if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
-                            return int(entry)
-                except (OSError, IndexError, ValueError):
-                    continue
+        children = _children(pid)
+        if children:
+            return children[0]
         time.sleep(0.05)
     raise AssertionError(f"process {pid} started no child within {timeout} s")
 
