@@ -50,7 +50,7 @@ def experiment_text(n_variants: int) -> str:
 def simulate(plan, wants, n_nodes: int, gpus: int, seed: int) -> tuple[float, float]:
     """(wall seconds, mean GPU occupancy) of the plan on n_nodes nodes, in virtual time."""
     from truthput.cluster import Node
-    from truthput.executors.ray_cluster import pick_node
+    from truthput.run.executors.ray_cluster import pick_node
 
     rng = random.Random(seed)
     nodes = [Node(node_id=f"n{i}", address=f"10.0.0.{i}", gpus=gpus, cpus=64, accelerator=None, labels={},
@@ -89,9 +89,9 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     ap.add_argument("--seeds", type=int, default=5)
     args = ap.parse_args()
-    from truthput.executors.ray_cluster import Need
+    from truthput.run.executors.ray_cluster import Need
     from truthput.experiment.argv import int_flag
-    from truthput.plan import build_plan
+    from truthput.run.plan import build_plan
     from truthput.experiment.file import parse_experiment
 
     exp = parse_experiment(experiment_text(args.variants), "scaling.toml")

@@ -16,7 +16,7 @@ from truthput.load.schedule import LoadResult
 from truthput.load.selfcheck import SelfCheck
 from truthput.measure.model import TrialResults
 from truthput.measure.names import metric_names
-from truthput.pipeline.trial import TrialRun, TrialSetup, _interference
+from truthput.run.trial import TrialRun, TrialSetup, _interference
 
 BURN = ("import torch, time\n"
         "a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\n"

@@ -146,7 +146,7 @@ def test_what_no_start_can_survive_is_refused_by_plan(change, message):
     """Checked when the plan is built (`truthput plan`, and `run` before any store or server): one
     line naming the file's section or variant."""
     from truthput.errors import TruthputError
-    from truthput.plan import build_plan
+    from truthput.run.plan import build_plan
 
     fields = {"server": "", "gpu": "RTX 3090", "model": "qwen3.6-27b-5.5bit", "variant": "", "conc": "[1]", **change}
     with pytest.raises(TruthputError) as info:
@@ -155,7 +155,7 @@ def test_what_no_start_can_survive_is_refused_by_plan(change, message):
 
 
 def test_plan_warns_when_concurrency_exceeds_max_num_seqs():
-    from truthput.plan import build_plan, max_num_seqs_warnings
+    from truthput.run.plan import build_plan, max_num_seqs_warnings
 
     fields = {"server": "", "gpu": "RTX 3090", "model": "qwen3.6-27b-5.5bit",
               "variant": 'set = { "--max-num-seqs" = 4 }', "conc": "[1, 8]"}
@@ -249,7 +249,7 @@ def test_version_and_short_help():
 def test_the_docker_example_changes_only_vllms_argv_after_the_image():
     """examples/docker-vllm.toml: the variant's flag lands in vLLM's argv after the image; docker's
     own options (-p {port}:8000, --gpus, -v) are left as written, and {port} is filled per start."""
-    from truthput.plan import build_plan
+    from truthput.run.plan import build_plan
 
     exp, _text = load_experiment(ROOT / "examples" / "docker-vllm.toml")
     plan = build_plan(exp)

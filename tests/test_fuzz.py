@@ -47,7 +47,7 @@ toml_values = st.one_of(toml_scalars, st.lists(toml_scalars, max_size=4),
                                                     "--speculative-config.num_speculative_tokens", "--port",
                                                     "--kv-cache-dtype"]), toml_values, max_size=3))
 def test_experiment_files_parse_or_fail_clearly(changes, variant_set):
-    from truthput.plan import build_plan
+    from truthput.run.plan import build_plan
     from truthput.experiment.file import parse_experiment
 
     doc = json.loads(json.dumps(BASE))

@@ -161,7 +161,7 @@ def _trial_with(pids, mask, server_pgid):
     from truthput.load.schedule import LoadResult
     from truthput.load.selfcheck import SelfCheck
     from truthput.measure.names import metric_names
-    from truthput.pipeline.trial import TrialRun, TrialSetup, _interference
+    from truthput.run.trial import TrialRun, TrialSetup, _interference
 
     sampler = GpuSampler(interval_s=0.05, nvml=FakeNVML(pids, mask)).start()
     time.sleep(0.2)

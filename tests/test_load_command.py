@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from leanstub import LeanStubProcess  # noqa: E402
 
 from truthput.errors import InputError  # noqa: E402
-from truthput.pipeline.load import LoadOptions, run_load  # noqa: E402
+from truthput.run.load import LoadOptions, run_load  # noqa: E402
 from truthput.load.goodput import SLO  # noqa: E402
 from truthput.report.loadtable import summary_rows  # noqa: E402
 from truthput.load.workers import TrialLoad, WorkerPool, share, split_evenly  # noqa: E402

@@ -147,10 +147,12 @@ async def _devtools(html_path: Path, profile: Path, shot: Path) -> dict:
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium)")
 @pytest.mark.timeout(120)
 def test_quickstart_report_renders_in_chromium(tmp_path):
-    from truthput.report.files import write_reports
+    from truthput.report.data import build_report_data
+    from truthput.report.files import ReportTargets, write_reports
 
     store = _store(tmp_path)
-    html_path, _md = write_reports(store, "latest", tmp_path / "reports")
+    rid = store.resolve_run("latest")
+    html_path, _md = write_reports(build_report_data(store, rid), ReportTargets.run_folder(tmp_path / "reports", rid))
     shot = tmp_path / "truthput-report.png"
     info = asyncio.run(_devtools(html_path, tmp_path / "profile", shot))
 

@@ -27,7 +27,7 @@ def doc(store):
 
 def test_json_round_trip_equals_store(store, doc, tmp_path):
     from truthput.report.export import load_report, write_json
-    from truthput.report.runsummary import run_summary
+    from truthput.store.summary import run_summary
 
     path = write_json(doc, tmp_path / "r.json")
     assert load_report(path).to_dict() == doc.to_dict()
@@ -93,9 +93,11 @@ def test_write_reports_and_cli(store, tmp_path):
     from typer.testing import CliRunner
 
     from truthput.cli import app
-    from truthput.report.files import write_reports
+    from truthput.report.data import build_report_data
+    from truthput.report.files import ReportTargets, write_reports
 
-    paths = write_reports(store, "latest", tmp_path / "rep")
+    rid = store.resolve_run("latest")
+    paths = write_reports(build_report_data(store, rid), ReportTargets.run_folder(tmp_path / "rep", rid))
     assert [p.suffix for p in paths] == [".html", ".md"]
     assert all(p.stat().st_size > 1000 for p in paths)
     runner = CliRunner()

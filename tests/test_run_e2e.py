@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from truthput.plan import build_plan
-from truthput.runner import run_experiment
+from truthput.run.plan import build_plan
+from truthput.run.loop import run_experiment
 from truthput.experiment.file import parse_experiment
 from truthput.store.db import Store
 
@@ -230,7 +230,7 @@ def test_server_without_metrics_falls_back_to_usage_and_says_so(tmp_path):
     assert r["throughput"]["counter_window"]["value"] is None
     assert "metrics" in json.dumps(r["throughput"]["counter_window"]).lower() or r["scrapes"][0]["error"]
     assert r["throughput"]["usage_window"]["value"] > 0
-    from truthput.report.runsummary import run_summary
+    from truthput.store.summary import run_summary
 
     (cell,) = run_summary(store, run_id).cells
     assert cell.sources == ["usage"]

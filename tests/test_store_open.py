@@ -69,7 +69,7 @@ def test_failed_requests_beyond_the_cap_are_counted_not_stored(tmp_path):
     from truthput.load.schedule import LoadResult
     from truthput.load.selfcheck import SelfCheck
     from truthput.measure.model import TrialResults
-    from truthput.pipeline.trial import FAILED_ROWS_STORED, TrialRun, commit
+    from truthput.run.trial import FAILED_ROWS_STORED, TrialRun, commit
     from truthput.store.db import TrialKey
 
     recs = [RequestRecord(idx=i, t_start=float(i), t_end=float(i) + 0.5, completion_tokens=4) for i in range(50)]

@@ -235,7 +235,7 @@ def test_load_table_against_a_metrics_endpoint_one_scrape_behind(continuous, tmp
     import asyncio
 
     from truthput.load.workload import WorkloadSpec
-    from truthput.pipeline.load import LoadOptions, run_load
+    from truthput.run.load import LoadOptions, run_load
     from truthput.report.loadtable import print_summary, summary_rows
     from truthserver import TruthServer
 

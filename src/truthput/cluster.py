@@ -1,6 +1,6 @@
 """The Ray cluster as truthput sees it: joining it, its live nodes, and what each node's GPUs are.
 
-Shared by the run executor (truthput.executors.ray_cluster) and the load workers
+Shared by the run executor (truthput.run.executors.ray_cluster) and the load workers
 (truthput.load.cluster). Ray is an optional extra, imported only here and only when asked for.
 """
 

@@ -7,7 +7,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from truthput.executors.base import Executor
+    from truthput.run.executors.base import Executor
 
 ENGINE_HELP = "Run on this engine instead of the file's [server].engine (e.g. 'sim': the embedded simulator)."
 STORE_HELP = "Results store (SQLite)."
@@ -23,11 +23,11 @@ def make_executor(kind: str, address: str | None) -> Executor:
     if kind == "local":
         if address:
             raise InputError("--address is for --executor ray")
-        from truthput.executors.local import LocalExecutor
+        from truthput.run.executors.local import LocalExecutor
 
         return LocalExecutor()
     if kind == "ray":
-        from truthput.executors.ray_cluster import RayExecutor
+        from truthput.run.executors.ray_cluster import RayExecutor
 
         return RayExecutor(address=address)
     raise InputError(f"--executor {kind!r}: expected 'local' or 'ray'")

@@ -39,6 +39,29 @@ class RunSummary:
                 return next((c for c in cv.comparisons if c.variant == variant), None)
         return None
 
+    def said_of(self, variant: str | None) -> tuple[str, list[str]]:
+        """(the variant a user means, what the verdict said against it): the one winner when none is
+        named (else ValueError listing the winners), and a warning for a variant never measured or
+        decided slower than the baseline at some level."""
+        from truthput.experiment.levels import level_label
+
+        winners = self.verdict.winners()
+        if variant is None:
+            if len(winners) != 1:
+                said = "; ".join(f"{w} at {', '.join(map(level_label, lv))}" for w, lv in winners.items())
+                raise ValueError(f"the verdict names {said or 'no winner at any level'}")
+            variant = next(iter(winners))
+        warnings: list[str] = []
+        if variant not in {c.variant for c in self.cells if c.per_start}:
+            why = self.failed.get(variant, "no trial of it succeeded")
+            warnings.append(f"{variant} was never measured ({why}): this unit is untested")
+        for cv in self.verdict.per_concurrency:
+            for c in cv.comparisons:
+                if c.variant == variant and c.metric == "tok/s" and c.outcome == "slower":
+                    warnings.append(f"the verdict decided {variant} {abs(c.estimate.pct):.0f}% slower than "
+                                    f"{cv.baseline} at {level_label(cv.level)}")
+        return variant, warnings
+
     def flag_lines(self) -> list[str]:
         """One line per validity flag on a cell's figures: where, which figure, why, how often."""
         return [f"{c.variant} {c.label}: {f.text()}" for c in self.cells for f in c.flags]

@@ -119,6 +119,14 @@ class Verdict:
     def comparisons(self) -> list[ComparisonVerdict]:
         return [c for cv in self.per_concurrency for c in cv.comparisons]
 
+    def winners(self) -> dict[str, list[Level]]:
+        """Each variant the verdict names the winner somewhere, with the levels where it does."""
+        out: dict[str, list[Level]] = {}
+        for cv in self.per_concurrency:
+            if cv.winner:
+                out.setdefault(cv.winner, []).append(cv.level)
+        return out
+
     def decision_lines(self) -> list[str]:
         """One line per level: its outcome, then what happened to variants that failed, and what the
         run rests on (its notes: where it was placed)."""

@@ -134,7 +134,7 @@ def _drive(opts: Any, db: Any, tok: Any, executor: str, workers: int, address: s
     import asyncio
 
     from truthput.load.client import prepare_load_process
-    from truthput.pipeline.load import run_load
+    from truthput.run.load import run_load
 
     pool: Any = None
     if executor == "ray":
@@ -217,7 +217,7 @@ def _options(url: str, concurrency: str, rate: str | None, arrival: str, max_in_
              api_key_env: str | None, slo_ttft_ms: float | None, slo_itl_ms: float | None, workers: int,
              tokenizer: str | None, engine: str, name: str, sample_interval: float, spec: Any) -> Any:
     from truthput.load.goodput import SLO
-    from truthput.pipeline.load import LoadOptions
+    from truthput.run.load import LoadOptions
 
     return LoadOptions(
         url=url, concurrency=_numbers(concurrency, "concurrency", int),

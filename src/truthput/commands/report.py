@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from truthput.analyze.summary import RunSummary
+    from truthput.store.db import Store
 
 
 def register(app: typer.Typer) -> None:
@@ -30,51 +34,43 @@ def register(app: typer.Typer) -> None:
 
         if not store.exists():
             raise StoreError(f"{store}: no results store here (give --store PATH)")
+        from truthput.report.files import ReportTargets, write_reports
+        from truthput.store.summary import run_summary
+
+        targets = ReportTargets(html=html, md=md, json=json_path, csv_dir=csv_dir)
         db = Store(store, read_only=True, full_check=check)
         try:
             rid = db.resolve_run(run_id)
+            summary = run_summary(db, rid)
             if values is not None:
-                from truthput.report.runsummary import run_design, run_summary
+                from truthput.store.summary import run_design
                 from truthput.report.values import write_values
 
                 base, measure = run_design(db, rid)
-                write_values(values, run_summary(db, rid).values, base, measure, bool(db.run(rid).simulated))
+                write_values(values, summary.values, base, measure, bool(db.run(rid).simulated))
                 typer.echo(f"values: {values}")
-            if not any((html, md, csv_dir, json_path, values)):
-                from truthput.report.data import roofline_for_run, roofline_lines
-                from truthput.report.terminal import make_console, print_run
-
-                con = make_console()
-                if not db.run(rid).is_load:  # a load run has no [hardware]
-                    for line in roofline_lines(roofline_for_run(db, rid)):
-                        con.print(line, markup=False, highlight=False)
-                print_run(db, rid, console=con, verbose=verbose)  # ends with the verdict
+            if not targets.any():
+                if values is None:
+                    _print_terminal(db, rid, summary, verbose)
                 return
             from truthput.report.data import build_report_data
 
-            doc = build_report_data(db, rid)
+            doc = build_report_data(db, rid, summary)
         finally:
             db.close()
-        written: list[Path] = []
-        if html:
-            from truthput.report.html import render_html
-
-            html.parent.mkdir(parents=True, exist_ok=True)
-            html.write_text(render_html(doc), encoding="utf-8")
-            written.append(html)
-        if md:
-            from truthput.report.markdown import render_markdown
-
-            md.parent.mkdir(parents=True, exist_ok=True)
-            md.write_text(render_markdown(doc), encoding="utf-8")
-            written.append(md)
-        if json_path:
-            from truthput.report.export import write_json
-
-            written.append(write_json(doc, json_path))
-        if csv_dir:
-            from truthput.report.export import write_csv
-
-            written += write_csv(doc, csv_dir)
+        written = write_reports(doc, targets)
         for p in written:
             typer.echo(f"report: {p}")
+
+
+def _print_terminal(db: Store, rid: str, summary: RunSummary, verbose: bool) -> None:
+    """The terminal summary: the roofline (a run's, not a load run's: it has no [hardware]), then the
+    run's table, ending with the verdict."""
+    from truthput.report.data import roofline_for_run, roofline_lines
+    from truthput.report.terminal import make_console, print_run
+
+    con = make_console()
+    if not db.run(rid).is_load:
+        for line in roofline_lines(roofline_for_run(db, rid, summary)):
+            con.print(line, markup=False, highlight=False)
+    print_run(db, rid, console=con, verbose=verbose, summary=summary)

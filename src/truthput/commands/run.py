@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from truthput.run.outcome import RunOutcome
 
 from truthput.commandline import (
     ADDRESS_HELP, ENGINE_HELP, EXECUTOR_HELP, STORE_HELP, make_executor, stop_signals, stop_task,
@@ -71,7 +74,7 @@ def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float |
 def checked_plan(exp, engine: str | None, path: Path):
     """The plan, with a refusal naming the experiment file as well as the section or variant."""
     from truthput.errors import InputError
-    from truthput.plan import build_plan
+    from truthput.run.plan import build_plan
 
     try:
         return build_plan(exp, engine)
@@ -112,10 +115,8 @@ def run(
 
     from truthput.errors import InputError
     from truthput.load.client import prepare_load_process
-    from truthput.report.data import roofline_for_run, roofline_lines
     from truthput.report.progress import make_progress
-    from truthput.report.terminal import print_audit_matrix, print_run
-    from truthput.runner import run_experiment
+    from truthput.run.outcome import run_and_report
     from truthput.experiment.file import load_experiment, parse_experiment
     from truthput.store.db import Store
 
@@ -136,6 +137,8 @@ def run(
         run_id = db.resolve_run(resume, any_status=True)
         row = db.run(run_id)
         if row.status == "done":
+            from truthput.report.terminal import print_run
+
             typer.echo(f"run {run_id} is complete (status done): nothing to resume; its summary follows")
             print_run(db, run_id)
             return
@@ -155,7 +158,7 @@ def run(
     progress = make_progress()
     received: list[int] = []
 
-    async def main() -> str:
+    async def main() -> RunOutcome:
         # SIGTERM and SIGHUP (what `timeout`, `systemctl stop`, a closed terminal or a CI cancel
         # send) stop the run like Ctrl-C: the running task is cancelled, so every server this
         # run started is stopped and the run is marked interrupted.
@@ -163,14 +166,14 @@ def run(
         task = asyncio.current_task()
         for sig in (*stop_signals(), signal.SIGINT):
             loop.add_signal_handler(sig, stop_task, task, sig, received)
-        return await run_experiment(exp, text, path, db, engine=engine, resume=run_id, progress=progress,
+        return await run_and_report(exp, text, path, db, store, engine=engine, resume=run_id, progress=progress,
                                     sim_target={"gpu": sim_gpu, "model": sim_model, "said": overrides}
-                                    if overrides else None, executor=placer)
+                                    if overrides else None, executor=placer, reports=reports)
 
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C works even when inherited ignored
     try:
-        run_id = asyncio.run(main())
+        outcome = asyncio.run(main())
     except (KeyboardInterrupt, asyncio.CancelledError):
         progress.close()
         latest = db.resolve_run("latest", any_status=True) if run_id is None else run_id
@@ -180,41 +183,28 @@ def run(
                    f"--store {store}", err=True)
         raise typer.Exit(128 + received[0] if received else 130)
     progress.close()
-    # the audit and the roofline first: the run ends with its table and verdict
-    print_audit_matrix(db, run_id)
-    for line in roofline_lines(roofline_for_run(db, run_id)):
+    _print_outcome(db, outcome, verbose)
+    if outcome.exit_status:
+        raise typer.Exit(outcome.exit_status)
+
+
+def _print_outcome(db: Any, outcome: RunOutcome, verbose: bool) -> None:
+    """The audit and the roofline first, so the run ends with its table and verdict; then the files
+    written, and a line for any variant that was never measured."""
+    from truthput.report.data import roofline_for_run, roofline_lines
+    from truthput.report.terminal import print_audit_matrix, print_run
+
+    rid, summary = outcome.run_id, outcome.summary
+    print_audit_matrix(db, rid)
+    roof = outcome.document.roofline if outcome.document is not None else roofline_for_run(db, rid, summary)
+    for line in roofline_lines(roof):
         typer.echo(line)
-    print_run(db, run_id, verbose=verbose)
-    if reports is not None:
-        try:
-            from truthput.report.files import write_reports
+    print_run(db, rid, verbose=verbose, summary=summary)
+    for p in outcome.files:
+        typer.echo(f"{'winning unit' if p.suffix == '.service' else 'report'}: {p}")
+    if outcome.problem():
+        typer.echo(f"truthput: {outcome.problem()}", err=True)
 
-            paths = write_reports(db, run_id, reports)
-            for p in paths:
-                typer.echo(f"report: {p}")
-        except ImportError:
-            pass
-        from truthput.report.units import write_winner_units
-
-        for p in write_winner_units(db, store, run_id, reports):
-            typer.echo(f"winning unit: {p}")
-    trials = db.trial_results(run_id)
-    measured = {t.variant for t in trials if t.status == "ok"}
-    failed = db.failed_variants(run_id)
-    for t in trials:  # a server that started but answered every request with an error
-        if t.variant not in measured and t.variant not in failed and t.error:
-            failed[t.variant] = t.error if len(t.error) <= 300 else t.error[:297] + "..."
-    if not measured:
-        why = "; ".join(f"{k}: {v}" for k, v in failed.items()) or "every trial failed"
-        typer.echo(f"truthput: no variant produced a measurement ({why}); run {run_id} is stored as failed",
-                   err=True)
-        raise typer.Exit(1)
-    never = [v.name for v in db.variants(run_id) if v.name not in measured]
-    if never:
-        # a variant that never measured cannot be compared: the verdict above is about the others
-        why = "; ".join(f"{v}: {failed.get(v, 'no trial succeeded')}" for v in never)
-        typer.echo(f"truthput: {len(never)} variant(s) never measured ({why})", err=True)
-        raise typer.Exit(3)
 
 def plan(
     experiment: Path = typer.Argument(..., help="Experiment file (TOML)."),
@@ -276,7 +266,7 @@ def plan(
                  else ""))
     for line in _starts_forecast(exp, p, store):
         con.print(line, markup=False)
-    from truthput.plan import address_warnings, max_num_seqs_warnings
+    from truthput.run.plan import address_warnings, max_num_seqs_warnings
 
     for line in [*max_num_seqs_warnings(exp, p), *address_warnings(exp)]:
         con.print("warning: " + line, markup=False, style="yellow")

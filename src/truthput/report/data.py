@@ -28,7 +28,7 @@ from truthput.analyze.specdecode import SpecDecodeCell, spec_decode_cells
 from truthput.analyze.summary import RunSummary
 from truthput.report.document import (SCHEMA, ClaimsDoc, CompareDocument, ExperimentInfo, ReportDocument,
                                       RooflineDoc, Slo, clean)
-from truthput.report.runsummary import run_summary
+from truthput.store.summary import run_summary
 from truthput.experiment.levels import Level, level_json, level_label
 from truthput.store.db import Store, StoredTrial
 from truthput.store.rows import RequestRow, RunRow, TelemetryRow
@@ -395,8 +395,9 @@ def _claims(exp: Any, raw_trials: list[StoredTrial], roof: RooflineDoc, simulate
 
 
 # ---- the document -----------------------------------------------------------------------------
-def build_report_data(store: Store, run_id: str) -> ReportDocument:
-    """Everything a run's reports show, as one typed document (schema truthput-report/1)."""
+def build_report_data(store: Store, run_id: str, summary: RunSummary | None = None) -> ReportDocument:
+    """Everything a run's reports show, as one typed document (schema truthput-report/1).
+    `summary`: the run's, where the caller has it (else recomputed from the stored trials)."""
     from truthput.analyze.audit import audit_rows
 
     run_id = store.resolve_run(run_id)
@@ -409,7 +410,7 @@ def build_report_data(store: Store, run_id: str) -> ReportDocument:
     trials = store.trial_results(run_id)
     starts = store.starts(run_id)
     engine_versions = sorted({s.engine_version for s in starts if s.engine_version})
-    summary = run_summary(store, run_id)
+    summary = summary or run_summary(store, run_id)
     experiment = _experiment_block(store, run_id, run, exp, exp_error)
     spec = spec_decode_cells(trials)
     roofline = _roofline(_roofline_section(experiment, summary, spec, simulated), simulated)
@@ -515,7 +516,7 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str,
 
 
 # ---- the roofline section on its own (terminal output of `run` / `report`) ----------------------
-def roofline_for_run(store: Store, run_id: str) -> RooflineDoc:
+def roofline_for_run(store: Store, run_id: str, summary: RunSummary | None = None) -> RooflineDoc:
     """The roofline section of the report document without building the rest of it."""
     run_id = store.resolve_run(run_id)
     run = store.run(run_id)
@@ -523,7 +524,8 @@ def roofline_for_run(store: Store, run_id: str) -> RooflineDoc:
     exp, exp_error = _experiment(run)
     if exp is not None:
         store.apply_sim_target(run_id, exp)
-    section = _roofline_section(_experiment_block(store, run_id, run, exp, exp_error), run_summary(store, run_id),
+    section = _roofline_section(_experiment_block(store, run_id, run, exp, exp_error),
+                                summary or run_summary(store, run_id),
                                 spec_decode_cells(store.trial_results(run_id)), simulated)
     return _roofline(section, simulated)
 

@@ -1,31 +1,64 @@
-"""The reports `truthput run` writes at the end of every run: HTML and markdown side by side.
+"""Where a run's report document is written: the one place files are written from it, for `truthput
+run` (HTML and markdown side by side in its reports folder) and `truthput report` (each file the
+user names).
 
-Why build the document once: both files render the same dict, so they cannot disagree.
+Why build the document once: every file renders the same document, so they cannot disagree.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from truthput.store.db import Store
+from truthput.report.document import ReportDocument
+
+
+@dataclass(frozen=True)
+class ReportTargets:
+    """The files to write; None: not that one."""
+
+    html: Path | None = None
+    md: Path | None = None
+    json: Path | None = None
+    csv_dir: Path | None = None
+
+    @classmethod
+    def run_folder(cls, folder: str | Path, run_id: str) -> ReportTargets:
+        """What `truthput run` writes: <folder>/<run id>.html and .md."""
+        stem = Path(folder) / report_stem(run_id)
+        return cls(html=stem.with_name(stem.name + ".html"), md=stem.with_name(stem.name + ".md"))
+
+    def any(self) -> bool:
+        return any((self.html, self.md, self.json, self.csv_dir))
 
 
 def report_stem(run_id: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in run_id)
 
 
-def write_reports(store: Store, run_id: str, folder: str | Path) -> list[Path]:
-    """<folder>/<run id>.html and .md; returns their paths."""
-    from truthput.report.data import build_report_data
-    from truthput.report.html import render_html
-    from truthput.report.markdown import render_markdown
+def _write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
 
-    run_id = store.resolve_run(run_id)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    doc = build_report_data(store, run_id)
-    html_path = folder / f"{report_stem(run_id)}.html"
-    md_path = folder / f"{report_stem(run_id)}.md"
-    html_path.write_text(render_html(doc), encoding="utf-8")
-    md_path.write_text(render_markdown(doc), encoding="utf-8")
-    return [html_path, md_path]
+
+def write_reports(doc: ReportDocument, targets: ReportTargets) -> list[Path]:
+    """Render `doc` to each target; the paths written, in the order html, md, json, csv."""
+    written: list[Path] = []
+    if targets.html is not None:
+        from truthput.report.html import render_html
+
+        written.append(_write_text(targets.html, render_html(doc)))
+    if targets.md is not None:
+        from truthput.report.markdown import render_markdown
+
+        written.append(_write_text(targets.md, render_markdown(doc)))
+    if targets.json is not None:
+        from truthput.report.export import write_json
+
+        written.append(write_json(doc, targets.json))
+    if targets.csv_dir is not None:
+        from truthput.report.export import write_csv
+
+        written += write_csv(doc, targets.csv_dir)
+    return written

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from truthput.pipeline.load import LoadOptions, LoadRun
+from truthput.run.load import LoadOptions, LoadRun
 
 
 def _f(v: Any, fmt: str = "{:.1f}") -> str:

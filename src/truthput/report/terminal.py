@@ -4,10 +4,21 @@ verdict, failures, and warnings. Every column names its source; a simulated run 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from truthput.experiment.levels import level_cell, level_header, level_label
 from truthput.store.db import Store
+
+if TYPE_CHECKING:
+    from truthput.analyze.summary import RunSummary
+
+
+class HasCode(Protocol):
+    """A validity flag as the views mark it (a figure's `Flag`, a cell's `CellFlag`)."""
+
+    @property
+    def code(self) -> str: ...
 
 
 def _f(x: float | None, fmt: str = "{:.1f}") -> str:
@@ -41,26 +52,28 @@ def delta_text(comparison: Any) -> str:
     return f"{e.pct:+.1f}%" + interval_text(e.pct_lo, e.pct_hi, "{:+.1f}")
 
 
-def flag_mark(flags: list[Any]) -> str:
+def flag_mark(flags: Sequence[HasCode]) -> str:
     """' !code,code' after a flagged figure (the reasons are printed below the table)."""
     return (" !" + ",".join(dict.fromkeys(f.code for f in flags))) if flags else ""
 
 
-def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = False) -> None:
+def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = False,
+              summary: RunSummary | None = None) -> None:
     """The run's table, then the verdict: each level's decision first, then each comparison; how the
-    data looked (noise, pooling, drift) only with `verbose`."""
+    data looked (noise, pooling, drift) only with `verbose`. `summary`: the run's, where the caller
+    has it (else recomputed from the stored trials)."""
     from rich.table import Table
     from rich.text import Text
 
     from truthput.analyze.cells import source_label
-    from truthput.report.runsummary import run_summary
+    from truthput.store.summary import run_summary
 
     con = console or make_console()
     run_id = store.resolve_run(run_id)
     run = store.run(run_id)
     sim = bool(run.simulated)
     tag = ", simulated" if sim else ""
-    summary = run_summary(store, run_id)
+    summary = summary or run_summary(store, run_id)
     if sim:
         con.print("[bold yellow]SIMULATED[/bold yellow]: every figure below comes from the embedded simulator "
                   "(a physics model), not from a measurement of real hardware.")
@@ -151,7 +164,7 @@ def _print_load_run(store: Store, run_id: str, status: str, tag: str, con: Any) 
         tps = Text(_f(h.number()))
         if h.number() is not None and h.source != "server_counter":
             tps.append(f" [{source_label(h.source)}]", style="yellow")
-        tps.append(flag_mark([f"{f.code}: {f.reason}" for f in h.flags]), style="bold red")
+        tps.append(flag_mark(h.flags), style="bold red")
         cells: list[Any] = [level_cell(tr.level), tps]
         for metric in ("ttft", "tpot", "itl", "e2e"):
             d = res.latency.metric(metric)

@@ -4,9 +4,12 @@ a winner can be installed without retyping a flag."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from truthput.store.db import Store
+
+if TYPE_CHECKING:
+    from truthput.analyze.summary import RunSummary
 
 
 def export_variant_unit(
@@ -92,52 +95,36 @@ def export_variant_unit(
 
 
 def verdict_on_variant(db: Store, run_id: str, variant: str | None) -> tuple[str, list[str]]:
-    """(the variant to write, what the verdict said of it): the winner when none is named (one
-    winner at every level that has one, else an error listing them), and a warning for a variant
-    never measured or decided slower than the baseline at some level."""
+    """(the variant to write, what the verdict said against it): `RunSummary.said_of`."""
     from truthput.errors import InputError
-    from truthput.experiment.levels import level_label
-    from truthput.report.runsummary import run_summary
+    from truthput.store.summary import run_summary
 
-    summary = run_summary(db, run_id)
-    winners: dict[str, list[str]] = {}
-    for cv in summary.verdict.per_concurrency:
-        if cv.winner:
-            winners.setdefault(cv.winner, []).append(level_label(cv.level))
-    if variant is None:
-        if len(winners) != 1:
-            said = "; ".join(f"{w} at {', '.join(lv)}" for w, lv in winners.items()) or "no winner at any level"
-            raise InputError(f"run {run_id}: the verdict names {said}; choose one with --variant NAME")
-        variant = next(iter(winners))
-    warnings: list[str] = []
-    measured = {c.variant for c in summary.cells if c.per_start}
-    if variant not in measured:
-        why = summary.failed.get(variant, "no trial of it succeeded")
-        warnings.append(f"{variant} was never measured in run {run_id} ({why}): this unit is untested")
-    for cv in summary.verdict.per_concurrency:
-        for c in cv.comparisons:
-            if c.variant == variant and c.metric == "tok/s" and c.outcome == "slower":
-                warnings.append(f"the verdict decided {variant} {abs(c.estimate.pct):.0f}% slower than {cv.baseline} at "
-                                f"{level_label(cv.level)}")
-    return variant, warnings
+    try:
+        variant, warnings = run_summary(db, run_id).said_of(variant)
+    except ValueError as exc:
+        raise InputError(f"run {run_id}: {exc}; choose one with --variant NAME") from None
+    return variant, [w.replace(" was never measured (", f" was never measured in run {run_id} (", 1) for w in warnings]
 
 
-def write_winner_units(db: Store, store_path: Path, run_id: str, folder: Path) -> list[Path]:
-    """The variant the verdict names the winner, as a systemd unit (when the baseline came from one)."""
-    from truthput.report.runsummary import run_summary
+def write_winner_units(db: Store, store_path: Path, run_id: str, folder: Path,
+                       summary: RunSummary | None = None) -> list[Path]:
+    """Each variant the verdict names the winner, as a systemd unit, when the baseline came from one."""
+    from truthput.experiment.file import parse_experiment
+    from truthput.errors import TruthputError
+    from truthput.store.summary import run_summary
 
     run = db.run(run_id)
-    winners: dict[str, list[str]] = {}
-    for cv in run_summary(db, run_id).verdict.per_concurrency:
-        if cv.winner:
-            winners.setdefault(cv.winner, []).append(cv.label)
-    if not winners or "systemd_unit" not in (run.experiment_toml or ""):
+    try:
+        from_unit = parse_experiment(run.experiment_toml or "", "stored experiment").server.systemd_unit is not None
+    except TruthputError:
+        from_unit = False
+    winners = (summary or run_summary(db, run_id)).verdict.winners()
+    if not winners or not from_unit:
         return []
     out = []
     folder.mkdir(parents=True, exist_ok=True)
-    for name, levels in winners.items():
-        text, _warnings = export_variant_unit(store_path, run_id, name,
-                                              description=None)
+    for name in winners:
+        text, _warnings = export_variant_unit(store_path, run_id, name, description=None)
         path = folder / f"{run_id}-{name}.service"
         path.write_text(text)
         out.append(path)

@@ -279,9 +279,9 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Store, store
     """Screen, then measure rounds of candidates until a stop rule holds; see the module docstring."""
     import optuna
 
-    from truthput.report.runsummary import run_summary
+    from truthput.store.summary import run_summary
     from truthput.report.tune import figure_text
-    from truthput.runner import run_experiment
+    from truthput.run.loop import execute
 
     tune_cfg = exp.tune
     if tune_cfg is None:
@@ -360,10 +360,12 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Store, store
                 + "; ".join(f"{space.label(c.config)} (simulator {figure_text(c.simulated)}, corrected "
                             f"{figure_text(c.predicted)} {objective_figure(tune_cfg)})" for c in picked))
             run_id, done_id = None, None
+        summary = None
         if done_id is None:
-            done_id = await run_experiment(round_exp, round_text, path, store, engine=engine, resume=run_id,
-                                           progress=progress, executor=executor)
-        summary = run_summary(store, done_id)
+            ran = await execute(round_exp, round_text, path, store, engine=engine, resume=run_id,
+                                progress=progress, executor=executor)
+            done_id, summary = ran.run_id, ran.summary
+        summary = summary or run_summary(store, done_id)
         trials = store.trial_results(done_id)
         secs = _server_seconds(store, done_id)
         starts_used += len(store.starts(done_id))
@@ -420,7 +422,7 @@ def _add_round(search: SimFirst, real_study: Any, space: Space, tune_cfg: TuneSe
 def _check_energy_source(exp: Experiment, engine: str | None, executor: Any) -> None:
     """tok/s per watt needs the GPUs' energy: NVML on a real server here (a Ray node reads its own),
     the power model on the simulator. Refused before anything is screened or started."""
-    from truthput.executors.local import LocalExecutor
+    from truthput.run.executors.local import LocalExecutor
     from truthput.experiment.engines import SIMULATED_KINDS
 
     if exp.tune is None or exp.tune.objective != "tokps_per_watt":
@@ -474,7 +476,7 @@ def _choose(store: Store, rounds: list[RoundResult], search: SimFirst, space: Sp
             baseline_config: dict[str, Any], level: Level, tune_cfg: TuneSection):
     """The configuration decided better than the baseline on the objective's metric by the most,
     with its verdict line."""
-    from truthput.report.runsummary import run_summary
+    from truthput.store.summary import run_summary
 
     best: tuple[float, dict[str, Any], str, str, str] | None = None
     for r in rounds:

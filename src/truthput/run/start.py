@@ -1,5 +1,5 @@
 """One server start, wherever it runs (this machine, or a cluster node): launch and health-check
-the server, then per load level a warm-up and the timed trials (`truthput.pipeline.trial`), each
+the server, then per load level a warm-up and the timed trials (`truthput.run.trial`), each
 committed before the next; a failed start or a crash under load is a recorded outcome.
 
 Why apart from the runner: an executor runs starts, the runner decides which starts to run; a
@@ -20,45 +20,73 @@ from truthput.experiment.engines import SIMULATED_KINDS, metric_family
 from truthput.experiment.file import Experiment
 from truthput.experiment.levels import Level, is_rate
 from truthput.load.client import StreamClient
-from truthput.plan import Plan, VariantPlan
-from truthput.store.db import Store, TrialKey
+from truthput.run.plan import Plan, VariantPlan
+from truthput.run.sink import TrialSink
+from truthput.store.db import TrialKey
 
 CRASHES_TO_FAIL = 2
 """Server crashes under load after which a variant is failed instead of started again."""
 
 
-# ---- the run ---------------------------------------------------------------------------------
+# ---- the run's state, and one start's ------------------------------------------------------
 @dataclass
-class RunContext:
+class RunState:
+    """What a run knows across its starts: the experiment and plan, and what the starts so far
+    decided (failed variants, crashes, the output guard's texts, whether the server is simulated).
+    The driver holds it; a cluster node gets a copy and sends back what changed (`executors.node`)."""
+
     exp: Experiment
-    store: Store
-    run_id: str
     plan: Plan
+    run_id: str
     emit: Callable[[Event], None]
-    log_buffer: list[tuple[float, str, str]] = field(default_factory=list)
-    log_seq: int = 0
-    start_id: int | None = None
     guard_texts: dict[str, list[str]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     crashes: dict[str, int] = field(default_factory=dict)
     """Starts per variant whose server crashed under load."""
     simulated: bool = False
+
+
+@dataclass
+class StartContext:
+    """One server start: where its writes go, where it runs, and what it has logged and spawned so
+    far. Made new for every start, so nothing of one start leaks into the next."""
+
+    run: RunState
+    sink: TrialSink
     placement: dict[str, Any] | None = None
     """Where this start's server runs, when an executor placed it on a cluster node."""
+    start_id: int | None = None
+    log_buffer: list[tuple[float, str, str]] = field(default_factory=list)
+    log_seq: int = 0
     descendants: dict[str, str] = field(default_factory=dict)
-    """The running start's server processes recorded so far (pid -> identity)."""
+    """The server's processes recorded so far (pid -> identity)."""
+
+    @property
+    def exp(self) -> Experiment:
+        return self.run.exp
+
+    @property
+    def plan(self) -> Plan:
+        return self.run.plan
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    def emit(self, event: Event) -> None:
+        self.run.emit(event)
 
 
-def _log_sink(ctx: RunContext) -> LogSink:
+def _log_sink(ctx: StartContext) -> LogSink:
     def sink(t_mono: float, stream: str, line: str) -> None:
         ctx.log_buffer.append((t_mono, stream, line))
     return sink
 
 
-def _flush_logs(ctx: RunContext) -> None:
+def _flush_logs(ctx: StartContext) -> None:
     if ctx.start_id is not None and ctx.log_buffer:
         lines, ctx.log_buffer = ctx.log_buffer, []
-        ctx.log_seq = ctx.store.add_logs(ctx.start_id, ctx.log_seq, lines)
+        ctx.log_seq = ctx.sink.add_logs(ctx.start_id, ctx.log_seq, lines)
 
 
 def _workload(exp: Experiment, seed: int, tokenizer: Any = None) -> Any:
@@ -88,7 +116,7 @@ def _level_seed(level: Level, index: int) -> int:
     return index + 1_000 if is_rate(level) else int(level)
 
 
-def _loop(ctx: RunContext, client: StreamClient, level: Level, workload: Any, *, duration_s: float | None,
+def _loop(ctx: StartContext, client: StreamClient, level: Level, workload: Any, *, duration_s: float | None,
           max_requests: int | None, seed: int, lead_s: float = 0.0, drain: bool = True) -> Any:
     """The load of one level: a closed loop of N streams, or an open loop at a rate."""
     from truthput.load.schedule import ClosedLoop, OpenLoop
@@ -101,11 +129,11 @@ def _loop(ctx: RunContext, client: StreamClient, level: Level, workload: Any, *,
                       lead_s=lead_s, drain=drain)
 
 
-async def _run_trial(ctx: RunContext, engine: Engine, client: StreamClient, vp: VariantPlan, start_index: int,
+async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp: VariantPlan, start_index: int,
                      level: Level, trial_index: int, tokenizer: Any, lead_s: float = 0.0) -> Any:
     from truthput.measure.model import LoadLevel
     from truthput.measure.names import metric_names
-    from truthput.pipeline.trial import TrialSetup, commit, run_trial
+    from truthput.run.trial import TrialSetup, commit, run_trial
 
     exp = ctx.exp
     wl = exp.workload
@@ -124,7 +152,7 @@ async def _run_trial(ctx: RunContext, engine: Engine, client: StreamClient, vp: 
     setup = TrialSetup(
         base_url=engine.base_url, names=metric_names(metric_family(ctx.plan.engine), exp.server.metric_names or None),
         engine=metric_family(ctx.plan.engine), speculative=vp.speculative, tokenizer=tokenizer,
-        simulated=ctx.simulated, sample_gpu=not ctx.simulated, error_threshold=exp.measure.request_error_threshold,
+        simulated=ctx.run.simulated, sample_gpu=not ctx.run.simulated, error_threshold=exp.measure.request_error_threshold,
         log_lines=logs, crashed=engine.crashed, server_pgids={engine.pid} if engine.pid else set(),
         open_loop=is_rate(level))
     trial = await run_trial(setup, lambda ws, we: loop.run(on_window_start=ws, on_window_end=we), in_flight)
@@ -140,11 +168,11 @@ async def _run_trial(ctx: RunContext, engine: Engine, client: StreamClient, vp: 
             trial.load.records, SLO(ttft_ms=exp.slo.ttft_ms, itl_ms=exp.slo.itl_ms),
             (start, end) if start is not None and end is not None else None))
     _flush_logs(ctx)
-    commit(ctx.store, ctx.run_id, vp.name, ctx.start_id, TrialKey(vp.name, start_index, level, trial_index), trial)
+    commit(ctx.sink, ctx.run_id, vp.name, ctx.start_id, TrialKey(vp.name, start_index, level, trial_index), trial)
     return trial
 
 
-async def _warmup(ctx: RunContext, client: StreamClient, level: Level, tokenizer: Any) -> None:
+async def _warmup(ctx: StartContext, client: StreamClient, level: Level, tokenizer: Any) -> None:
     wl = ctx.exp.workload
     if wl.warmup_s <= 0:
         return
@@ -168,7 +196,7 @@ async def _engine_version(kind: str, launched: list[str]) -> str | None:
     return None
 
 
-def _record_spawns(store: Store, start_id: int) -> Callable[[int], None]:
+def _record_spawns(store: TrialSink, start_id: int) -> Callable[[int], None]:
     """Records a server's pid and identity as soon as it is spawned: a later resume or run can stop
     exactly that process, never a stranger reusing the pid."""
     def record(pid: int) -> None:
@@ -179,7 +207,7 @@ def _record_spawns(store: Store, start_id: int) -> Callable[[int], None]:
     return record
 
 
-def _record_descendants(ctx: RunContext, engine: Engine) -> None:
+def _record_descendants(ctx: StartContext, engine: Engine) -> None:
     """The server's whole process tree (children in their own session included) with identities, as
     of now: a later truthput can stop them all if this one is killed -9 (they get no parent-death
     signal of ours)."""
@@ -190,24 +218,21 @@ def _record_descendants(ctx: RunContext, engine: Engine) -> None:
     found = server_descendants(engine.pid)
     if not set(found) <= set(ctx.descendants):  # written only when the tree grew
         ctx.descendants.update(found)
-        ctx.store.merge_start_info(ctx.start_id, {"descendants": dict(ctx.descendants)})
+        ctx.sink.merge_start_info(ctx.start_id, {"descendants": dict(ctx.descendants)})
 
 
-async def run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: set[TrialKey], tokenizer: Any) -> None:
+async def run_start(ctx: StartContext, vp: VariantPlan, start_index: int, done: set[TrialKey], tokenizer: Any) -> None:
     """One server start of a variant: launch, health-check, its unfinished trials, the output guard,
     and the server stopped whatever happens."""
-    exp, store = ctx.exp, ctx.store
+    exp, store = ctx.exp, ctx.sink
     todo = [(c, t) for c in ctx.plan.levels for t in range(ctx.plan.repeats)
             if TrialKey(vp.name, start_index, c, t) not in done]
-    need_guard = exp.measure.output_guard and vp.name not in ctx.guard_texts
+    need_guard = exp.measure.output_guard and vp.name not in ctx.run.guard_texts
     if not todo and not need_guard:
         return
     seed = exp.experiment.seed * 7919 + start_index * 131 + vp.position
     engine, launched = make_engine(exp, ctx.plan.engine, vp.argv, vp.env, seed, log_sink=_log_sink(ctx),
                                    run_id=ctx.run_id, variant=vp.name, start_index=start_index)
-    ctx.log_buffer = []
-    ctx.descendants = {}
-    ctx.log_seq = 0
     ctx.start_id = start_id = store.begin_start(ctx.run_id, vp.name, start_index, launched, engine.port)
     if ctx.placement:
         store.merge_start_info(start_id, {"placement": ctx.placement})
@@ -227,15 +252,15 @@ async def run_start(ctx: RunContext, vp: VariantPlan, start_index: int, done: se
             if released is False:
                 ctx.emit(Note(f"{vp.name}: GPU memory of pid {engine.pid} not released after 60 s", "warning"))
         _flush_logs(ctx)
-        row_status = "failed" if start_failed or vp.name in ctx.failed else "stopped"
+        row_status = "failed" if start_failed or vp.name in ctx.run.failed else "stopped"
         store.update_start(start_id, stopped_at=time.time(), status=row_status)
 
 
-async def _launch(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index: int, launched: list[str]) -> bool:
+async def _launch(ctx: StartContext, engine: Engine, vp: VariantPlan, start_index: int, launched: list[str]) -> bool:
     """Start the server and record how it went; False when it failed (a recorded outcome)."""
-    from truthput.pipeline.trial import serves_simulator
+    from truthput.run.trial import serves_simulator
 
-    exp, store, start_id = ctx.exp, ctx.store, ctx.start_id
+    exp, store, start_id = ctx.exp, ctx.sink, ctx.start_id
     assert start_id is not None
     outcome = await engine.start()
     _flush_logs(ctx)
@@ -244,13 +269,13 @@ async def _launch(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index:
                            failure_reason=outcome.reason, failure_line=outcome.root_cause_line,
                            log_excerpt=outcome.excerpt or "\n".join(engine.recent_log(30)), pid=outcome.pid,
                            stopped_at=time.time())
-        ctx.failed[vp.name] = f"{outcome.failure_kind}: {outcome.reason}"
+        ctx.run.failed[vp.name] = f"{outcome.failure_kind}: {outcome.reason}"
         ctx.emit(StartFailed(vp.name, start_index, outcome.failure_kind or "unknown", outcome.reason or "no reason given"))
         store.event(ctx.run_id, "start_failed", f"{vp.name} start {start_index}: {outcome.failure_kind}: {outcome.reason}")
         return False
-    if not ctx.simulated and await serves_simulator(engine.base_url):
+    if not ctx.run.simulated and await serves_simulator(engine.base_url):
         # a simulator behind `command`/`external`/`systemd` is still a simulator (principle 1)
-        ctx.simulated = True
+        ctx.run.simulated = True
         store.mark_simulated(ctx.run_id)
         ctx.emit(Note("the server reports itself as the truthput SIMULATOR: figures are simulated", "warning"))
     info = dict(outcome.info or {})
@@ -266,7 +291,7 @@ async def _launch(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index:
     return True
 
 
-async def _trials(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index: int,
+async def _trials(ctx: StartContext, engine: Engine, vp: VariantPlan, start_index: int,
                   todo: list[tuple[Level, int]], tokenizer: Any, need_guard: bool) -> bool:
     """Every unfinished trial of this start, level by level; True when the server crashed under load
     (the start ends there, its finished trials kept)."""
@@ -301,25 +326,25 @@ async def _trials(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index:
                     return True
         if need_guard:
             m = exp.measure
-            ctx.guard_texts[vp.name] = await guard_texts(client, wl.endpoint, m.guard_max_tokens, m.guard_prompts)
+            ctx.run.guard_texts[vp.name] = await guard_texts(client, wl.endpoint, m.guard_max_tokens, m.guard_prompts)
     return False
 
 
-def _crashed(ctx: RunContext, engine: Engine, vp: VariantPlan, start_index: int, error: str | None) -> None:
+def _crashed(ctx: StartContext, engine: Engine, vp: VariantPlan, start_index: int, error: str | None) -> None:
     """A crash under load ends this start; a variant whose server crashes in CRASHES_TO_FAIL starts
     is failed, not started again."""
     assert ctx.start_id is not None
-    crashes = ctx.crashes.get(vp.name, 0) + 1
-    ctx.crashes[vp.name] = crashes
-    ctx.store.update_start(ctx.start_id, status="failed", failure_class="crash_under_load", failure_reason=error,
+    crashes = ctx.run.crashes.get(vp.name, 0) + 1
+    ctx.run.crashes[vp.name] = crashes
+    ctx.sink.update_start(ctx.start_id, status="failed", failure_class="crash_under_load", failure_reason=error,
                            log_excerpt="\n".join(engine.recent_log(30)))
     if crashes >= CRASHES_TO_FAIL:
-        ctx.failed[vp.name] = f"crash_under_load in {crashes} starts: {error or 'crashed'}"
+        ctx.run.failed[vp.name] = f"crash_under_load in {crashes} starts: {error or 'crashed'}"
     ctx.emit(Note(f"{vp.name} start {start_index + 1}: the server crashed under load ({error}); "
                   "this start ends here", "warning"))
 
 
-def skipped(ctx: RunContext, name: str, start_index: int) -> bool:
+def skipped(ctx: RunState, name: str, start_index: int) -> bool:
     """A start of a failed variant is not made; the run says so (every executor asks here)."""
     if name not in ctx.failed:
         return False

@@ -1,5 +1,5 @@
 """A server start handed to a cluster node, and what it brings back: the node runs the same
-`truthput.start.run_start` with a store that records its writes and sends them, with its events,
+`truthput.run.start.run_start` with a store that records its writes and sends them, with its events,
 to the driver, which commits them to the one results store and folds the outcome into its run state.
 """
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from truthput.experiment.file import Experiment
-from truthput.plan import Plan
-from truthput.start import CRASHES_TO_FAIL, RunContext, experiment_tokenizer, run_start
+from truthput.run.plan import Plan
+from truthput.run.start import CRASHES_TO_FAIL, RunState, StartContext, experiment_tokenizer, run_start
 from truthput.store.db import TrialKey
 
 
@@ -45,25 +45,25 @@ async def run_start_on_node(job: StartJob, send: Callable[[tuple[str, Any]], Non
     """One server start where the store is not (a cluster node): the same `run_start`, its store
     writes recorded and sent to the driver (`("op", StoreOp)`), its events too (`("event", ev)`)."""
     from truthput.engines.cpus import pin_client, unpin_client
-    from truthput.executors.recording import RecordingStore
+    from truthput.run.executors.recording import RecordingStore
 
-    ctx = RunContext(exp=job.exp, store=RecordingStore(lambda op: send(("op", op))), run_id=job.run_id,  # type: ignore[arg-type]
-                     plan=job.plan, emit=lambda ev: send(("event", ev)), guard_texts=dict(job.guard_texts),
-                     failed=dict(job.failed), crashes=dict(job.crashes), simulated=job.simulated,
-                     placement=job.placement)
+    run = RunState(exp=job.exp, plan=job.plan, run_id=job.run_id, emit=lambda ev: send(("event", ev)),
+                   guard_texts=dict(job.guard_texts), failed=dict(job.failed), crashes=dict(job.crashes),
+                   simulated=job.simulated)
+    ctx = StartContext(run, RecordingStore(lambda op: send(("op", op))), placement=job.placement)
     pinned = pin_client(job.exp.workload.client_cpus)
     try:
         await run_start(ctx, job.plan.variant(job.variant), job.start_index, job.done, experiment_tokenizer(job.exp))
     finally:
         if pinned:
             unpin_client()
-    return NodeOutcome(failed={k: v for k, v in ctx.failed.items() if k not in job.failed},
-                        crash_added=ctx.crashes.get(job.variant, 0) > job.crashes.get(job.variant, 0),
-                        guard_texts={k: v for k, v in ctx.guard_texts.items() if k not in job.guard_texts},
-                        simulated=ctx.simulated)
+    return NodeOutcome(failed={k: v for k, v in run.failed.items() if k not in job.failed},
+                       crash_added=run.crashes.get(job.variant, 0) > job.crashes.get(job.variant, 0),
+                       guard_texts={k: v for k, v in run.guard_texts.items() if k not in job.guard_texts},
+                       simulated=run.simulated)
 
 
-def apply_outcome(ctx: RunContext, variant: str, out: NodeOutcome) -> None:
+def apply_outcome(ctx: RunState, variant: str, out: NodeOutcome) -> None:
     """Fold a node's start outcome into the driver's run state."""
     if out.crash_added:
         ctx.crashes[variant] = ctx.crashes.get(variant, 0) + 1

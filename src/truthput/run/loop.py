@@ -1,8 +1,8 @@
 """The experiment loop: plan -> server starts -> trials -> store, reporting typed events.
 
 Per server start (the unit of replication) and per load level: a warm-up, then `repeats` timed
-trials (`truthput.start`), each committed before the next starts. Which starts run, and where, is
-the executor's (`truthput.executors`); after the planned rounds the stopping rule adds rounds
+trials (`truthput.run.start`), each committed before the next starts. Which starts run, and where, is
+the executor's (`truthput.run.executors`); after the planned rounds the stopping rule adds rounds
 until the verdict is decided. A server that fails to start or dies under load is a recorded
 result and the run goes on. Ctrl-C stops every server this run started, keeps what was committed,
 and marks the run interrupted (resumable).
@@ -13,15 +13,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
+from truthput.analyze.summary import RunSummary
 from truthput.events import Event, EventSink, Note, RoundAdded, RunStarted, emitter
-from truthput.executors.base import Executor
+from truthput.run.executors.base import Executor
 from truthput.experiment.engines import SIMULATED_KINDS
 from truthput.experiment.file import Experiment
-from truthput.plan import build_plan
-from truthput.start import RunContext, experiment_tokenizer
+from truthput.run.plan import build_plan
+from truthput.run.start import RunState, experiment_tokenizer
 from truthput.store.db import Store
+from truthput.store.summary import run_summary
 
 def _stop_leftovers(store: Store, run_id: str, emit: Callable[[Event], None]) -> None:
     """Starts a dead truthput left `starting` or `ready`: stop their servers if they still run (only
@@ -71,22 +74,33 @@ def _stop_abandoned_runs(store: Store, emit: Callable[[Event], None]) -> None:
             held.close()
 
 
-def summarize(store: Store, run_id: str, guard_texts: dict[str, list[str]] | None = None) -> dict:
-    """The run's summary as stored in `runs.summary_json` (`truthput.analyze.summary` decides it)."""
-    from truthput.report.runsummary import run_summary
+@dataclass
+class Ran:
+    """How a run ended: its id, its stored status, and its summary, computed once as it ended (None
+    when even that failed: the run's status is kept, and the views recompute it from the trials)."""
 
-    return run_summary(store, run_id, guard_texts).to_dict()
+    run_id: str
+    status: str
+    summary: RunSummary | None
 
 
 async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, store: Store, engine: str | None = None,
                          resume: str | None = None, progress: Callable[[str], None] | EventSink | None = None,
                          sim_target: dict[str, Any] | None = None, executor: Executor | None = None) -> str:
+    """Run (or resume) the experiment; its run id (`execute` says how it ended)."""
+    return (await execute(exp, exp_text, exp_path, store, engine, resume, progress, sim_target, executor)).run_id
+
+
+async def execute(exp: Experiment, exp_text: str, exp_path: str | None, store: Store, engine: str | None = None,
+                  resume: str | None = None, progress: Callable[[str], None] | EventSink | None = None,
+                  sim_target: dict[str, Any] | None = None, executor: Executor | None = None) -> Ran:
     """Run (or resume) the experiment; `progress` receives the run's events (`truthput.events`):
     through its `handle(event)` when it has one, else as plain text lines. `executor` places the
-    server starts (default: this machine)."""
+    server starts (default: this machine). The summary is computed once per look of the stopping
+    rule and once at the end (the last look's, when it was the last thing the run did)."""
     from truthput.engines.cpus import cpu_string, pin_client, unpin_client
     from truthput.engines.versions import machine_metadata
-    from truthput.executors.local import LocalExecutor
+    from truthput.run.executors.local import LocalExecutor
 
     executor = executor or LocalExecutor()
     if progress is None:
@@ -103,7 +117,7 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
     plan = build_plan(exp, engine)
     placed = executor.prepare(exp, plan)
     # on a cluster each node's actor pins its own load generator
-    pinned = pin_client(exp.workload.client_cpus) if executor.name == "local" else None
+    pinned = pin_client(exp.workload.client_cpus) if not executor.remote else None
     if resume:
         _stop_leftovers(store, run_id, emit)
     else:
@@ -118,8 +132,8 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
     for vp in plan.variants:
         store.put_variant(run_id, vp.name, vp.position, vp.is_baseline, vp.argv.to_argv(),
                           {"diff": vp.diff, "lines": vp.diff_text, "speculative": vp.speculative}, vp.env)
-    ctx = RunContext(exp=exp, store=store, run_id=run_id, plan=plan, emit=emit,
-                     simulated=plan.engine in SIMULATED_KINDS or bool(store.run(run_id).simulated))
+    ctx = RunState(exp=exp, plan=plan, run_id=run_id, emit=emit,
+                   simulated=plan.engine in SIMULATED_KINDS or bool(store.run(run_id).simulated))
     if resume:
         ctx.guard_texts = (store.run(run_id).summary or {}).get("guard_texts") or {}
     if pinned or exp.server.cpus:
@@ -127,7 +141,7 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
                  f"{cpu_string(exp.server.cpus) if exp.server.cpus else 'all of the host'}")
         store.event(run_id, "pinning", where)
         emit(Note(f"CPU pinning: {where}"))
-    if executor.name != "local":
+    if executor.remote:
         store.event(run_id, "executor", executor.describe())
         for line in placed:
             emit(Note(line))
@@ -138,9 +152,10 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
                     total_trials=len(plan.order) * len(plan.levels) * plan.repeats))
     tokenizer = experiment_tokenizer(exp)
     status = "failed"
+    summary: RunSummary | None = None
     try:
-        await executor.run_order(ctx, list(plan.order), done, tokenizer)
-        await _more_starts(ctx, executor, tokenizer)
+        await executor.run_order(ctx, store, list(plan.order), done, tokenizer)
+        summary = await _more_starts(ctx, store, executor, tokenizer)
         # a run that measured nothing (no server came up, every trial failed) is a failed run:
         # kept with its failures, but never what `latest` names
         status = "done" if any(t.status == "ok" for t in store.trial_results(run_id)) else "failed"
@@ -148,36 +163,39 @@ async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, s
         status = "interrupted"
         raise
     finally:
+        stored: dict[str, Any] = {"guard_texts": ctx.guard_texts}
         try:
-            summary = summarize(store, run_id, ctx.guard_texts)
+            if summary is None:
+                summary = run_summary(store, run_id, ctx.guard_texts)
+            stored = summary.to_dict()
         except Exception as exc:  # a summary failure must not lose the run's status
             store.event(run_id, "summary_error", repr(exc))
-            summary = {"guard_texts": ctx.guard_texts}
+            summary = None
         try:
-            store.set_run_status(run_id, status, summary)
+            store.set_run_status(run_id, status, stored)
         finally:
             run_lock.close()
             if pinned:
                 unpin_client()
-    return run_id
+    return Ran(run_id, status, summary)
 
 
-async def _more_starts(ctx: RunContext, executor: Executor, tokenizer: Any) -> None:
+async def _more_starts(ctx: RunState, store: Store, executor: Executor, tokenizer: Any) -> RunSummary | None:
     """The stopping rule: add interleaved rounds of starts until every comparison is decided (or
-    precise enough, with a target), or max_starts per variant (`truthput.analyze.summary`)."""
+    precise enough, with a target), or max_starts per variant (`truthput.analyze.summary`). The
+    summary of the last look (the run's, since nothing ran after it); None without a rule."""
     from truthput.analyze.design import block_order
     from truthput.analyze.values import stopping_rule
-    from truthput.report.runsummary import run_summary
 
     m = ctx.exp.measure
     rule = stopping_rule(m)
     if rule is None:
-        return
+        return None
     t_start = time.monotonic()
     n = m.starts
     total = len(ctx.plan.order) * len(ctx.plan.levels) * ctx.plan.repeats
     while True:
-        summary = run_summary(ctx.store, ctx.run_id, ctx.guard_texts)
+        summary = run_summary(store, ctx.run_id, ctx.guard_texts)
         comps = summary.verdict.comparisons()
         reason = rule.reason(n, [c.decided for c in comps], [c.estimate.rel_halfwidth for c in comps],
                              elapsed_s=time.monotonic() - t_start, budget_s=m.time_budget_s,
@@ -187,13 +205,13 @@ async def _more_starts(ctx: RunContext, executor: Executor, tokenizer: Any) -> N
             reason = "nothing left to compare"
         if reason != "continue":
             detail = f"{sum(1 for c in comps if c.decided)} of {len(comps)} comparisons decided"
-            ctx.store.event(ctx.run_id, "stopping_rule", f"stopped after {n} starts per variant: {reason}; {detail}")
+            store.event(ctx.run_id, "stopping_rule", f"stopped after {n} starts per variant: {reason}; {detail}")
             ctx.emit(Note(f"stopping rule: {n} starts per variant: {reason} ({detail})"))
-            return
+            return summary
         undecided = sum(1 for c in comps if not c.decided)
         total += len(alive) * len(ctx.plan.levels) * ctx.plan.repeats
         ctx.emit(RoundAdded(f"stopping rule: {undecided} of {len(comps)} comparisons not decided after {n} starts "
                             f"per variant; adding start round {n + 1} (at most {rule.max_starts})", total))
         order = [(name, n) for name in block_order(alive, n)]
-        await executor.run_order(ctx, order, ctx.store.done_trials(ctx.run_id), tokenizer)
+        await executor.run_order(ctx, store, order, store.done_trials(ctx.run_id), tokenizer)
         n += 1

@@ -24,7 +24,8 @@ from truthput.load.schedule import LoadResult
 from truthput.measure.model import ClientCheck, Figure, SelfCheckFigures, TrialResults
 from truthput.measure.names import EngineMetricNames
 from truthput.measure.prom import Scrape
-from truthput.store.db import Store, TrialKey
+from truthput.run.sink import TrialSink
+from truthput.store.db import TrialKey
 
 SAMPLE_INTERVAL_S = 0.5
 """In-window /metrics sampling period: a few samples in a short window, and a modest client cost
@@ -263,7 +264,7 @@ FAILED_ROWS_STORED = 200
 tokens (`integrity.failed_partial_tokens`), so it can still be checked from the store."""
 
 
-def commit(store: Store, run_id: str, variant: str, start_id: int | None, key: TrialKey, run: TrialRun) -> int:
+def commit(store: TrialSink, run_id: str, variant: str, start_id: int | None, key: TrialKey, run: TrialRun) -> int:
     """Write the trial and everything it saw in one transaction."""
     records = run.load.records
     failed = [r for r in records if r.status != "ok"]

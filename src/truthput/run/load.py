@@ -1,7 +1,7 @@
 """`truthput load`: load against a running endpoint, measured and stored exactly like `truthput run`.
 
 `truthput run` owns server lifecycles; this drives a server someone else runs (like `vllm bench
-serve`) through the same trial pipeline (`truthput.pipeline.trial`: scrapes, in-window samples,
+serve`) through the same trial pipeline (`truthput.run.trial`: scrapes, in-window samples,
 settle, measure, failure rule, commit before the next trial). Each load level (a concurrency, a
 rate, or a sweep step) is one trial. A simulator behind the URL is detected as `run` detects it,
 and every figure of such a run is labelled simulated.
@@ -26,7 +26,7 @@ from truthput.load.schedule import ClosedLoop, LoadResult, OpenLoop, Sweep
 from truthput.load.workers import TrialLoad, WorkerPool
 from truthput.load.workload import Distribution, Workload, WorkloadSpec
 from truthput.measure.model import Goodput, LoadLevel, TrialResults
-from truthput.pipeline.trial import TrialRun
+from truthput.run.trial import TrialRun
 
 
 @dataclass
@@ -168,7 +168,7 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
     """Every load level as a trial: scrape, load, scrape, measure, store. `pool` when --workers > 1
     (forked before the event loop started)."""
     from truthput.measure.names import metric_names
-    from truthput.pipeline.trial import serves_simulator
+    from truthput.run.trial import serves_simulator
     from truthput.store.db import TrialKey
 
     say = progress or (lambda _m: None)
@@ -257,7 +257,7 @@ level it cannot take still has its answered requests measured (the table shows t
 
 async def _one_trial(opts: LoadOptions, base: str, client: StreamClient, pool: WorkerPool | None,
                      level: float, k: int, names: Any, tokenizer: Any, simulated: bool) -> TrialOutcome:
-    from truthput.pipeline.trial import TrialSetup, run_trial
+    from truthput.run.trial import TrialSetup, run_trial
 
     seed = opts.seed * 1_000_003 + k
     workload = Workload(opts.workload, seed=seed, tokenizer=tokenizer)
@@ -297,7 +297,7 @@ async def _one_trial(opts: LoadOptions, base: str, client: StreamClient, pool: W
 
 def _commit(store: Store, run_id: str, start_id: int | None, opts: LoadOptions, out: TrialOutcome, k: int,
             key_type: Any) -> int:
-    from truthput.pipeline.trial import commit
+    from truthput.run.trial import commit
 
     # the store keys trials by level: a closed loop's streams or an open loop's rate; trial_index k
     # keeps a sweep's repeated levels distinct
@@ -308,7 +308,7 @@ def _commit(store: Store, run_id: str, start_id: int | None, opts: LoadOptions, 
 
 
 def _progress_line(out: TrialOutcome) -> str:
-    from truthput.pipeline.trial import headline_line
+    from truthput.run.trial import headline_line
 
     unit = "req/s" if out.mode == "open" else "streams"
     return f"{out.level:g} {unit}: {headline_line(out.results)}; {len(out.load.records)} requests"

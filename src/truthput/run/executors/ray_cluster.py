@@ -34,10 +34,14 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from truthput.cluster import Node, actor_class, cluster_nodes, connect, lost_errors, nodes_from_ray
 from truthput.errors import InputError
+
+if TYPE_CHECKING:
+    from truthput.run.start import RunState
+    from truthput.store.db import Store, TrialKey
 
 POLL_S = 0.2
 """How often the driver collects a node's writes and events."""
@@ -160,7 +164,7 @@ class StartActorImpl:
     async def _run(self, job: Any) -> None:
         import traceback
 
-        from truthput.executors.node import run_start_on_node
+        from truthput.run.executors.node import run_start_on_node
 
         try:
             # through the attribute each time: poll() swaps the list
@@ -201,7 +205,7 @@ class RayExecutor:
     """Places each server start of a run on a node of one hardware class of a Ray cluster."""
 
     address: str | None = None
-    name: str = "ray"
+    remote: bool = True
     ray: Any = None
     nodes: list[Node] = field(default_factory=list)
     hardware_class: str = ""
@@ -231,8 +235,9 @@ class RayExecutor:
     def _alive(self) -> set[str]:
         return {n.node_id for n in nodes_from_ray(self.ray)}
 
-    async def run_order(self, ctx: Any, order: list[tuple[str, int]], done: set, tokenizer: Any) -> None:
-        from truthput.start import skipped
+    async def run_order(self, ctx: RunState, store: Store, order: list[tuple[str, int]], done: set[TrialKey],
+                        tokenizer: Any) -> None:
+        from truthput.run.start import skipped
 
         queue = deque(_Job(name, i) for name, i in order)
         used = {n.node_id: 0 for n in self.nodes}  # starts placed per node: the least used goes first
@@ -256,7 +261,7 @@ class RayExecutor:
                     queue.popleft()
                     used[node.node_id] += 1
                     busy[node.node_id] += 1
-                    task = asyncio.get_running_loop().create_task(self._run_job(ctx, job, node))
+                    task = asyncio.get_running_loop().create_task(self._run_job(ctx, store, job, node))
                     running[task] = (job, node)
                 if not running:
                     left = ", ".join(f"{j.variant} start {j.start_index + 1}" for j in queue)
@@ -280,23 +285,23 @@ class RayExecutor:
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
 
-    async def _run_job(self, ctx: Any, job: _Job, node: Node) -> str:
+    async def _run_job(self, ctx: RunState, store: Store, job: _Job, node: Node) -> str:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from truthput.events import Note
-        from truthput.executors.recording import StoreApplier
-        from truthput.executors.node import StartJob, apply_outcome
+        from truthput.run.executors.recording import LocalId, StoreApplier
+        from truthput.run.executors.node import StartJob, apply_outcome
 
         ray = self.ray
         gpus = self.wants[job.variant].gpus
         actor = actor_class(ray, StartActorImpl, max_restarts=0, max_task_retries=0).options(
             num_cpus=0, num_gpus=gpus,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)).remote()
-        applier = StoreApplier(ctx.store)
+        applier = StoreApplier(store)
         placement = {"executor": "ray", "node": node.address, "node_id": node.node_id, "hostname": node.hostname,
                      "gpu_type": node.gpu_type, "driver": node.driver, "hardware_class": node.hardware_class,
                      "gpus": gpus, "attempt": job.attempt}
-        done = {k for k in ctx.store.done_trials(ctx.run_id) if k.variant == job.variant}
+        done = {k for k in store.done_trials(ctx.run_id) if k.variant == job.variant}
         payload = StartJob(exp=ctx.exp, plan=ctx.plan, run_id=ctx.run_id, variant=job.variant,
                            start_index=job.start_index, done=done, guard_texts=dict(ctx.guard_texts),
                            failed=dict(ctx.failed), crashes=dict(ctx.crashes), simulated=ctx.simulated,
@@ -321,11 +326,11 @@ class RayExecutor:
                     return "ok"
                 await asyncio.sleep(POLL_S)
         except lost_errors(ray) as exc:
-            sid = next((v for k, v in applier.ids.items() if k.n == 1), None)
+            sid = next((v for k, v in applier.ids.items() if k == LocalId.nth(1)), None)
             why = f"lost: node died ({node.address}: {type(exc).__name__})"
             if sid is not None:
-                ctx.store.update_start(sid, status="lost", stopped_at=time.time(), failure_reason=why)
-            ctx.store.event(ctx.run_id, "start_lost", f"{job.variant} start {job.start_index}: {why}")
+                store.update_start(sid, status="lost", stopped_at=time.time(), failure_reason=why)
+            store.event(ctx.run_id, "start_lost", f"{job.variant} start {job.start_index}: {why}")
             again = "its unfinished trials run again on another node" if job.attempt < self.max_reruns else \
                 f"not run again ({self.max_reruns} reruns spent)"
             ctx.emit(Note(f"{job.variant} start {job.start_index + 1}: {why}; its committed trials are kept, "

@@ -1,0 +1,97 @@
+"""A run from start to files: the library entry point `truthput run` is a thin shell around.
+
+`run_and_report` runs (or resumes) the experiment, writes its reports and winning units, and says
+how it ended: which variants were measured, which failed and why, the exit status the command
+line gives it (0; 1: nothing measured; 3: some variant never measured), and every file written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from truthput.analyze.summary import RunSummary
+from truthput.events import EventSink
+from truthput.experiment.file import Experiment
+from truthput.report.document import ReportDocument
+from truthput.run.executors.base import Executor
+from truthput.store.db import Store
+
+NOTHING_MEASURED = 1
+SOME_NEVER_MEASURED = 3
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    status: str
+    """The run's stored status: done, failed (nothing measured) or interrupted."""
+    summary: RunSummary
+    measured: list[str]
+    failed: dict[str, str]
+    """Variant -> why it has no measurement (a failed start, every request an error)."""
+    never_measured: list[str]
+    files: list[Path] = field(default_factory=list)
+    """The reports and winning units written."""
+    document: ReportDocument | None = None
+
+    @property
+    def exit_status(self) -> int:
+        if not self.measured:
+            return NOTHING_MEASURED
+        return SOME_NEVER_MEASURED if self.never_measured else 0
+
+    def problem(self) -> str | None:
+        """One line for a run that did not measure every variant, else None."""
+        if not self.measured:
+            why = "; ".join(f"{k}: {v}" for k, v in self.failed.items()) or "every trial failed"
+            return f"no variant produced a measurement ({why}); run {self.run_id} is stored as failed"
+        if self.never_measured:
+            # a variant that never measured cannot be compared: the verdict is about the others
+            why = "; ".join(f"{v}: {self.failed.get(v, 'no trial succeeded')}" for v in self.never_measured)
+            return f"{len(self.never_measured)} variant(s) never measured ({why})"
+        return None
+
+
+def outcome_of(store: Store, run_id: str, status: str, summary: RunSummary) -> RunOutcome:
+    """What a finished run measured and what it failed, from its store."""
+    trials = store.trial_results(run_id)
+    measured = {t.variant for t in trials if t.status == "ok"}
+    failed = store.failed_variants(run_id)
+    for t in trials:  # a server that started but answered every request with an error
+        if t.variant not in measured and t.variant not in failed and t.error:
+            failed[t.variant] = t.error if len(t.error) <= 300 else t.error[:297] + "..."
+    names = [v.name for v in store.variants(run_id)]
+    return RunOutcome(run_id, status, summary, [n for n in names if n in measured], failed,
+                      [n for n in names if n not in measured])
+
+
+async def run_and_report(exp: Experiment, exp_text: str, exp_path: str | None, store: Store, store_path: Path, *,
+                         engine: str | None = None, resume: str | None = None,
+                         progress: Callable[[str], None] | EventSink | None = None,
+                         sim_target: dict[str, Any] | None = None, executor: Executor | None = None,
+                         reports: Path | None = None) -> RunOutcome:
+    """Run (or resume) the experiment, then write its HTML and markdown reports and the winning
+    units into `reports` (None: no files). The summary is the one the run computed as it ended."""
+    from truthput.run.loop import execute
+    from truthput.store.summary import run_summary
+
+    ran = await execute(exp, exp_text, exp_path, store, engine=engine, resume=resume, progress=progress,
+                        sim_target=sim_target, executor=executor)
+    out = outcome_of(store, ran.run_id, ran.status, ran.summary or run_summary(store, ran.run_id))
+    if reports is not None and out.measured:  # a run that measured nothing has nothing to report
+        out.document, out.files = write_run_files(store, store_path, ran.run_id, reports, out.summary)
+    return out
+
+
+def write_run_files(store: Store, store_path: Path, run_id: str, folder: Path,
+                    summary: RunSummary) -> tuple[ReportDocument, list[Path]]:
+    """The run's HTML and markdown reports and its winning units in `folder`."""
+    from truthput.report.data import build_report_data
+    from truthput.report.files import ReportTargets, write_reports
+    from truthput.report.units import write_winner_units
+
+    doc = build_report_data(store, run_id, summary)
+    files = write_reports(doc, ReportTargets.run_folder(folder, run_id))
+    return doc, files + write_winner_units(store, store_path, run_id, folder, summary)
