@@ -216,7 +216,7 @@ def e2e_runs(tmp_path: Path, noise: float = E2E_NOISE, seed: int = 5) -> tuple[P
     return db, model, [decode_run, prefill_run]
 
 
-@pytest.mark.slow(50)
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_simulated_runs_calibrate_back_to_their_constants(tmp_path: Path) -> None:
     from typer.testing import CliRunner

@@ -56,7 +56,7 @@ def stored_run(tmp_path_factory) -> Path:
     return db
 
 
-@pytest.mark.slow(17)
+@pytest.mark.slow
 def test_without_hardware_the_refusal_names_what_is_missing(stored_run):
     proc = subprocess.run([*TRUTHPUT, "sim", "calibrate", "latest", "--store", str(stored_run)],
                           capture_output=True, text=True, timeout=120)

@@ -252,7 +252,7 @@ def test_load_exits_non_zero_when_every_request_failed(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 30
 
 
-@pytest.mark.slow(18)
+@pytest.mark.slow
 def test_a_hostile_server_cannot_grow_the_client_or_the_store(tmp_path):
     """A server (the stub, a FAKE) whose second chunk is one 8 MB event and whose /metrics carries a
     20 MB line: every request fails with the cap named, the client's peak memory stays far below

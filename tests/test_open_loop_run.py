@@ -46,7 +46,7 @@ def open_run(tmp_path_factory):
     return db, run_id
 
 
-@pytest.mark.slow(75)
+@pytest.mark.slow
 def test_each_rate_is_its_own_level_and_the_counter_sees_rate_times_tokens(open_run):
     db, run_id = open_run
     store = Store(db, read_only=True)

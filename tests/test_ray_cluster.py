@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'truthput[ray]')")
+pytestmark = pytest.mark.realengine  # a real cluster on loopback: run alone (.ci/run)
 
 from tests.test_run_e2e import experiment_text  # noqa: E402
 

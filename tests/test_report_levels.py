@@ -97,7 +97,7 @@ def _truth(db: Path, variant: str) -> dict[str, float]:
             "kv_usage_max": max(kv), "preemptions": pre[-1] - pre[0]}
 
 
-@pytest.mark.slow(20)
+@pytest.mark.slow
 def test_the_per_level_figures_are_the_stored_requests_and_the_servers_own_series(run):
     import json
 

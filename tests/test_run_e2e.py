@@ -296,7 +296,7 @@ def _port_listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.slow(25)
+@pytest.mark.slow
 def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path):
     proc, db = _start_run(tmp_path, "e", 5, text=experiment_text(BASE_VARIANTS, concurrency=(1, 2), duration=1.0,
                                                                   repeats=2))
@@ -338,7 +338,7 @@ def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path
     assert len(store.trial_results(run_id)) == 12 and len(store.starts(run_id)) == n_starts
 
 
-@pytest.mark.slow(15)
+@pytest.mark.slow
 def test_the_winner_is_written_back_as_a_unit_that_imports_to_its_argv(tmp_path):
     """Import the seed's unit, A/B it on the simulator, and get the winning variant as a unit again."""
     from truthput.report.units import write_winner_units
@@ -452,7 +452,7 @@ def test_sighup_inherited_as_ignored_stays_ignored(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM
 
 
-@pytest.mark.slow(25)
+@pytest.mark.slow
 def test_a_server_dies_with_truthput_even_after_kill_9(tmp_path):
     """kill -9 of truthput mid-run with a pinned port: the server dies with it (parent-death signal),
     the resume can bind the same port again, marks the dead start lost, measures the rest of that
@@ -617,7 +617,7 @@ def test_a_full_disk_is_one_line_and_keeps_committed_trials(tmp_path):
     assert all(t.status in ("ok", "failed") for t in store.trial_results(run_id))
 
 
-@pytest.mark.slow(25)
+@pytest.mark.slow
 def test_a_second_resume_of_a_running_run_is_refused_in_one_line(tmp_path):
     """While one truthput runs a run, `--resume` of the same run from another process fails at once
     with one line (no trial of the first is redone or lost); after it ends, the resume works."""
@@ -793,7 +793,7 @@ def test_a_servers_daemon_child_left_by_a_killed_run_is_stopped_by_a_fresh_run(t
         stranger.wait()
 
 
-@pytest.mark.slow(20)
+@pytest.mark.slow
 def test_a_crash_under_load_ends_that_start_and_two_fail_the_variant(tmp_path):
     """A variant whose server is killed (SIGKILL) a moment into its first trial: each such start ends
     as `crash_under_load` with its own class, the other variant is unaffected, and after two crashes
@@ -866,7 +866,7 @@ set = { "--max-model-len" = 17 }
     assert report.returncode == 0 and good in report.stdout
 
 
-@pytest.mark.slow(15)
+@pytest.mark.slow
 def test_a_fresh_run_stops_a_server_an_earlier_killed_run_left(tmp_path):
     """A server that ignores SIGTERM outlives kill -9 of its truthput (the parent-death signal is
     SIGTERM). A fresh `run` on the same store (not a resume) finds the dead run by its free lock,

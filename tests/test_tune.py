@@ -46,7 +46,7 @@ def test_off_removes_speculation_and_a_value_sets_the_flag():
     assert len(space.grid()) == 4
 
 
-@pytest.mark.slow(40)
+@pytest.mark.slow
 def test_virtual_time_matches_the_real_time_simulator(tmp_path):
     """The same configuration and load: `sim batch` (virtual time) and a `truthput run` on the
     real-time simulator (HTTP, counters, the whole trial pipeline) agree within the window's noise,
@@ -206,7 +206,7 @@ def _trials(db: Path) -> list[tuple]:
         con.close()
 
 
-@pytest.mark.slow(75)
+@pytest.mark.slow
 def test_tune_killed_mid_round_continues_without_redoing_finished_work(tmp_path):
     """`truthput tune examples/tune.toml` as the README gives it, killed with SIGKILL once its first
     round has committed trials; the same command then finishes the search. Screened configurations
@@ -268,7 +268,7 @@ GOODPUT_TUNE = ROOT / "examples" / "tune-goodput.toml"
 
 
 
-@pytest.mark.slow(90)
+@pytest.mark.slow
 def test_a_goodput_tune_at_a_rate_picks_the_server_that_meets_the_slo(tmp_path):
     """Known truth: at 3.5 requests/s a server running one sequence at a time (its capacity is
     about 4.7/s) queues, so many requests miss the 300 ms TTFT target; with room for two or more

@@ -37,7 +37,6 @@ def pytest_collection_modifyitems(config, items):
     here = Path(__file__).parent
     for item in items:
         if Path(str(item.fspath)).is_relative_to(here):
-            item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.realengine)
 
 
