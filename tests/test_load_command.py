@@ -18,7 +18,7 @@ from leanstub import LeanStubProcess  # noqa: E402
 from truthput.errors import InputError  # noqa: E402
 from truthput.run.load import LoadOptions, run_load  # noqa: E402
 from truthput.load.goodput import SLO  # noqa: E402
-from truthput.report.loadtable import summary_rows  # noqa: E402
+from truthput.run.load import summary_rows  # noqa: E402
 from truthput.load.workers import TrialLoad, WorkerPool, share, split_evenly  # noqa: E402
 from truthput.load.workload import Workload, WorkloadSpec  # noqa: E402
 from truthput.store.db import Store  # noqa: E402

@@ -101,7 +101,7 @@ def test_markdown_main_tables(db_path):
 
 
 def test_pareto_front():
-    from truthput.report.plots import pareto_front
+    from truthput.analyze.pareto import pareto_front
 
     # (latency, tok/s): b dominates a (lower latency, more tok/s); c is faster but slower to respond
     pts = [(10.0, 100.0), (5.0, 120.0), (50.0, 300.0), (60.0, 250.0)]

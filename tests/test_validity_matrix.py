@@ -236,7 +236,8 @@ def test_load_table_against_a_metrics_endpoint_one_scrape_behind(continuous, tmp
 
     from truthput.load.workload import WorkloadSpec
     from truthput.run.load import LoadOptions, run_load
-    from truthput.report.loadtable import print_summary, summary_rows
+    from truthput.report.loadtable import print_summary
+    from truthput.run.load import summary_rows
     from truthserver import TruthServer
 
     async def go():

@@ -16,10 +16,9 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import tomllib
-from collections import defaultdict
 from datetime import datetime, timezone
 from statistics import mean
-from typing import Any, Callable
+from typing import Any
 
 from truthput.analyze.cells import Cell, source_label
 from truthput.analyze.latency import latency_and_goodput
@@ -31,7 +30,7 @@ from truthput.report.document import (SCHEMA, ClaimsDoc, CompareDocument, Experi
 from truthput.store.summary import run_summary
 from truthput.experiment.levels import Level, level_json, level_label
 from truthput.store.db import Store, StoredTrial
-from truthput.store.rows import RequestRow, RunRow, TelemetryRow
+from truthput.store.rows import RequestRow, RunRow
 
 GPU_UTIL_NOTE = ("GPU utilisation is the share of the sample period in which any kernel ran (time busy), "
                  "not the share of the GPU's capacity in use")
@@ -316,31 +315,19 @@ def _failures(store: Store, run_id: str, trials: list[StoredTrial]) -> list[dict
 
 
 def _telemetry(store: Store, trials: list[StoredTrial]) -> dict[str, Any]:
-    by_id = {t.id: t for t in trials}
     rows = store.telemetry(trials[0].run_id) if trials else []
     if not rows:
         return {"available": False, "note": "no GPU telemetry recorded for this run", "util_note": GPU_UTIL_NOTE,
                 "rows": [], "samples": 0}
-    groups: dict[tuple[str, Level, int], list[TelemetryRow]] = defaultdict(list)
-    order = list(dict.fromkeys((t.variant, t.level) for t in trials))
-    for r in rows:
-        t = by_id.get(r.trial_id)
-        if t is not None:
-            groups[(t.variant, t.level, r.gpu)].append(r)
+    from truthput.analyze.telemetry import gpu_cells
 
-    def avg(xs: list[TelemetryRow], key: str, fn: Callable[[list[float]], float] = mean) -> float | None:
-        vals = [v for v in (getattr(x, key) for x in xs) if v is not None]
-        return fn(vals) if vals else None
-
-    out = []
-    for (variant, conc, gpu), xs in sorted(groups.items(), key=lambda kv: (order.index(kv[0][:2]), kv[0][2])):
-        out.append({"variant": variant, **level_json(conc), "gpu": gpu, "samples": len(xs),
-                    "util_pct_mean": {"value": avg(xs, "util_pct"), "unit": "%", "source": "nvml",
-                                      "note": "time busy, not capacity used"},
-                    "mem_used_gb_max": {"value": (avg(xs, "mem_used_bytes", max) or 0) / 1e9 if avg(xs, "mem_used_bytes") is not None else None,
-                                        "unit": "GB", "source": "nvml"},
-                    "power_w_mean": {"value": avg(xs, "power_w"), "unit": "W", "source": "nvml"},
-                    "sm_clock_mhz_mean": {"value": avg(xs, "sm_clock_mhz"), "unit": "MHz", "source": "nvml"}})
+    out = [{"variant": g.variant, **level_json(g.level), "gpu": g.gpu, "samples": g.samples,
+            "util_pct_mean": {"value": g.util_pct_mean, "unit": "%", "source": "nvml",
+                              "note": "time busy, not capacity used"},
+            "mem_used_gb_max": {"value": g.mem_used_gb_max, "unit": "GB", "source": "nvml"},
+            "power_w_mean": {"value": g.power_w_mean, "unit": "W", "source": "nvml"},
+            "sm_clock_mhz_mean": {"value": g.sm_clock_mhz_mean, "unit": "MHz", "source": "nvml"}}
+           for g in gpu_cells(trials, rows)]
     return {"available": True, "note": None, "util_note": GPU_UTIL_NOTE, "rows": out, "samples": len(rows)}
 
 

@@ -9,97 +9,16 @@ could have distorted the figures (client-bound).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from truthput.run.load import LoadOptions, LoadRun
+from truthput.analyze.loadrows import LATENCY_METRICS, LATENCY_STATS
+
+if TYPE_CHECKING:
+    from truthput.run.load import LoadOptions, LoadRun
 
 
 def _f(v: Any, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
-
-
-@dataclass(frozen=True)
-class LoadRow:
-    """One `load` trial as its table shows it."""
-
-    level: float
-    mode: str
-    counter_tps: float | None
-    headline_tps: float | None
-    headline_source: str
-    simulated: bool
-    flags: list[str]
-    per_stream_flags: list[str]
-    counter_set_aside: list[str]
-    status: str
-    error: str | None
-    requests: int
-    failed: int
-    client_tokens: int | None  # None: the server sent no usage counts
-    counter_tokens: float | None
-    counter_missing: str | None  # why there is no counter figure, when there is none
-    tokens_equal: bool
-    requests_per_s: float | None
-    prompt_tps: float | None
-    total_tps: float | None
-    goodput_rps: float | None
-    good_fraction: float | None
-    client_bound: bool
-    client_reason: str | None
-    cpu_util: float | None
-    lag_p99_ms: float | None
-    latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
-    """TTFT, TPOT, ITL, E2E: mean, p50, p90, p99 in milliseconds (client clock)."""
-
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
-LATENCY_STATS = ("mean", "p50", "p90", "p99")
-
-
-def summary_rows(run: LoadRun) -> list[LoadRow]:
-    """One row per trial with the figures the table shows (also handy for tests and scripts)."""
-    from truthput.analyze.cells import headline
-    from truthput.measure.rates import window_rates
-
-    rows = []
-    for o in run.outcomes:
-        res = o.results
-        gp = res.goodput
-        sc = res.client.selfcheck
-        counter = o.counter_tokens
-        h = headline(res)
-        rates = window_rates(o.load.records, res.window)
-        usage_seen = any(r.completion_tokens is not None or any(x >= 0 for x in r.chunk_tokens)
-                         for r in o.load.records)
-        client_tokens = o.client_tokens if usage_seen else None
-        tps = h.number()
-        latency = {m: {q: (None if (d := res.latency.metric(m)) is None or d.at(q) is None else 1000 * (d.at(q) or 0))
-                       for q in LATENCY_STATS} for m in LATENCY_METRICS}
-        rows.append(LoadRow(
-            level=o.level, mode=o.mode, counter_tps=o.counter_tps,
-            headline_tps=tps, headline_source=h.source, simulated=res.simulated,
-            flags=[f"{f.code}: {f.reason}" for f in h.flags],
-            per_stream_flags=[f"{f.code}: {f.reason}" for f in res.per_stream.decode_tps_median.flags],
-            counter_set_aside=[f"{f.code}: {f.reason}" for f in res.throughput.counter_window.flags]
-            if h is not res.throughput.counter_window else [],
-            status=o.trial.status, error=o.trial.error,
-            requests=len(o.load.records), failed=sum(1 for r in o.load.records if r.status != "ok"),
-            client_tokens=client_tokens, counter_tokens=counter,
-            counter_missing=None if counter is not None else (res.integrity.counter_delta.note or "no counter"),
-            tokens_equal=counter is not None and client_tokens is not None and int(round(counter)) == client_tokens,
-            requests_per_s=rates.requests_per_s, prompt_tps=rates.prompt_tps,
-            total_tps=None if tps is None or rates.prompt_tps is None else tps + rates.prompt_tps,
-            goodput_rps=gp.goodput_rps.number() if gp is not None and gp.goodput_rps is not None else None,
-            good_fraction=gp.good_fraction.number() if gp is not None and gp.good_fraction is not None else None,
-            client_bound=bool(sc and sc.client_bound), client_reason=sc.reason if sc else None,
-            cpu_util=sc.cpu_util if sc else None, lag_p99_ms=sc.loop_lag_p99_ms if sc else None,
-            latency_ms=latency,
-        ))
-    return rows
 
 
 def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> None:
@@ -125,7 +44,7 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
     if opts.slo.any:
         t.add_column("goodput req/s\n(good %)", justify="right")
     t.add_column("client", justify="left")
-    rows = summary_rows(run)
+    rows = run.rows()
     for row in rows:
         client_tokens = "-" if row.client_tokens is None else str(row.client_tokens)
         tokens = f"{client_tokens} / {_f(row.counter_tokens, '{:.0f}')}"
@@ -199,7 +118,7 @@ def summary_json(run: LoadRun, opts: LoadOptions) -> dict[str, Any]:
     """`truthput load --json`: the rows the table prints, every figure with its unit in the key."""
     doc: dict[str, Any] = {"url": opts.url, "run_id": run.run_id, "simulated": run.simulated,
                            "unit": "req/s" if opts.rate else "streams",
-                           "levels": [row.as_json() for row in summary_rows(run)]}
+                           "levels": [row.as_json() for row in run.rows()]}
     if run.sweep is not None:
         sat = run.sweep.saturation()
         doc["sweep"] = {"saturation_level": sat.level if sat else None,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from truthput.analyze.cells import source_label
+from truthput.analyze.pareto import pareto_front
 from truthput.report.document import CellRow, LevelRow, ReportDocument
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -160,16 +161,6 @@ def throughput(doc: ReportDocument) -> str | None:
     ax.set_title(f"Output throughput vs load level, 95% CI [{_headline_source(doc)}{_tag(doc)}]")
     ax.legend(fontsize=8)
     return _svg(fig, "throughput")
-
-
-def pareto_front(points: list[tuple[float, float]]) -> list[int]:
-    """Indices of points not dominated (lower latency x AND higher throughput y is better)."""
-    front = []
-    for i, (x, y) in enumerate(points):
-        dominated = any((x2 <= x and y2 >= y) and (x2 < x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i)
-        if not dominated:
-            front.append(i)
-    return front
 
 
 def tradeoff(doc: ReportDocument) -> str | None:

@@ -55,7 +55,8 @@ def _ms(v: Any) -> str:
 def tradeoff_plot(d: TuneDocument) -> str | None:
     """The objective's figure against p99 ITL: the simulator's screen (grey), the server's
     measurements, the front."""
-    from truthput.report.plots import _figure, _svg, pareto_front, place_labels
+    from truthput.analyze.pareto import pareto_front
+    from truthput.report.plots import _figure, _svg, place_labels
 
     figure = "counter tok/s" if d.figure == "tok/s" else d.figure
     real = [(r.server_itl_p99_s, r.server, r.config) for r in d.measured if r.server and r.server_itl_p99_s]

@@ -27,6 +27,7 @@ from truthput.load.workers import TrialLoad, WorkerPool
 from truthput.load.workload import Distribution, Workload, WorkloadSpec
 from truthput.measure.model import Goodput, LoadLevel, TrialResults
 from truthput.run.trial import TrialRun
+from truthput.analyze.loadrows import LoadRow
 
 
 @dataclass
@@ -161,6 +162,18 @@ class LoadRun:
     sweep: Sweep | None = None
     notes: list[str] = field(default_factory=list)
     simulated: bool = False
+
+    def rows(self) -> list[LoadRow]:
+        """One row per trial with the figures the table and `--json` show."""
+        return summary_rows(self)
+
+
+def summary_rows(run: LoadRun) -> list[LoadRow]:
+    """One row per trial (`truthput.analyze.loadrows.load_row`)."""
+    from truthput.analyze.loadrows import load_row
+
+    return [load_row(o.level, o.mode, o.results, o.load.records, o.trial.status, o.trial.error, o.client_tokens)
+            for o in run.outcomes]
 
 
 async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPool | None = None,

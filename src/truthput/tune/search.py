@@ -111,7 +111,7 @@ def objective_value(e: Evaluation, tune: TuneSection) -> float:
 
 def pareto_front(evals: Sequence[Evaluation], tune: TuneSection) -> list[Evaluation]:
     """Feasible configurations no other beats on both tok/s (higher) and p99 ITL (lower)."""
-    from truthput.report.plots import pareto_front as front_indices
+    from truthput.analyze.pareto import pareto_front as front_indices
 
     pts = [e for e in evals if feasible(e, tune) and e.itl_p99_s is not None]
     idx = front_indices([(e.itl_p99_s or 0.0, e.mean or 0.0) for e in pts])
