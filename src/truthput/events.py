@@ -158,6 +158,7 @@ def emitter(progress: Callable[[str], None] | EventSink | None) -> Callable[[Eve
         return lambda _e: None
     handle = getattr(progress, "handle", None)
     if callable(handle):
-        return handle
+        sink: Callable[[Event], None] = handle
+        return sink
     plain: Callable[[str], None] = progress  # type: ignore[assignment]
     return lambda e: None if isinstance(e, TrialStarting) else plain(e.text())

@@ -9,7 +9,8 @@ counted per start), else from a stated default; the effects are shown as a small
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +58,7 @@ def forecast(rule: StoppingRule, n_variants: int, n_levels: int, cv: float, effe
     for eff in effects:
         ratios = [1.0] + [eff] * (arms - 1)
 
-        def draw(r: np.random.Generator, ratios: list[float] = ratios) -> dict:
+        def draw(r: np.random.Generator, ratios: list[float] = ratios) -> Mapping[Hashable, Sequence[Sequence[float]]]:
             starts = r.normal(0.0, cv, (arms, rule.max_starts))
             return {(f"a{i}", lv): (300.0 * ratios[i] * np.exp(starts[i] + r.normal(0.0, cv / 4, rule.max_starts)))
                     [:, None].tolist() for i in range(arms) for lv in range(1, levels + 1)}

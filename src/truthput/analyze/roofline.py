@@ -29,7 +29,7 @@ SOURCE = "model"
 BIND_THRESHOLD = 0.70  # at or above this share of a ceiling, that bound is called binding
 
 
-def _fig(value: float | None, unit: str, **extra: object) -> dict:
+def _fig(value: float | None, unit: str, **extra: object) -> dict[str, Any]:
     return {"value": value, "unit": unit, "source": SOURCE, **extra}
 
 
@@ -42,7 +42,7 @@ class Bound:
     detail: str
     additive: bool = False  # True: adds to the step (all-reduce); False: overlaps inside max(mem, compute)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return _fig(self.seconds_per_step, "s/step", name=self.name, detail=self.detail,
                     additive=self.additive)
 
@@ -58,7 +58,7 @@ class Ceiling:
     per_stream_tokps: float
     detail: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "detail": self.detail,
             "step_floor": _fig(self.step_floor_s, "s/step"),
@@ -88,7 +88,7 @@ class Roofline:
     def tightest_ceiling(self) -> Ceiling:
         return self.ceilings[self.tightest]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "gpu": self.gpu, "model": self.model, "tp": self.tp, "kv_dtype_bytes": self.kv_dtype_bytes,
             "context_len": self.context_len, "concurrency": self.concurrency, "spec_k": self.spec_k,
@@ -221,7 +221,7 @@ class Placement:
     sentence: str
     fraction_of_weight_streaming: float = 0.0  # vs. B x 1 token / weight pass (no speculation)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "measured": {"value": self.measured_tokps, "unit": "tok/s", "source": self.measured_source},
             "tokens_per_step_per_stream": _fig(self.tokens_per_step_per_stream, "tokens",

@@ -98,7 +98,7 @@ class Verdict:
     family: int = 0
     """How many comparisons were decided together."""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (NaN becomes None)."""
 
         def clean(x: Any) -> Any:
@@ -110,7 +110,7 @@ class Verdict:
                 return [clean(v) for v in x]
             return x
 
-        doc = clean(asdict(self))
+        doc: dict[str, Any] = clean(asdict(self))
         for cv, out in zip(self.per_concurrency, doc["per_concurrency"]):
             out.pop("level", None)
             out.update(level_json(cv.level))

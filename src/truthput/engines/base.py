@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 
 @dataclass
@@ -21,7 +21,7 @@ class StartOutcome:
     root_cause_line: str | None = None
     excerpt: str | None = None
     pid: int | None = None
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 class LogSink(Protocol):

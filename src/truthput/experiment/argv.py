@@ -25,7 +25,7 @@ from typing import Any
 from truthput.errors import InputError
 from truthput.experiment.vllm_flags import FlagKnowledge, knowledge_for
 
-SettingValue = str | int | float | bool | list | dict | None
+SettingValue = str | int | float | bool | list[Any] | dict[str, Any] | None
 
 _NEGATIVE_NUMBER = re.compile(r"^-\.?\d")
 _PYTHON = re.compile(r"^python[0-9.]*$")
@@ -565,7 +565,7 @@ def _flag_contribution(flag: Flag, know: FlagKnowledge) -> dict[str, Any]:
     return out
 
 
-def speculative_settings(argv: ServerArgv) -> dict | None:
+def speculative_settings(argv: ServerArgv) -> dict[str, Any] | None:
     """One normalised speculative-decoding dict from every form it can be written in, or None.
 
     Keys are vLLM's SpeculativeConfig keys ("method", "model", "num_speculative_tokens", ...).
@@ -629,7 +629,7 @@ def speculative_settings(argv: ServerArgv) -> dict | None:
     return {key: value for _, _, key, value in sorted(entries, key=lambda e: (e[0], e[1]))}
 
 
-def _plain_speculative_settings(argv: ServerArgv) -> dict | None:
+def _plain_speculative_settings(argv: ServerArgv) -> dict[str, Any] | None:
     """Speculation written as plain flags (llama.cpp): the last occurrence of each flag wins; no
     method, or an "off" method, is no speculation whatever else is given."""
     know = argv.knowledge
@@ -817,7 +817,7 @@ class ArgvDiff:
     def __str__(self) -> str:
         return "\n".join(self.lines()) if self else "(no change)"
 
-    def to_dict(self) -> dict[str, list]:
+    def to_dict(self) -> dict[str, list[Any]]:
         """JSON-ready form for the store's variants.diff_json."""
 
         def plain(value: Any) -> Any:

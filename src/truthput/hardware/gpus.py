@@ -9,6 +9,8 @@ hardware probe` writes for the machine it ran on) is accepted wherever a catalog
 
 from __future__ import annotations
 
+from typing import Any
+
 import re
 import tomllib
 from dataclasses import dataclass
@@ -63,7 +65,7 @@ class GPU:
         datasheet peaks: then the simulator's efficiency fractions start at 1, not a discount."""
         return any(s.startswith("measured by") for s in self.sources)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "memory_bytes": self.memory_bytes,
@@ -99,7 +101,7 @@ def _load_catalog() -> tuple[GPU, ...]:
     return tuple(_entry(e) for e in raw["gpu"])
 
 
-def _entry(entry: dict) -> GPU:
+def _entry(entry: dict[str, Any]) -> GPU:
     ic = entry["interconnect"]
     return GPU(
         name=entry["name"],

@@ -8,6 +8,8 @@ loaded, so a 50 GB checkpoint is profiled in milliseconds).
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -39,7 +41,7 @@ class ModelProfile:
     source: str
     tied_embeddings: bool = False
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -155,7 +157,7 @@ def _read_safetensors_headers(directory: Path) -> tuple[float, float, float]:
     return total_bytes, total_elems, mtp_elems
 
 
-def _quant_bits(config: dict) -> float | None:
+def _quant_bits(config: dict[str, Any]) -> float | None:
     """Bits per weight declared by a quantization_config (GPTQ/AWQ 'bits', compressed-tensors num_bits)."""
     q = config.get("quantization_config") or config.get("compression_config")
     if not q:

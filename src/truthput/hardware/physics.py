@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from truthput.errors import InputError
 from truthput.hardware.gpus import GPU
@@ -43,7 +43,7 @@ class Efficiency:
     # at 4 and 8 streams by 40-60%
     spec_step_s: float = 0.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -66,7 +66,7 @@ class StepBreakdown:
     allreduce_bytes: float = 0.0
     collectives: int = 0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -279,7 +279,7 @@ class MemoryPlan:
     kv_bytes_per_token_per_gpu: float = 0.0
     max_concurrency_at_max_len: float = 0.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

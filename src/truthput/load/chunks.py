@@ -143,7 +143,7 @@ def chunk_from_json(doc: Any) -> Chunk | None:
     return Chunk(choices=choices, usage=usage, error=doc.get("error"))
 
 
-def _delta(d: dict) -> Delta:
+def _delta(d: dict[str, Any]) -> Delta:
     calls = None
     tc = d.get("tool_calls")
     if isinstance(tc, list):

@@ -84,14 +84,14 @@ class BodyPrefetch:
         self.workload = workload
         self.ahead = ahead
         self.limit = limit
-        self.bodies: dict[int, dict] = {}
+        self.bodies: dict[int, dict[str, Any]] = {}
         self.next_build = 0
         self.next_use = 0
         self.late = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    def _build(self, start: int, stop: int) -> dict[int, dict]:
+    def _build(self, start: int, stop: int) -> dict[int, dict[str, Any]]:
         return {i: self.workload.body(i) for i in range(start, stop)}
 
     def prime(self) -> None:
@@ -438,7 +438,7 @@ class OpenLoop:
         stopped: list[str] = []
         aborted = asyncio.Event()
 
-        async def one(idx: int, body: dict) -> None:
+        async def one(idx: int, body: dict[str, Any]) -> None:
             try:
                 rec = await client.stream(idx, body)
             finally:

@@ -199,7 +199,7 @@ async def _worker_trial(conn: Any, client: Any, workload: Workload, part: TrialL
     async def window_end() -> None:
         conn.send(("window_end", k))
 
-    res = await load.run(window_start, window_end)
+    res: LoadResult = await load.run(window_start, window_end)
     for r in res.records:
         r.idx = k + n_active * r.idx
         r.worker = k
@@ -257,7 +257,7 @@ class WorkerPool:
         n_active = len(parts)
         conns = self._conns[:n_active]
         loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue[tuple] = asyncio.Queue()
+        inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
 
         def reader(k: int) -> Callable[[], None]:
             conn = conns[k]
@@ -277,11 +277,11 @@ class WorkerPool:
         for k, c in enumerate(conns):
             _watch(loop, c, reader(k))
 
-        async def send_all(msg: tuple) -> None:
+        async def send_all(msg: tuple[Any, ...]) -> None:
             for c in conns:
                 c.send(msg)
 
-        async def next_msg(timeout: float | None) -> tuple | None:
+        async def next_msg(timeout: float | None) -> tuple[Any, ...] | None:
             try:
                 return await asyncio.wait_for(inbox.get(), timeout)
             except asyncio.TimeoutError:
@@ -301,8 +301,8 @@ class WorkerPool:
         return merge_results([results[k] for k in range(n_active)], t_ws, t_we, notes)
 
 
-async def coordinate(n_active: int, load: TrialLoad, send_all: Callable[[tuple], Awaitable[None]],
-                     next_msg: Callable[[float | None], Awaitable[tuple | None]],
+async def coordinate(n_active: int, load: TrialLoad, send_all: Callable[[tuple[Any, ...]], Awaitable[None]],
+                     next_msg: Callable[[float | None], Awaitable[tuple[Any, ...] | None]],
                      on_window_start: Callback | None, on_window_end: Callback | None
                      ) -> tuple[dict[int, LoadResult], float | None, float | None, list[str]]:
     """The window protocol between the parent and its active workers, whatever carries the messages
@@ -319,7 +319,7 @@ async def coordinate(n_active: int, load: TrialLoad, send_all: Callable[[tuple],
     timer_expired = False
     notes: list[str] = []
 
-    def take(msg: tuple) -> None:
+    def take(msg: tuple[Any, ...]) -> None:
         nonlocal window_end_seen
         kind = msg[0]
         if kind == "settled":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 DEFAULT_INTERVAL_S = 10.0
 
@@ -164,7 +164,7 @@ def _median_spacing(lines: Sequence[ThroughputLine]) -> float | None:
     return gaps[len(gaps) // 2] if gaps else None
 
 
-def lines_in_window(items: Sequence, window: tuple[float, float], tolerance_s: float = 1.0) -> list:
+def lines_in_window(items: Sequence[Any], window: tuple[float, float], tolerance_s: float = 1.0) -> list[Any]:
     """Lines whose whole interval lies in the window; the runner reads a line a little after the
     engine wrote it, so an edge may stick out by min(tolerance_s, 10% of the line's interval)."""
     ws, we = window
@@ -176,7 +176,7 @@ def lines_in_window(items: Sequence, window: tuple[float, float], tolerance_s: f
     return out
 
 
-def time_weighted_mean(items: Sequence, attr: str) -> float | None:
+def time_weighted_mean(items: Sequence[Any], attr: str) -> float | None:
     """Mean rate over the lines' intervals (rate x seconds summed / seconds summed)."""
     num = den = 0.0
     for x in items:

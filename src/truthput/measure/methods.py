@@ -159,7 +159,8 @@ def words_per_chunk(table: ChunkTable) -> np.ndarray:
     # int32: half the pages of int64 (fresh pages cost page faults on a VM); 2**31 words is far off.
     starts_before = np.zeros(space.shape[0] + 1, dtype=np.int32)  # word starts before each character
     np.cumsum(np.greater(prev_space, space, out=prev_space), out=starts_before[1:])
-    return (starts_before[chunk_end] - starts_before[chunk_start]).astype(np.int64)
+    words: np.ndarray = (starts_before[chunk_end] - starts_before[chunk_start]).astype(np.int64)
+    return words
 
 
 def text_chunks(table: ChunkTable) -> np.ndarray:

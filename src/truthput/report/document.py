@@ -410,7 +410,8 @@ class ReportDocument(DocModel):
         return [v.name for v in self.experiment.variants]
 
     def to_dict(self) -> dict[str, Any]:
-        return clean(self.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        out: dict[str, Any] = clean(self.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        return out
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
@@ -470,7 +471,8 @@ class CompareDocument(DocModel):
     confidence: float
 
     def to_dict(self) -> dict[str, Any]:
-        return clean(self.model_dump(mode="json", exclude_unset=True))
+        out: dict[str, Any] = clean(self.model_dump(mode="json", exclude_unset=True))
+        return out
 
     def slower_cells(self, threshold: float) -> list[str]:
         """Cells whose B/A interval lies wholly below 1 - threshold (a regression a gate fails on)."""
@@ -565,4 +567,5 @@ class TuneDocument(DocModel):
     server_simulated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return clean(self.model_dump(mode="json"))
+        out: dict[str, Any] = clean(self.model_dump(mode="json"))
+        return out

@@ -106,9 +106,10 @@ def render_html(doc: ReportDocument, plots: dict[str, str | None] | None = None)
     if not doc.roofline.available:
         absent["roofline"] = f"no roofline: {doc.roofline.reason}"
     template = _environment().get_template("report.html.j2")
-    return template.render(doc=doc, plots={k: safe_svg(v) for k, v in plots.items()}, sections=SECTIONS,
+    page: str = template.render(doc=doc, plots={k: safe_svg(v) for k, v in plots.items()}, sections=SECTIONS,
                            plot_sections=PLOT_SECTIONS, absent=absent, level_header=row_header(doc.cells),
                            level_cell=row_level, source_label=source_label)
+    return page
 
 
 def write_html(store: Store, run_id: str, path: str | Path) -> Path:

@@ -110,7 +110,7 @@ def place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str]) -
     frame = ax.get_window_extent(renderer)
 
     def outside(b: Any) -> bool:
-        return b.x0 < frame.x0 or b.x1 > frame.x1 or b.y0 < frame.y0 or b.y1 > frame.y1
+        return bool(b.x0 < frame.x0 or b.x1 > frame.x1 or b.y0 < frame.y0 or b.y1 > frame.y1)
 
     offsets = [(4, 4), (4, -12), (-4, 4), (-4, -12), (4, 14), (-4, 14), (4, -22), (-4, -22), (12, -4), (-12, -4)]
     placed: list[Any] = []

@@ -88,4 +88,7 @@ def render_tune_html(d: TuneDocument) -> str:
 
     env = jinja2.Environment(autoescape=True)
     plot = tradeoff_plot(d)
-    return env.from_string(_TEMPLATE).render(d=d, f=figure_text, ms=_ms, plot=jinja2.utils.markupsafe.Markup(plot or ""))
+    import markupsafe
+
+    page: str = env.from_string(_TEMPLATE).render(d=d, f=figure_text, ms=_ms, plot=markupsafe.Markup(plot or ""))
+    return page

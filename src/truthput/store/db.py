@@ -315,13 +315,13 @@ class Store:
                 self.conn.execute("SELECT id FROM runs ORDER BY created_at DESC, rowid DESC LIMIT 1").fetchone()
             if row is None:
                 raise StoreError(f"{self.path}: no runs in this store yet")
-            return row["id"]
+            return str(row["id"])
         row = self.conn.execute("SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row:
-            return row["id"]
+            return str(row["id"])
         rows = self.conn.execute("SELECT id FROM runs WHERE id LIKE ?", (run_id + "%",)).fetchall()
         if len(rows) == 1:
-            return rows[0]["id"]
+            return str(rows[0]["id"])
         if not rows:
             raise StoreError(f"{self.path}: no run {run_id!r} (try `latest`)")
         raise StoreError(f"{self.path}: {run_id!r} matches {len(rows)} runs; give more of the id")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 
@@ -47,12 +47,12 @@ class RunRow:
     @property
     def machine(self) -> dict[str, Any]:
         """Host, CPU, Python, truthput version and git commit, GPUs."""
-        return _json(self.machine_json, {})
+        return cast("dict[str, Any]", _json(self.machine_json, {}))
 
     @property
     def summary(self) -> dict[str, Any] | None:
         """The stored verdict and stopping record (None until the run ended)."""
-        return _json(self.summary_json, None)
+        return cast("dict[str, Any] | None", _json(self.summary_json, None))
 
     @property
     def is_load(self) -> bool:
@@ -74,16 +74,16 @@ class VariantRow:
     @property
     def argv(self) -> list[str]:
         """The exact argv launched."""
-        return _json(self.argv_json, [])
+        return cast("list[str]", _json(self.argv_json, []))
 
     @property
     def diff(self) -> dict[str, Any]:
         """Flags added / changed / removed vs the baseline, and its lines."""
-        return _json(self.diff_json, {})
+        return cast("dict[str, Any]", _json(self.diff_json, {}))
 
     @property
     def env(self) -> dict[str, str]:
-        return _json(self.env_json, {})
+        return cast("dict[str, str]", _json(self.env_json, {}))
 
 
 @dataclass(frozen=True)
@@ -108,12 +108,12 @@ class StartRow:
 
     @property
     def argv(self) -> list[str]:
-        return _json(self.argv_json, [])
+        return cast("list[str]", _json(self.argv_json, []))
 
     @property
     def info(self) -> dict[str, Any]:
         """Placement, process identity, CPU pinning, anything engine-specific."""
-        return _json(self.info_json, {})
+        return cast("dict[str, Any]", _json(self.info_json, {}))
 
 
 @dataclass(frozen=True)
