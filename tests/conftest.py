@@ -8,7 +8,7 @@ Three kinds of test, by marker (pyproject.toml declares them):
 The README's test command runs the first two together on stock pytest-xdist workers (`-n 6
 --dist load` in pyproject.toml: the slow tests mostly wait, so more workers than cores keep both
 cores busy); `.ci/run` then runs the real-engine tests apart, in one process, so that the servers
-have the cores to themselves (`-m realengine -n 0`). `-m "not slow"` is the quick pass.
+have the cores to themselves (`-m realengine -n 0`). `-m "not slow and not realengine"` is the quick pass.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from statistics import median
 from typing import Protocol, TypeVar
 
 from truthput.analyze.stats import CellEstimate, cell_estimate, noise_warnings
-from truthput.measure.model import Figure, TrialResults
+from truthput.measure.model import COUNT_WRONG_FLAGS, Figure, TrialResults
 from truthput.experiment.levels import Level, is_rate, level_label, level_of
 
 HEADLINE_SOURCES = {"server_counter": "server counter", "usage": "usage placed in time"}
@@ -121,6 +121,12 @@ class Cell:
 
     def flags_on(self, figure: str) -> list[CellFlag]:
         return [f for f in self.flags if f.figure == figure]
+
+    @property
+    def wrong(self) -> list[str]:
+        """The flags on the headline that say its count is wrong (`measure.model.COUNT_WRONG_FLAGS`,
+        the one definition): such a cell is shown, never compared."""
+        return sorted({f.code for f in self.flags_on("tok/s") if f.code in COUNT_WRONG_FLAGS})
 
     @property
     def flagged(self) -> bool:

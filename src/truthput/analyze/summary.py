@@ -148,6 +148,10 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
     m = measure
     rule = stopping_rule(m)
     values, rounds = metric_groups(cells, "tok/s")
+    # a figure known to be wrong never decides a comparison: its cell is left out, and the verdict says why
+    wrong = {c.key: c for c in cells if c.wrong and c.key in values}
+    values = {k: v for k, v in values.items() if k not in wrong}
+    rounds = {k: v for k, v in rounds.items() if k not in wrong}
     extra = {k: metric_groups(cells, k) for k in m.verdicts if k != "tok/s"}
     look, stopping = None, None
     if rule is not None:
@@ -168,6 +172,10 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
     groups = {"tok/s": (values, rounds), **extra}
     verdict = decide(groups, baseline, m, look=look, failed=failed, guard=guard, simulated=simulated)
     _mark_flagged(verdict, cells, baseline)
+    verdict.notes += [f"{c.variant} {c.label}: not compared on tok/s: its figure is known to be wrong "
+                      f"({', '.join(c.wrong)}: see the flags)" + (", so nothing at this level is compared with it"
+                                                                  if c.variant == baseline else "")
+                      for c in wrong.values()]
     if blocks is not None:
         verdict.notes.append(blocks.line())
     return RunSummary(cells=cells, verdict=verdict, failed=failed, guard=guard, guard_texts=texts,

@@ -139,8 +139,13 @@ class Integrity(Section):
     message: str = ""
 
 
-COUNT_WRONG_FLAGS = frozenset({"stale_counter", "counter_reset", "counter_exceeds_usage"})
-"""Flags that say the count itself is wrong, not that the conditions were poor."""
+COUNT_WRONG_FLAGS = frozenset({"stale_counter", "counter_reset", "foreign_traffic", "counter_exceeds_usage"})
+"""The one definition of a WRONG figure: flags that say the count itself is wrong (a stale, restarted
+or foreign-token counter; `counter_exceeds_usage` is what stores before `foreign_traffic` called
+it), not that the conditions were poor. Every other flag says a figure is UNCERTAIN (a busy host, a
+load not reached, timestamps that cannot resolve decoding): shown everywhere, but it may still be
+compared. A headline figure that carries a wrong flag never decides a comparison
+(`truthput.analyze.cells.Cell.wrong`)."""
 
 
 class IntervalRow(Section):

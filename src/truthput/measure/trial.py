@@ -33,6 +33,7 @@ from truthput.measure.methods import (
     words_per_chunk,
 )
 from truthput.measure.model import (
+    COUNT_WRONG_FLAGS,
     Check,
     ErrorCount,
     Figure,
@@ -143,8 +144,8 @@ span at least this share of it (else one burst of completions would stand for th
 
 def _final_usage_window(records: Sequence[RequestRecord], n: _Counts) -> Figure | None:
     """Usage placed in time without running usage: each request's final count spread over its text
-    chunks, counted where they arrived in the window. For an engine that streams a token per chunk
-    and whose counter moves only when a request ends."""
+    chunks, counted where they arrived in the window. For an engine whose counter moves only when a
+    request ends, and for any counter known to be wrong."""
     if n.win is None or not n.seconds:
         return None
     mask = in_window(n.table, n.win)
@@ -153,8 +154,8 @@ def _final_usage_window(records: Sequence[RequestRecord], n: _Counts) -> Figure 
         return None
     spread = final_usage_per_chunk(n.table, records)
     return figure(float(spread[mask].sum()) / n.seconds, "tok/s", "usage",
-                  "final usage.completion_tokens of each request spread over its text chunks (the engine streams "
-                  "a token per chunk), counted where they arrived in the window", window="window")
+                  "final usage.completion_tokens of each request spread over its text chunks, counted where they "
+                  "arrived in the window", window="window")
 
 
 def _whole_requests_window(records: Sequence[RequestRecord], d_win: CounterDelta, win: tuple[float, float],
@@ -679,9 +680,15 @@ def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Cou
     moments = sum(max(p.half_span_s, validity.SCRAPE_MOMENT_S) for p in (ws_s, we_s) if p is not None)
     rate = usage_w or 0.0
     placed = spans = None
-    if usage_tokens is None and engine not in validity.PER_TOKEN_ENGINES:
-        # final usage spread over each request's text chunks places the tokens of an engine whose
-        # chunks carry an unknown number of tokens; the last interval is the whole window
+    final_usage = all(r.completion_tokens is not None for r in records if r.status == "ok")
+    if usage_tokens is None and not whole_requests and not final_usage:
+        result.validity.not_applied.append("upper bound on the counter: the server sent no usage counts, so "
+                                           "truthput cannot count its own tokens (another client would go unseen)")
+    if usage_tokens is None and not whole_requests and final_usage:
+        # without running usage, final usage spread over each request's text chunks places
+        # truthput's own tokens in time: the counter's upper bound (another client's tokens), and
+        # for an engine whose chunks carry an unknown number of tokens its lower bound too; the
+        # last interval is the whole window
         spread_pc = final_usage_per_chunk(counts.table, records)
         t = counts.table.t
         placed = [float(spread_pc[(t > a) & (t <= b)].sum()) for a, b, _r, _n in intervals]
@@ -695,10 +702,25 @@ def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Cou
                            d_win.resets, d_win.went_backwards_without_reset, d_trial.resets,
                            usage_tokens=usage_tokens, max_tokens_per_chunk=int(known.max()) if known.size else 1,
                            window_rise=d_win.value if counts.win_from_scrapes else None, finished=finished,
-                           moment_tokens=rate * moments, placed=placed, spans=spans)
+                           moment_tokens=rate * moments, placed=placed, spans=spans, window_s=seconds)
+    _own_tokens_when_counter_wrong(result, records, counts)
     if not open_loop:
         validity.check_load(result, concurrency)
     validity.check_timestamps(result, records, concurrency)
+
+
+def _own_tokens_when_counter_wrong(result: TrialResults, records: Sequence[RequestRecord], counts: _Counts) -> None:
+    """A counter known to be wrong (another client's tokens, a stale or restarted /metrics) gives
+    way to truthput's own tokens: where no running usage placed them in time, each request's final
+    usage spread over its text chunks does (`TrialResults.headline` then picks it, saying so)."""
+    tp = result.throughput
+    wrong = [f.code for f in tp.counter_window.flags if f.code in COUNT_WRONG_FLAGS]
+    if not wrong or tp.usage_window.value is not None:
+        return
+    spread = _final_usage_window(records, counts)
+    if spread is not None:
+        spread.note = (f"truthput's own tokens, since the counter is {', '.join(wrong)}: {spread.note}")
+        tp.usage_window = spread
 
 
 def _server_timings_row(records: Sequence[RequestRecord], win: tuple[float, float] | None, concurrency: int,

@@ -9,6 +9,11 @@ running-requests gauge, the client's timestamps and self-check. A clean trial ra
   the usage counts placed in time, or went backwards: /metrics served an older state.
 - `counter_reset`: the counter restarted inside the interval; the increments before the restart
   are lost, so the figure is a lower bound.
+- `foreign_traffic`: the counter rose more than truthput's own requests can have produced in the
+  interval (their tokens received, placed in time by running usage or by each request's final
+  usage spread over its chunks, plus those in flight at the edges): another client, another
+  model, or a /metrics out of step with what this client received. The reason names the excess
+  in tok/s and as a share of truthput's own.
 - `burst_delivery`: responses arrived faster than client timestamps can resolve decoding
   (whole responses in one read): per-stream rates and inter-token latencies are not measurable.
 - `per_stream_exceeds_aggregate`: per-stream decode rate x the requests running exceeds the
@@ -58,6 +63,17 @@ def add_flag(fig: Figure | None, code: str, reason: str) -> None:
         fig.flags.append(Flag(code=code, reason=reason))
 
 
+def flag_foreign(counter: Figure, rise: float, own: float, seconds: float | None, said: str) -> None:
+    """`foreign_traffic` on a counter that rose by `rise` where truthput's own requests explain
+    `own` tokens: the excess in tok/s (over `seconds`) and as a share of truthput's own."""
+    excess = rise - own
+    rate = f"{excess / seconds:.1f} tok/s" if seconds else f"{excess:g} tokens"
+    share = f", {excess / own:+.0%} of truthput's own" if own > 0 else ""
+    add_flag(counter, "foreign_traffic",
+             f"{said}: {rate} more than truthput's own requests can have produced{share} -- another client or "
+             "model on this server, or a /metrics out of step with what this client received")
+
+
 def edge_slack(concurrency: int, tokens_per_chunk: int = 1) -> int:
     """Tokens two counts of the same interval may differ by through its edges alone: chunks whose
     tokens a scrape counted before the client read them (or after), EDGE_CHUNKS_PER_STREAM per
@@ -89,7 +105,7 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
                   window_rise: float | None = None,
                   finished: Sequence[tuple[float, int]] | None = None, moment_tokens: float = 0.0,
                   spans: Sequence[tuple[float, float, int]] | None = None,
-                  placed: Sequence[float] | None = None) -> None:
+                  placed: Sequence[float] | None = None, window_s: float | None = None) -> None:
     """Flag the counter figures. `intervals`: (t_from, t_to, counter increase or None, resets)
     between consecutive readable scrapes inside the window; `usage_tokens`: the usage counts of
     the chunks that arrived in the window (None without continuous usage on every request);
@@ -98,7 +114,8 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
     `moment_tokens`: tokens produced while the two edge scrapes were being served (their moment on
     the server is known only to within half their round trip); `spans`: (first chunk, end,
     usage.completion_tokens) of every ok request and `placed` (final usage spread over chunks, per
-    interval), for the bounds that need no tokens per chunk."""
+    interval), for the bounds that need no tokens per chunk; `window_s`: the window's length (the
+    excess of a foreign-traffic flag in tok/s)."""
     counter = results.throughput.counter_window
     if finished is not None:
         _check_whole_requests(results, intervals, finished, window_resets, window_backwards, trial_resets)
@@ -112,10 +129,9 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
                      f"the counter rose {window_rise:g} in the window while the usage counts of the chunks that "
                      f"arrived in it add up to {usage_tokens:g} (more than {slack} apart): /metrics is behind")
         elif window_rise > usage_tokens + slack:
-            add_flag(counter, "counter_exceeds_usage",
-                     f"the counter rose {window_rise:g} in the window while the usage counts of the chunks that "
-                     f"arrived in it add up to {usage_tokens:g} (more than {slack} apart): other clients' requests, "
-                     "or a /metrics ahead of or out of step with what this client received")
+            flag_foreign(counter, window_rise, usage_tokens, window_s,
+                         f"the counter rose {window_rise:g} in the window while the usage counts of the chunks that "
+                         f"arrived in it add up to {usage_tokens:g} (more than {slack} apart)")
     _flag_restarts(results, window_resets, window_backwards, trial_resets)
     if results.scrape_intervals.stale_suspected:
         add_flag(counter, "stale_counter", results.scrape_intervals.note)
@@ -134,6 +150,11 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
         results.validity.not_applied.append(
             f"tight chunk bound: chunks carried {tokens / total_chunks:.2f} tokens on average, so without running "
             "usage a counter is caught only when it lags by more than that share of the tokens")
+    if usage_tokens is None and spans is not None and placed is not None:
+        # without running usage the chunks bound the counter from below only: truthput's own
+        # requests' final usage, placed on their chunks, bounds it from above (another client)
+        _check_request_spans(results, intervals, spans, placed,
+                             edge_slack(concurrency, max_tokens_per_chunk) + moment_tokens)
     slack = edge_slack(concurrency)
     for t_from, t_to, rise, resets in intervals:
         if rise is None or resets:
@@ -178,10 +199,9 @@ def _check_whole_requests(results: TrialResults, intervals: Sequence[tuple[float
                      f"ended between them carried {sure:g} tokens (usage): /metrics is behind what was served")
             break
         if rise > may:
-            add_flag(counter, "counter_exceeds_usage",
-                     f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while every request "
-                     f"that may have ended between them carried {may:g} tokens: other clients' requests, or a "
-                     "/metrics out of step with what this client received")
+            flag_foreign(counter, rise, may, t_to - t_from,
+                         f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while every request "
+                         f"that may have ended between them carried {may:g} tokens")
             break
 
 
@@ -223,10 +243,9 @@ def _check_request_spans(results: TrialResults, intervals: Sequence[tuple[float,
                      "/metrics is behind what was served")
             break
         if rise > high:
-            add_flag(counter, "counter_exceeds_usage",
-                     f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while the requests' "
-                     f"final usage placed on their chunks puts {est:.0f} tokens between them (at most {high:.0f}): "
-                     "other clients' requests, or a /metrics out of step with what this client received")
+            flag_foreign(counter, rise, est, t_to - t_from,
+                         f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while the requests' "
+                         f"final usage placed on their chunks puts {est:.0f} tokens between them (at most {high:.0f})")
             break
 
 
