@@ -39,7 +39,7 @@ class RunSummary:
                 return next((c for c in cv.comparisons if c.variant == variant), None)
         return None
 
-    def said_of(self, variant: str | None) -> tuple[str, list[str]]:
+    def said_of(self, variant: str | None, where: str = "") -> tuple[str, list[str]]:
         """(the variant a user means, what the verdict said against it): the one winner when none is
         named (else ValueError listing the winners), and a warning for a variant never measured or
         decided slower than the baseline at some level."""
@@ -54,7 +54,7 @@ class RunSummary:
         warnings: list[str] = []
         if variant not in {c.variant for c in self.cells if c.per_start}:
             why = self.failed.get(variant, "no trial of it succeeded")
-            warnings.append(f"{variant} was never measured ({why}): this unit is untested")
+            warnings.append(f"{variant} was never measured{where} ({why}): this unit is untested")
         for cv in self.verdict.per_concurrency:
             for c in cv.comparisons:
                 if c.variant == variant and c.metric == "tok/s" and c.outcome == "slower":

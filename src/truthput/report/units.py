@@ -100,10 +100,10 @@ def verdict_on_variant(db: Store, run_id: str, variant: str | None) -> tuple[str
     from truthput.store.summary import run_summary
 
     try:
-        variant, warnings = run_summary(db, run_id).said_of(variant)
+        variant, warnings = run_summary(db, run_id).said_of(variant, where=f" in run {run_id}")
     except ValueError as exc:
         raise InputError(f"run {run_id}: {exc}; choose one with --variant NAME") from None
-    return variant, [w.replace(" was never measured (", f" was never measured in run {run_id} (", 1) for w in warnings]
+    return variant, warnings
 
 
 def write_winner_units(db: Store, store_path: Path, run_id: str, folder: Path,
