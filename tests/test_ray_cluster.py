@@ -146,7 +146,7 @@ def _verdict(db: Path) -> list[tuple]:
     out = []
     for cv in json.loads(summary)["verdict"]["per_concurrency"]:
         for comp in cv["comparisons"]:
-            out.append((cv.get("concurrency"), cv["metric"], comp["variant"], comp["outcome"]))
+            out.append((cv["level"], cv["metric"], comp["variant"], comp["outcome"]))
     return sorted(out, key=str)
 
 

@@ -125,6 +125,7 @@ def test_runs_lists_the_stores_runs(store):
     row = store.run(store.resolve_run("latest"))
     assert (run["id"], run["name"], run["status"], run["engine"]) == (row.id, row.name, row.status, row.engine)
     assert run["variants"] == ["original", "spec1", "nospec"] and run["simulated"] is True
+    # the decision of the quickstart's (older) stored summary: its first line
     assert run["verdict"] == row.summary["verdict_lines"][0]
     table = subprocess.run([sys.executable, "-m", "truthput", "runs", "--store", store.path], capture_output=True,
                            text=True, timeout=60, env={**__import__("os").environ, "COLUMNS": "250"})

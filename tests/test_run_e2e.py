@@ -24,6 +24,7 @@ import pytest
 from truthput.run.plan import build_plan
 from truthput.run.loop import run_experiment
 from truthput.experiment.file import parse_experiment
+from truthput.store.summary import stored_summary
 from truthput.store.db import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,10 +150,10 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
     assert by_variant["base"]["spec_decode"]["k"] == 3
     assert by_variant["spec1"]["spec_decode"]["k"] == 1
     assert not by_variant["nospec"].get("spec_decode")
-    summary = store.run(run_id).summary
-    assert summary["verdict_lines"], "a verdict is written"
+    summary = stored_summary(store, run_id)
+    assert summary is not None and summary.verdict.lines(), "a verdict is written"
     # greedy output unchanged by speculation (the simulator promises it; the guard checks it)
-    assert summary["guard"]["spec1"]["exact_match_rate"] == 1.0
+    assert summary.guard["spec1"].exact_match_rate == 1.0
 
 
 def test_variant_argv_is_exactly_what_the_experiment_asked(tmp_path):
@@ -189,7 +190,7 @@ set = { "--max-model-len" = 4000000, "--gpu-memory-utilization" = 0.2 }
     assert bad.failure_line
     assert {t.variant for t in store.trial_results(run_id)} == {"base", "spec1", "nospec"}
     assert store.run(run_id).status == "done"
-    assert "too-long" in store.run(run_id).summary["failed"]
+    assert "too-long" in stored_summary(store, run_id).failed
 
 
 def test_pinned_port_in_use_is_recorded(tmp_path):
@@ -384,7 +385,7 @@ guard_max_tokens = 8
     run_id = asyncio.run(run_experiment(exp, text, "imported.toml", Store(db), progress=lambda m: None))
     store = Store(db)
     paths = write_winner_units(store, db, run_id, tmp_path / "out")
-    assert [p.name for p in paths] == [f"{run_id}-mtp3.service"], store.run(run_id).summary["verdict_lines"]
+    assert [p.name for p in paths] == [f"{run_id}-mtp3.service"], stored_summary(store, run_id).verdict.lines()
     unit = parse_unit(paths[0].read_text())
     original = parse_unit(unit_path.read_text())
     # same argv as the user's own unit (mtp3 changed nothing), same sections, normal restart policy kept
@@ -820,7 +821,7 @@ def test_a_crash_under_load_ends_that_start_and_two_fail_the_variant(tmp_path):
     assert all(starts[k].status == "failed" for k in crashed)
     assert ("crashy", 2) not in starts  # not started a third time
     assert [k for k in starts if k[0] == "base"] == [("base", 0), ("base", 1), ("base", 2)]
-    assert "crashy: failed" in " ".join(store.run(run_id).summary["verdict_lines"])
+    assert "crashy: failed" in " ".join(stored_summary(store, run_id).verdict.lines())
 
 
 def test_a_variant_that_never_measures_exits_non_zero_and_says_why(tmp_path):

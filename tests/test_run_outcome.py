@@ -55,12 +55,20 @@ def test_a_run_computes_its_summary_once_and_its_files_use_it(tmp_path, monkeypa
     assert out.measured == ["base", "spec1"] and out.never_measured == [] and out.failed == {}
     assert sorted(p.suffix for p in out.files) == [".html", ".md"]
     assert all(p.exists() and p.stat().st_size > 1000 for p in out.files)
-    # the summary handed over is the one stored with the run's status
-    assert store.run(out.run_id).summary["verdict_lines"] == out.summary.verdict.lines()
-    # and the same a view recomputes from the stored trials
-    from truthput.store.summary import run_summary
+    # the summary handed over is the one stored with the run's status, typed: read back equal
+    from truthput.analyze.summary import SUMMARY_SCHEMA
+    from truthput.store.summary import compute_summary, run_summary, stored_summary
 
-    assert run_summary(store, out.run_id).verdict.lines() == out.summary.verdict.lines()
+    record = stored_summary(store, out.run_id)
+    assert record is not None and record.schema == SUMMARY_SCHEMA
+    assert record.to_json() == out.summary.stored().to_json()  # (NaN estimates: equal as text, not as floats)
+    # a view reads it back (decides nothing again) ...
+    viewed = run_summary(store, out.run_id)
+    assert len(calls) == 1 and viewed.verdict.lines() == out.summary.verdict.lines() and "stored" in viewed.origin
+    assert viewed.stored().to_json() == record.to_json()
+    assert [c.per_start for c in viewed.cells] == [c.per_start for c in out.summary.cells]
+    # ... and it is what the stored trials decide
+    assert compute_summary(store, out.run_id).verdict.lines() == out.summary.verdict.lines()
 
 
 def test_with_the_stopping_rule_each_look_computes_it_once_and_the_last_is_the_runs(tmp_path, monkeypatch):

@@ -307,7 +307,9 @@ def test_sequential_rule_on_real_vllm_stops_within_max_starts_and_says_why(tiny_
     summary = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])
     starts = dict(db.execute("SELECT variant, COUNT(*) FROM starts GROUP BY variant").fetchall())
     print(f"sequential real run: {elapsed:.0f} s, starts {starts}")
-    print("\n".join(summary["verdict_lines"]))
+    from truthput.analyze.summary import StoredSummary
+
+    print("\n".join(StoredSummary.from_json(json.dumps(summary)).verdict.lines()))
     (cv,) = [c for c in summary["verdict"]["per_concurrency"] if c["metric"] == "tok/s"]
     (comp,) = cv["comparisons"]
     n = comp["estimate"]["n_starts_variant"]

@@ -1,9 +1,11 @@
 """A run's summary: its cells, the verdict (every comparison's one interval), failures, the guard.
 
-Computed from the trials alone, by every view that shows a verdict or a comparison (the run's
-terminal table, `truthput report`, the report document), so the table's interval and the
-verdict's are the same numbers: the comparison is computed once, here, at the level the design
-calls for (Bonferroni over the variants, plus the look adjustment of a sequential stopping rule).
+Computed from the trials once per look of the stopping rule (`summarize`); the last look's is the
+run's and is stored once, typed and schema-versioned (`StoredSummary`, `SUMMARY_SCHEMA`), when the
+run ends. Every later view (the terminal table, `truthput report`, the report document, `runs`,
+`unit`) reads that record back and rebuilds only the cells' figures from the trials, so each view's
+interval and verdict are the ones the run decided. The comparison is computed here, at the level
+the design calls for (Holm over the family, plus the look's share of a sequential stopping rule).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from truthput.analyze.verdict import ComparisonVerdict, Verdict
 from truthput.experiment.file import MeasureSection
 from truthput.experiment.levels import Level
 
+SUMMARY_SCHEMA = 2
+"""The version of `StoredSummary` a run keeps in `runs.summary_json`; a stored summary of another
+version (or none: a run stored before schema 2) is recomputed from the trials instead."""
+
 
 @dataclass
 class RunSummary:
@@ -31,6 +37,8 @@ class RunSummary:
     stopping: StoppingInfo | None = None
     values: list[StartValues] = field(default_factory=list)
     """The per-start values the verdict was decided from (`truthput decide` recomputes it)."""
+    origin: str = "computed from the trials (truthput.analyze.summary)"
+    """Where this summary's verdict comes from: computed now, or the run's stored record."""
 
     def comparison(self, variant: str, level: Level, metric: str = "tok/s") -> ComparisonVerdict | None:
         """The verdict's comparison of `variant` with the baseline at `level` on `metric`."""
@@ -71,11 +79,16 @@ class RunSummary:
         return [w for c in self.cells for w in c.warnings]
 
     def to_dict(self) -> dict[str, Any]:
-        """What `runs.summary_json` keeps (the guard's texts, so a report can recompute the guard)."""
+        """The summary as the report document shows it (JSON-ready; NaN as null)."""
         return {"verdict": self.verdict.to_dict(), "verdict_lines": self.verdict.lines(), "failed": self.failed,
                 "guard": {k: dataclasses.asdict(v) for k, v in self.guard.items()},
                 "guard_texts": self.guard_texts,
                 "stopping": self.stopping.to_dict() if self.stopping is not None else None}
+
+    def stored(self) -> StoredSummary:
+        """What the run keeps of this summary: the decision and what it was decided from."""
+        return StoredSummary(SUMMARY_SCHEMA, self.verdict, self.failed, self.guard, self.guard_texts,
+                             self.stopping, self.values)
 
 
 @dataclasses.dataclass
@@ -96,6 +109,50 @@ class StoppingInfo:
             if out[key] is None:
                 del out[key]
         return out
+
+
+@dataclasses.dataclass
+class StoredSummary:
+    """A run's summary as stored once when the run ends (`runs.summary_json`), typed: the verdict
+    with its comparisons and flags, the failures, the guard (with its texts, so a resumed run
+    compares new outputs with the same baseline), the stopping record and the per-start values."""
+
+    __pydantic_config__ = {"ser_json_inf_nan": "strings"}  # NaN estimates stay NaN (as "NaN": strict JSON)
+
+    schema: int
+    verdict: Verdict
+    failed: dict[str, str]
+    guard: dict[str, GuardResult]
+    guard_texts: dict[str, list[str]]
+    stopping: StoppingInfo | None
+    values: list[StartValues]
+
+    def to_json(self) -> str:
+        return str(_stored_adapter().dump_json(self).decode())
+
+    @staticmethod
+    def from_json(text: str | None) -> StoredSummary | None:
+        """The stored record, or None when there is none or it has another schema (recompute)."""
+        import json
+
+        if not text:
+            return None
+        if json.loads(text).get("schema") != SUMMARY_SCHEMA:
+            return None
+        record: StoredSummary = _stored_adapter().validate_json(text)
+        return record
+
+    def summary(self, cells: list[Cell]) -> RunSummary:
+        """The run's summary: this decision, with the cells rebuilt from the run's trials."""
+        return RunSummary(cells=cells, verdict=self.verdict, failed=self.failed, guard=self.guard,
+                          guard_texts=self.guard_texts, stopping=self.stopping, values=self.values,
+                          origin=f"stored when the run ended (summary schema {self.schema}); cells from the trials")
+
+
+def _stored_adapter() -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(StoredSummary)
 
 
 def _mark_flagged(verdict: Verdict, cells: list[Cell], baseline: str) -> None:

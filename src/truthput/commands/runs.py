@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 
@@ -24,22 +26,34 @@ def register(app: typer.Typer) -> None:
 
         if not Path(store).exists():
             raise StoreError(f"{store}: no results store here (give --store PATH)")
+        from truthput.store.summary import stored_summary
+
         db = Store(store, read_only=True)
         try:
-            rows = [(r, [v.name for v in db.variants(r.id)]) for r in db.runs()]
+            rows = [(r, [v.name for v in db.variants(r.id)], stored_summary(db, r.id)) for r in db.runs()]
         finally:
             db.close()
-        listed = [{"id": r.id, "name": r.name, "status": r.status, "created_at": r.created_at, "engine": r.engine,
-                   "simulated": bool(r.simulated), "variants": names,
-                   "verdict": ((r.summary or {}).get("verdict_lines") or [None])[0]} for r, names in rows]
+        def decision(record: Any, row: Any) -> str | None:
+            """The run's decision: its stored verdict's decision lines (an older store: its first line)."""
+            if record is not None:
+                said = [cv.decision[0] for cv in record.verdict.per_concurrency if cv.decision and cv.metric == "tok/s"]
+                return "; ".join(said) or None
+            return ((row.summary or {}).get("verdict_lines") or [None])[0]
+
+        listed: list[dict[str, Any]] = [
+            {"id": r.id, "name": r.name, "status": r.status, "created_at": r.created_at, "engine": r.engine,
+             "simulated": bool(r.simulated), "variants": names, "verdict": decision(record, r)}
+            for r, names, record in rows]
         if as_json:
             typer.echo(json.dumps(listed, indent=2))
             return
         t = Table(title=f"runs in {store}")
-        for col in ("id", "name", "status", "started", "engine", "variants", "verdict (first line)"):
-            t.add_column(col)
+        # an id is what a user copies into the next command: never cut (the other columns wrap)
+        t.add_column("id", no_wrap=True, min_width=max((len(r["id"]) for r in listed), default=2))
+        for col in ("name", "status", "started", "engine", "variants", "decision"):
+            t.add_column(col, overflow="fold")
         for r in listed:
             engine = r["engine"] + (" (simulated)" if r["simulated"] and r["engine"] != "sim" else "")
-            t.add_row(*(Text(str(x)) for x in (r["id"], r["name"], r["status"], r["created_at"], engine,
+            t.add_row(*(Text(str(x)) for x in (r["id"], r["name"], r["status"], r["created_at"][:16].replace("T", " "), engine,
                                               ", ".join(r["variants"]), r["verdict"] or "")))
         make_console().print(t)

@@ -30,6 +30,21 @@ class Rate(float):
     def __str__(self) -> str:
         return f"{float(self):g} req/s"
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """Stored as `{"rate": x}`, so a stored level reads back a Rate, never a number of streams."""
+        from pydantic_core import core_schema
+
+        def load(doc: Any) -> Rate:
+            if isinstance(doc, Rate):
+                return doc
+            if isinstance(doc, Mapping) and set(doc) == {"rate"}:
+                return Rate(float(doc["rate"]))
+            raise ValueError(f"not a rate: {doc!r}")
+
+        return core_schema.no_info_plain_validator_function(
+            load, serialization=core_schema.plain_serializer_function_ser_schema(lambda r: {"rate": float(r)}))
+
 
 Level = Union[int, Rate]
 """A closed loop's streams (int) or an open loop's offered rate (Rate)."""

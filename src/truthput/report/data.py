@@ -434,7 +434,7 @@ def build_report_data(store: Store, run_id: str, summary: RunSummary | None = No
         experiment=experiment,
         cells=_cells(summary, simulated),
         verdict=VerdictSection(
-            from_="recomputed from the store's trials (truthput.analyze.summary)", lines=stored["verdict_lines"],
+            from_=summary.origin, lines=stored["verdict_lines"],
             detail=clean(stored["verdict"]), failed=stored["failed"],
             guard={k: GuardSummary(**clean(v)) for k, v in stored["guard"].items()},
             stopping=clean(stored["stopping"])),

@@ -24,7 +24,7 @@ from truthput.experiment.file import Experiment
 from truthput.run.plan import build_plan
 from truthput.run.start import RunState, experiment_tokenizer
 from truthput.store.db import Store
-from truthput.store.summary import run_summary
+from truthput.store.summary import compute_summary, stored_guard_texts
 
 def _stop_leftovers(store: Store, run_id: str, emit: Callable[[Event], None]) -> None:
     """Starts a dead truthput left `starting` or `ready`: stop their servers if they still run (only
@@ -135,7 +135,7 @@ async def execute(exp: Experiment, exp_text: str, exp_path: str | None, store: S
     ctx = RunState(exp=exp, plan=plan, run_id=run_id, emit=emit,
                    simulated=plan.engine in SIMULATED_KINDS or bool(store.run(run_id).simulated))
     if resume:
-        ctx.guard_texts = (store.run(run_id).summary or {}).get("guard_texts") or {}
+        ctx.guard_texts = stored_guard_texts(store, run_id)
     if pinned or exp.server.cpus:
         where = (f"client on core(s) {cpu_string(pinned) if pinned else 'any'}, servers on "
                  f"{cpu_string(exp.server.cpus) if exp.server.cpus else 'all of the host'}")
@@ -163,11 +163,11 @@ async def execute(exp: Experiment, exp_text: str, exp_path: str | None, store: S
         status = "interrupted"
         raise
     finally:
-        stored: dict[str, Any] = {"guard_texts": ctx.guard_texts}
+        stored: str | dict[str, Any] = {"guard_texts": ctx.guard_texts}
         try:
             if summary is None:
-                summary = run_summary(store, run_id, ctx.guard_texts)
-            stored = summary.to_dict()
+                summary = compute_summary(store, run_id, ctx.guard_texts)
+            stored = summary.stored().to_json()
         except Exception as exc:  # a summary failure must not lose the run's status
             store.event(run_id, "summary_error", repr(exc))
             summary = None
@@ -195,7 +195,7 @@ async def _more_starts(ctx: RunState, store: Store, executor: Executor, tokenize
     n = m.starts
     total = len(ctx.plan.order) * len(ctx.plan.levels) * ctx.plan.repeats
     while True:
-        summary = run_summary(store, ctx.run_id, ctx.guard_texts)
+        summary = compute_summary(store, ctx.run_id, ctx.guard_texts)
         comps = summary.verdict.comparisons()
         reason = rule.reason(n, [c.decided for c in comps], [c.estimate.rel_halfwidth for c in comps],
                              elapsed_s=time.monotonic() - t_start, budget_s=m.time_budget_s,

@@ -333,14 +333,17 @@ class Store:
     def runs(self) -> list[RunRow]:
         return [from_row(RunRow, r) for r in self.conn.execute("SELECT * FROM runs ORDER BY created_at").fetchall()]
 
-    def set_run_status(self, run_id: str, status: str, summary: dict[str, Any] | None = None) -> None:
+    def set_run_status(self, run_id: str, status: str, summary: str | dict[str, Any] | None = None) -> None:
+        """The run's status, and (when it ends) its summary: an experiment's
+        `analyze.summary.StoredSummary` as its JSON, a load run's trials as a dict."""
         with self._lock, self.conn:
             finished = datetime.now(timezone.utc).isoformat() if status != "running" else None
             if summary is None:
                 self.conn.execute("UPDATE runs SET status=?, finished_at=? WHERE id=?", (status, finished, run_id))
             else:
                 self.conn.execute("UPDATE runs SET status=?, finished_at=?, summary_json=? WHERE id=?",
-                                  (status, finished, _dumps(summary), run_id))
+                                  (status, finished, summary if isinstance(summary, str) else _dumps(summary),
+                                   run_id))
 
     def mark_simulated(self, run_id: str) -> None:
         with self._lock, self.conn:
