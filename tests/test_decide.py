@@ -23,7 +23,9 @@ def test_decide_on_the_exported_values_reproduces_the_runs_verdict(tmp_path):
     db = restore_quickstart_db(tmp_path / "q.db")
     store = Store(db, read_only=True)
     rid = store.resolve_run("latest")
-    run_lines = run_summary(store, rid).verdict.lines()
+    verdict = run_summary(store, rid).verdict
+    run_lines = verdict.lines()
+    decisions = [line for cv in verdict.per_concurrency for line in cv.decision]
     for name in ("v.json", "v.csv"):
         out = tmp_path / name
         made = subprocess.run([sys.executable, "-m", "truthput", "report", "latest", "--store", str(db),
@@ -38,6 +40,10 @@ def test_decide_on_the_exported_values_reproduces_the_runs_verdict(tmp_path):
         assert got.returncode == 0, got.stderr[-1500:]
         want = _decisions(run_lines)
         assert want and _decisions(got.stdout.splitlines()) == want, (got.stdout, run_lines)
+        # the decision of each level too (winner / no winner), not only the comparisons under it
+        # (a CSV does not say the run was simulated, so its lines carry no "simulated: ")
+        printed = [ln.removeprefix("simulated: ") for ln in got.stdout.splitlines()]
+        assert decisions and all(d.removeprefix("simulated: ") in printed for d in decisions), (decisions, printed)
     doc = json.loads((tmp_path / "v.json").read_text())
     assert doc["schema"] == "truthput-values/1" and all(len(s["values"]) >= 1 for s in doc["starts"])
     assert {s["round"] for s in doc["starts"]} >= {0, 1}
@@ -91,3 +97,39 @@ def test_a_decision_once_reached_is_kept_and_its_share_of_alpha_passes_to_the_op
     # c=8 is tested at look 4 over a family of one (what is still open)
     c8 = [c for lv in at4.per_concurrency if lv.level == 8 for c in lv.comparisons][0]
     assert "1 decided earlier" in c8.estimate.correction
+
+
+def _decide(tmp_path, rows: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "v.csv").write_text("\n".join(["metric,variant,concurrency,rate,round,trial,value", *rows]) + "\n")
+    return subprocess.run([sys.executable, "-m", "truthput", "decide", str(tmp_path / "v.csv"), "--baseline", "base",
+                           *args], capture_output=True, text=True, timeout=120)
+
+
+TWO_ROUNDS = ["tok/s,base,4,,0,0,300", "tok/s,new,4,,0,0,600", "tok/s,base,4,,1,0,302", "tok/s,new,4,,1,0,606"]
+
+
+def test_decide_refuses_what_no_run_produces(tmp_path):
+    assert _decide(tmp_path, TWO_ROUNDS).returncode == 0
+    # the same start twice would count as a third start (and decide at "2" starts what needs 3)
+    dup = _decide(tmp_path, [*TWO_ROUNDS, "tok/s,new,4,,1,0,606"], "--look", "2")
+    assert dup.returncode == 2 and "appears twice" in dup.stderr and dup.stdout == "", dup.stderr
+    # a round missing: rounds 0 and 2 but not 1
+    gap = _decide(tmp_path, [r.replace(",1,0,", ",2,0,") for r in TWO_ROUNDS])
+    assert gap.returncode == 2 and "not 1" in gap.stderr and dup.stdout == "", gap.stderr
+    # a look beyond the starts present
+    far = _decide(tmp_path, TWO_ROUNDS, "--look", "3")
+    assert far.returncode == 2 and "--look 3" in far.stderr and "2 start(s)" in far.stderr, far.stderr
+    assert _decide(tmp_path, TWO_ROUNDS, "--look", "0").returncode == 2
+
+
+def test_decide_refuses_a_json_start_given_twice(tmp_path):
+    import json as _json
+
+    doc = {"schema": "truthput-values/1", "baseline": "base", "starts": [
+        {"metric": "tok/s", "variant": v, "concurrency": 4, "rate": None, "round": r, "values": [x]}
+        for v, r, x in [("base", 0, 300.0), ("new", 0, 600.0), ("base", 1, 301.0), ("new", 1, 601.0),
+                        ("new", 1, 601.0)]]}
+    (tmp_path / "v.json").write_text(_json.dumps(doc))
+    got = subprocess.run([sys.executable, "-m", "truthput", "decide", str(tmp_path / "v.json")], capture_output=True,
+                         text=True, timeout=120)
+    assert got.returncode == 2 and "round 1 twice" in got.stderr and got.stdout == "", got.stderr

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         """Print the verdict the values give, with the run's design: the same function `run` uses."""
         from truthput.analyze.values import decide
         from truthput.errors import InputError
-        from truthput.report.values import read_values
+        from truthput.report.values import check_starts, read_values
 
         starts, named, measure, simulated = read_values(values)
         if experiment is not None:
@@ -35,6 +35,7 @@ def register(app: typer.Typer) -> None:
         if not base:
             raise InputError(f"{values}: which variant is the baseline? give --baseline NAME")
         if look is not None:
+            check_starts(values, starts, look)
             starts = [s for s in starts if s.round < look]
         verdict = decide(starts, base, measure, look=look, simulated=simulated)
         for line in verdict.lines():

@@ -50,7 +50,7 @@ def read_values(path: Path) -> tuple[list[StartValues], str | None, MeasureSecti
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
     if path.suffix.lower() == ".csv":
-        return _read_csv(path, text), None, None, False
+        return check_starts(path, _read_csv(path, text)), None, None, False
     try:
         doc = json.loads(text)
         starts = [StartValues(str(s["metric"]), str(s["variant"]), level_from_json(s), int(s["round"]),
@@ -58,7 +58,33 @@ def read_values(path: Path) -> tuple[list[StartValues], str | None, MeasureSecti
         measure = MeasureSection.model_validate(doc.get("measure") or {})
     except (ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{path}: not a truthput values file ({exc.__class__.__name__}: {exc})") from None
-    return starts, doc.get("baseline"), measure, bool(doc.get("simulated"))
+    return check_starts(path, starts), doc.get("baseline"), measure, bool(doc.get("simulated"))
+
+
+def check_starts(path: Path, starts: list[StartValues], look: int | None = None) -> list[StartValues]:
+    """Refuse what no run produces: the same start twice (it would count as one more start), a
+    cell whose rounds skip one (round k exists only once rounds 0..k-1 ran), or a `look` beyond
+    the starts the values hold."""
+    from truthput.experiment.levels import level_label
+
+    seen: dict[tuple[str, str, Any], list[int]] = {}
+    for s in starts:
+        rounds = seen.setdefault((s.metric, s.variant, s.level), [])
+        if s.round in rounds:
+            raise InputError(f"{path}: {s.variant} {level_label(s.level)} ({s.metric}) has round {s.round} twice; "
+                             "each server start is one entry")
+        rounds.append(s.round)
+    for (metric, variant, level), rounds in seen.items():
+        missing = sorted(set(range(max(rounds) + 1)) - set(rounds))
+        if missing:
+            raise InputError(f"{path}: {variant} {level_label(level)} ({metric}) has rounds "
+                             f"{', '.join(map(str, sorted(rounds)))} but not {', '.join(map(str, missing))}: "
+                             "a run's rounds are 0, 1, 2, ... with none missing")
+    most = max((len(r) for r in seen.values()), default=0)
+    if look is not None and not 1 <= look <= most:
+        raise InputError(f"{path}: --look {look}: the values hold {most} start(s) per variant at most "
+                         f"(give 1..{most})")
+    return starts
 
 
 def _read_csv(path: Path, text: str) -> list[StartValues]:
@@ -71,7 +97,11 @@ def _read_csv(path: Path, text: str) -> list[StartValues]:
             level = level_from_json({"concurrency": int(r["concurrency"]) if r["concurrency"] else None,
                                      "rate": float(r["rate"]) if r["rate"] else None})
             key = (r["metric"], r["variant"], level, int(r["round"]))
-            by.setdefault(key, []).append((int(r["trial"] or 0), float(r["value"])))
+            trial = int(r["trial"] or 0)
+            if any(t == trial for t, _x in by.get(key, [])):
+                raise InputError(f"{path}, line {n}: {r['variant']} round {r['round']} trial {trial} "
+                                 f"({r['metric']}) appears twice")
+            by.setdefault(key, []).append((trial, float(r["value"])))
         except (ValueError, TypeError) as exc:
             raise InputError(f"{path}, line {n}: {exc}") from None
     return [StartValues(m, v, lv, rd, tuple(x for _t, x in sorted(vals))) for (m, v, lv, rd), vals in by.items()]
