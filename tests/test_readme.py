@@ -34,6 +34,10 @@ SKIPPED = {
         "before the tests",
     "truthput run my-llama.toml": "my-llama.toml stands for the user's experiment; tests/llamacpp runs the same "
         "kind of experiment on a real llama-server the install script built",
+    ".venv/bin/python scripts/make_gguf.py --random tiny models/tiny.gguf": "needs llama.cpp's gguf-py (the "
+        "install script's source); tests/test_gpu_run.py runs it and checks the file's shape",
+    "bash scripts/gpu-run.sh": "builds and runs llama-server on a GPU; .ci/run runs its CPU path (--cpu) after the "
+        "real-engine tests",
     "apt-get install -y chromium": "a system package (root); .ci/run installs it",
     "source .venv/bin/activate": "changes the calling shell; each command here is run with this environment's Python",
     "truthput run  examples/seed-vllm.toml --engine sim":

@@ -18,6 +18,8 @@ def register(app: typer.Typer) -> None:
         python: Optional[str] = typer.Option(None, "--python", help="Measure with this interpreter instead (e.g. the vllm venv's, which has torch: bf16 matmuls as vLLM-CPU runs them)."),
         name: Optional[str] = typer.Option(None, "--name", help="The profile's name (default: the CPU model and core count)."),
         no_torch: bool = typer.Option(False, "--no-torch", help="Measure the matmul with numpy even where torch is importable."),
+        gpu: bool = typer.Option(False, "--gpu", help="Measure the CUDA GPU instead (torch with CUDA): its name, "
+                                 "memory, copy bandwidth and bf16 matmul rate."),
     ) -> None:
         """Measure this machine's memory bandwidth (STREAM-style triad on every allowed core) and
         matmul FLOP/s (bf16 with torch, else float32 numpy BLAS), and write them as a hardware
@@ -32,6 +34,26 @@ def register(app: typer.Typer) -> None:
         from truthput.report.terminal import make_console
 
         con = make_console()
+        if gpu:
+            if python:
+                argv = [python, probe_mod.__file__, "--gpu"]
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+                if proc.returncode != 0:
+                    raise InputError(f"--gpu: the probe failed: {proc.stderr.strip().splitlines()[-1:]}")
+                facts = json.loads(proc.stdout.strip().splitlines()[-1])
+            else:
+                try:
+                    facts = probe_mod.measure_gpu()
+                except RuntimeError as exc:
+                    raise InputError(f"--gpu: {exc}") from None
+            out.write_text(probe_mod.gpu_profile_toml(facts, name))
+            con.print(f"{facts['name']}: {facts['memory_bytes'] / 2**30:.1f} GiB", highlight=False)
+            con.print(f"  memory bandwidth {facts['copy']['bytes_per_s'] / 1e9:.0f} GB/s "
+                      f"\\[measured: {facts['copy']['method']}]", highlight=False)
+            con.print(f"  matmul {facts['matmul']['flops'] / 1e12:.0f} TFLOP/s bf16 "
+                      f"\\[measured: {facts['matmul']['method']}]", highlight=False)
+            con.print(f"profile written to {out}", highlight=False)
+            return
         if python:
             argv = [python, probe_mod.__file__, *(["--no-torch"] if no_torch else [])]
             try:

@@ -271,5 +271,80 @@ def profile_toml(facts: dict[str, Any], name: str | None = None) -> str:
     return "\n".join(lines)
 
 
+GPU_COPY_BYTES = 2 * 2**30
+"""Bytes of the device-to-device copy the GPU probe times (each byte read once and written once)."""
+
+
+def measure_gpu(device: int = 0, size: int = 8192, repeats: int = REPEATS) -> dict[str, Any]:
+    """One CUDA GPU, measured with torch: its name and memory, its memory bandwidth (a device
+    copy: bytes read + written over the time) and its bf16 matmul FLOP/s (size^3), best of
+    `repeats`; the board's power limit from NVML where nvidia-ml-py is installed."""
+    torch = _torch()
+    if torch is None or not torch.cuda.is_available():
+        raise RuntimeError("no CUDA GPU that torch can use here (the GPU probe needs torch with CUDA)")
+    dev = torch.device("cuda", device)
+    props = torch.cuda.get_device_properties(dev)
+    src = torch.empty(GPU_COPY_BYTES // 2, dtype=torch.float16, device=dev).normal_()
+    dst = torch.empty_like(src)
+
+    def timed(fn: Any) -> list[float]:
+        fn()
+        torch.cuda.synchronize(dev)
+        out = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(dev)
+            out.append(start.elapsed_time(end) / 1e3)
+        return out
+
+    copy_s = timed(lambda: dst.copy_(src))
+    del src, dst
+    a = torch.randn(size, size, dtype=torch.bfloat16, device=dev)
+    b = torch.randn(size, size, dtype=torch.bfloat16, device=dev)
+    mm_s = timed(lambda: torch.matmul(a, b))
+    power_w = None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        power_w = pynvml.nvmlDeviceGetPowerManagementLimit(pynvml.nvmlDeviceGetHandleByIndex(device)) / 1e3
+    except Exception:
+        pass
+    moved = 2.0 * GPU_COPY_BYTES
+    return {"name": props.name, "memory_bytes": float(props.total_memory), "board_power_w": power_w,
+            "copy": {"bytes_per_s": moved / min(copy_s), "median_bytes_per_s": moved / statistics.median(copy_s),
+                     "method": f"torch {torch.__version__} device copy of {GPU_COPY_BYTES / 2**30:g} GiB (read + "
+                               f"write), CUDA events, best of {repeats}"},
+            "matmul": {"flops": 2.0 * size**3 / min(mm_s), "median_flops": 2.0 * size**3 / statistics.median(mm_s),
+                       "dtype": "bf16", "method": f"torch bf16 matmul {size}^3 on the GPU, best of {repeats}"},
+            "at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def gpu_profile_toml(facts: dict[str, Any], name: str | None = None) -> str:
+    """The measured GPU as a hardware entry (its measured bandwidth and matmul rate are its ceilings)."""
+    label = name or f"{facts['name']} (probed)"
+    source = f"measured by `truthput hardware probe --gpu` on {facts['at']}: {facts['copy']['method']}; " \
+             f"{facts['matmul']['method']}"
+    return "\n".join([
+        "# A GPU measured by `truthput hardware probe --gpu` (figures are [measured] on this machine).",
+        "[[gpu]]",
+        f"name = {json.dumps(label)}",
+        f"memory_gib = {facts['memory_bytes'] / 2**30:.1f}",
+        f"mem_bw_Bps = {facts['copy']['bytes_per_s']:.4g}",
+        f"bf16_flops = {facts['matmul']['flops']:.4g}",
+        *([f"board_power_w = {facts['board_power_w']:.0f}"] if facts.get("board_power_w") else []),
+        f"sources = [{json.dumps(source)}]",
+        "[gpu.interconnect]",
+        'kind = "none"',
+        "bandwidth_Bps = 0",
+        "latency_s = 0",
+        'source = "one GPU measured: no tensor-parallel link"',
+        "",
+    ])
+
+
 if __name__ == "__main__":
-    print(json.dumps(measure(prefer_torch="--no-torch" not in sys.argv)))
+    print(json.dumps(measure_gpu() if "--gpu" in sys.argv else measure(prefer_torch="--no-torch" not in sys.argv)))
