@@ -80,3 +80,57 @@ def test_every_view_renders_and_names_the_flag(code, load, tmp_path):
         assert code in (tmp_path / written).read_text()
     assert code in ok("audit", rid, "--store", store)
     ok("runs", "--store", store)
+
+
+def _labelled_store(path: Path, engine: str) -> tuple[str, str]:
+    """A two-variant run whose every headline is `engine`'s: "vllm" (the counter) or "llamacpp"
+    (a counter that moves per finished request: usage placed in time is every cell's figure)."""
+    db = Store(path)
+    rid = db.create_run(f"labels-{engine}", "external", False, None, "", 0, {})
+    for i, name in enumerate(("base", "v")):
+        db.put_variant(rid, name, i, i == 0, ["serve"], {"lines": []}, {})
+    from truthput.measure.names import metric_names
+
+    from dataclasses import replace
+
+    names = metric_names("vllm")
+    if engine == "llamacpp":  # the same scrapes, read as a counter that moves per finished request
+        names = replace(names, counter_moves="per_request")
+    for start in range(2):
+        for name in ("base", "v"):
+            sim = simulate(TruthConfig(**dict(BASE, prefill_s=0.05 + 0.002 * start)))
+            res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4, names=names)
+            db.commit_trial(rid, name, None, TrialKey(name, start, 4, 0), "ok", time.time(), 0.0, sim.window,
+                            sim.window[1], res, sim.records, sim.scrapes)
+    db.set_run_status(rid, "done")
+    db.close()
+    return str(path), rid
+
+
+def test_headers_footnotes_and_the_audit_title_name_the_figures_own_source(tmp_path):
+    """No view says "server counter" for a column of usage figures (llama.cpp), and the counter's
+    own column still says it."""
+    runner = CliRunner()
+    for engine, label, other in (("llamacpp", "usage placed in time", "server counter"),
+                                 ("vllm", "server counter", "usage placed in time")):
+        store, rid = _labelled_store(tmp_path / f"{engine}.db", engine)
+        from truthput.store.summary import run_summary
+
+        assert {c.source for c in run_summary(Store(store, read_only=True), rid).cells} == \
+            {"usage" if engine == "llamacpp" else "server_counter"}
+        res = runner.invoke(app, ["report", rid, "--store", store, "--md", str(tmp_path / f"{engine}.md"),
+                                  "--html", str(tmp_path / f"{engine}.html")], env={"COLUMNS": "200"})
+        assert res.exit_code == 0, res.output
+        terminal = runner.invoke(app, ["report", rid, "--store", store], env={"COLUMNS": "200"}).output
+        assert f"[{label}]" in terminal and f"[{other}]" not in terminal.split("tok/s per stream")[0]
+        # the footnote defines the column's figure: truthput's own tokens, or the counter's rise
+        assert ("Output tok/s = truthput's own tokens" in terminal) == (engine == "llamacpp"), terminal[-600:]
+        assert ("Output tok/s = the rise of the server's emitted-token counter" in terminal) == (engine == "vllm")
+        md = (tmp_path / f"{engine}.md").read_text()
+        assert f"### Throughput (output tok/s: {label})" in md
+        html = (tmp_path / f"{engine}.html").read_text()
+        assert f"Output tok/s ({label})" in html
+        audit = runner.invoke(app, ["audit", rid, "--store", store], env={"COLUMNS": "200"}).output
+        want = "the server counter" if engine == "vllm" else "usage placed in time"
+        assert f"every counting method vs {want}" in audit, audit[:400]
+        assert f"Audit: other ways of counting vs {want}" in md

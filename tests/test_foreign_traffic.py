@@ -59,3 +59,83 @@ def test_a_server_that_sends_no_usage_cannot_bound_its_counter_and_says_so():
         r.completion_tokens = None
     res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4)
     assert any("no usage counts" in n for n in res.validity.not_applied)
+
+
+@pytest.mark.parametrize("continuous", [True, False], ids=["running usage", "usage only at the end"])
+@pytest.mark.parametrize("share", SHARES, ids=[f"{s:.0%}" for s in SHARES])
+def test_another_model_on_the_same_server_is_read_apart_and_needs_no_flag(share, continuous):
+    """The counter is summed over every `model_name` unless read per model: truthput reads the
+    model it asked for and names the other one's traffic."""
+    cfg = {"concurrency": 4, "requests": 96, "max_tokens": 40, "continuous_usage": continuous}
+    own = _own_rate(cfg)
+    sim = simulate(TruthConfig(**cfg, other_model_tps=share * own))
+    res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4, model="truth")
+    ws, we = sim.window
+    truth = sim.ledger.between(ws, we) / (we - ws)
+    head = res.headline()
+    assert head.source == "server_counter" and abs(head.number() - truth) <= 0.01 * truth, (head, truth)
+    assert not res.throughput.counter_window.flags
+    (said,) = [w for w in res.warnings if w.startswith("other traffic")]
+    rate = float(re.search(r"moved at ([\d.]+) tok/s", said).group(1))
+    assert "other" in said and rate == pytest.approx(share * own, rel=0.1), said
+    # the running-requests gauge is truthput's model's too (the other model's 3 are not counted)
+    assert res.server_samples.running_max is None or res.server_samples.running_max.number() <= 4
+    # without the model it asked for, the sum over both models is what a reader would get: flagged
+    blind = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4)
+    assert [f.code for f in blind.throughput.counter_window.flags] == ["foreign_traffic"]
+
+
+def test_a_model_name_the_series_do_not_carry_is_said_not_guessed():
+    sim = simulate(TruthConfig(concurrency=4, requests=48, max_tokens=40, other_model_tps=100.0))
+    res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4, model="served-under-another-name")
+    assert any("none of them 'served-under-another-name'" in w for w in res.warnings), res.warnings
+
+
+def _load_beside(tmp_path, foreign_tps: float):  # type: ignore[no-untyped-def]
+    """`truthput load` (two levels) on a server another client uses at `foreign_tps`."""
+    import asyncio
+
+    from truthput.load.workload import WorkloadSpec
+    from truthput.run.load import LoadOptions, run_load
+    from truthput.store.db import Store
+    from truthserver import TruthServer
+
+    said: list[str] = []
+
+    async def go():  # type: ignore[no-untyped-def]
+        server = await TruthServer(TruthConfig(concurrency=2, max_tokens=20, step_s=0.01,
+                                               foreign_tps=foreign_tps)).start()
+        try:
+            opts = LoadOptions(url=server.url, concurrency=[1, 2], duration_s=0.8, sample_interval_s=0,
+                               workload=WorkloadSpec(input_tokens=16, output_tokens=20))
+            return await run_load(opts, Store(tmp_path / "l.db"), progress=said.append)
+        finally:
+            await server.stop()
+
+    return asyncio.run(go()), said
+
+
+@pytest.mark.slow
+def test_load_names_other_traffic_before_any_load_and_between_trials(tmp_path):
+    """`truthput load` on a server another client uses at ~150 tok/s: two scrapes before the
+    first level see the counter move with no load of truthput's, and so do the scrapes between
+    two levels; both are said (a run event, a trial warning) with the rate seen."""
+    from truthput.store.db import Store
+
+    run, said = _load_beside(tmp_path, 150.0)
+    before = [s for s in said if "serving other traffic" in s]
+    assert before, said
+    rate = float(re.search(r"rose at ([\d.]+) tok/s", before[0]).group(1))
+    assert rate == pytest.approx(150.0, rel=0.2), before
+    events = Store(tmp_path / "l.db", read_only=True).conn.execute(
+        "SELECT message FROM events WHERE kind='other_traffic'").fetchall()
+    assert len(events) == 1
+    (between,) = [w for w in run.outcomes[1].results.warnings if w.startswith("other traffic: the server's")]
+    assert float(re.search(r"\(([\d.]+) tok/s from another client\)", between).group(1)) == pytest.approx(150, rel=0.3)
+
+
+@pytest.mark.slow
+def test_a_quiet_server_gets_no_other_traffic_warning(tmp_path):
+    run, said = _load_beside(tmp_path, 0.0)
+    assert not [s for s in said if "other traffic" in s]
+    assert not [w for o in run.outcomes for w in o.results.warnings if "other traffic" in w]

@@ -29,9 +29,19 @@ def test_created_change_detects_a_restart_the_value_hides():
     assert d.resets == 1 and d.value == 1100
 
 
-def test_backwards_without_restart_is_flagged_not_counted():
-    d = counter_delta([(0.0, 1000.0, 5.0), (1.0, 900.0, 5.0), (2.0, 1300.0, 5.0)])
-    assert d.went_backwards_without_reset and d.resets == 0 and d.value == 400
+def test_a_dip_that_recovers_is_a_stale_scrape_dropped_at_no_cost():
+    # a lagging replica answered the middle scrape: the truth is 1000 -> 1300
+    for samples in ([(0.0, 1000.0, 5.0), (1.0, 900.0, 5.0), (2.0, 1300.0, 5.0)],  # same _created
+                    [(0.0, 1000.0), (1.0, 900.0), (2.0, 1300.0)],  # no _created: 900 is not near zero
+                    [(0.0, 1000.0), (1.0, 1200.0), (2.0, 1100.0), (3.0, 1150.0), (4.0, 1300.0)]):
+        d = counter_delta(samples)
+        assert d.value == 300 and d.resets == 0 and d.dips >= 1 and not d.went_backwards_without_reset, d
+        assert "stale scrape" in d.note
+
+
+def test_a_dip_at_the_last_scrape_loses_the_edge_and_says_so():
+    d = counter_delta([(0.0, 1000.0), (1.0, 1300.0), (2.0, 1250.0)])
+    assert d.value == 300 and d.went_backwards_without_reset and "end is read at the highest" in d.note
 
 
 def test_missing_samples_are_reported_never_zero():

@@ -67,9 +67,12 @@ def _comparable(doc: dict) -> dict:
     def strip(x):
         if isinstance(x, dict):
             is_figure = "value" in x and "unit" in x and "source" in x
-            # an interval row's `slack` (the bound it was judged by) is newer than the recording
+            # an interval row's `slack` (the bound it was judged by) and the requests' work (completion
+            # and prompt tokens each, finish reasons) are newer than the recording
             return {k: strip(v) for k, v in x.items() if not (is_figure and k in ("window", "flags"))
-                    and not (k == "slack" and "usage_arrived" in x)}
+                    and not (k == "slack" and "usage_arrived" in x)
+                    and not (k in ("completion_tokens_mean", "prompt_tokens_mean", "finish_reasons")
+                             and "failed_mid_stream" in x)}
         if isinstance(x, list):
             return [strip(v) for v in x]
         return x

@@ -83,3 +83,27 @@ def test_a_cell_whose_figure_is_wrong_is_shown_but_not_compared():
     assert s.comparison("shared", 4) is None
     assert not any(cv.winner for cv in s.verdict.per_concurrency)
     assert any("shared c=4: not compared on tok/s" in n for n in s.verdict.decision_lines())
+
+
+def test_a_variant_whose_requests_were_cut_short_is_flagged_unequal_work_and_not_decided():
+    """The `-c`/`-np` case: a variant whose server stops each request at 12 of the 40 tokens asked
+    (a context limit: finish_reason length) runs faster per token or slower per request, but its
+    tok/s is not the baseline's quantity: flagged `unequal_work` in its cell, never compared."""
+    rng = random.Random(7)
+    trials = []
+    for start in range(3):
+        trials.append(_trial("quiet", start, rng))
+        trials.append(_trial("shared", start, rng, max_tokens=12))
+    s = summarize(trials, ["quiet", "shared"], {}, "quiet", MeasureSection(starts=3, sequential=False),
+                  simulated=False)
+    cut = next(c for c in s.cells if c.variant == "shared")
+    (flag,) = [f for f in cut.flags if f.code == "unequal_work"]
+    assert "got 12 completion tokens each against the baseline's 40" in flag.reason, flag.reason
+    assert cut.wrong == ["unequal_work"]
+    assert not s.verdict.comparisons() and not s.verdict.winners()
+    assert any("shared c=4: not compared on tok/s: its requests did other work" in n for n in s.verdict.notes)
+    # the same work on both arms: no flag
+    same = [t for t in trials if t.variant == "quiet"]
+    same += [Trial("shared", t.start_index, t.results) for t in same]
+    s2 = summarize(same, ["quiet", "shared"], {}, "quiet", MeasureSection(starts=3, sequential=False), simulated=False)
+    assert not any(f.code == "unequal_work" for c in s2.cells for f in c.flags)

@@ -67,6 +67,12 @@ class TruthConfig:
     metrics_lag_s: float = 0.0  # /metrics shows the state this long ago
     metrics_lag_scrapes: bool = False  # /metrics serves what the previous scrape would have seen
     foreign_tps: float = 0.0  # another client's tokens per second: counted by /metrics, never sent to this one
+    other_model_tps: float = 0.0  # a second model on the same server ("other"), its own labelled series
+    periodic_scrapes: int = 0  # simulate(): this many evenly spaced scrapes inside the window
+    stale_scrapes: tuple[int, ...] = ()  # these /metrics answers (0 = the first) come from a replica ...
+    stale_lag_s: float = 1.0  # ... this far behind (a dip: the counter lower than the one before)
+    failing_scrapes_every: int = 0  # every Nth /metrics answer fails (HTTP 503)
+    final_usage: bool = True  # False: no usage in the stream at all, even when asked (an engine with none)
     log_interval_s: float = 0.5
     empty_deltas: bool = False
     role_first_chunk: bool = True
@@ -142,6 +148,16 @@ class Metrics:
         self.cfg, self.ledger = cfg, ledger
         self.last_render = 0.0  # server time of the state the latest scrape saw (the truth for it)
         self._previous: tuple[float, str] | None = None
+        self.served = 0
+
+    def answer(self, t: float) -> str | None:
+        """What GET /metrics answers at time t: None for a failed read (HTTP 503)."""
+        n, self.served = self.served, self.served + 1
+        if self.cfg.failing_scrapes_every and (n + 1) % self.cfg.failing_scrapes_every == 0:
+            return None
+        if n in self.cfg.stale_scrapes:
+            return self.render(t - self.cfg.stale_lag_s)
+        return self.scrape(t)
 
     def scrape(self, t: float) -> str:
         """What GET /metrics answers at time t (one scrape behind when metrics_lag_scrapes)."""
@@ -173,6 +189,10 @@ class Metrics:
 
         foreign = int(cfg.foreign_tps * (t_seen - max(t0, 0.0)))
         counter("vllm:generation_tokens", sum(e.tokens for e in em) + foreign)
+        if cfg.other_model_tps:
+            other = 'engine="0",model_name="other"'
+            lines.append(f"vllm:generation_tokens_total{{{other}}} {float(int(cfg.other_model_tps * (t_seen - max(t0, 0.0))))}")
+            lines.append(f"vllm:generation_tokens_created{{{other}}} {created}")
         counter("vllm:prompt_tokens", 10 * sum(1 for e in em if e.first))
         if cfg.spec_k:
             counter("vllm:spec_decode_num_drafts", sum(e.drafts for e in em))
@@ -184,6 +204,8 @@ class Metrics:
                 lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {float(v)}')
         lines.append("# TYPE vllm:num_requests_running gauge")
         lines.append(f"vllm:num_requests_running{{{lab}}} {float(led.running(t_seen))}")
+        if cfg.other_model_tps:
+            lines.append(f'vllm:num_requests_running{{engine="0",model_name="other"}} 3.0')
         ttfts = [x for (tt, x) in led.ttfts if t0 < tt <= t_seen]
         lines.append("# TYPE vllm:time_to_first_token_seconds histogram")
         for b in cfg.ttft_buckets:
@@ -284,8 +306,13 @@ def simulate(cfg: TruthConfig, t0: float = 100.0) -> Simulated:
         ends[r.worker] = max(ends.get(r.worker, 0.0), r.t_end)
     we = min(ends.values()) - 1e-4
     t_post = max(r.t_end for r in records) + 0.01
-    scrapes = [Scrape(ph, tt, metrics.scrape(tt)) for ph, tt in
-               (("pre", t0 - 0.01), ("window_start", ws), ("window_end", we), ("post", t_post))]
+    times = [("pre", t0 - 0.01), ("window_start", ws)]
+    times += [("periodic", ws + (we - ws) * (k + 1) / (cfg.periodic_scrapes + 1)) for k in range(cfg.periodic_scrapes)]
+    times += [("window_end", we), ("post", t_post)]
+    scrapes = []
+    for ph, tt in times:
+        text = metrics.answer(tt)
+        scrapes.append(Scrape(ph, tt, text, None if text is not None else "GET /metrics answered HTTP 503"))
     logs = log_lines(cfg, ledger, t0 - cfg.log_interval_s, t_post)
     return Simulated(records, scrapes, logs, (ws, we), ledger, metrics)
 
@@ -333,7 +360,10 @@ class TruthServer:
         return await self._serve(r, chat=True)
 
     async def _metrics(self, _r: web.Request) -> web.Response:
-        return web.Response(text=self.metrics.scrape(time.monotonic()), content_type="text/plain")
+        text = self.metrics.answer(time.monotonic())
+        if text is None:
+            return web.Response(status=503, text="replica unavailable")
+        return web.Response(text=text, content_type="text/plain")
 
     def log_lines(self, t_to: float | None = None) -> list[tuple[float, str]]:
         return log_lines(self.cfg, self.ledger, self.t_started, t_to or time.monotonic())
@@ -409,7 +439,7 @@ class TruthServer:
             assert req.transport is not None
             req.transport.close()
             return resp
-        if opts.get("include_usage"):
+        if opts.get("include_usage") and cfg.final_usage:
             await send({"id": f"truth-{idx}", "object": kind, "model": "truth", "choices": [], "usage": usage(done)})
         await send(b"[DONE]")
         await resp.write_eof()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any
 
+from truthput.text import capped, percent
 from truthput.analyze.cells import TrialLike, group_trials
 from truthput.measure.model import Check, MethodRow, TrialResults
 from truthput.experiment.levels import Level, level_cell, level_header, level_json
@@ -38,6 +39,8 @@ class AuditRow:
     note: str = ""
     flags: list[str] = field(default_factory=list)
     """Validity flag codes on this method's figure in any of the cell's trials."""
+    reference: str = "counter (window)"
+    """What the cell's errors are measured against: its trials' headline figure."""
 
     def to_dict(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
@@ -95,8 +98,20 @@ def audit_rows(trials: Sequence[TrialLike], simulated: bool = False) -> list[Aud
                 cause=causes.most_common(1)[0][0], causes=dict(causes),
                 source="simulator" if simulated else rs[0].source, measured_source=rs[0].source,
                 n_trials=len(rs), simulated=simulated, note=notes[0] if notes else "",
-                flags=list(dict.fromkeys(f.code for r in rs for f in r.flags))))
+                flags=list(dict.fromkeys(f.code for r in rs for f in r.flags)),
+                reference=Counter(r.reference or "counter (window)" for r in rs).most_common(1)[0][0]))
     return rows
+
+
+def audit_reference(references: Iterable[str]) -> str:
+    """What an audit's errors are against, from its rows' references: "the server counter", or
+    truthput's own tokens where the headline is usage placed in time (in every cell or some)."""
+    refs = set(references) or {"counter (window)"}
+    if refs == {"counter (window)"}:
+        return "the server counter"
+    if "counter (window)" not in refs:
+        return "usage placed in time (truthput's own tokens)"
+    return "each cell's headline (the server counter; usage placed in time where the counter is set aside)"
 
 
 def integrity_rows(trials: Sequence[TrialLike]) -> list[IntegrityRow]:
@@ -129,8 +144,8 @@ def render_audit(rows: list[AuditRow], title: str, simulated: bool = False) -> A
 
     table = Table(title=Text(title), show_lines=False)
     header = level_header(r.level for r in rows)
-    for col in ("variant", header, "method", "tok/s", "vs counter", "cause", "trials"):
-        table.add_column(col, justify="right" if col in (header, "tok/s", "vs counter", "trials") else "left")
+    for col in ("variant", header, "method", "tok/s", "vs headline", "cause", "trials"):
+        table.add_column(col, justify="right" if col in (header, "tok/s", "vs headline", "trials") else "left")
     tag = " (simulated)" if simulated else ""
     prev: tuple[str, Level] | None = None
     for r in rows:
@@ -139,7 +154,7 @@ def render_audit(rows: list[AuditRow], title: str, simulated: bool = False) -> A
             table.add_section()
         prev = key
         tok = "missing" if r.tokps is None else f"{r.tokps:.1f}{tag}"
-        err = "-" if r.error_pct_vs_counter is None else f"{r.error_pct_vs_counter:+.1f}%{tag}"
+        err = "-" if r.error_pct_vs_counter is None else f"{percent(r.error_pct_vs_counter)}{tag}"
         style = {"reference": "bold", "agrees": "green", "missing data": "dim"}.get(r.cause, "yellow")
         cause = Text(r.cause, style=style)
         if r.flags:

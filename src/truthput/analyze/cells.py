@@ -9,6 +9,7 @@ disagree about which figure a cell is judged by or where it came from.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -16,10 +17,47 @@ from statistics import median
 from typing import Protocol, TypeVar
 
 from truthput.analyze.stats import CellEstimate, cell_estimate, noise_warnings
-from truthput.measure.model import COUNT_WRONG_FLAGS, Figure, TrialResults
+from truthput.measure.model import NOT_COMPARED_FLAGS, Figure, TrialResults
 from truthput.experiment.levels import Level, is_rate, level_label, level_of
 
 HEADLINE_SOURCES = {"server_counter": "server counter", "usage": "usage placed in time"}
+HEADLINE_DEFINITIONS = {
+    "server_counter": "the rise of the server's emitted-token counter over the steady-state window (all N streams "
+                      "in flight) / the window's wall time",
+    "usage": "truthput's own tokens: the usage counts of the chunks that arrived in the steady-state window "
+             "(running usage, or each request's final usage placed on its chunks) / the window's wall time",
+}
+
+
+@dataclass(frozen=True)
+class HeadlineBasis:
+    """What the tok/s column of a table of cells is, from the cells' own sources: the label its
+    header carries, the definition its footnote gives, and the source whose cells are marked in it
+    (None: every cell has the header's source)."""
+
+    label: str
+    definition: str
+    marked: str | None = None
+    main: str = "server_counter"
+
+    def marks(self, source: str) -> bool:
+        """Whether a cell (or row) whose headline came from `source` is marked in the column."""
+        return any(s != self.main for s in source.split("+") if s in HEADLINE_SOURCES)
+
+
+def headline_basis(sources: Iterable[str]) -> HeadlineBasis:
+    """The basis of a column whose cells' headlines come from `sources` (one per cell; a cell
+    whose trials differ gives "a+b"): the most common source heads it, the others are marked."""
+    parts = [s for src in sources for s in src.split("+") if s in HEADLINE_SOURCES]
+    if not parts:
+        return HeadlineBasis(HEADLINE_SOURCES["server_counter"], HEADLINE_DEFINITIONS["server_counter"])
+    main = max(HEADLINE_SOURCES, key=lambda s: (parts.count(s), s == "server_counter"))
+    others = [s for s in HEADLINE_SOURCES if s != main and s in parts]
+    if not others:
+        return HeadlineBasis(HEADLINE_SOURCES[main], HEADLINE_DEFINITIONS[main], main=main)
+    other = others[0]
+    return HeadlineBasis(f"{HEADLINE_SOURCES[main]}; {HEADLINE_SOURCES[other]} where marked",
+                         f"{HEADLINE_DEFINITIONS[main]}; where marked, {HEADLINE_DEFINITIONS[other]}", other, main)
 
 
 class TrialLike(Protocol):
@@ -124,9 +162,10 @@ class Cell:
 
     @property
     def wrong(self) -> list[str]:
-        """The flags on the headline that say its count is wrong (`measure.model.COUNT_WRONG_FLAGS`,
-        the one definition): such a cell is shown, never compared."""
-        return sorted({f.code for f in self.flags_on("tok/s") if f.code in COUNT_WRONG_FLAGS})
+        """The flags on the headline that keep it out of every comparison (`measure.model.
+        NOT_COMPARED_FLAGS`, the one definition: a count known to be wrong, or unequal work): such
+        a cell is shown, never compared."""
+        return sorted({f.code for f in self.flags_on("tok/s") if f.code in NOT_COMPARED_FLAGS})
 
     @property
     def flagged(self) -> bool:
@@ -303,7 +342,51 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
             elif v in failed:
                 cell.status = f"failed: {failed[v]}"
             cells.append(cell)
+    if baseline is not None:
+        flag_unequal_work(cells, baseline)
     return cells
+
+
+UNEQUAL_WORK = 0.05
+"""A variant's requests that got (or were given) more than this share fewer completion tokens,
+or another prompt length, than the baseline's at the same level did other work: not compared."""
+
+
+def _work(cell: Cell) -> tuple[float | None, float | None, Counter[str]]:
+    """(median completion tokens per request, median prompt tokens per request, finish reasons)
+    over the cell's ok trials (None where the trials' streams carried no usage)."""
+    ok = [t for t in cell.trials if t.status == "ok"]
+    reasons: Counter[str] = Counter()
+    for t in ok:
+        reasons.update(t.results.requests.finish_reasons)
+    return (_median(t.results.requests.completion_tokens_mean for t in ok),
+            _median(t.results.requests.prompt_tokens_mean for t in ok), reasons)
+
+
+def flag_unequal_work(cells: list[Cell], baseline: str) -> None:
+    """Flag `unequal_work` on a variant's cell whose requests did other work than the baseline's at
+    the same level (fewer completion tokens each: a context limit or a stop cut them; or another
+    prompt length): tok/s over other work is not the same quantity, so it is never compared."""
+    base = {c.level: c for c in cells if c.variant == baseline and c.per_start}
+    for cell in cells:
+        ref = base.get(cell.level)
+        if ref is None or cell is ref or not cell.per_start:
+            continue
+        (done, prompt, reasons), (ref_done, ref_prompt, ref_reasons) = _work(cell), _work(ref)
+        said = []
+        if done is not None and ref_done and done < (1 - UNEQUAL_WORK) * ref_done:
+            said.append(f"its requests got {done:.0f} completion tokens each against the baseline's {ref_done:.0f}")
+        if prompt is not None and ref_prompt and abs(prompt - ref_prompt) > UNEQUAL_WORK * ref_prompt:
+            said.append(f"its prompts were {prompt:.0f} tokens as the server counted them against {ref_prompt:.0f}")
+        if not said:
+            continue
+        ends = ", ".join(f"{k} {n}" for k, n in reasons.most_common())
+        ref_ends = ", ".join(f"{k} {n}" for k, n in ref_reasons.most_common())
+        ok = sum(1 for t in cell.trials if t.status == "ok")
+        cell.flags.append(CellFlag("tok/s", "unequal_work",
+                                   "; ".join(said) + f" (finish_reason: {ends or 'unknown'}; baseline: "
+                                   f"{ref_ends or 'unknown'}): less or other work per request, so its tok/s is "
+                                   "not the same quantity as the baseline's and is not compared", ok, ok))
 
 
 def cell_groups(cells: Iterable[Cell]) -> dict[tuple[str, Level], list[list[float]]]:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from truthput.analyze.cells import Cell, TrialLike, build_cells, metric_groups
+from truthput.analyze.cells import Cell, HeadlineBasis, TrialLike, build_cells, headline_basis, metric_groups
 from truthput.analyze.guard import GuardResult, compare_outputs
 from truthput.analyze.values import StartValues, decide, start_values, stopping_rule
 from truthput.analyze.verdict import ComparisonVerdict, Verdict
@@ -69,6 +69,10 @@ class RunSummary:
                     warnings.append(f"the verdict decided {variant} {abs(c.estimate.pct):.0f}% slower than "
                                     f"{cv.baseline} at {level_label(cv.level)}")
         return variant, warnings
+
+    def headline_basis(self) -> HeadlineBasis:
+        """What the cells' tok/s are (their sources): every view's header and footnote say it."""
+        return headline_basis(c.source for c in self.cells if c.per_start)
 
     def flag_lines(self) -> list[str]:
         """One line per validity flag on a cell's figures: where, which figure, why, how often."""
@@ -229,9 +233,11 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
     groups = {"tok/s": (values, rounds), **extra}
     verdict = decide(groups, baseline, m, look=look, failed=failed, guard=guard, simulated=simulated)
     _mark_flagged(verdict, cells, baseline)
-    verdict.notes += [f"{c.variant} {c.label}: not compared on tok/s: its figure is known to be wrong "
-                      f"({', '.join(c.wrong)}: see the flags)" + (", so nothing at this level is compared with it"
-                                                                  if c.variant == baseline else "")
+    verdict.notes += [f"{c.variant} {c.label}: not compared on tok/s: "
+                      + ("its requests did other work than the baseline's" if c.wrong == ["unequal_work"]
+                         else "its figure is known to be wrong")
+                      + f" ({', '.join(c.wrong)}: see the flags)"
+                      + (", so nothing at this level is compared with it" if c.variant == baseline else "")
                       for c in wrong.values()]
     if blocks is not None:
         verdict.notes.append(blocks.line())

@@ -1,4 +1,4 @@
-"""`truthput audit RUN_ID`: every counting method against the server counter, and why each is off."""
+"""`truthput audit RUN_ID`: every counting method against each cell's headline, and why each is off."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ def register(app: typer.Typer) -> None:
         store: str = typer.Option("truthput.db", "--store", help="Results store (SQLite)."),
         as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of a table."),
     ) -> None:
-        """Show each counting method's tok/s, its error vs the counter and the cause, per variant x concurrency."""
+        """Show each counting method's tok/s, its error vs the cell's headline figure and the cause, per variant x concurrency."""
         import json
         from pathlib import Path
 
         from truthput.report.terminal import make_console
 
-        from truthput.analyze.audit import audit_rows, integrity_rows, render_audit
+        from truthput.analyze.audit import audit_reference, audit_rows, integrity_rows, render_audit
         from truthput.errors import StoreError
         from truthput.experiment.levels import level_label
         from truthput.store.db import Store
@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps({"run": rid, "simulated": simulated, "methods": [r.to_dict() for r in rows],
                                    "integrity": [c.to_dict() for c in checks]}, indent=2))
             return
-        title = f"audit of run {rid}" + (" -- SIMULATED: no figure here is a measurement" if simulated else "")
+        title = f"audit of run {rid}: every counting method vs {audit_reference(r.reference for r in rows)}" + (" -- SIMULATED: no figure here is a measurement" if simulated else "")
         console = make_console()
         console.print(render_audit(rows, title, simulated))
         for c in checks:

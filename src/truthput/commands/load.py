@@ -247,12 +247,21 @@ def _cluster_options(executor: str, address: str | None, clock_skew: str | None)
 
 
 def _exit_if_nothing_measured(result: Any) -> None:
-    """Exit 1 when no request succeeded: a load that measured nothing is not a success."""
+    """Exit 1 when no request succeeded: a load that measured nothing is not a success; exit 4
+    when requests succeeded but a level has no tok/s from any source (the measurement could not
+    be made: no counter, no usage)."""
     records = [r for o in result.outcomes for r in o.trial.load.records]
     if not records or all(r.status != "ok" for r in records):
         last = next((r.error for r in reversed(records) if r.error), "no request was made")
         typer.echo(f"truthput: every request failed ({len(records)} requests); last: {last}", err=True)
         raise typer.Exit(1)
+    missing = [(o.level, o.trial.results.headline()) for o in result.outcomes]
+    missing = [(level, fig) for level, fig in missing if fig.value is None]
+    if missing:
+        level, fig = missing[0]
+        typer.echo(f"truthput: no tok/s figure at level {level:g} ({len(missing)} of {len(result.outcomes)} "
+                   f"trial(s)): {fig.note}", err=True)
+        raise typer.Exit(4)
 
 
 def register(app: typer.Typer) -> None:

@@ -47,6 +47,8 @@ class LoadResult:
     max_in_flight: int = 0  # client-side count, for the "exactly N" claim
     stopped_early: str | None = None
     """Why the load was ended before its window or requests ran out (the error budget), or None."""
+    model: str | None = None
+    """The model the requests asked for (as configured, else the first the server listed)."""
 
 
 def _check_extent(what: str, duration_s: float | None, max_requests: int | None) -> None:
@@ -343,6 +345,7 @@ class ClosedLoop:
             selfcheck=selfcheck,
             notes=notes,
             max_in_flight=self.max_in_flight,
+            model=self.client.model,
             stopped_early=self.stopped_early,
         )
 
@@ -533,6 +536,7 @@ class OpenLoop:
             records=sorted(records, key=lambda r: r.idx), t_start=t_start, t_window_start=t_ws, t_window_end=t_we,
             t_end=t_end, never_settled=never_settled, selfcheck=selfcheck, notes=notes,
             max_in_flight=self.max_in_flight, stopped_early=stopped[0] if stopped else None,
+            model=self.client.model,
         )
 
 

@@ -407,4 +407,5 @@ def merge_results(parts: list[LoadResult], t_ws: float | None, t_we: float | Non
         selfcheck=merged,
         notes=all_notes,
         max_in_flight=sum(p.max_in_flight for p in parts),
+        model=next((p.model for p in parts if p.model), None),
     )

@@ -122,6 +122,13 @@ class Requests(Section):
     errors: list[ErrorCount] = Field(default_factory=list)
     failed_not_stored: int = 0
     """Failed requests beyond the per-trial cap of stored rows (counted here, not stored one by one)."""
+    completion_tokens_mean: float | None = None
+    """Mean usage.completion_tokens of the ok requests (the work each did; None without usage)."""
+    prompt_tokens_mean: float | None = None
+    """Mean usage.prompt_tokens of the ok requests: the prompt as the server counted it."""
+    finish_reasons: dict[str, int] = Field(default_factory=dict)
+    """How the ok requests ended, by finish_reason (e.g. {"length": 40}; "stop" before max_tokens
+    under ignore_eos means a limit cut the output)."""
 
 
 class Integrity(Section):
@@ -140,6 +147,10 @@ class Integrity(Section):
 
 
 COUNT_WRONG_FLAGS = frozenset({"stale_counter", "counter_reset", "foreign_traffic", "counter_exceeds_usage"})
+NOT_COMPARED_FLAGS = COUNT_WRONG_FLAGS | {"unequal_work"}
+"""Flags on a headline that keep its cell out of every tok/s comparison: a count known to be wrong,
+or a variant whose requests did other work than the baseline's (`unequal_work`: fewer tokens
+each, another prompt), whose tok/s is not the same quantity."""
 """The one definition of a WRONG figure: flags that say the count itself is wrong (a stale, restarted
 or foreign-token counter; `counter_exceeds_usage` is what stores before `foreign_traffic` called
 it), not that the conditions were poor. Every other flag says a figure is UNCERTAIN (a busy host, a

@@ -26,6 +26,48 @@ async def scrape_metrics(session: Any, base_url: str, phase: str) -> Scrape:
                       f"GET {base_url}/metrics failed: {exc.__class__.__name__} {exc}".strip())
 
 
+EDGE_TRIES = 3
+EDGE_PAUSE_S = 0.05
+
+
+async def scrape_edge(session: Any, base_url: str, phase: str) -> list[Scrape]:
+    """A window edge's scrape, retried (EDGE_TRIES reads, EDGE_PAUSE_S apart: well inside a
+    sampling interval) when it fails: the failed reads are kept as `periodic` errors, so the
+    trial says what happened, and the edge is the first good read (or the last failure)."""
+    tries: list[Scrape] = []
+    for attempt in range(EDGE_TRIES):
+        if attempt:
+            await asyncio.sleep(EDGE_PAUSE_S)
+        s = await scrape_metrics(session, base_url, phase)
+        if s.error is None:
+            return [Scrape("periodic", f.t_mono, None, f"{f.error} (retried at the {phase} edge)")
+                    for f in tries] + [s]
+        tries.append(s)
+    return [Scrape("periodic", f.t_mono, None, f.error) for f in tries[:-1]] + [tries[-1]]
+
+
+async def idle_rate(base_url: str, emitted_names: tuple[str, ...], seconds: float = 1.0) -> float | None:
+    """How fast the server's token counter moves with no request of truthput's: two scrapes
+    `seconds` apart before any load (tok/s; None when /metrics or the counter cannot be read).
+    Anything above zero is another client's traffic."""
+    import aiohttp
+
+    from truthput.measure.prom import parse_scrape
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        first = await scrape_metrics(session, base_url, "pre")
+        await asyncio.sleep(seconds)
+        second = await scrape_metrics(session, base_url, "pre")
+    a, b = parse_scrape(first), parse_scrape(second)
+    name = next((n for n in emitted_names if a.ok and b.ok and a.has(n) and b.has(n)), None)
+    if name is None:
+        return None
+    va, vb = a.total(name), b.total(name)
+    if va is None or vb is None or vb < va or second.t_mono <= first.t_mono:
+        return None
+    return (vb - va) / (second.t_mono - first.t_mono)
+
+
 async def settled_post_scrapes(session: Any, base_url: str, emitted_names: tuple[str, ...]) -> list[Scrape]:
     """After the drain, scrape until the emitted-token counter stops moving (a /metrics may lag).
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from truthput.load.records import RequestRecord
 from truthput.measure import logparse, validity
-from truthput.measure.counters import CounterDelta, counter_delta
+from truthput.measure.counters import CounterDelta, counter_delta, dips
 from truthput.measure.latency import client_latency, server_histograms
 from truthput.measure.methods import (
     final_usage_per_chunk,
@@ -69,10 +69,66 @@ def _pct(value: float | None, ref: float | None) -> float | None:
 class _Scrapes:
     """Parsed scrapes in time order with phase lookup and counter series."""
 
-    def __init__(self, scrapes: Sequence[Scrape], counter_names: tuple[str, ...] = ()) -> None:
+    def __init__(self, scrapes: Sequence[Scrape], counter_names: tuple[str, ...] = (), model: str | None = None) -> None:
         self.all: list[ParsedScrape] = sorted((parse_scrape(s) for s in scrapes), key=lambda p: p.t_mono)
         self.counter_names = counter_names
         """The engine's emitted-token counter names, named when /metrics has none of them."""
+        self.model: str | None = None
+        """The `model_name` every read is restricted to (the model truthput asked for), when the
+        server labels its series by model and serves that one; None: series summed as they are."""
+        self.other_models: list[str] = []
+        self.unmatched_models: list[str] = []
+        """Models the series name when none of them is the one truthput asked for (not filtered)."""
+        self.whole: list[ParsedScrape] = self.all
+        if model:
+            self._restrict_to(model)
+
+    def _restrict_to(self, model: str) -> None:
+        """A server serving several models labels each series with `model_name`: keep truthput's
+        model's series (and unlabelled ones) in every read, the rest in `whole` for `other_delta`."""
+        seen = {labels["model_name"] for p in self.all for rows in p.samples.values() for labels, _ in rows
+                if "model_name" in labels}
+        if not seen:
+            return
+        if model not in seen:
+            self.unmatched_models = sorted(seen)
+            return
+        self.model, self.other_models = model, sorted(seen - {model})
+        if not self.other_models:
+            return
+        kept = []
+        for p in self.all:
+            q = ParsedScrape(phase=p.phase, t_mono=p.t_mono, error=p.error, half_span_s=p.half_span_s)
+            q.samples = {name: [(lb, v) for lb, v in rows if lb.get("model_name", model) == model]
+                         for name, rows in p.samples.items()}
+            kept.append(q)
+        self.all = kept
+
+    def counter_reads(self, name: str | None, win: tuple[float, float] | None = None) -> list[ParsedScrape]:
+        """The readable scrapes that carry counter `name` (inside `win` if given), in time order,
+        stale ones (dips: `measure.counters.dips`) left out, as every counter delta leaves them."""
+        if not name:
+            return []
+        ok = [p for p in self.all if p.ok and p.has(name) and (win is None or win[0] <= p.t_mono <= win[1])]
+        created = name[: -len("_total")] + "_created" if name.endswith("_total") else ""
+        stale = dips([(p.total(name) or 0.0, max((v for _, v in p.samples.get(created, [])), default=None))
+                      for p in ok])
+        return [p for i, p in enumerate(ok) if i not in stale]
+
+    def other_delta(self, name: str | None, start: ParsedScrape | None, end: ParsedScrape | None) -> float | None:
+        """How far the other models' series of `name` moved between two of these scrapes."""
+        if not self.other_models or name is None or start is None or end is None:
+            return None
+        by_time = {p.t_mono: p for p in self.whole}
+        a, b = by_time.get(start.t_mono), by_time.get(end.t_mono)
+        if a is None or b is None or not a.ok or not b.ok:
+            return None
+        moved = 0.0
+        for other in self.other_models:
+            va, vb = a.total(name, {"model_name": other}), b.total(name, {"model_name": other})
+            if va is not None and vb is not None and vb >= va:
+                moved += vb - va
+        return moved
 
     def phase(self, name: str, last: bool = False) -> ParsedScrape | None:
         hits = [p for p in self.all if p.phase == name]
@@ -201,7 +257,13 @@ def _tokens_in_flight_partial(r: RequestRecord) -> int | None:
 def _requests(records: Sequence[RequestRecord], continuous: int) -> Requests:
     errors = Counter((r.error or (f"HTTP {r.http_status}" if r.http_status else "error"))[:120]
                      for r in records if r.status != "ok")
+    ok = [r for r in records if r.status == "ok"]
+    done = [r.completion_tokens for r in ok if r.completion_tokens is not None]
+    prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     return Requests(
+        completion_tokens_mean=sum(done) / len(done) if done else None,
+        prompt_tokens_mean=sum(prompts) / len(prompts) if prompts else None,
+        finish_reasons=dict(Counter(r.finish_reason or "unknown" for r in ok)),
         total=len(records),
         ok=sum(1 for r in records if r.status == "ok"),
         failed=sum(1 for r in records if r.status != "ok"),
@@ -302,7 +364,7 @@ def _scrape_intervals(sc: _Scrapes, emitted: str | None, table: ChunkTable, usag
     than that. Only intervals inside the steady-state window are judged: ramp-up and drain are
     not what the figure measures, and a drain's last tokens may reach a counter after the client.
     """
-    ok = [p for p in sc.all if p.ok and emitted and p.has(emitted)]
+    ok = sc.counter_reads(emitted)
     rows: list[IntervalRow] = []
     if len(ok) < 2 or not bool(table.continuous.any()) or not bool(table.continuous[table.rec].all()):
         return ScrapeIntervals(rows=rows, stale_suspected=None,
@@ -668,7 +730,7 @@ def _check(result: TrialResults, sc: _Scrapes, emitted: str | None, counts: _Cou
     """The validity checks (`truthput.measure.validity`) on the figures computed so far."""
     intervals: list[tuple[float, float, float | None, int]] = []
     if counts.win is not None and emitted:
-        inside = [p for p in sc.all if p.ok and p.has(emitted) and counts.win[0] <= p.t_mono <= counts.win[1]]
+        inside = sc.counter_reads(emitted, counts.win)
         for a, b in zip(inside, inside[1:]):
             d = sc.delta(emitted, a, b)
             intervals.append((a.t_mono, b.t_mono, d.value, d.resets))
@@ -833,14 +895,16 @@ def measure_trial(
     tokenizer: Any = None,
     names: EngineMetricNames | None = None,
     open_loop: bool = False,
+    model: str | None = None,
 ) -> TrialResults:
     """All figures of one trial, built once, section by section (see the module docstring).
 
     `concurrency` is the streams a closed loop held, or the most requests an open loop had in
     flight; an open loop sets `open_loop`, since its level is a rate and requests waiting in the
-    server's queue are what it measures, not a load that was never reached."""
+    server's queue are what it measures, not a load that was never reached. `model`: the model
+    truthput asked for; a server that labels its series by `model_name` is read for that one."""
     names = names or metric_names(engine)
-    sc = _Scrapes(scrapes, names.candidates("emitted_tokens"))
+    sc = _Scrapes(scrapes, names.candidates("emitted_tokens"), model=model)
     table = build_chunk_table(records)
     tok_pc = tok_req = None
     if tokenizer is not None:
@@ -848,9 +912,10 @@ def measure_trial(
 
     emitted = sc.first_name(names.candidates("emitted_tokens"))
     ws_s, we_s = sc.phase("window_start"), sc.phase("window_end", last=True)
+    ws_s, we_s, edge_note = _good_edges(sc, emitted, ws_s, we_s)
     win: tuple[float, float] | None
     if ws_s is not None and we_s is not None and we_s.t_mono > ws_s.t_mono:
-        win, win_source = (ws_s.t_mono, we_s.t_mono), "window_start/window_end scrape times"
+        win, win_source = (ws_s.t_mono, we_s.t_mono), "window_start/window_end scrape times" + edge_note
     else:
         win, win_source = window, "given window (no window scrapes)"
     t_starts = [r.t_start for r in records]
@@ -908,5 +973,41 @@ def measure_trial(
         rows[0].note = "SUSPECT: " + " | ".join(warnings) + " -- " + rows[0].note
         setattr(result.throughput.counter_window, "suspect", True)
     result.methods = rows
-    result.warnings = warnings
+    result.warnings = warnings + _other_models(sc, emitted, ws_s, we_s, model)
     return result
+
+
+def _good_edges(sc: _Scrapes, emitted: str | None, ws: ParsedScrape | None, we: ParsedScrape | None,
+                ) -> tuple[ParsedScrape | None, ParsedScrape | None, str]:
+    """The window's edge scrapes; an edge whose read failed (after its retries) gives way to the
+    nearest good scrape inside the window that has the counter, and the window's source says so."""
+    if ws is None or we is None or (ws.ok and we.ok) or emitted is None:
+        return ws, we, ""
+    inside = [p for p in sc.all if p.ok and p.has(emitted) and ws.t_mono <= p.t_mono <= we.t_mono]
+    said = []
+    if not ws.ok and inside:
+        new = inside[0]
+        said.append(f"window_start read failed ({ws.error}): the window starts at the next good scrape, "
+                    f"{new.t_mono - ws.t_mono:.2f} s later")
+        ws = new
+    if not we.ok and inside:
+        new = inside[-1]
+        said.append(f"window_end read failed ({we.error}): the window ends at the last good scrape, "
+                    f"{we.t_mono - new.t_mono:.2f} s earlier")
+        we = new
+    return ws, we, ("; " + "; ".join(said)) if said else ""
+
+
+def _other_models(sc: _Scrapes, emitted: str | None, ws_s: ParsedScrape | None, we_s: ParsedScrape | None,
+                  model: str | None) -> list[str]:
+    """What the trial says of the other models a server serves (their series are not truthput's)."""
+    if sc.unmatched_models:
+        return [f"the server's series are labelled by model ({', '.join(sc.unmatched_models)}), none of them "
+                f"{model!r}, the model truthput asked for: its counters are summed over all of them"]
+    if not sc.other_models:
+        return []
+    moved = sc.other_delta(emitted, ws_s, we_s)
+    span = (we_s.t_mono - ws_s.t_mono) if ws_s is not None and we_s is not None else 0.0
+    rate = f"{moved / span:.1f} tok/s" if moved is not None and span > 0 else "an unknown rate"
+    return [f"other traffic: the server also serves {', '.join(sc.other_models)}, whose token counter moved at "
+            f"{rate} over the window; every counter figure here is read from model {sc.model!r}'s series only"]

@@ -94,8 +94,9 @@ def _flag_restarts(results: TrialResults, window_resets: int, window_backwards: 
         add_flag(results.whole_trial.counter_trial, "counter_reset", reason)
         add_flag(results.integrity.counter_delta, "counter_reset", reason)
     if window_backwards:
-        add_flag(counter, "stale_counter", "the counter went backwards inside the window without a restart "
-                                           "(a stale, cached or load-balanced /metrics)")
+        add_flag(counter, "stale_counter", "the window's last scrape was stale (below an earlier one, no restart: "
+                                           "a lagging replica or cache): its end is read at the highest earlier "
+                                           "value, an under-count")
 
 
 def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t: np.ndarray,

@@ -404,7 +404,7 @@ def _claims(exp: Any, raw_trials: list[StoredTrial], roof: RooflineDoc, simulate
 def build_report_data(store: Store, run_id: str, summary: RunSummary | None = None) -> ReportDocument:
     """Everything a run's reports show, as one typed document (schema truthput-report/1).
     `summary`: the run's, where the caller has it (else recomputed from the stored trials)."""
-    from truthput.analyze.audit import audit_rows
+    from truthput.analyze.audit import audit_reference, audit_rows
 
     run_id = store.resolve_run(run_id)
     run = store.run(run_id)
@@ -422,6 +422,7 @@ def build_report_data(store: Store, run_id: str, summary: RunSummary | None = No
     roofline = _roofline(_roofline_section(experiment, summary, spec, simulated), simulated)
     latency, goodput = _latency_and_goodput(store, trials, experiment.slo, simulated)
     stored = summary.to_dict()
+    audit = audit_rows(trials, simulated=simulated)
     return ReportDocument(
         schema_=SCHEMA, generated_at=datetime.now(timezone.utc).isoformat(), simulated=simulated,
         simulated_note=("SIMULATED: every figure comes from the embedded simulator (a physics model), "
@@ -433,13 +434,15 @@ def build_report_data(store: Store, run_id: str, summary: RunSummary | None = No
                                       python=machine.get("python"), engine=engine_versions)),
         experiment=experiment,
         cells=_cells(summary, simulated),
+        headline=summary.headline_basis(),
         verdict=VerdictSection(
             from_=summary.origin, lines=stored["verdict_lines"],
             detail=clean(stored["verdict"]), failed=stored["failed"],
             guard={k: GuardSummary(**clean(v)) for k, v in stored["guard"].items()},
             stopping=clean(stored["stopping"])),
         warnings=summary.warnings(), flags=summary.flag_lines(),
-        audit=[AuditEntry(**clean(r.to_dict())) for r in audit_rows(trials, simulated=simulated)],
+        audit=[AuditEntry(**clean(r.to_dict())) for r in audit],
+        audit_against=audit_reference(r.reference for r in audit),
         spec_decode=_spec_decode(spec, simulated), latency=latency, goodput=goodput, roofline=roofline,
         claims=_claims(exp, trials, roofline, simulated), failures=_failures(store, run_id, trials),
         telemetry=_telemetry(store, trials), trials=_trial_table(trials, simulated),

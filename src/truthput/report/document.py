@@ -18,6 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from truthput.text import capped, percent
+from truthput.analyze.cells import HeadlineBasis
+
 SCHEMA = "truthput-report/1"
 
 
@@ -218,6 +221,7 @@ class AuditEntry(LevelRow):
     simulated: bool
     note: str = ""
     flags: list[str] = Field(default_factory=list)
+    reference: str = "counter (window)"
 
 
 class SpecDecodeRow(LevelRow):
@@ -385,10 +389,14 @@ class ReportDocument(DocModel):
     run: RunInfo
     experiment: ExperimentInfo
     cells: list[CellRow] = Field(default_factory=list)
+    headline: HeadlineBasis = Field(default_factory=lambda: HeadlineBasis("server counter", "", main="server_counter"))
+    """What the cells' tok/s are (from their sources): every view's header and footnote say it."""
     verdict: VerdictSection
     warnings: list[str] = Field(default_factory=list)
     flags: list[str] = Field(default_factory=list)
     audit: list[AuditEntry] = Field(default_factory=list)
+    audit_against: str = "the server counter"
+    """What the audit's errors are measured against (each cell's headline: `analyze.audit.audit_reference`)."""
     spec_decode: list[SpecDecodeRow] = Field(default_factory=list)
     latency: list[LatencyRow] = Field(default_factory=list)
     goodput: list[GoodputRow] | None = None
@@ -480,7 +488,8 @@ class CompareDocument(DocModel):
         for r in self.rows:
             q = r.ratio
             if q.hi is not None and q.hi < 1.0 - threshold:
-                out.append(f"{r.variant} {r.level} ({q.pct:+.1f}%, CI {q.pct_lo:+.1f}..{q.pct_hi:+.1f})")
+                out.append(f"{r.variant} {r.level} ({percent(q.pct or 0.0)}, CI {capped(q.pct_lo or 0.0, '{:+.1f}')}.."
+                           f"{capped(q.pct_hi or 0.0, '{:+.1f}')})")
         return out
 
 

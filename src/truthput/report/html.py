@@ -26,9 +26,9 @@ SECTIONS = (
 
 PLOT_SECTIONS = (
     ("throughput", "Throughput vs concurrency",
-     "Output tok/s from the server's emitted-token counter over the steady-state window; bars: 95% interval over server starts."),
+     "Output tok/s ({headline}) over the steady-state window; bars: 95% interval over server starts."),
     ("tradeoff", "Throughput-latency trade-off",
-     "Each point is one variant at one concurrency: tok/s (server counter) against TTFT p99 and ITL p99 (client clock). Circled: the Pareto front (no other cell is both faster and lower-latency)."),
+     "Each point is one variant at one concurrency: tok/s ({headline}) against TTFT p99 and ITL p99 (client clock). Circled: the Pareto front (no other cell is both faster and lower-latency)."),
     ("goodput", "Goodput under the experiment's SLOs",
      "Completion tokens (usage) of requests that met every latency target and finished in the window, per second."),
     ("per_stream", "Per-stream speed vs concurrency",
@@ -107,7 +107,8 @@ def render_html(doc: ReportDocument, plots: dict[str, str | None] | None = None)
         absent["roofline"] = f"no roofline: {doc.roofline.reason}"
     template = _environment().get_template("report.html.j2")
     page: str = template.render(doc=doc, plots={k: safe_svg(v) for k, v in plots.items()}, sections=SECTIONS,
-                           plot_sections=PLOT_SECTIONS, absent=absent, level_header=row_header(doc.cells),
+                           plot_sections=[(k, title, caption.replace("{headline}", doc.headline.label))
+                                          for k, title, caption in PLOT_SECTIONS], absent=absent, level_header=row_header(doc.cells),
                            level_cell=row_level, source_label=source_label)
     return page
 

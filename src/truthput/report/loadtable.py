@@ -34,9 +34,13 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
     if run.simulated:
         con.print("[bold yellow]SIMULATED[/bold yellow]: the server is the truthput simulator (a physics model); "
                   "no figure below is a measurement of real hardware.")
+    from truthput.analyze.cells import headline_basis
+
+    rows = run.rows()
+    basis = headline_basis(r.headline_source for r in rows if r.headline_tps is not None)
     t = Table(title=Text(f"truthput load {opts.url}" + (f"  (run {run.run_id})" if run.run_id else "")))
     t.add_column(unit, justify="right")
-    t.add_column(Text(f"output tok/s\n[server counter{tag}]"), justify="right")
+    t.add_column(Text(f"output tok/s\n[{basis.label}{tag}]"), justify="right")
     t.add_column("req/s", justify="right")
     t.add_column("total tok/s\n(+ prompt)", justify="right")
     t.add_column("requests\n(failed)", justify="right")
@@ -44,7 +48,6 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
     if opts.slo.any:
         t.add_column("goodput req/s\n(good %)", justify="right")
     t.add_column("client", justify="left")
-    rows = run.rows()
     for row in rows:
         client_tokens = "-" if row.client_tokens is None else str(row.client_tokens)
         tokens = f"{client_tokens} / {_f(row.counter_tokens, '{:.0f}')}"
@@ -54,7 +57,7 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
             tokens += " [red]DIFFER[/red]"
         client = "[red]client-bound[/red]" if row.client_bound else "ok"
         tps = Text(_f(row.headline_tps))
-        if row.headline_tps is not None and row.headline_source != "server_counter":
+        if row.headline_tps is not None and basis.marks(row.headline_source):
             tps.append(f" [{source_label(row.headline_source)}]", style="yellow")
         if row.flags:
             tps.append(" !" + ",".join(dict.fromkeys(f.split(":", 1)[0] for f in row.flags)), style="bold red")

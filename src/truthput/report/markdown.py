@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from truthput.text import capped, percent
 from truthput.analyze.cells import source_label
 from truthput.experiment.levels import row_header, row_level
 from truthput.report.document import Figure, ReportDocument
@@ -83,7 +84,7 @@ def render_markdown(doc: ReportDocument) -> str:
                                            "<br>".join(md_text(x) for x in v.diff_lines) or "(no change)"]
                                           for v in doc.experiment.variants])
 
-    lines += ["", f"### Throughput (output tok/s: server counter{tag}; usage placed in time where marked)", ""]
+    lines += ["", f"### Throughput (output tok/s: {doc.headline.label}{tag})", ""]
     rows = []
     for c in doc.cells:
         name = md_text(c.variant) + (" *" if c.baseline else "")
@@ -95,16 +96,16 @@ def render_markdown(doc: ReportDocument) -> str:
         d = c.delta_pct
         delta = "baseline" if c.baseline else "–"
         if d is not None and d.value is not None:
-            delta = f"{d.value:+.1f}%" + (f" ({d.lo:+.1f}..{d.hi:+.1f})" if d.lo is not None and d.hi is not None
+            delta = percent(d.value) + (f" ({capped(d.lo, '{:+.1f}')}..{capped(d.hi, '{:+.1f}')})"
+                                        if d.lo is not None and d.hi is not None
                                           else "")
         source = t.provenance
-        label = "" if source == "server_counter" else f" [{md_text(source_label(source))}]"
+        label = f" [{md_text(source_label(source))}]" if doc.headline.marks(source) else ""
         rows.append([name, row_level(c), _num(t) + label + _marks(t), ci, delta, _num(c.per_stream) + _marks(c.per_stream),
                      f"{_num(c.ttft_p50, 1000, '{:.0f}')} / {_num(c.ttft_p99, 1000, '{:.0f}')}"])
     lines += _table(["variant", row_header(doc.cells), "tok/s", "95% CI", "vs baseline (CI)", f"per stream [usage{tag}]",
                      f"TTFT p50/p99 ms [client clock{tag}]"], rows)
-    lines += ["", "\\* baseline. tok/s = emitted-token counter delta over the steady-state window / its wall time "
-                  "(marked where usage placed in time stood in for the counter); the interval is over server starts."]
+    lines += ["", f"\\* baseline. tok/s = {md_text(doc.headline.definition)}; the interval is over server starts."]
 
     if doc.latency:
         cells = {(c.variant, c.level): c for c in doc.cells}
@@ -142,11 +143,11 @@ def render_markdown(doc: ReportDocument) -> str:
 
     audit = [a for a in doc.audit if a.cause != "reference"]
     if audit:
-        lines += ["", "### Audit: other ways of counting vs the counter", ""]
-        lines += _table(["variant", row_header(audit), "method", "tok/s", "vs counter", "cause"],
+        lines += ["", f"### Audit: other ways of counting vs {doc.audit_against}", ""]
+        lines += _table(["variant", row_header(audit), "method", "tok/s", "vs headline", "cause"],
                         [[md_text(a.variant), row_level(a), md_text(a.method),
                           "–" if a.tokps is None else f"{a.tokps:.1f}",
-                          "–" if a.error_pct_vs_counter is None else f"{a.error_pct_vs_counter:+.1f}%",
+                          "–" if a.error_pct_vs_counter is None else percent(a.error_pct_vs_counter),
                           md_text(a.cause)] for a in audit])
 
     if doc.claims.results:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from truthput.text import capped, percent
 from truthput.experiment.levels import level_cell, level_header, level_label
 from truthput.store.db import Store
 
@@ -49,7 +50,7 @@ def interval_text(lo: float | None, hi: float | None, fmt: str = "{:.1f}") -> st
 def delta_text(comparison: Any) -> str:
     """The verdict's comparison of a variant with the baseline: '+12.3% (+5.0..+20.1)'."""
     e = comparison.estimate
-    return f"{e.pct:+.1f}%" + interval_text(e.pct_lo, e.pct_hi, "{:+.1f}")
+    return percent(e.pct) + interval_text(e.pct_lo, e.pct_hi, "{:+.1f}")
 
 
 def flag_mark(flags: Sequence[HasCode]) -> str:
@@ -81,10 +82,11 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
         _print_load_run(store, run_id, run.status, tag, con)
         return
     level = f"{summary.verdict.confidence:.0%}"
+    basis = summary.headline_basis()
     t = Table(title=Text(f"run {run_id} ({run.status})"))
     t.add_column("variant")
     t.add_column(level_header(c.level for c in summary.cells), justify="right")
-    t.add_column(Text(f"output tok/s (95% CI)\n[server counter{tag}]"), justify="right")
+    t.add_column(Text(f"output tok/s (95% CI)\n[{basis.label}{tag}]"), justify="right")
     t.add_column(Text(f"tok/s per stream\n[usage{tag}]"), justify="right")
     t.add_column(Text(f"TTFT p50 ms\n[client clock{tag}]"), justify="right")
     t.add_column(Text(f"vs baseline ({level} CI, as the verdict)\n[ratio of headline figures]"), justify="right")
@@ -96,7 +98,7 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
             continue
         est = cell.estimate
         tokps = Text(_f(est.mean))
-        if cell.sources != ["server_counter"]:
+        if basis.marks(cell.source):
             tokps.append(f" [{source_label(cell.source)}]", style="yellow")
         tokps.append(interval_text(est.lo, est.hi))
         tokps.append(flag_mark(cell.flags_on("tok/s")), style="bold red")
@@ -114,10 +116,8 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     noisy = [(c.variant, c.label, w) for c in summary.cells for w in c.noise]
     for v, label, w in noisy[:8]:
         con.print(Text("noise", style="yellow") + Text(f" {v} {label}: {w}"))
-    con.print("* baseline. Output tok/s = delta of the server's emitted-token counter over the steady-state window "
-              "(all N streams in flight) / the window's wall time (usage placed in time where there is no counter, "
-              "marked). Per-stream rates leave out TTFT and the gaps between requests, so at c=1 a per-stream rate "
-              "can exceed the aggregate.")
+    con.print(f"* baseline. Output tok/s = {basis.definition}. Per-stream rates leave out TTFT and the gaps "
+              "between requests, so at c=1 a per-stream rate can exceed the aggregate.")
     verdict = summary.verdict
     if verdict.per_concurrency or verdict.failed:
         con.print("[bold]Verdict[/bold]")
@@ -150,19 +150,20 @@ def _print_load_run(store: Store, run_id: str, status: str, tag: str, con: Any) 
     from rich.table import Table
     from rich.text import Text
 
-    from truthput.analyze.cells import headline, source_label
+    from truthput.analyze.cells import headline, headline_basis, source_label
 
     trials = store.trial_results(run_id)
+    basis = headline_basis(headline(tr.results).source for tr in trials if headline(tr.results).value is not None)
     t = Table(title=Text(f"run {run_id} ({status}): truthput load of a running server"))
     t.add_column("level", justify="right")
-    t.add_column(Text(f"output tok/s\n[server counter{tag}]"), justify="right")
+    t.add_column(Text(f"output tok/s\n[{basis.label}{tag}]"), justify="right")
     for metric in ("TTFT", "TPOT", "ITL", "E2E"):
         t.add_column(f"{metric} ms\np50 / p90 / p99", justify="right", no_wrap=True)
     for tr in trials:
         res = tr.results
         h = headline(res)
         tps = Text(_f(h.number()))
-        if h.number() is not None and h.source != "server_counter":
+        if h.number() is not None and basis.marks(h.source):
             tps.append(f" [{source_label(h.source)}]", style="yellow")
         tps.append(flag_mark(h.flags), style="bold red")
         cells: list[Any] = [level_cell(tr.level), tps]
@@ -177,7 +178,7 @@ def _print_load_run(store: Store, run_id: str, status: str, tag: str, con: Any) 
 
 
 def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
-    """The audit in one table: each counting method's error vs the server counter, per cell.
+    """The audit in one table: each counting method's error vs the cell's headline, per cell.
 
     Rows are methods, columns are variant@concurrency, each cell its error and its own cause
     (causes differ between cells: a method can agree in one and be off by a window in another).
@@ -186,7 +187,7 @@ def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from truthput.analyze.audit import audit_rows, integrity_rows
+    from truthput.analyze.audit import audit_reference, audit_rows, integrity_rows
 
     con = console or make_console()
     run_id = store.resolve_run(run_id)
@@ -198,7 +199,8 @@ def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
     cells = list(dict.fromkeys((r.variant, r.level) for r in rows))
     methods: list[str] = list(dict.fromkeys(r.method for r in rows))
     by = {(r.method, r.variant, r.level): r for r in rows}
-    t = Table(title="Audit: every counting method vs the server counter (error %, cause)" + (", simulated" if sim else ""))
+    t = Table(title=f"Audit: every counting method vs {audit_reference(r.reference for r in rows)} (error %, cause)"
+              + (", simulated" if sim else ""))
     t.add_column("method")
     for v, c in cells:
         t.add_column(Text(f"{v}\n{level_label(c)}"), justify="right")
@@ -214,7 +216,7 @@ def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
             elif r.error_pct_vs_counter is None:
                 text = "missing"
             else:
-                text = f"{r.error_pct_vs_counter:+.1f}% {r.cause}"
+                text = f"{percent(r.error_pct_vs_counter)} {r.cause}"
             vals.append(text + (" !" + ",".join(r.flags) if r.flags else ""))
         t.add_row(m, *vals)
     con.print(t)

@@ -181,7 +181,7 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
     """Every load level as a trial: scrape, load, scrape, measure, store. `pool` when --workers > 1
     (forked before the event loop started)."""
     from truthput.measure.names import metric_names
-    from truthput.run.trial import serves_simulator
+    from truthput.run.trial import serves_simulator, traffic_between
     from truthput.store.db import TrialKey
 
     say = progress or (lambda _m: None)
@@ -215,6 +215,16 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
         async with StreamClient(client_cfg) as client:
             base = client.url.rsplit("/v1/", 1)[0]
             await client.resolve_model()  # fail fast with one line when the endpoint is wrong
+            from truthput.measure.scrape import idle_rate
+
+            idle = await idle_rate(base, names.candidates("emitted_tokens"), IDLE_CHECK_S)
+            if idle:
+                said = (f"this server is serving other traffic: its token counter rose at {idle:.1f} tok/s over "
+                        f"{IDLE_CHECK_S:g} s before any load from truthput; each counter figure is checked against "
+                        "truthput's own tokens (foreign_traffic), and a quiet server gives the seed's method back")
+                say("warning: " + said)
+                if store is not None and run_id is not None:
+                    store.event(run_id, "other_traffic", said)
             levels = _levels(opts)
             if opts.sweep:
                 start = float(opts.rate[0]) if opts.rate else float(opts.concurrency[0])
@@ -231,6 +241,10 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
                 else:
                     break
                 out = await _one_trial(opts, base, client, pool, level, k, names, tokenizer, simulated)
+                other = traffic_between(outcomes[-1].trial if outcomes else None, out.trial, names)
+                if other is not None:
+                    out.trial.results.warnings.append(other)
+                    say("warning: " + other)
                 if sweep is not None:
                     sweep.record(level, out.counter_tps)
                 if store is not None and run_id is not None:
@@ -257,6 +271,10 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
             if run_id is not None:
                 store.set_run_status(run_id, status, summary)
     return LoadRun(run_id=run_id, outcomes=outcomes, sweep=sweep, simulated=simulated)
+
+
+IDLE_CHECK_S = 1.0
+"""How long `load` watches the server's counter with no load before its first level."""
 
 
 def _levels(opts: LoadOptions) -> list[float]:

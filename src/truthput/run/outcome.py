@@ -2,7 +2,8 @@
 
 `run_and_report` runs (or resumes) the experiment, writes its reports and winning units, and says
 how it ended: which variants were measured, which failed and why, the exit status the command
-line gives it (0; 1: nothing measured; 3: some variant never measured), and every file written.
+line gives it (0; 1: nothing measured; 3: some variant never measured; 4: a variant's requests
+succeeded but no source gave its tok/s), and every file written.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from truthput.store.db import Store
 
 NOTHING_MEASURED = 1
 SOME_NEVER_MEASURED = 3
+NO_FIGURE = 4
 
 
 @dataclass
@@ -32,6 +34,9 @@ class RunOutcome:
     failed: dict[str, str]
     """Variant -> why it has no measurement (a failed start, every request an error)."""
     never_measured: list[str]
+    no_figure: list[str] = field(default_factory=list)
+    """Variants whose requests succeeded but whose trials have no tok/s from any source (no
+    counter, no usage: the measurement could not be made)."""
     files: list[Path] = field(default_factory=list)
     """The reports and winning units written."""
     document: ReportDocument | None = None
@@ -40,7 +45,9 @@ class RunOutcome:
     def exit_status(self) -> int:
         if not self.measured:
             return NOTHING_MEASURED
-        return SOME_NEVER_MEASURED if self.never_measured else 0
+        if self.never_measured:
+            return SOME_NEVER_MEASURED
+        return NO_FIGURE if self.no_figure else 0
 
     def problem(self) -> str | None:
         """One line for a run that did not measure every variant, else None."""
@@ -51,7 +58,19 @@ class RunOutcome:
             # a variant that never measured cannot be compared: the verdict is about the others
             why = "; ".join(f"{v}: {self.failed.get(v, 'no trial succeeded')}" for v in self.never_measured)
             return f"{len(self.never_measured)} variant(s) never measured ({why})"
+        if self.no_figure:
+            why = "; ".join(f"{v}: {note}" for v, note in self.no_figure_why.items())
+            return f"no tok/s figure could be made for {', '.join(self.no_figure)} ({why})"
         return None
+
+    @property
+    def no_figure_why(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for c in self.summary.cells:
+            if c.variant in self.no_figure and c.variant not in out:
+                notes = [t.results.headline().note for t in c.trials if t.status == "ok"]
+                out[c.variant] = next((n for n in notes if n), "no source gave a figure")
+        return out
 
 
 def outcome_of(store: Store, run_id: str, status: str, summary: RunSummary) -> RunOutcome:
@@ -63,8 +82,10 @@ def outcome_of(store: Store, run_id: str, status: str, summary: RunSummary) -> R
         if t.variant not in measured and t.variant not in failed and t.error:
             failed[t.variant] = t.error if len(t.error) <= 300 else t.error[:297] + "..."
     names = [v.name for v in store.variants(run_id)]
+    with_figure = {c.variant for c in summary.cells if c.per_start}
     return RunOutcome(run_id, status, summary, [n for n in names if n in measured], failed,
-                      [n for n in names if n not in measured])
+                      [n for n in names if n not in measured],
+                      no_figure=[n for n in names if n in measured and n not in with_figure])
 
 
 async def run_and_report(exp: Experiment, exp_text: str, exp_path: str | None, store: Store, store_path: Path, *,

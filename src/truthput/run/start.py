@@ -60,6 +60,8 @@ class StartContext:
     log_seq: int = 0
     descendants: dict[str, str] = field(default_factory=dict)
     """The server's processes recorded so far (pid -> identity)."""
+    last_trial: Any = None
+    """The trial just before, when nothing of truthput's ran since (for `traffic_between`)."""
 
     @property
     def exp(self) -> Experiment:
@@ -133,7 +135,7 @@ async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp
                      level: Level, trial_index: int, tokenizer: Any, lead_s: float = 0.0) -> Any:
     from truthput.measure.model import LoadLevel
     from truthput.measure.names import metric_names
-    from truthput.run.trial import TrialSetup, commit, run_trial
+    from truthput.run.trial import TrialSetup, commit, run_trial, traffic_between
 
     exp = ctx.exp
     wl = exp.workload
@@ -168,6 +170,10 @@ async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp
             trial.load.records, SLO(ttft_ms=exp.slo.ttft_ms, itl_ms=exp.slo.itl_ms),
             (start, end) if start is not None and end is not None else None))
     _flush_logs(ctx)
+    other = traffic_between(ctx.last_trial, trial, setup.names)
+    if other is not None:
+        trial.results.warnings.append(other)
+    ctx.last_trial = trial
     commit(ctx.sink, ctx.run_id, vp.name, ctx.start_id, TrialKey(vp.name, start_index, level, trial_index), trial)
     return trial
 
@@ -312,6 +318,7 @@ async def _trials(ctx: StartContext, engine: Engine, vp: VariantPlan, start_inde
             # for warmup_s before its window opens), or a load of its own when trials count requests
             lead = wl.warmup_s if wl.requests is None else 0.0
             if not lead:
+                ctx.last_trial = None  # a warm-up of its own: truthput's traffic before the next trial
                 await _warmup(ctx, client, c, tokenizer)
             for i, t in enumerate(trials):
                 ctx.emit(TrialStarting(vp.name, start_index, c, t, wl.duration_s))

@@ -121,7 +121,7 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     """Scrape, load, sample, settle, measure; returns the trial (not yet committed)."""
     import aiohttp
 
-    from truthput.measure.scrape import scrape_metrics, settled_post_scrapes
+    from truthput.measure.scrape import scrape_edge, scrape_metrics, settled_post_scrapes
     from truthput.measure.trial import measure_trial
 
     from truthput.engines.interference import HostLoad
@@ -143,7 +143,7 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
 
         async def window_start() -> None:
             nonlocal sampler_task
-            scrapes.append(await scrape_metrics(session, setup.base_url, "window_start"))
+            scrapes.extend(await scrape_edge(session, setup.base_url, "window_start"))
             host.begin()
             if setup.sample_interval_s > 0:
                 sampler_task = asyncio.ensure_future(sample())
@@ -153,10 +153,10 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
                 sampler_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler_task
-            scrapes.append(await scrape_metrics(session, setup.base_url, "window_end"))
+            scrapes.extend(await scrape_edge(session, setup.base_url, "window_end"))
             host.end()
 
-        scrapes.append(await scrape_metrics(session, setup.base_url, "pre"))
+        scrapes.extend(await scrape_edge(session, setup.base_url, "pre"))
         gpu = None
         if setup.sample_gpu:
             from truthput.engines.telemetry import GpuSampler
@@ -179,7 +179,7 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     results = measure_trial(result.records, scrapes, logs,
                             (window[0], window[1]) if window[0] is not None and window[1] is not None else None,
                             level, engine=setup.engine, speculative=setup.speculative, tokenizer=setup.tokenizer,
-                            names=setup.names, open_loop=setup.open_loop)
+                            names=setup.names, open_loop=setup.open_loop, model=result.model)
     results.simulated = setup.simulated
     results.client = ClientCheck(
         selfcheck=SelfCheckFigures.model_validate(dataclasses.asdict(result.selfcheck)) if result.selfcheck else None,
@@ -193,6 +193,35 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     _interference(run, setup, host, telemetry)
     _failure_rule(run, setup)
     return run
+
+
+def _counter_at(scrape: Scrape, names: EngineMetricNames) -> float | None:
+    from truthput.measure.prom import parse_scrape
+
+    parsed = parse_scrape(scrape)
+    if not parsed.ok:
+        return None
+    name = parsed.first_present(names.candidates("emitted_tokens"))
+    return parsed.total(name) if name else None
+
+
+def traffic_between(prev: TrialRun | None, cur: TrialRun, names: EngineMetricNames) -> str | None:
+    """Other traffic between two trials that ran back to back with nothing of truthput's between
+    them: the token counter should not move from the first one's settled `post` scrape to the
+    second one's `pre` scrape. A line saying how much it moved (tok/s), or None."""
+    if prev is None:
+        return None
+    posts = [s for s in prev.scrapes if s.phase == "post" and s.error is None]
+    pres = [s for s in cur.scrapes if s.phase == "pre" and s.error is None]
+    if not posts or not pres or pres[0].t_mono <= posts[-1].t_mono:
+        return None
+    a, b = _counter_at(posts[-1], names), _counter_at(pres[0], names)
+    if a is None or b is None or b <= a:
+        return None  # quiet (or restarted: the counter's own checks say so)
+    seconds = pres[0].t_mono - posts[-1].t_mono
+    return (f"other traffic: the server's token counter rose {b - a:g} in the {seconds:.1f} s between this trial and "
+            f"the one before, with no request of truthput's in flight ({(b - a) / seconds:.1f} tok/s from another "
+            "client); see foreign_traffic for what it did to this trial's figure")
 
 
 def _interference(run: TrialRun, setup: TrialSetup, host: Any, telemetry: Any) -> None:
