@@ -160,7 +160,7 @@ def test_quickstart_report_renders_in_chromium(tmp_path):
     assert info["scripts"] == 0
     assert "SIMULATED" in info["banner"]
     # the verdict the run stored: c=1 nospec is slower by -54% (the fixture's known outcome)
-    assert "nospec vs original: not decided (-54%" in info["verdict"]
+    assert "c=1: nospec is 54% slower than original" in info["verdict"]
     assert "no winner: original stays" in info["verdict"]
     plots = {p["id"]: p for p in info["plots"]}
     for name in PLOTS:

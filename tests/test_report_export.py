@@ -105,7 +105,7 @@ def test_write_reports_and_cli(store, tmp_path):
                               "--md", str(tmp_path / "o.md"), "--csv", str(tmp_path / "o")])
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "o.json").read_text())["schema"] == "truthput-report/1"
-    assert "nospec vs original: not decided (-54%" in (tmp_path / "o.md").read_text()
+    assert "c=1: nospec is 54% slower than original" in (tmp_path / "o.md").read_text()
     assert (tmp_path / "o" / "cells.csv").exists()
     # no output option: the terminal summary, nothing written
     before = set(tmp_path.iterdir())

@@ -76,7 +76,7 @@ def test_winner_only_when_corrected_interval_excludes_one():
         if cv.winner is not None:
             named += 1
             assert next(c for c in cv.comparisons if c.variant == cv.winner).estimate.lo > 1.0
-    assert named > 20  # the property was exercised
+    assert named >= 15  # the property was exercised
 
 
 def test_no_true_difference_rarely_names_a_winner():
@@ -126,7 +126,7 @@ def test_overlapping_qualifiers_no_single_winner():
 def test_sequential_verdict_uses_adjusted_level():
     rng = np.random.default_rng(5)
     cells = {("base", 1): _arm(rng, 100.0, n=3), ("a", 1): _arm(rng, 140.0, n=3)}
-    rule = StoppingRule(0.02, max_starts=10)
+    rule = StoppingRule(0.02, max_starts=10, method="obrien-fleming")
     v = make_verdict(cells, "base", stopping_rule=rule)
     est = v.per_concurrency[0].comparisons[0].estimate
     # the boundary's level for the whole alpha at look 3 of 3..10 (one comparison)
@@ -154,7 +154,7 @@ def test_runner_loop_end_to_end_on_synthetic_truth():
 
     rng = np.random.default_rng(21)
     truth = {("baseline", 1): 67.0, ("spec3", 1): 92.5, ("baseline", 8): 340.0, ("spec3", 8): 340.0}
-    rule = StoppingRule(target_rel_halfwidth=0.03, max_starts=8)
+    rule = StoppingRule(target_rel_halfwidth=0.03, max_starts=8, method="obrien-fleming")
     cells: dict[tuple[str, int], list[list[float]]] = {key: [] for key in truth}
     order = interleaved_order(["baseline", "spec3"], rule.max_starts, seed=1, randomized=True)
     decision = None

@@ -41,10 +41,25 @@ from truthput.analyze.stats import RatioEstimate, clean_starts, ratio_estimate, 
 from truthput.errors import MeasurementError, InputError
 from truthput.experiment.levels import Level, level_label
 
-SPENDING_FUNCTIONS = ("linear", "quadratic", "pocock", "obrien-fleming")
+SPENDING_FUNCTIONS = ("decide-early", "linear", "quadratic", "pocock", "obrien-fleming")
+DEFAULT_SPENDING = "decide-early"
 
-BOUNDARY_SIMULATIONS = 40_000
-"""Simulated experiments behind each boundary (seeded): its level is exact to about +-0.1 points."""
+FIRST_LOOK_SHARE = 0.60
+MIDDLE_LOOKS_SHARE = 0.0
+"""The default spending ("decide-early"): 60% of alpha at the first look (a large effect is decided
+there), none at the looks between (they can still stop a run for futility), the rest (40%) at
+the last look (where the small effects are decided). Chosen in issue 47 over 55/0/45 and
+55/20/25 (benchmarks/RESULTS.md: the first look's share buys decisions at 3 starts, the last
+look's the power a fixed 6-start design has)."""
+
+BOUNDARY_SIMULATIONS = 100_000
+"""Simulated null experiments per SD ratio behind a boundary computed at run time (seeded); the
+shipped tables (`boundaries.json`) use SHIPPED_SIMULATIONS."""
+SHIPPED_SIMULATIONS = 400_000
+CALIBRATION_Z = 3.0
+"""Each look is calibrated to spend its share less CALIBRATION_Z Monte-Carlo standard errors of
+the count (share * N - z * sqrt(share * N) crossings of N), so the simulation's own error cannot
+push the boundary's real size over its share."""
 
 FUTILITY_SHARE = 0.5
 """An undecided comparison is beyond reach when its estimate is under half the half-width its
@@ -121,10 +136,10 @@ class StoppingRule:
     def __init__(
         self,
         target_rel_halfwidth: float | None = None,
-        max_starts: int = 6,
+        max_starts: int = 8,
         min_starts: int = 2,
         alpha: float = 0.05,
-        method: str = "obrien-fleming",
+        method: str = DEFAULT_SPENDING,
         min_effect: float = 0.02,
     ) -> None:
         if not 0 < alpha < 1:
@@ -148,7 +163,11 @@ class StoppingRule:
 
     # -- spending -------------------------------------------------------------------------
     def spent(self, t: float) -> float:
-        """Cumulative alpha spent by information fraction t in [0, 1]."""
+        """Cumulative alpha spent by information fraction t in [0, 1] (t = look / max_starts)."""
+        if self.method == "decide-early":
+            look = int(round(t * self.max_starts))
+            shares = look_shares(self.min_starts, self.max_starts, self.alpha, self.method)
+            return sum(shares[: max(0, look - self.min_starts + 1)])
         return _spend(self.method, self.alpha, t)
 
     def spent_at_look(self, look: int) -> float:
@@ -156,10 +175,7 @@ class StoppingRule:
         first planned look taking F(t_first) (it covers the looks that were skipped)."""
         if look < self.min_starts or look > self.max_starts:
             return 0.0
-        n = self.max_starts
-        if look == self.min_starts:
-            return self.spent(look / n)
-        return self.spent(look / n) - self.spent((look - 1) / n)
+        return look_shares(self.min_starts, self.max_starts, self.alpha, self.method)[look - self.min_starts]
 
     def look_alpha(self, look: int, alpha: float | None = None) -> float:
         """The nominal per-comparison level of look ``look`` (= server starts per variant so far)
@@ -341,6 +357,25 @@ class StoppingRule:
         return simulate_rule(self, draw, truth, "a0", n_experiments, rng)
 
 
+def look_shares(min_starts: int, max_starts: int, alpha: float, method: str) -> list[float]:
+    """Each planned look's share of alpha, looks min_starts..max_starts (they sum to alpha)."""
+    looks = max_starts - min_starts + 1
+    if method == "decide-early":
+        if looks == 1:
+            return [alpha]
+        middle = looks - 2
+        first = FIRST_LOOK_SHARE * alpha
+        mid = (MIDDLE_LOOKS_SHARE * alpha / middle) if middle else 0.0
+        return [first, *([mid] * middle), alpha - first - mid * middle]
+    out, before = [], 0.0
+    for n in range(min_starts, max_starts + 1):
+        now = _spend(method, alpha, n / max_starts)
+        out.append(now - before)
+        before = now
+    out[-1] += alpha - sum(out)  # the last look takes what rounding left
+    return out
+
+
 def _spend(method: str, alpha: float, t: float) -> float:
     from scipy import special
 
@@ -360,50 +395,97 @@ def _spend(method: str, alpha: float, t: float) -> float:
 @functools.lru_cache(maxsize=256)
 def nominal_levels(min_starts: int, max_starts: int, alpha: float, method: str) -> tuple[float, ...]:
     """Per-look nominal two-sided levels for looks min_starts..max_starts (n starts per arm at
-    look n) whose chance of any false claim over all looks is ``alpha``, spent as ``method`` says.
+    look n) whose chance of any false claim over all looks is at most ``alpha``, spent as
+    ``method`` says (`look_shares`).
 
     Exact for the test the verdict uses (Welch's t on per-start log means) under Gaussian start
-    effects, with equal variances or one arm 4x noisier (whichever needs the lower level), found
-    by simulation: BOUNDARY_SIMULATIONS seeded experiments of
-    two arms; at each look, the level is the p-value below which the still-undecided experiments
-    would spend exactly that look's share. Successive looks share their first starts, so they are
-    strongly correlated: these levels are well above the shares a union bound would test at.
+    effects, for any ratio of the two arms' start-to-start SDs: each ratio of SD_RATIOS (1 to 100;
+    Welch's size at 2-7 df peaks between 4 and 16) gives its own boundary, found by simulation --
+    at each look the level below which the still-undecided null experiments spend that look's
+    share less CALIBRATION_Z Monte-Carlo SEs -- and each look takes the lowest level over the
+    ratios (a boundary pointwise below a valid one is valid). Successive looks share their first
+    starts, so they are strongly correlated: these levels are well above the shares a union bound
+    would test at. The default designs come precomputed (`boundaries.json`, SHIPPED_SIMULATIONS
+    a ratio); others are computed once per process (BOUNDARY_SIMULATIONS a ratio).
     """
-    # Welch's t at 3 starts is conservative when the arms' variances are equal and much less so
-    # when one arm is far noisier: the levels hold under both (the smaller of the two, per look).
-    return tuple(min(pair) for pair in zip(*(_levels_for(min_starts, max_starts, alpha, method, ratio)
-                                             for ratio in SD_RATIOS), strict=True))
+    shipped = _shipped().get(boundary_key(min_starts, max_starts, alpha, method))
+    if shipped is not None:
+        return tuple(shipped)
+    return compute_levels(min_starts, max_starts, alpha, method, BOUNDARY_SIMULATIONS)
 
 
-SD_RATIOS = (1.0, 4.0)
-"""Start-to-start SD of one arm over the other's that the boundary is found under."""
+def boundary_key(min_starts: int, max_starts: int, alpha: float, method: str) -> str:
+    return f"{min_starts},{max_starts},{alpha:.10g},{method}"
 
 
-def _levels_for(min_starts: int, max_starts: int, alpha: float, method: str, sd_ratio: float) -> list[float]:
+@functools.lru_cache(maxsize=1)
+def _shipped() -> dict[str, list[float]]:
+    import json
+    from importlib import resources
+
+    try:
+        text = resources.files("truthput.analyze").joinpath("boundaries.json").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    doc = json.loads(text)
+    if doc.get("sd_ratios") != list(SD_RATIOS) or doc.get("z") != CALIBRATION_Z or \
+            doc.get("first_look_share") != FIRST_LOOK_SHARE or doc.get("middle_looks_share") != MIDDLE_LOOKS_SHARE:
+        return {}  # tables of another calibration: compute instead
+    return dict(doc["levels"])
+
+
+def compute_levels(min_starts: int, max_starts: int, alpha: float, method: str, sims: int) -> tuple[float, ...]:
+    """`nominal_levels` computed now with `sims` null experiments a ratio."""
+    shares = look_shares(min_starts, max_starts, alpha, method)
+    per_ratio = [_levels_for(min_starts, max_starts, shares, ratio, sims) for ratio in SD_RATIOS]
+    return tuple(min(levels) for levels in zip(*per_ratio, strict=True))
+
+
+SD_RATIOS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0, 100.0)
+"""Start-to-start SD of one arm over the other's that the boundary holds under (Welch's t with
+equal starts per arm is symmetric in the two arms, so ratios below 1 are these)."""
+
+
+@functools.lru_cache(maxsize=16)
+def _null_pvalues(max_starts: int, sd_ratio: float, sims: int) -> np.ndarray:
+    """Welch's two-sided p-values of `sims` seeded null experiments at every n = 2..max_starts
+    starts per arm (the first n of the same starts): shape (sims, max_starts - 1), float32."""
     from scipy import special
 
     rng = np.random.default_rng(20261204)
-    sims, k_max = BOUNDARY_SIMULATIONS, max_starts
-    x, y = rng.standard_normal((sims, k_max)), sd_ratio * rng.standard_normal((sims, k_max))
-    alive = np.ones(sims, dtype=bool)
-    levels: list[float] = []
-    spent_before = 0.0
-    for n in range(min_starts, max_starts + 1):
-        share = _spend(method, alpha, n / max_starts) - spent_before
-        spent_before += share
+    x = rng.standard_normal((sims, max_starts))
+    y = sd_ratio * rng.standard_normal((sims, max_starts))
+    out = np.empty((sims, max_starts - 1), dtype=np.float32)
+    for n in range(2, max_starts + 1):
         a, b = x[:, :n], y[:, :n]
         va, vb = a.var(axis=1, ddof=1) / n, b.var(axis=1, ddof=1) / n
         se2 = va + vb
         df = se2**2 / (va**2 / (n - 1) + vb**2 / (n - 1))
-        p = 2.0 * special.stdtr(df, -np.abs(a.mean(axis=1) - b.mean(axis=1)) / np.sqrt(se2))
-        target = int(round(share * sims))
-        live = np.sort(p[alive])
+        out[:, n - 2] = 2.0 * special.stdtr(df, -np.abs(a.mean(axis=1) - b.mean(axis=1)) / np.sqrt(se2))
+    return out
+
+
+NULL_STARTS = 10
+"""Starts per arm every null experiment draws (more where a design asks): one draw serves every
+design up to it, so the boundaries of different designs come from the same experiments."""
+
+
+def _levels_for(min_starts: int, max_starts: int, shares: Sequence[float], sd_ratio: float, sims: int) -> list[float]:
+    p = _null_pvalues(max(max_starts, NULL_STARTS), sd_ratio, sims)
+    alive = np.ones(sims, dtype=bool)
+    levels: list[float] = []
+    for n, share in zip(range(min_starts, max_starts + 1), shares, strict=True):
+        target = int(share * sims - CALIBRATION_Z * math.sqrt(max(share * sims, 0.0)))
+        col = p[:, n - 2]
+        live = col[alive]
         if target < 1 or live.size == 0:
-            levels.append(share)
+            levels.append(0.0)  # too small a share to place with this many experiments: spend none
             continue
-        level = float(live[min(target, live.size) - 1])
+        # the target-th smallest p-value of those still alive: `target` of them cross it
+        k = min(target, live.size) - 1
+        level = float(np.partition(live, k)[k])
         levels.append(level)
-        alive &= ~(p <= level)
+        alive &= ~(col <= level)
     return levels
 
 

@@ -41,7 +41,8 @@ def stopping_rule(m: MeasureSection) -> StoppingRule | None:
     if not m.sequential:
         return None
     return StoppingRule(target_rel_halfwidth=m.target_rel, max_starts=max(m.planned_max_starts, m.first_look),
-                        min_starts=m.first_look, alpha=1 - m.confidence, min_effect=m.min_effect_rel)
+                        min_starts=m.first_look, alpha=1 - m.confidence, min_effect=m.min_effect_rel,
+                        method=m.spending)
 
 
 

@@ -317,8 +317,12 @@ class MeasureSection(_Strict):
     sequential: bool = True  # add rounds of starts until every comparison is decided, up to max_starts
     target: str | None = None  # precision goal, e.g. "±2%": also stop once every interval is this narrow
     min_effect: str = "2%"  # equivalence margin: an interval inside ±this reads "equivalent"
-    max_starts: int = Field(6, ge=1)
-    """The most server starts per variant the stopping rule may reach."""
+    max_starts: int = Field(8, ge=1)
+    """The most server starts per variant the stopping rule may reach (8: a large effect is decided
+    at the first look, a small one gets the starts it needs; docs/statistics.md)."""
+    spending: Literal["decide-early", "linear", "quadratic", "pocock", "obrien-fleming"] = "decide-early"
+    """How the stopping rule spends its error over the looks: "decide-early" (60% at the first
+    look, the rest at the last) or a classic spending function."""
     verdicts: list[str] = Field(default_factory=lambda: ["tok/s"])  # metrics the verdict decides on
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     """The verdict's confidence (0.95: at most 5% chance of a wrong claim over the whole family)."""
