@@ -38,7 +38,7 @@ def test_sections_and_plots(html):
     assert html.count("<svg") == 7
     assert 'id="simulated-banner"' in html and "SIMULATED" in html
     assert "no GPU telemetry" in html and "time busy" in html
-    assert "nospec vs original: not decided (-54%" in html
+    assert "c=1: nospec is 54% slower than original" in html
     assert "<script" not in html.lower()
     # self-contained: nothing is fetched (namespace URIs in the SVG metadata are names, not loads)
     assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', html)
@@ -127,3 +127,30 @@ def test_the_audit_is_collapsed_and_the_verdicts_diagnostics_sit_apart(tmp_path)
     assert ": noise: " not in main_list and ": noise: " in verdict
     assert re.search(r'<details id="audit-details"><summary>\d+ rows', html)
     assert '<details id="audit-details" open' not in html
+
+
+def test_a_percentage_past_reading_is_capped_in_every_view(db_path):
+    """A ratio of 1e95 (a zero baseline's neighbour, a broken figure) prints as >+999%, never as a
+    96-digit number: markdown, HTML, the compare gate's lines and the terminal's formatter."""
+    from truthput.report.data import build_report_data
+    from truthput.report.html import render_html
+    from truthput.report.markdown import render_markdown
+    from truthput.report.terminal import delta_text
+    from truthput.store.db import Store
+
+    doc = build_report_data(Store(db_path, read_only=True), "latest")
+    cell = next(c for c in doc.cells if c.delta_pct is not None and c.delta_pct.value is not None)
+    cell.delta_pct.value, cell.delta_pct.lo, cell.delta_pct.hi = 1e95, -5e94, 3e96
+    for audit in doc.audit:
+        if audit.error_pct_vs_counter is not None:
+            audit.error_pct_vs_counter = 2e40
+    for text in (render_markdown(doc), render_html(doc)):
+        assert not re.search(r"\d{5,}(?:\.\d)?%", text), re.search(r".{40}\d{5,}%.{10}", text)
+        assert "+999%" in text  # (">" is "&gt;" in the HTML)
+    import dataclasses
+
+    from truthput.store.summary import run_summary
+
+    comp = next(c for c in run_summary(Store(db_path, read_only=True), "latest").verdict.comparisons())
+    comp.estimate = dataclasses.replace(comp.estimate, pct=1e95, pct_lo=-50.0, pct_hi=1e96)
+    assert delta_text(comp).startswith(">+999%") and ">+999" in delta_text(comp)[6:]

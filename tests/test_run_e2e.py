@@ -193,13 +193,21 @@ set = { "--max-model-len" = 4000000, "--gpu-memory-utilization" = 0.2 }
     assert "too-long" in stored_summary(store, run_id).failed
 
 
-def test_pinned_port_in_use_is_recorded(tmp_path):
+def test_pinned_port_in_use_is_refused_by_the_plan_and_recorded_when_taken_later(tmp_path, monkeypatch):
+    from truthput.errors import InputError
+    import truthput.run.plan as planning
+
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
         blocker.listen(1)
         port = blocker.getsockname()[1]
         text = experiment_text("[[variant]]\nname = \"base\"\n", concurrency=(1,), extra=f"port = {port}")
         db = tmp_path / "r.db"
+        # taken when the run is planned: refused before any start (plan says the same)
+        with pytest.raises(InputError, match=f"port {port}: something already listens"):
+            _run(text, db)
+        # taken between the plan and the start (the plan saw it free): the start's failure is recorded
+        monkeypatch.setattr(planning, "_check_port", lambda exp, kind: None)
         run_id = _run(text, db)
     store = Store(db)
     (start,) = store.starts(run_id)

@@ -335,3 +335,28 @@ def test_import_of_a_shell_script_with_vllm_serve_makes_an_experiment(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "truthput", "import", str(tmp_path / "other.sh"), "-o", "-"],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "starts a server" in bad.stderr
+
+
+def test_import_resolves_a_scripts_variables_or_refuses_to_guess(tmp_path):
+    """`vllm serve "$MODEL"`: the script's own MODEL=... gives the server its value (never the
+    literal "$MODEL" the server would receive); a variable nothing sets is refused in one line."""
+    import subprocess
+    import sys
+    import tomllib
+
+    def imp(name: str, text: str) -> subprocess.CompletedProcess[str]:
+        (tmp_path / name).write_text(text)
+        return subprocess.run([sys.executable, "-m", "truthput", "import", name, "-o", name + ".toml", "--force"],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+    ok = imp("set.sh", '#!/bin/sh\nMODEL=/models/q\nexport TP=2\nvllm serve "$MODEL" -tp ${TP} --max-num-seqs 64\n')
+    assert ok.returncode == 0, ok.stderr
+    command = tomllib.loads((tmp_path / "set.sh.toml").read_text())["server"]["command"]
+    assert command[:3] == ["vllm", "serve", "/models/q"] and "2" in command and not any("$" in w for w in command)
+    bad = imp("unset.sh", '#!/bin/sh\nvllm serve "$MODEL" --max-num-seqs 64\n')
+    assert bad.returncode == 2 and "uses $MODEL, which the script never sets" in bad.stderr, bad.stderr
+    unit = imp("u.service", "[Service]\nExecStart=/opt/vllm/bin/vllm serve $MODEL --max-num-seqs 64\n")
+    assert unit.returncode == 2 and "$MODEL" in unit.stderr and "never sets" in unit.stderr, unit.stderr
+    with_file = imp("f.service", "[Service]\nEnvironmentFile=/etc/vllm.env\n"
+                                 "ExecStart=/opt/vllm/bin/vllm serve $MODEL --max-num-seqs 64\n")
+    assert with_file.returncode == 0 and "EnvironmentFile=/etc/vllm.env is not read" in with_file.stderr

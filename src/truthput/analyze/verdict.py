@@ -373,8 +373,14 @@ def _level_verdict(mkey: str, conc: Level, group: dict[str, Sequence[Sequence[fl
                     f"{tag}{level_label(conc)}: {beat} all beat {baseline}; their intervals overlap, so no single winner")
         elif comps:
             open_ = [c for c in comps if not c.decided]
-            decision.append(f"{tag}{level_label(conc)}: no winner: {baseline} stays" + (
-                f"; not decided: {', '.join(_starts_to_go(c) for c in open_)}" if open_ else ""))
+            slower = [c.variant for c in comps if c.outcome == "slower"]
+            same = [c.variant for c in comps if c.outcome == "equivalent"]
+            vetoed = [c.variant for c in comps if c.outcome == "faster" and c.vetoed]
+            decision.append(f"{tag}{level_label(conc)}: no winner: {baseline} stays"
+                            + (f"; decided slower: {', '.join(slower)}" if slower else "")
+                            + (f"; equivalent: {', '.join(same)}" if same else "")
+                            + (f"; faster but its outputs differ: {', '.join(vetoed)}" if vetoed else "")
+                            + (f"; not decided: {', '.join(_starts_to_go(c) for c in open_)}" if open_ else ""))
         if base_est.noisy and base_est.warning:
             diagnostics.append(f"{tag}{level_label(conc)}: {baseline} is noisy: {base_est.warning}")
     if comps and noise_note:

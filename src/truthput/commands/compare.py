@@ -54,6 +54,8 @@ def _print(result: CompareDocument) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from truthput.text import capped, percent
+
     from truthput.analyze.cells import source_label
     from truthput.experiment.levels import row_header, row_level
     from truthput.report.terminal import make_console
@@ -80,8 +82,9 @@ def _print(result: CompareDocument) -> None:
 
     for r in result.rows:
         q = r.ratio
-        ratio = f"{q.pct or 0.0:+.1f}%"
-        ratio += f" ({q.pct_lo:+.1f}..{q.pct_hi:+.1f})" if q.pct_lo is not None and q.pct_hi is not None \
+        ratio = percent(q.pct or 0.0)
+        ratio += f" ({capped(q.pct_lo, '{:+.1f}')}..{capped(q.pct_hi, '{:+.1f}')})" \
+            if q.pct_lo is not None and q.pct_hi is not None \
             else " (no interval)"
         if q.significant:
             ratio = f"[bold]{ratio}[/bold]"

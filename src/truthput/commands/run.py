@@ -120,10 +120,6 @@ def run(
     from truthput.experiment.file import load_experiment, parse_experiment
     from truthput.store.db import Store
 
-    from truthput.experiment.engines import ENGINE_KINDS
-
-    if engine is not None and engine not in ENGINE_KINDS:
-        raise InputError(f"--engine {engine!r}: expected one of {', '.join(ENGINE_KINDS)}")
     overrides: list[str] = []
     if not resume and experiment is not None:
         # a bad file or an impossible plan fails before a store is created
@@ -230,9 +226,14 @@ def plan(
     exp, _ = load_experiment(experiment)
     simulate_on(exp, engine, sim_gpu, sim_model)
     p = checked_plan(exp, engine, experiment)
+    con = make_console()
+    if len(p.variants) < 2:
+        con.print(f"{experiment}: one variant ({p.variants[0].name if p.variants else 'none'}): nothing to compare. "
+                  "Add a [[variant]] that changes a flag, or measure this one server with `truthput load URL`.",
+                  markup=False, highlight=False)
+        return
     placer = make_executor(executor, address)
     placed = placer.prepare(exp, p)
-    con = make_console()
     con.print(f"[bold]{exp.experiment.name}[/bold]: engine {p.engine}"
               + (" (embedded simulator: every figure will be SIMULATED)" if p.engine == "sim" else ""))
     import shlex

@@ -33,6 +33,14 @@ def register(app: typer.Typer) -> None:
 
         toml_text = import_unit(str(unit_file))
         unit = parse_unit(read_server_definition(str(unit_file)), str(unit_file))
+        unknown = unit.unresolved_variables()
+        if unknown and not unit.environment_files():
+            # nothing the unit or script says gives them a value: refuse to guess what the server runs
+            said = ", ".join(f"${v}" for v in unknown)
+            raise InputError(f"{unit_file}: the server's command uses {said}, which the "
+                             f"{'script' if unit_file.suffix != '.service' else 'unit'} never sets: set "
+                             f"{'it' if len(unknown) == 1 else 'them'} there (NAME=value before the command, or "
+                             "Environment= in a unit), or write the value into the command")
         for warning in consistency_warnings(unit) + unit.notes():
             typer.echo(f"truthput: warning: {warning}", err=True)
         target = output or default_import_path(unit_file)

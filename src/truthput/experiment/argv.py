@@ -742,8 +742,17 @@ def variant_argv(
     result = base.without(names) if names else base
     if not set:
         return result
+    written: dict[str, SettingValue] = {}
+    for key, value in set.items():
+        if key.startswith("-") and "=" in key:  # "--flag=value" = true: the flag and its value in one key
+            name, _eq, inline = key.partition("=")
+            if value is not True:
+                raise InputError(f"{where}: set: {key!r} = {value!r}: give the value once ({name!r} = {inline!r})")
+            written[name] = inline
+        else:
+            written[key] = value
     try:
-        return result.with_set(set)
+        return result.with_set(written)
     except InputError as exc:
         raise InputError(f"{where}: set: {exc}") from None
 

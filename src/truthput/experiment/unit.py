@@ -142,6 +142,16 @@ class Unit:
         service = self.section("Service")
         return [v.strip() for v in (service.values("EnvironmentFile") if service else []) if v.strip()]
 
+    def unresolved_variables(self) -> list[str]:
+        """The $VARs ExecStart= uses that no Environment= line (or script assignment) sets."""
+        try:
+            value = self.exec_start_value()
+        except InputError:
+            return []
+        env = self.environment()
+        return sorted({ref for ref in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", value.replace("$$", ""))
+                       if ref not in env})
+
     def notes(self) -> list[str]:
         """What truthput could not resolve from the unit alone (shown by `truthput import`)."""
         notes = [
@@ -669,6 +679,28 @@ def _starts_a_server(words: Sequence[str]) -> bool:
     return any(w in SERVER_PROGRAMS or os.path.basename(w) in SERVER_PROGRAMS for w in words[:4])
 
 
+def _expand_script_words(words: Sequence[str], env: Mapping[str, str], where: str) -> list[str]:
+    """The server line's $VAR / ${VAR} replaced by the script's own assignments (what the shell
+    would pass the server); a variable the script never sets is refused, never guessed or kept as
+    a literal "$VAR" the server would receive."""
+    missing: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in env:
+            missing.append(name)
+            return m.group(0)
+        return env[name]
+
+    out = [re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)", sub, w) for w in words]
+    if missing:
+        said = ", ".join(f"${v}" for v in dict.fromkeys(missing))
+        raise InputError(f"{where}: the server's command uses {said}, which the script never sets: set it in the "
+                         "script (NAME=value or export NAME=value before this line), or write the value into "
+                         "the command")
+    return out
+
+
 def script_as_unit(text: str, path: str) -> str | None:
     """A shell script that starts a server (`vllm serve ...`, `python -m vllm.entrypoints...`,
     `llama-server ...`), as the unit text systemd would run it with: its `export NAME=value` lines
@@ -697,7 +729,8 @@ def script_as_unit(text: str, path: str) -> str | None:
             continue
         if _starts_a_server(words):
             env.update(assigned)
-            return "[Service]\n" + render_environment(env) + render_exec_start(words)
+            return "[Service]\n" + render_environment(env) + render_exec_start(
+                _expand_script_words(words, env, f"{path}:{number}"))
     raise InputError(f"{path}: neither a systemd unit (no [Service] section) nor a shell script with a line that "
                      "starts a server (`vllm serve ...`, `python -m vllm.entrypoints.openai.api_server ...`, "
                      "`llama-server ...`)")
@@ -790,7 +823,7 @@ def import_unit(path: str) -> str:
         "[measure]",
         "starts = 3          # server starts per variant before the verdict's first look",
         "sequential = true   # then add rounds of starts until every comparison is decided ...",
-        "max_starts = 6      # ... or this many starts per variant",
+        "max_starts = 8      # ... or this many starts per variant",
         "repeats = 1         # timed trials per level per start (the verdict's unit of replication is the start)",
         "",
     ]

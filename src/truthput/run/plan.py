@@ -159,9 +159,14 @@ def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
 def _check_duplicates(variants: list[VariantPlan]) -> None:
     """Two variants that would start the very same server (same argv, same environment) compare a
     configuration with itself: almost always a typo or a flag that is already at that value."""
-    seen: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], str] = {}
+    import json
+
+    from truthput.experiment.argv import normalised_settings
+
+    seen: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
     for vp in variants:
-        key = (tuple(vp.argv.to_argv()), tuple(sorted(vp.env.items())))
+        # what the command asks for, whatever its spelling ("--flag=v", "--flag v", an alias)
+        key = (json.dumps(normalised_settings(vp.argv), sort_keys=True, default=str), tuple(sorted(vp.env.items())))
         if key in seen:
             raise InputError(f"[[variant]] {vp.name!r} starts the same server as {seen[key]!r} (same command line "
                              "and environment): its `set`/`remove` change nothing; give it a different setting or "
@@ -169,11 +174,40 @@ def _check_duplicates(variants: list[VariantPlan]) -> None:
         seen[key] = vp.name
 
 
+def _runs_vllm(argv: ServerArgv) -> bool:
+    """A command that runs vLLM itself (`vllm serve`, `python -m vllm.entrypoints...`): its flags are
+    vLLM's. (A unit or command running something else, a wrapper or truthput's own simulator, has
+    flags of its own.) On the simulator (engine sim) the command is always read as vLLM's."""
+    import os
+
+    return any(os.path.basename(w) == "vllm" or w.startswith("vllm.entrypoints") for w in argv.program)
+
+
+def _check_port(exp: Experiment, kind: str) -> None:
+    """A fixed `[server] port` that something else already listens on: every start would fail
+    `port_in_use`, so `plan` and `run` refuse it (a server truthput starts itself only)."""
+    import socket
+
+    port = exp.server.port
+    if not port or kind in ("external", "systemd"):
+        return
+    host = exp.server.host or "127.0.0.1"
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        if s.connect_ex((host, port)) == 0:
+            raise InputError(f"[server].port {port}: something already listens on {host}:{port}, so every start "
+                             "would fail (port_in_use): stop it, or leave port unset for a free port each start")
+
+
 def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
-    """Resolve every variant's argv (parsed, never string-replaced) and the order of server starts."""
+    """Resolve every variant's argv (parsed, never string-replaced) and the order of server starts:
+    the one validation `plan` and `run` both call, so they refuse the same things."""
     from truthput.analyze.design import estimate_plan_time, interleaved_order
+    from truthput.experiment.engines import ENGINE_KINDS
 
     kind = engine or exp.server.engine
+    if kind not in ENGINE_KINDS:
+        raise InputError(f"--engine {kind!r}: expected one of {', '.join(ENGINE_KINDS)}")
     if kind == "sim":
         sim_requirements(exp)
     _check_names(exp, kind)
@@ -186,6 +220,11 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
                         f"{sorted(set(exp.server.cpus) & set(exp.workload.client_cpus))}: pinning is for keeping "
                         "them apart")
     base = ServerArgv.parse(exp.server.command, engine=metric_family(kind))
+    if kind == "sim" or (metric_family(kind) == "vllm" and kind != "external" and _runs_vllm(base)):
+        # the baseline's own flags too: the simulator would otherwise run a typo as "a flag it
+        # does not model", and the verdict compare a server that is not the one written
+        check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [])
+    _check_port(exp, kind)
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
         if metric_family(kind) == "vllm" and kind != "external":
