@@ -408,6 +408,8 @@ def nominal_levels(min_starts: int, max_starts: int, alpha: float, method: str) 
     would test at. The default designs come precomputed (`boundaries.json`, SHIPPED_SIMULATIONS
     a ratio); others are computed once per process (BOUNDARY_SIMULATIONS a ratio).
     """
+    if min_starts == max_starts:
+        method = "linear"  # one look takes all of alpha whatever the spending: one table serves them all
     shipped = _shipped().get(boundary_key(min_starts, max_starts, alpha, method))
     if shipped is not None:
         return tuple(shipped)

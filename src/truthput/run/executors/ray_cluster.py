@@ -34,6 +34,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 from truthput.cluster import Node, actor_class, cluster_nodes, connect, lost_errors, nodes_from_ray
@@ -137,7 +138,7 @@ def slots(node: Node, gpus: int) -> int:
 
 
 def pick_node(need: Need, nodes: list[Node], busy: dict[str, int], used: dict[str, int],
-              dead: set[str] = frozenset()) -> Node | None:  # type: ignore[assignment]
+              dead: AbstractSet[str] = frozenset()) -> Node | None:
     """Where the next start goes: a live node of the class that fits it and has a free slot, the
     one that has served the fewest starts so far (so each node sees the variants interleaved),
     the head last among equals (it also runs the driver). None: wait for a start to end."""
