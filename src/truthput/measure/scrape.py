@@ -52,20 +52,23 @@ async def idle_rate(base_url: str, emitted_names: tuple[str, ...], seconds: floa
     Anything above zero is another client's traffic."""
     import aiohttp
 
-    from truthput.measure.prom import parse_scrape
-
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         first = await scrape_metrics(session, base_url, "pre")
         await asyncio.sleep(seconds)
         second = await scrape_metrics(session, base_url, "pre")
-    a, b = parse_scrape(first), parse_scrape(second)
-    name = next((n for n in emitted_names if a.ok and b.ok and a.has(n) and b.has(n)), None)
-    if name is None:
-        return None
-    va, vb = a.total(name), b.total(name)
+    va, vb = counter_value(first, emitted_names), counter_value(second, emitted_names)
     if va is None or vb is None or vb < va or second.t_mono <= first.t_mono:
         return None
     return (vb - va) / (second.t_mono - first.t_mono)
+
+
+def counter_value(scrape: Scrape, emitted_names: tuple[str, ...]) -> float | None:
+    """The emitted-token counter a scrape shows (its first name present), None when unreadable."""
+    from truthput.measure.prom import parse_scrape
+
+    parsed = parse_scrape(scrape)
+    name = parsed.first_present(emitted_names) if parsed.ok else None
+    return parsed.total(name) if name else None
 
 
 async def settled_post_scrapes(session: Any, base_url: str, emitted_names: tuple[str, ...]) -> list[Scrape]:

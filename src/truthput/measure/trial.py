@@ -110,9 +110,7 @@ class _Scrapes:
         if not name:
             return []
         ok = [p for p in self.all if p.ok and p.has(name) and (win is None or win[0] <= p.t_mono <= win[1])]
-        created = name[: -len("_total")] + "_created" if name.endswith("_total") else ""
-        stale = dips([(p.total(name) or 0.0, max((v for _, v in p.samples.get(created, [])), default=None))
-                      for p in ok])
+        stale = dips([(p.total(name) or 0.0, _created_at(p, name)) for p in ok])
         return [p for i, p in enumerate(ok) if i not in stale]
 
     def other_delta(self, name: str | None, start: ParsedScrape | None, end: ParsedScrape | None) -> float | None:
@@ -155,7 +153,6 @@ class _Scrapes:
                                 "(is --engine / [server] engine the server's kind?)")
         if start is None or end is None:
             return CounterDelta(value=None, note="scrape for this interval missing")
-        created = name[: -len("_total")] + "_created" if name.endswith("_total") else None
         samples: list[tuple[float, float | None, float | None]] = []
         for p in self.all:
             if p.t_mono < start.t_mono or p.t_mono > end.t_mono:
@@ -165,16 +162,19 @@ class _Scrapes:
                 continue
             if p.phase == "periodic" and not p.has(name):
                 continue  # in-window samples keep only the families they sample
-            v = p.total(name, label_filter)
-            c = None
-            if created and p.has(created):
-                rows = p.samples[created]
-                c = max(val for _, val in rows) if rows else None
-            samples.append((p.t_mono, v, c))
+            samples.append((p.t_mono, p.total(name, label_filter), _created_at(p, name)))
         d = counter_delta(samples)
         if d.value is None and not d.note.startswith("metric"):
             d.note = f"{name}: {d.note}"
         return d
+
+
+def _created_at(p: ParsedScrape, name: str) -> float | None:
+    """When counter `name` was created, as this scrape says (its `_created` series; None without)."""
+    if not name.endswith("_total"):
+        return None
+    rows = p.samples.get(name[: -len("_total")] + "_created") or []
+    return max(val for _, val in rows) if rows else None
 
 
 def _counter_fig(d: CounterDelta, unit: str, name: str | None, per_second: bool, window: str) -> Figure:
@@ -265,7 +265,7 @@ def _requests(records: Sequence[RequestRecord], continuous: int) -> Requests:
         prompt_tokens_mean=sum(prompts) / len(prompts) if prompts else None,
         finish_reasons=dict(Counter(r.finish_reason or "unknown" for r in ok)),
         total=len(records),
-        ok=sum(1 for r in records if r.status == "ok"),
+        ok=len(ok),
         failed=sum(1 for r in records if r.status != "ok"),
         failed_mid_stream=sum(1 for r in records if r.status != "ok" and r.chunk_times),
         continuous_usage=continuous,

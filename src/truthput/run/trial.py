@@ -195,16 +195,6 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     return run
 
 
-def _counter_at(scrape: Scrape, names: EngineMetricNames) -> float | None:
-    from truthput.measure.prom import parse_scrape
-
-    parsed = parse_scrape(scrape)
-    if not parsed.ok:
-        return None
-    name = parsed.first_present(names.candidates("emitted_tokens"))
-    return parsed.total(name) if name else None
-
-
 def traffic_between(prev: TrialRun | None, cur: TrialRun, names: EngineMetricNames) -> str | None:
     """Other traffic between two trials that ran back to back with nothing of truthput's between
     them: the token counter should not move from the first one's settled `post` scrape to the
@@ -215,7 +205,10 @@ def traffic_between(prev: TrialRun | None, cur: TrialRun, names: EngineMetricNam
     pres = [s for s in cur.scrapes if s.phase == "pre" and s.error is None]
     if not posts or not pres or pres[0].t_mono <= posts[-1].t_mono:
         return None
-    a, b = _counter_at(posts[-1], names), _counter_at(pres[0], names)
+    from truthput.measure.scrape import counter_value
+
+    emitted = names.candidates("emitted_tokens")
+    a, b = counter_value(posts[-1], emitted), counter_value(pres[0], emitted)
     if a is None or b is None or b <= a:
         return None  # quiet (or restarted: the counter's own checks say so)
     seconds = pres[0].t_mono - posts[-1].t_mono
