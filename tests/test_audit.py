@@ -46,7 +46,7 @@ def test_audit_rows_pool_trials_against_truth(tmp_path):
     db = Store(tmp_path / "t.db")
     rows = audit_rows(db.trial_results(run_id))
     db.close()
-    by = {(r.variant, r.level, r.method): r.to_dict() for r in rows}
+    by = {(r.variant, r.key, r.method): r.model_dump(mode="json") for r in rows}
     for (variant, conc), tps in truth.items():
         ref = by[(variant, conc, "counter (window)")]
         assert ref["cause"] == "reference" and ref["n_trials"] == 2

@@ -254,7 +254,7 @@ def test_audit_matrix_gives_each_cell_its_own_cause(store):
         if r.cause not in ("reference",) and r.error_pct_vs_counter is not None:
             assert f"{r.error_pct_vs_counter:+.1f}% {r.cause}" in text
     # the variant order of the throughput table, then concurrency
-    keys = list(dict.fromkeys((r.variant, r.level) for r in rows))
+    keys = list(dict.fromkeys((r.variant, r.key) for r in rows))
     assert keys == [("base", 1), ("base", 4), ("spec1", 1), ("spec1", 4), ("nospec", 1), ("nospec", 4)]
 
 

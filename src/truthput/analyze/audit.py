@@ -15,37 +15,35 @@ from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any
 
-from truthput.text import capped, percent
+from pydantic import Field
+
 from truthput.analyze.cells import TrialLike, group_trials
+from truthput.analyze.rows import LevelRow, clean
 from truthput.measure.model import Check, MethodRow, TrialResults
-from truthput.experiment.levels import Level, level_cell, level_header, level_json
+from truthput.experiment.levels import Level, level_json
 
 CAUSE_ORDER = ("reference", "agrees", "unit", "window", "definition", "missing data")
 
 
-@dataclass
-class AuditRow:
+class AuditEntry(LevelRow):
+    """One counting method in one cell: its tok/s (mean over the cell's trials), its error vs each
+    trial's headline (mean), and the cause most often classified."""
+
     variant: str
-    level: Level
     method: str
     tokps: float | None
     error_pct_vs_counter: float | None
     cause: str
-    causes: dict[str, int]
+    causes: dict[str, int] = Field(default_factory=dict)
     source: str
     measured_source: str
     n_trials: int
     simulated: bool
     note: str = ""
-    flags: list[str] = field(default_factory=list)
+    flags: list[str] = Field(default_factory=list)
     """Validity flag codes on this method's figure in any of the cell's trials."""
     reference: str = "counter (window)"
     """What the cell's errors are measured against: its trials' headline figure."""
-
-    def to_dict(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
-        doc.pop("level")
-        return {"variant": self.variant, **level_json(self.level), **doc}
 
 
 @dataclass
@@ -77,9 +75,9 @@ def _ordered(groups: dict[tuple[str, Level], list[TrialResults]]) -> list[tuple[
     return sorted(groups, key=lambda k: (variants.index(k[0]), k[1]))
 
 
-def audit_rows(trials: Sequence[TrialLike], simulated: bool = False) -> list[AuditRow]:
+def audit_rows(trials: Sequence[TrialLike], simulated: bool = False) -> list[AuditEntry]:
     """One row per variant x concurrency x method: tokps, error_pct_vs_counter, cause, n_trials."""
-    rows: list[AuditRow] = []
+    rows: list[AuditEntry] = []
     groups = method_groups(trials)
     for key in _ordered(groups):
         variant, conc = key
@@ -92,9 +90,10 @@ def audit_rows(trials: Sequence[TrialLike], simulated: bool = False) -> list[Aud
             errs = [r.error_pct_vs_counter for r in rs if r.error_pct_vs_counter is not None]
             causes = Counter(r.cause for r in rs)
             notes = [r.note for r in rs if r.note]
-            rows.append(AuditRow(
-                variant=variant, level=conc, method=method,
-                tokps=mean(vals) if vals else None, error_pct_vs_counter=mean(errs) if errs else None,
+            rows.append(AuditEntry(
+                variant=variant, **level_json(conc), method=method,
+                tokps=clean(mean(vals)) if vals else None,
+                error_pct_vs_counter=clean(mean(errs)) if errs else None,
                 cause=causes.most_common(1)[0][0], causes=dict(causes),
                 source="simulator" if simulated else rs[0].source, measured_source=rs[0].source,
                 n_trials=len(rs), simulated=simulated, note=notes[0] if notes else "",
@@ -135,29 +134,3 @@ def integrity_rows(trials: Sequence[TrialLike]) -> list[IntegrityRow]:
             warnings=sorted({w for r in results for w in r.warnings}),
         ))
     return rows
-
-
-def render_audit(rows: list[AuditRow], title: str, simulated: bool = False) -> Any:
-    """A rich Table of the audit rows (simulated figures say so on every figure)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=Text(title), show_lines=False)
-    header = level_header(r.level for r in rows)
-    for col in ("variant", header, "method", "tok/s", "vs headline", "cause", "trials"):
-        table.add_column(col, justify="right" if col in (header, "tok/s", "vs headline", "trials") else "left")
-    tag = " (simulated)" if simulated else ""
-    prev: tuple[str, Level] | None = None
-    for r in rows:
-        key = (r.variant, r.level)
-        if prev is not None and key != prev:
-            table.add_section()
-        prev = key
-        tok = "missing" if r.tokps is None else f"{r.tokps:.1f}{tag}"
-        err = "-" if r.error_pct_vs_counter is None else f"{percent(r.error_pct_vs_counter)}{tag}"
-        style = {"reference": "bold", "agrees": "green", "missing data": "dim"}.get(r.cause, "yellow")
-        cause = Text(r.cause, style=style)
-        if r.flags:
-            cause.append(" !" + ",".join(r.flags), style="bold red")
-        table.add_row(Text(r.variant), level_cell(r.level), Text(r.method), tok, err, cause, str(r.n_trials))
-    return table

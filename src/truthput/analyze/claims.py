@@ -17,6 +17,9 @@ from statistics import mean
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
 import math
 
 from truthput.analyze.cells import TrialLike, build_cells, source_label
@@ -42,8 +45,10 @@ CAUSE_TEXT = {
 }
 
 
-@dataclass
+@pydantic_dataclass(config=ConfigDict(extra="forbid"))
 class ClaimResult:
+    """What a claim was checked against and the verdict; the report document holds it as it is."""
+
     text: str
     verdict: str  # plausible | contradicted | impossible | untestable
     reason: str

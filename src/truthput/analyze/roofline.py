@@ -12,13 +12,10 @@ bound "the wall".
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from truthput.analyze.cells import Cell
 from truthput.errors import InputError
-from truthput.experiment.levels import Level
 from truthput.hardware.gpus import GPU
 from truthput.hardware.models import ModelProfile
 from truthput.hardware.physics import (
@@ -296,124 +293,3 @@ def place(roof: Roofline, measured_tokps: float, acceptance_length: float | None
         binding=binding, sentence=sentence,
         fraction_of_weight_streaming=measured_tokps / roof.ceilings["weight_streaming"].aggregate_tokps,
     )
-
-
-# ---- a run's cells placed against the roofline -------------------------------------------------
-OPEN_LOOP_NOTE = ("open-loop levels are not placed against the roofline: their streams are what the server made "
-                  "of the offered rate, not a setting")
-
-
-@dataclass(frozen=True)
-class CellPlacement:
-    """One cell's headline figure (with its own source and flags) against its configuration's roofline."""
-
-    variant: str
-    level: Level
-    tp: int
-    kv_cache_dtype: str
-    kv_dtype_bytes: float
-    spec_k: int
-    acceptance_length: float | None
-    measured_tokps: float
-    measured_source: str
-    """The cell's headline source: `server_counter`, or `usage` where no counter was read."""
-    measured_flags: list[Any]
-    """The cell's flags on its headline figure (`analyze.cells.CellFlag`)."""
-    roof: Roofline
-    placement: Placement
-
-    @property
-    def reading(self) -> str:
-        return self.placement.sentence.partition(" — candidates: ")[0]
-
-    @property
-    def tightest_ceiling_tokps(self) -> float:
-        tight = self.roof.tightest_ceiling
-        return self.roof.concurrency * self.placement.tokens_per_step_per_stream / tight.step_floor_s
-
-
-@dataclass(frozen=True)
-class RooflineSection:
-    available: bool
-    reason: str | None
-    gpu: str | None = None
-    gpu_count: int | None = None
-    model: str | None = None
-    context_tokens: int | None = None
-    context_basis: str | None = None
-    cells: list[CellPlacement] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-def context_tokens(input_tokens: Any, output_tokens: Any) -> tuple[int, str]:
-    """Mean context a stream holds during decode: prompt + half the output (what is known of it:
-    a length, or a distribution's mean/value/max)."""
-    def size(x: Any, default: int) -> float:
-        if isinstance(x, (int, float)):
-            return float(x)
-        if isinstance(x, dict):
-            for k in ("mean", "value", "max", "tokens"):
-                if isinstance(x.get(k), (int, float)):
-                    return float(x[k])
-        return float(default)
-
-    inp, out = size(input_tokens, 256), size(output_tokens, 256)
-    return int(inp + out / 2), f"input {inp:g} + output {out:g} / 2 (mean context during decode)"
-
-
-def place_cells(gpu_name: str, gpu_count: int | None, model_ref: str, context: tuple[int, str],
-                cells: Sequence[Cell], argv_by_variant: Mapping[str, Sequence[str]],
-                acceptance: Mapping[tuple[str, Level], float | None], simulated: bool) -> RooflineSection:
-    """Every ok closed-loop cell's headline figure against the roofline of its variant's argv (TP,
-    KV-cache dtype, speculation read as the server reads them); open-loop cells are left out, said."""
-    from truthput.experiment.argv import ServerArgv, speculative_settings, whole_number
-    from truthput.hardware.dtypes import kv_dtype_bytes
-    from truthput.hardware.gpus import get_gpu
-    from truthput.hardware.models import get_model
-
-    try:
-        gpu = get_gpu(gpu_name)
-        profile = get_model(model_ref)
-    except Exception as exc:
-        return RooflineSection(False, f"roofline inputs: {exc}")
-    rows: list[CellPlacement] = []
-    notes: list[str] = []
-    for c in cells:
-        if not c.ok or c.estimate is None or not c.estimate.mean:
-            continue
-        if c.concurrency is None:
-            if OPEN_LOOP_NOTE not in notes:
-                notes.append(OPEN_LOOP_NOTE)
-            continue
-        words = list(argv_by_variant.get(c.variant) or [])
-        argv = ServerArgv.parse(words) if words else None
-        tp_text = argv.get("--tensor-parallel-size") if argv else None
-        tp = (whole_number(tp_text) or 1) if isinstance(tp_text, str) else 1
-        kv_text = str((argv.get("--kv-cache-dtype") if argv else None) or "auto").lower()
-        try:
-            spec = (speculative_settings(argv) if argv else None) or {}
-        except InputError:
-            spec = {}
-        k = int(spec.get("num_speculative_tokens") or 0)
-        acc = acceptance.get(c.key) if k else None
-        if acc is not None and not 1.0 <= acc <= k + 1:
-            notes.append(f"{c.variant} {c.label}: measured acceptance length {acc:.3f} outside [1, {k + 1}]; "
-                         "the ceiling uses k+1")
-            acc = None
-        source = c.source
-        try:
-            roof = roofline(gpu, profile, tp, kv_dtype_bytes(kv_text), context[0], c.concurrency, k, acc)
-            pl = place(roof, float(c.estimate.mean), acc, measured_source="simulator" if simulated else source,
-                       model_bits=getattr(profile, "bits_per_weight", None))
-        except Exception as exc:
-            notes.append(f"{c.variant} {c.label}: {exc}")
-            continue
-        if gpu_count and int(gpu_count) != tp:
-            notes.append(f"{c.variant}: [hardware].count = {gpu_count} but TP = {tp}; one TP replica modelled")
-        rows.append(CellPlacement(c.variant, c.level, tp, kv_text, kv_dtype_bytes(kv_text), k, acc,
-                                  float(c.estimate.mean), source, c.flags_on("tok/s"), roof, pl))
-    candidates = sorted({r.placement.sentence.partition(" — candidates: ")[2] for r in rows} - {""})
-    if candidates:
-        notes.append("where no modelled resource binds, candidates for the rest of the step: " + "; ".join(candidates))
-    return RooflineSection(bool(rows), None if rows else "no cell could be placed", gpu.name, gpu_count,
-                           profile.name, context[0], context[1], rows, notes)

@@ -7,29 +7,28 @@ and the terminal read the same numbers, so they are computed once here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from statistics import mean
 
+from pydantic import Field
+
 from truthput.analyze.cells import TrialLike, group_trials
-from truthput.experiment.levels import Level
+from truthput.analyze.rows import Figure, LevelRow, figure
+from truthput.experiment.levels import level_json
 
 
-@dataclass(frozen=True)
-class SpecDecodeCell:
+class SpecDecodeRow(LevelRow):
     variant: str
-    level: Level
     k: int | None
     method: str | None
-    note: str | None
+    note: str | None = None
+    per_position: list[Figure] = Field(default_factory=list)
+    """Mean acceptance at each draft position (`position`), over the trials that had it (`n_trials`)."""
+    mean_acceptance_length: Figure
+    acceptance_rate: Figure
     n_trials: int
-    per_position: list[tuple[int, float, int]] = field(default_factory=list)
-    """(draft position, mean acceptance, trials that had it)."""
-    mean_acceptance_length: float | None = None
-    """1 + accepted / drafts over the window, mean over trials."""
-    acceptance_rate: float | None = None
 
 
-def spec_decode_cells(trials: Sequence[TrialLike]) -> list[SpecDecodeCell]:
+def spec_decode_rows(trials: Sequence[TrialLike], simulated: bool) -> list[SpecDecodeRow]:
     """Per (variant, level) with speculative counters in any ok trial, in first-seen order."""
     out = []
     for (variant, level), ts in group_trials(trials).items():
@@ -50,8 +49,12 @@ def spec_decode_cells(trials: Sequence[TrialLike]) -> list[SpecDecodeCell]:
                 mal.append(float(w.mean_acceptance_length.value))
             if w.acceptance_rate is not None and w.acceptance_rate.value is not None:
                 rate.append(float(w.acceptance_rate.value))
-        out.append(SpecDecodeCell(
-            variant=variant, level=level, k=blocks[0].k, method=blocks[0].method, note=blocks[0].note,
-            n_trials=len(blocks), per_position=[(p, mean(v), len(v)) for p, v in sorted(pos.items())],
-            mean_acceptance_length=mean(mal) if mal else None, acceptance_rate=mean(rate) if rate else None))
+        out.append(SpecDecodeRow(
+            variant=variant, **level_json(level), k=blocks[0].k, method=blocks[0].method, note=blocks[0].note,
+            n_trials=len(blocks),
+            per_position=[figure(mean(v), "ratio", "server_counter", simulated, position=p, n_trials=len(v))
+                          for p, v in sorted(pos.items())],
+            mean_acceptance_length=figure(mean(mal) if mal else None, "tokens/step", "server_counter", simulated,
+                                          note="1 + accepted / drafts over the window, mean over trials"),
+            acceptance_rate=figure(mean(rate) if rate else None, "ratio", "server_counter", simulated)))
     return out

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from statistics import mean
 from typing import Protocol
 
-from truthput.experiment.levels import Level
+from truthput.analyze.rows import Figure, LevelRow, figure
+from truthput.experiment.levels import Level, level_json
 
 
 class TelemetrySample(Protocol):
@@ -38,18 +38,21 @@ class TrialPlace(Protocol):
     def level(self) -> Level: ...
 
 
-@dataclass(frozen=True)
-class GpuCell:
-    """One GPU of one variant at one level, over its trials' samples."""
+class TelemetryEntry(LevelRow):
+    """One GPU of one variant at one level, over its trials' NVML samples (the GPU's own sampler,
+    never the simulator)."""
 
     variant: str
-    level: Level
     gpu: int
     samples: int
-    util_pct_mean: float | None
-    mem_used_gb_max: float | None
-    power_w_mean: float | None
-    sm_clock_mhz_mean: float | None
+    util_pct_mean: Figure
+    mem_used_gb_max: Figure
+    power_w_mean: Figure
+    sm_clock_mhz_mean: Figure
+
+
+def _nvml(value: float | None, unit: str, note: str | None = None) -> Figure:
+    return figure(value, unit, "nvml", False, note=note) if note else figure(value, unit, "nvml", False)
 
 
 def _over(xs: Sequence[float | None], fn: Callable[[list[float]], float]) -> float | None:
@@ -57,7 +60,7 @@ def _over(xs: Sequence[float | None], fn: Callable[[list[float]], float]) -> flo
     return fn(vals) if vals else None
 
 
-def gpu_cells(trials: Sequence[TrialPlace], samples: Iterable[TelemetrySample]) -> list[GpuCell]:
+def telemetry_rows(trials: Sequence[TrialPlace], samples: Iterable[TelemetrySample]) -> list[TelemetryEntry]:
     """The cells in the trials' order, GPUs in order within each; samples of unknown trials are left out."""
     by_id = {t.id: t for t in trials}
     order = list(dict.fromkeys((t.variant, t.level) for t in trials))
@@ -69,7 +72,10 @@ def gpu_cells(trials: Sequence[TrialPlace], samples: Iterable[TelemetrySample]) 
     out = []
     for (variant, level, gpu), xs in sorted(groups.items(), key=lambda kv: (order.index(kv[0][:2]), kv[0][2])):
         mem = _over([x.mem_used_bytes for x in xs], max)
-        out.append(GpuCell(variant, level, gpu, len(xs), _over([x.util_pct for x in xs], mean),
-                           None if mem is None else mem / 1e9, _over([x.power_w for x in xs], mean),
-                           _over([x.sm_clock_mhz for x in xs], mean)))
+        out.append(TelemetryEntry(
+            variant=variant, **level_json(level), gpu=gpu, samples=len(xs),
+            util_pct_mean=_nvml(_over([x.util_pct for x in xs], mean), "%", "time busy, not capacity used"),
+            mem_used_gb_max=_nvml(None if mem is None else mem / 1e9, "GB"),
+            power_w_mean=_nvml(_over([x.power_w for x in xs], mean), "W"),
+            sm_clock_mhz_mean=_nvml(_over([x.sm_clock_mhz for x in xs], mean), "MHz")))
     return out

@@ -16,9 +16,9 @@ def register(app: typer.Typer) -> None:
         import json
         from pathlib import Path
 
-        from truthput.report.terminal import make_console
+        from truthput.report.terminal import make_console, render_audit
 
-        from truthput.analyze.audit import audit_reference, audit_rows, integrity_rows, render_audit
+        from truthput.analyze.audit import audit_reference, audit_rows, integrity_rows
         from truthput.errors import StoreError
         from truthput.experiment.levels import level_label
         from truthput.store.db import Store
@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         if not rows:
             raise StoreError(f"{store}: run {rid} has no finished trial with measurements")
         if as_json:
-            typer.echo(json.dumps({"run": rid, "simulated": simulated, "methods": [r.to_dict() for r in rows],
+            typer.echo(json.dumps({"run": rid, "simulated": simulated, "methods": [r.model_dump(mode="json") for r in rows],
                                    "integrity": [c.to_dict() for c in checks]}, indent=2))
             return
         title = f"audit of run {rid}: every counting method vs {audit_reference(r.reference for r in rows)}" + (" -- SIMULATED: no figure here is a measurement" if simulated else "")

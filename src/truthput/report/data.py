@@ -17,66 +17,27 @@ from __future__ import annotations
 import shlex
 import tomllib
 from datetime import datetime, timezone
-from statistics import mean
-from collections.abc import Sequence
-from typing import Any, TypedDict
+from typing import Any
 
-from typing_extensions import Unpack
-
-from truthput.analyze.cells import Cell, CellFlag, source_label
-from truthput.analyze.latency import latency_and_goodput
-from truthput.analyze.roofline import RooflineSection, context_tokens, place_cells
-from truthput.analyze.specdecode import SpecDecodeCell, spec_decode_cells
+from truthput.analyze.cells import Cell
+from truthput.analyze.latency import GoodputRow, LatencyRow, latency_and_goodput
+from truthput.analyze.placement import RooflineDoc, context_tokens, place_cells
+from truthput.analyze.specdecode import SpecDecodeRow, spec_decode_rows
 from truthput.analyze.summary import RunSummary
-from truthput.report.document import (SCHEMA, AuditEntry, CellRow, ClaimEntry, ClaimsDoc, CompareDocument,
-                                      CompareRow, EventEntry, ExperimentInfo, FailureRow, Figure, FlagRef,
-                                      GoodputRow, GuardSummary, Hardware, LatencyRow, ModelRef, Ratio,
-                                      ReportDocument, RoofCell, RooflineDoc, RunHead, RunInfo, Slo, SpecDecodeRow,
-                                      TelemetryDoc, TelemetryEntry, TrialEntry, VariantInfo, VerdictSection,
+from truthput.analyze.tables import cell_rows, trial_rows
+from truthput.report.document import (SCHEMA, ClaimsDoc, CompareDocument,
+                                      EventEntry, ExperimentInfo, FailureRow,
+                                      GuardSummary, Hardware, ModelRef,
+                                      ReportDocument, RunHead, RunInfo, Slo,
+                                      TelemetryDoc, VariantInfo, VerdictSection,
                                       Versions, clean)
 from truthput.store.summary import run_summary
 from truthput.experiment.levels import Level, level_json, level_label
-from truthput.measure.model import Flag
 from truthput.store.db import Store, StoredTrial
 from truthput.store.rows import RequestRow, RunRow
 
 GPU_UTIL_NOTE = ("GPU utilisation is the share of the sample period in which any kernel ran (time busy), "
                  "not the share of the GPU's capacity in use")
-
-
-class FigureExtra(TypedDict, total=False):
-    """What a figure may carry besides its value, unit and source (`document.Figure`'s fields)."""
-
-    label: str | None
-    lo: float | None
-    hi: float | None
-    note: str | None
-    interval: str | None
-    n_starts: int | None
-    n_trials: int | None
-    position: int | None
-    name: str | None
-    significant: bool | None
-    outcome: str | None
-    level: float | None
-    additive: bool | None
-    detail: str | None
-    flags: list[FlagRef] | None
-
-
-def figure(value: float | None, unit: str, source: str, simulated: bool, **extra: Unpack[FigureExtra]) -> Figure:
-    """A figure with provenance; in a simulated run the source is 'simulator' (read via `source`),
-    except a model's figure (a ceiling, a bound), which no server produced. Non-finite numbers: null."""
-    fields: dict[str, Any] = {k: clean(v) if not isinstance(v, list) else v for k, v in extra.items()}
-    if simulated and source != "model":
-        return Figure(value=clean(value), unit=unit, source="simulator", read_via=source, **fields)
-    return Figure(value=clean(value), unit=unit, source=source, **fields)
-
-
-def flag_refs(flags: Sequence[CellFlag | Flag]) -> list[FlagRef]:
-    """A figure's or a cell's validity flags as the document keeps them."""
-    return [FlagRef(code=f.code, reason=f.reason, figure=f.figure, trials=f.trials, of=f.of)
-            if isinstance(f, CellFlag) else FlagRef(code=f.code, reason=f.reason) for f in flags]
 
 
 def _get(d: Any, *path: str) -> Any:
@@ -157,54 +118,6 @@ def _experiment_block(store: Store, run_id: str, run: RunRow, exp: Any, exp_erro
         slo=Slo(**slo) if slo is not None else None)
 
 
-# ---- cells ------------------------------------------------------------------------------------
-HEADLINE_NOTES = {
-    "server_counter": "emitted-token counter delta over the steady-state window / its wall time",
-    "usage": "no server counter: running usage counts (continuous_usage_stats) of the chunks that arrived in the "
-             "steady-state window / its wall time",
-}
-
-
-def _cells(summary: RunSummary, simulated: bool) -> list[CellRow]:
-    """The summary's cells as document rows; the interval of `delta_pct` is the verdict's."""
-    out = []
-    for cell in summary.cells:
-        row = CellRow(variant=cell.variant, **level_json(cell.level), baseline=cell.baseline, status=cell.status,
-                      warnings=list(cell.warnings))
-        est = cell.estimate
-        if cell.ok and est is not None:
-            source = cell.source
-            note = " / ".join(HEADLINE_NOTES.get(x, x) for x in cell.sources)
-            row.tokps = figure(est.mean, "tok/s", source, simulated, lo=est.lo, hi=est.hi,
-                               interval=f"{summary.verdict.confidence:.0%} Student-t over server starts", note=note,
-                               flags=flag_refs(cell.flags_on("tok/s")))
-            if cell.flags_on("counter"):
-                row.counter_set_aside = flag_refs(cell.flags_on("counter"))
-            row.n_starts, row.n_trials = est.n_starts, est.n_trials
-            row.cv_within, row.warning, row.noise = clean(est.cv_within), est.warning, list(cell.noise)
-            row.per_stream = figure(cell.per_stream, "tok/s/stream", "usage", simulated,
-                                    note="median over trials of per-request (tokens-1)/(last chunk - first token); "
-                                         "leaves out TTFT and the gaps between requests, so at c=1 it can exceed "
-                                         "the aggregate",
-                                    flags=flag_refs(cell.flags_on("per stream")))
-            row.ttft_p50 = figure(cell.ttft_p50, "s", "client_clock", simulated)
-            row.itl_p50 = figure(cell.itl_p50, "s", "client_clock", simulated)
-            for name in ("ttft", "itl", "tpot", "e2e"):
-                for q in ("p50", "p90", "p99"):
-                    if getattr(row, f"{name}_{q}") is None:
-                        setattr(row, f"{name}_{q}", figure(cell.median_over_trials(name, q), "s", "client_clock",
-                                                           simulated, note="median over the cell's trials of each "
-                                                                           "trial's quantile"))
-            comp = summary.comparison(cell.variant, cell.level)
-            if comp is not None:
-                e = comp.estimate
-                row.delta_pct = figure(e.pct, "%", source, simulated, lo=e.pct_lo, hi=e.pct_hi,
-                                       significant=e.significant, outcome=comp.outcome, note=e.warning,
-                                       level=e.level, interval=f"the verdict's: {e.method}; {e.correction}")
-        out.append(row)
-    return out
-
-
 # ---- requests, latency, goodput -----------------------------------------------------------------
 def _record(row: RequestRow) -> Any:
     from truthput.load.records import RequestRecord
@@ -221,101 +134,24 @@ def _record(row: RequestRow) -> Any:
 
 def _latency_and_goodput(store: Store, trials: list[StoredTrial], slo: Slo | None,
                          simulated: bool) -> tuple[list[LatencyRow], list[GoodputRow] | None]:
-    latency, good = latency_and_goodput(trials, lambda t: [_record(r) for r in store.requests(t.id)],
-                                        slo.model_dump() if slo is not None else None)
-    lat_rows = [LatencyRow(
-        variant=c.variant, **level_json(c.level), ttft_ms=clean(c.ttft_ms), itl_ms=clean(c.itl_ms),
-        n_requests=c.n_requests, n_failed=c.n_failed, from_results=clean(c.per_trial),
-        requests_per_s=figure(c.requests_per_s, "req/s", "client_clock", simulated,
-                              note="requests finished inside the window / its seconds; median over trials"),
-        prompt_tps=figure(c.prompt_tps, "tok/s", "usage", simulated,
-                          note="prompt tokens of requests whose first token came inside the window / "
-                               "its seconds; median over trials"),
-        kv_usage_max=figure(c.kv_usage_max, "fraction", "server_counter", simulated,
-                            note="the server's KV-cache use gauge, highest at the window's scrapes; "
-                                 "median over trials"),
-        waiting_mean=figure(c.waiting_mean, "requests", "server_counter", simulated),
-        waiting_max=figure(c.waiting_max, "requests", "server_counter", simulated),
-        preemptions=figure(c.preemptions, "requests", "server_counter", simulated,
-                           note="the server's preemption counter over the window; mean per trial"),
-        source="simulator" if simulated else "client_clock",
-        note=("per request, from the requests table: TTFT = first chunk - request sent; "
-              "ITL = (last chunk - first chunk) / (completion tokens - 1)")) for c in latency]
-    if good is None:
-        return lat_rows, None
-    return lat_rows, [GoodputRow(
-        variant=g.variant, **level_json(g.level), slo=Slo(**g.slo),
-        goodput_rps=figure(g.goodput_rps, "req/s", "client_clock", simulated),
-        good_tokens_per_s=figure(g.good_tokens_per_s, "tok/s", "usage", simulated),
-        good_fraction=figure(g.good_fraction, "fraction", "client_clock", simulated),
-        n_trials=g.n_trials) for g in good]
-
-
-# ---- spec decode ------------------------------------------------------------------------------
-def _spec_decode(cells: list[SpecDecodeCell], simulated: bool) -> list[SpecDecodeRow]:
-    return [SpecDecodeRow(
-        variant=c.variant, **level_json(c.level), k=c.k, method=c.method, note=c.note,
-        per_position=[figure(m, "ratio", "server_counter", simulated, position=p, n_trials=n)
-                      for p, m, n in c.per_position],
-        mean_acceptance_length=figure(c.mean_acceptance_length, "tokens/step", "server_counter", simulated,
-                                      note="1 + accepted / drafts over the window, mean over trials"),
-        acceptance_rate=figure(c.acceptance_rate, "ratio", "server_counter", simulated),
-        n_trials=c.n_trials) for c in cells]
+    return latency_and_goodput(trials, lambda t: [_record(r) for r in store.requests(t.id)], slo, simulated)
 
 
 # ---- roofline ---------------------------------------------------------------------------------
-def _roofline_section(exp_block: ExperimentInfo, summary: RunSummary, spec: list[SpecDecodeCell],
-                      simulated: bool) -> RooflineSection:
-    """The run's cells against the roofline (`analyze.roofline.place_cells`), from the stored
+def _roofline(exp_block: ExperimentInfo, summary: RunSummary, spec: list[SpecDecodeRow],
+              simulated: bool) -> RooflineDoc:
+    """The run's cells against the roofline (`analyze.placement.place_cells`), from the stored
     experiment's [hardware], [model] and workload and the variants' stored argv."""
     hw, model = exp_block.hardware, exp_block.model
     model_name = (model.path or model.profile) if model else None
     if not hw or not hw.gpu or not model_name:
-        return RooflineSection(False, "the experiment has no [hardware] and [model] sections, so no roofline "
-                                      "(add gpu/count and a model profile or path)")
+        return RooflineDoc(available=False, reason="the experiment has no [hardware] and [model] sections, so no "
+                                                   "roofline (add gpu/count and a model profile or path)")
     wl = exp_block.workload or {}
     return place_cells(hw.gpu, hw.count, model_name,
                        context_tokens(wl.get("input_tokens"), wl.get("output_tokens")), summary.cells,
                        {v.name: v.argv for v in exp_block.variants},
-                       {(c.variant, c.level): c.mean_acceptance_length for c in spec}, simulated)
-
-
-def _roofline(section: RooflineSection, simulated: bool) -> RooflineDoc:
-    if not section.available:
-        return RooflineDoc(available=False, reason=section.reason)
-    rows = []
-    for r in section.cells:
-        roof, pl = r.roof, r.placement
-
-        def model(value: float | None, unit: str, **extra: Unpack[FigureExtra]) -> Figure:
-            return figure(value, unit, "model", simulated, **extra)
-
-        row = RoofCell(
-            variant=r.variant, **level_json(r.level), tp=r.tp, kv_cache_dtype=r.kv_cache_dtype,
-            kv_dtype_bytes=clean(r.kv_dtype_bytes), spec_k=r.spec_k, acceptance_length=clean(r.acceptance_length),
-            measured=figure(r.measured_tokps, "tok/s", r.measured_source, simulated,
-                            label=source_label(r.measured_source), flags=flag_refs(r.measured_flags)),
-            tightest_ceiling=model(r.tightest_ceiling_tokps, "tok/s", name=roof.tightest_ceiling.name),
-            pct_of_tightest=model(pl.fraction_of_ceiling * 100.0, "%", note="measured / tightest ceiling"),
-            pct_of_weight_streaming=model(pl.fraction_of_weight_streaming * 100.0, "%"),
-            measured_step_ms=model(pl.measured_step_s * 1e3, "ms/step",
-                                   note="concurrency x tokens per step / measured tok/s"),
-            unexplained_ms=model(pl.unexplained_step_s * 1e3, "ms/step",
-                                 note="measured step - tightest ceiling's step floor"),
-            bounds_ms={name: model(b.seconds_per_step * 1e3, "ms/step", additive=b.additive, detail=b.detail)
-                       for name, b in roof.bounds.items()},
-            weight_passes_per_s=model(roof.weight_passes_per_s, "1/s"),
-            binding=pl.binding, sentence=pl.sentence, reading=r.reading,
-            roofline=clean(roof.to_dict()), placement=clean(pl.to_dict()))
-        if "no_spec" in roof.ceilings:
-            row.no_spec_ceiling = model(roof.ceilings["no_spec"].aggregate_tokps, "tok/s", name="no_spec")
-        rows.append(row)
-    return RooflineDoc(
-        available=True, reason=None, gpu=section.gpu, gpu_count=section.gpu_count, model=section.model,
-        context_tokens=section.context_tokens, context_basis=section.context_basis, cells=rows,
-        notes=section.notes,
-        source_note="ceilings and bounds: source 'model' (peak datasheet figures, first-order physics), "
-                    "not measurements")
+                       {(c.variant, c.key): c.mean_acceptance_length.value for c in spec}, simulated)
 
 
 # ---- failures, telemetry, trials ----------------------------------------------------------------
@@ -343,44 +179,10 @@ def _telemetry(store: Store, trials: list[StoredTrial]) -> TelemetryDoc:
     if not rows:
         return TelemetryDoc(available=False, note="no GPU telemetry recorded for this run", util_note=GPU_UTIL_NOTE,
                             rows=[], samples=0)
-    from truthput.analyze.telemetry import gpu_cells
+    from truthput.analyze.telemetry import telemetry_rows
 
-    def nvml(value: float | None, unit: str, **extra: Unpack[FigureExtra]) -> Figure:
-        return figure(value, unit, "nvml", False, **extra)  # the GPU's own sampler, never the simulator
-
-    out = [TelemetryEntry(variant=g.variant, **level_json(g.level), gpu=g.gpu, samples=g.samples,
-                          util_pct_mean=nvml(g.util_pct_mean, "%", note="time busy, not capacity used"),
-                          mem_used_gb_max=nvml(g.mem_used_gb_max, "GB"), power_w_mean=nvml(g.power_w_mean, "W"),
-                          sm_clock_mhz_mean=nvml(g.sm_clock_mhz_mean, "MHz"))
-           for g in gpu_cells(trials, rows)]
-    return TelemetryDoc(available=True, note=None, util_note=GPU_UTIL_NOTE, rows=out, samples=len(rows))
-
-
-def _trial_table(trials: list[StoredTrial], simulated: bool) -> list[TrialEntry]:
-    from truthput.analyze.cells import headline, trial_warnings
-
-    out = []
-    for t in trials:
-        r = t.results
-        spec_w = r.spec_decode.window if r.spec_decode is not None else None
-        h = headline(r)
-        out.append(TrialEntry(
-            trial_id=t.id, variant=t.variant, start_index=t.start_index, **level_json(t.level),
-            trial_index=t.trial_index, status=t.status, error=t.error,
-            t0_utc=datetime.fromtimestamp(t.t0_wall, timezone.utc).isoformat() if t.t0_wall else None,
-            window_s=clean(r.window.seconds),
-            headline_tokps=figure(h.number(), "tok/s", h.source, simulated, note=h.note, flags=flag_refs(h.flags)),
-            counter_tokps=figure(r.throughput.counter_window.number(), "tok/s", "server_counter", simulated),
-            usage_tokps=figure(r.throughput.usage_window.number(), "tok/s", "usage", simulated),
-            per_stream_median=figure(r.per_stream.decode_tps_median.number(), "tok/s/stream", "usage", simulated),
-            ttft_p50=figure(r.latency.ttft.at("p50"), "s", "client_clock", simulated),
-            itl_p99=figure(r.latency.itl.at("p99"), "s", "client_clock", simulated),
-            acceptance_length=figure(spec_w.mean_acceptance_length.number()
-                                     if spec_w is not None and spec_w.mean_acceptance_length is not None else None,
-                                     "tokens/step", "server_counter", simulated),
-            requests_ok=r.requests.ok, requests_total=r.requests.total, integrity_holds=r.integrity.holds,
-            integrity=r.integrity.message, warnings=list(r.warnings) + trial_warnings(t)))
-    return out
+    return TelemetryDoc(available=True, note=None, util_note=GPU_UTIL_NOTE, rows=telemetry_rows(trials, rows),
+                        samples=len(rows))
 
 
 def _claims(exp: Any, raw_trials: list[StoredTrial], roof: RooflineDoc, simulated: bool) -> ClaimsDoc:
@@ -396,7 +198,7 @@ def _claims(exp: Any, raw_trials: list[StoredTrial], roof: RooflineDoc, simulate
                                simulated=simulated)
     except Exception as exc:
         return ClaimsDoc(present=True, error=str(exc), results=[])
-    return ClaimsDoc(present=True, results=[ClaimEntry(**clean(r.to_dict())) for r in results],
+    return ClaimsDoc(present=True, results=results,
                      bounds_note="ceilings: roofline without speculation per concurrency (source model)")
 
 
@@ -418,8 +220,8 @@ def build_report_data(store: Store, run_id: str, summary: RunSummary | None = No
     engine_versions = sorted({s.engine_version for s in starts if s.engine_version})
     summary = summary or run_summary(store, run_id)
     experiment = _experiment_block(store, run_id, run, exp, exp_error)
-    spec = spec_decode_cells(trials)
-    roofline = _roofline(_roofline_section(experiment, summary, spec, simulated), simulated)
+    spec = spec_decode_rows(trials, simulated)
+    roofline = _roofline(experiment, summary, spec, simulated)
     latency, goodput = _latency_and_goodput(store, trials, experiment.slo, simulated)
     stored = summary.to_dict()
     audit = audit_rows(trials, simulated=simulated)
@@ -433,7 +235,7 @@ def build_report_data(store: Store, run_id: str, summary: RunSummary | None = No
                     versions=Versions(truthput=machine.get("truthput_version"), git=clean(machine.get("git")),
                                       python=machine.get("python"), engine=engine_versions)),
         experiment=experiment,
-        cells=_cells(summary, simulated),
+        cells=cell_rows(summary, simulated),
         headline=summary.headline_basis(),
         verdict=VerdictSection(
             from_=summary.origin, lines=stored["verdict_lines"],
@@ -441,11 +243,11 @@ def build_report_data(store: Store, run_id: str, summary: RunSummary | None = No
             guard={k: GuardSummary(**clean(v)) for k, v in stored["guard"].items()},
             stopping=clean(stored["stopping"])),
         warnings=summary.warnings(), flags=summary.flag_lines(),
-        audit=[AuditEntry(**clean(r.to_dict())) for r in audit],
+        audit=audit,
         audit_against=audit_reference(r.reference for r in audit),
-        spec_decode=_spec_decode(spec, simulated), latency=latency, goodput=goodput, roofline=roofline,
+        spec_decode=spec, latency=latency, goodput=goodput, roofline=roofline,
         claims=_claims(exp, trials, roofline, simulated), failures=_failures(store, run_id, trials),
-        telemetry=_telemetry(store, trials), trials=_trial_table(trials, simulated),
+        telemetry=_telemetry(store, trials), trials=trial_rows(trials, simulated),
         events=[EventEntry(t_wall=e.t_wall, kind=e.kind, message=e.message) for e in store.events(run_id)])
 
 
@@ -471,29 +273,16 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str,
     argv_a = {v.name: v.argv for v in store_a.variants(run_a)}
     argv_b = {v.name: v.argv for v in store_b.variants(run_b)}
     sim_a, sim_b = bool(ra.simulated), bool(rb.simulated)
-    comparisons = compare_cells(cells_a, cells_b, confidence)
-    rows = []
-    for c in comparisons:
-        ea, eb, r = c.a_estimate, c.b_estimate, c.ratio
-        rows.append(CompareRow(
-            variant=c.variant, **level_json(c.level),
-            a=figure(ea.mean, "tok/s", c.a.source, sim_a, lo=ea.lo, hi=ea.hi, n_starts=ea.n_starts,
-                     n_trials=ea.n_trials, flags=flag_refs(c.a.flags_on("tok/s"))),
-            b=figure(eb.mean, "tok/s", c.b.source, sim_b, lo=eb.lo, hi=eb.hi, n_starts=eb.n_starts,
-                     n_trials=eb.n_trials, flags=flag_refs(c.b.flags_on("tok/s"))),
-            ratio=Ratio(value=clean(r.ratio), lo=clean(r.lo), hi=clean(r.hi), unit="B/A", source=c.source,
-                        pct=clean(r.pct), pct_lo=clean(r.pct_lo), pct_hi=clean(r.pct_hi), p_value=clean(r.p_value),
-                        significant=r.significant, method=r.method, correction=r.correction, warning=r.warning,
-                        outcome=c.outcome),
-            same_argv=argv_a.get(c.variant) == argv_b.get(c.variant)))
-    notes = flag_notes(comparisons)
+    rows = compare_cells(cells_a, cells_b, confidence, (sim_a, sim_b),
+                         lambda variant: argv_a.get(variant) == argv_b.get(variant))
+    notes = flag_notes(rows)
     if sim_a != sim_b:
         notes.append("one run is SIMULATED and the other is not: the ratio compares a model with a measurement")
     elif sim_a:
         notes.append("both runs are SIMULATED: no figure here is a measurement")
     only_a = sorted(set(cells_a) - set(cells_b))
     only_b = sorted(set(cells_b) - set(cells_a))
-    if not comparisons:
+    if not rows:
         notes.append("the runs share no variant x level cell (same variant name and load level)")
 
     def head(store: Store, run_id: str, row: RunRow) -> RunHead:
@@ -517,10 +306,8 @@ def roofline_for_run(store: Store, run_id: str, summary: RunSummary | None = Non
     exp, exp_error = _experiment(run)
     if exp is not None:
         store.apply_sim_target(run_id, exp)
-    section = _roofline_section(_experiment_block(store, run_id, run, exp, exp_error),
-                                summary or run_summary(store, run_id),
-                                spec_decode_cells(store.trial_results(run_id)), simulated)
-    return _roofline(section, simulated)
+    return _roofline(_experiment_block(store, run_id, run, exp, exp_error), summary or run_summary(store, run_id),
+                     spec_decode_rows(store.trial_results(run_id), simulated), simulated)
 
 
 def roofline_lines(roof: RooflineDoc) -> list[str]:

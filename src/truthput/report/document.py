@@ -13,73 +13,25 @@ The document holds results only; it computes nothing. `report.data` fills it fro
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from truthput.text import capped, percent
 from truthput.analyze.cells import HeadlineBasis
+from truthput.analyze.audit import AuditEntry
+from truthput.analyze.claims import ClaimResult
+from truthput.analyze.placement import RoofCell, RooflineDoc
+from truthput.analyze.compare import CompareRow, Ratio
+from truthput.analyze.latency import GoodputRow, LatencyRow
+from truthput.analyze.specdecode import SpecDecodeRow
+from truthput.analyze.tables import CellRow, TrialEntry
+from truthput.analyze.telemetry import TelemetryEntry
+from truthput.analyze.rows import DocModel, Figure, FlagRef, LevelRow, Slo, clean
+
+__all__ = ["SCHEMA", "AuditEntry", "CellRow", "TrialEntry", "CompareRow", "Ratio", "DocModel", "Figure", "FlagRef", "GoodputRow", "LatencyRow", "LevelRow", "RoofCell", "RooflineDoc", "Slo", "SpecDecodeRow", "TelemetryEntry", "clean"]
 
 SCHEMA = "truthput-report/1"
-
-
-class DocModel(BaseModel):
-    """Base of every document type: unknown keys are refused, so a misspelt field fails loudly."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class FlagRef(DocModel):
-    """A validity flag on a figure: its code, why, and (for a cell) in how many trials."""
-
-    code: str
-    reason: str
-    figure: str | None = None
-    trials: int | None = None
-    of: int | None = None
-
-
-class Figure(DocModel):
-    """One number with its provenance. In a simulated run `source` is "simulator" and `read_via`
-    keeps the mechanism the figure was read through."""
-
-    value: float | None
-    unit: str
-    source: str
-    read_via: str | None = None
-    label: str | None = None
-    lo: float | None = None
-    hi: float | None = None
-    note: str | None = None
-    interval: str | None = None
-    n_starts: int | None = None
-    n_trials: int | None = None
-    position: int | None = None
-    name: str | None = None
-    significant: bool | None = None
-    outcome: str | None = None
-    level: float | None = None
-    additive: bool | None = None
-    detail: str | None = None
-    flags: list[FlagRef] | None = None
-
-    @property
-    def flag_codes(self) -> list[str]:
-        return list(dict.fromkeys(f.code for f in self.flags or []))
-
-    @property
-    def provenance(self) -> str:
-        """The mechanism the figure was read through (the source, or `read_via` when simulated)."""
-        return self.read_via or self.source
-
-
-class LevelRow(DocModel):
-    """A row keyed by a load level: streams of a closed loop, or the rate an open loop offered."""
-
-    concurrency: int | None = None
-    rate: float | None = None
-    level: str = ""
 
 
 # ---- run and experiment -------------------------------------------------------------------------
@@ -132,11 +84,6 @@ class ModelRef(DocModel):
         return self.profile or self.path
 
 
-class Slo(DocModel):
-    ttft_ms: float | None = None
-    itl_ms: float | None = None
-
-
 class ExperimentInfo(DocModel):
     name: str | None
     path: str | None
@@ -154,38 +101,6 @@ class ExperimentInfo(DocModel):
 
 
 # ---- cells and the verdict ----------------------------------------------------------------------
-class CellRow(LevelRow):
-    variant: str
-    baseline: bool
-    status: str
-    warnings: list[str] = Field(default_factory=list)
-    tokps: Figure | None = None
-    counter_set_aside: list[FlagRef] | None = None
-    n_starts: int | None = None
-    n_trials: int | None = None
-    cv_within: float | None = None
-    warning: str | None = None
-    noise: list[str] | None = None
-    per_stream: Figure | None = None
-    delta_pct: Figure | None = None
-    ttft_p50: Figure | None = None
-    ttft_p90: Figure | None = None
-    ttft_p99: Figure | None = None
-    itl_p50: Figure | None = None
-    itl_p90: Figure | None = None
-    itl_p99: Figure | None = None
-    tpot_p50: Figure | None = None
-    tpot_p90: Figure | None = None
-    tpot_p99: Figure | None = None
-    e2e_p50: Figure | None = None
-    e2e_p90: Figure | None = None
-    e2e_p99: Figure | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok" and self.tokps is not None and self.tokps.value is not None
-
-
 class GuardSummary(DocModel):
     n: int
     exact_matches: int
@@ -208,113 +123,9 @@ class VerdictSection(DocModel):
 
 
 # ---- the sections -------------------------------------------------------------------------------
-class AuditEntry(LevelRow):
-    variant: str
-    method: str
-    tokps: float | None
-    error_pct_vs_counter: float | None
-    cause: str
-    causes: dict[str, int] = Field(default_factory=dict)
-    source: str
-    measured_source: str
-    n_trials: int
-    simulated: bool
-    note: str = ""
-    flags: list[str] = Field(default_factory=list)
-    reference: str = "counter (window)"
-
-
-class SpecDecodeRow(LevelRow):
-    variant: str
-    k: int | None
-    method: str | None
-    note: str | None = None
-    per_position: list[Figure] = Field(default_factory=list)
-    mean_acceptance_length: Figure
-    acceptance_rate: Figure
-    n_trials: int
-
-
-class LatencyRow(LevelRow):
-    variant: str
-    ttft_ms: list[float] = Field(default_factory=list)
-    itl_ms: list[float] = Field(default_factory=list)
-    n_requests: int
-    n_failed: int
-    from_results: list[Any] = Field(default_factory=list)
-    requests_per_s: Figure | None = None
-    prompt_tps: Figure | None = None
-    kv_usage_max: Figure | None = None
-    waiting_mean: Figure | None = None
-    waiting_max: Figure | None = None
-    preemptions: Figure | None = None
-    source: str
-    note: str
-
-
-class GoodputRow(LevelRow):
-    variant: str
-    slo: Slo
-    goodput_rps: Figure
-    good_tokens_per_s: Figure
-    good_fraction: Figure
-    n_trials: int
-
-
-class RoofCell(LevelRow):
-    variant: str
-    tp: int
-    kv_cache_dtype: str
-    kv_dtype_bytes: float
-    spec_k: int
-    acceptance_length: float | None
-    measured: Figure
-    tightest_ceiling: Figure
-    no_spec_ceiling: Figure | None = None
-    pct_of_tightest: Figure
-    pct_of_weight_streaming: Figure
-    measured_step_ms: Figure
-    unexplained_ms: Figure
-    bounds_ms: dict[str, Figure]
-    weight_passes_per_s: Figure
-    binding: str | None
-    sentence: str
-    reading: str
-    roofline: dict[str, Any]
-    placement: dict[str, Any]
-
-
-class RooflineDoc(DocModel):
-    available: bool
-    reason: str | None = None
-    gpu: str | None = None
-    gpu_count: int | None = None
-    model: str | None = None
-    context_tokens: int | None = None
-    context_basis: str | None = None
-    cells: list[RoofCell] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)
-    source_note: str | None = None
-
-    def no_spec_ceilings(self) -> dict[int, float]:
-        """Per concurrency, the aggregate ceiling without speculation (what check-claims bounds by)."""
-        return {r.concurrency: float(r.no_spec_ceiling.value) for r in self.cells
-                if r.concurrency is not None and r.no_spec_ceiling is not None and r.no_spec_ceiling.value is not None}
-
-
-class ClaimEntry(DocModel):
-    text: str
-    verdict: str
-    reason: str
-    claimed: dict[str, Any] = Field(default_factory=dict)
-    measured: dict[str, Any] | None = None
-    bound: dict[str, Any] | None = None
-    likely_cause: str | None = None
-
-
 class ClaimsDoc(DocModel):
     present: bool
-    results: list[ClaimEntry] = Field(default_factory=list)
+    results: list[ClaimResult] = Field(default_factory=list)
     error: str | None = None
     bounds_note: str | None = None
 
@@ -332,45 +143,12 @@ class FailureRow(LevelRow):
     source: str
 
 
-class TelemetryEntry(LevelRow):
-    variant: str
-    gpu: int
-    samples: int
-    util_pct_mean: Figure
-    mem_used_gb_max: Figure
-    power_w_mean: Figure
-    sm_clock_mhz_mean: Figure
-
-
 class TelemetryDoc(DocModel):
     available: bool
     note: str | None = None
     util_note: str
     rows: list[TelemetryEntry] = Field(default_factory=list)
     samples: int = 0
-
-
-class TrialEntry(LevelRow):
-    trial_id: int
-    variant: str
-    start_index: int
-    trial_index: int
-    status: str
-    error: str | None = None
-    t0_utc: str | None = None
-    window_s: float | None = None
-    headline_tokps: Figure
-    counter_tokps: Figure
-    usage_tokps: Figure
-    per_stream_median: Figure
-    ttft_p50: Figure
-    itl_p99: Figure
-    acceptance_length: Figure
-    requests_ok: int
-    requests_total: int
-    integrity_holds: bool | None = None
-    integrity: str | None = None
-    warnings: list[str] = Field(default_factory=list)
 
 
 class EventEntry(DocModel):
@@ -442,31 +220,6 @@ class RunHead(DocModel):
     host: str | None = None
 
 
-class Ratio(DocModel):
-    value: float | None
-    lo: float | None
-    hi: float | None
-    unit: str
-    source: str
-    pct: float | None
-    pct_lo: float | None
-    pct_hi: float | None
-    p_value: float | None
-    significant: bool
-    method: str
-    correction: str
-    warning: str | None = None
-    outcome: str | None = None
-
-
-class CompareRow(LevelRow):
-    variant: str
-    a: Figure
-    b: Figure
-    ratio: Ratio
-    same_argv: bool
-
-
 class CompareDocument(DocModel):
     """Two runs' shared cells side by side (`truthput compare`)."""
 
@@ -491,26 +244,6 @@ class CompareDocument(DocModel):
                 out.append(f"{r.variant} {r.level} ({percent(q.pct or 0.0)}, CI {capped(q.pct_lo or 0.0, '{:+.1f}')}.."
                            f"{capped(q.pct_hi or 0.0, '{:+.1f}')})")
         return out
-
-
-def clean(obj: Any) -> Any:
-    """Strict-JSON copy: NaN/inf -> None, tuples -> lists, unknown objects -> str."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
-    if obj is None or isinstance(obj, (str, int, bool)):
-        return obj
-    try:
-        import numpy as np
-
-        if isinstance(obj, np.generic):
-            return clean(obj.item())
-    except ImportError:  # pragma: no cover
-        pass
-    return str(obj)
 
 
 # ---- tune ---------------------------------------------------------------------------------------

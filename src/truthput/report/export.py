@@ -135,7 +135,7 @@ def tables(doc: ReportDocument) -> dict[str, list[Row]]:
         "failures": list(doc.failures),
         "telemetry": list(doc.telemetry.rows),
         "trials": list(doc.trials),
-        "claims": list(doc.claims.results),
+        "claims": [r.to_dict() for r in doc.claims.results],
         "warnings": [{"warning": w} for w in doc.warnings],
         "flags": [{"flag": f} for f in doc.flags],
     }

@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from truthput.text import capped, percent
-from truthput.experiment.levels import level_cell, level_header, level_label
+from truthput.experiment.levels import Level, level_cell, level_header, level_label
 from truthput.store.db import Store
 
 if TYPE_CHECKING:
     from truthput.analyze.summary import RunSummary
+    from truthput.analyze.audit import AuditEntry
 
 
 class HasCode(Protocol):
@@ -196,9 +197,9 @@ def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
     if not items:
         return
     rows = audit_rows(items, simulated=sim)
-    cells = list(dict.fromkeys((r.variant, r.level) for r in rows))
+    cells = list(dict.fromkeys((r.variant, r.key) for r in rows))
     methods: list[str] = list(dict.fromkeys(r.method for r in rows))
-    by = {(r.method, r.variant, r.level): r for r in rows}
+    by = {(r.method, r.variant, r.key): r for r in rows}
     t = Table(title=f"Audit: every counting method vs {audit_reference(r.reference for r in rows)} (error %, cause)"
               + (", simulated" if sim else ""))
     t.add_column("method")
@@ -233,3 +234,29 @@ def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
     warnings = sorted({w for r in integ for w in r.warnings})
     for w in warnings[:5]:
         con.print(Text("warning", style="yellow") + Text(f": {w}"))
+
+
+def render_audit(rows: Sequence[AuditEntry], title: str, simulated: bool = False) -> Any:
+    """A rich Table of the audit rows (simulated figures say so on every figure)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=Text(title), show_lines=False)
+    header = level_header(r.key for r in rows)
+    for col in ("variant", header, "method", "tok/s", "vs headline", "cause", "trials"):
+        table.add_column(col, justify="right" if col in (header, "tok/s", "vs headline", "trials") else "left")
+    tag = " (simulated)" if simulated else ""
+    prev: tuple[str, Level] | None = None
+    for r in rows:
+        key = (r.variant, r.key)
+        if prev is not None and key != prev:
+            table.add_section()
+        prev = key
+        tok = "missing" if r.tokps is None else f"{r.tokps:.1f}{tag}"
+        err = "-" if r.error_pct_vs_counter is None else f"{percent(r.error_pct_vs_counter)}{tag}"
+        style = {"reference": "bold", "agrees": "green", "missing data": "dim"}.get(r.cause, "yellow")
+        cause = Text(r.cause, style=style)
+        if r.flags:
+            cause.append(" !" + ",".join(r.flags), style="bold red")
+        table.add_row(Text(r.variant), level_cell(r.key), Text(r.method), tok, err, cause, str(r.n_trials))
+    return table
