@@ -389,11 +389,6 @@ def flag_unequal_work(cells: list[Cell], baseline: str) -> None:
                                    "not the same quantity as the baseline's and is not compared", ok, ok))
 
 
-def cell_groups(cells: Iterable[Cell]) -> dict[tuple[str, Level], list[list[float]]]:
-    """(variant, level) -> per-start headline tok/s, for the statistics."""
-    return {c.key: c.per_start for c in cells if c.per_start}
-
-
 def metric_groups(cells: Iterable[Cell], metric: str) -> tuple[dict[tuple[str, Level], list[list[float]]],
                                                                dict[tuple[str, Level], list[int]]]:
     """(variant, level) -> per-start values of `metric`, and -> their rounds."""

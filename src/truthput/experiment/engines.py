@@ -20,7 +20,3 @@ _VLLM_COMPATIBLE = frozenset({"sim", "vllm", "external", "systemd"})
 def metric_family(kind: str) -> str:
     """The engine whose metric names and flags a kind reads (vllm, sglang, llamacpp or command)."""
     return "vllm" if kind in _VLLM_COMPATIBLE else kind
-
-
-def is_simulated(kind: str) -> bool:
-    return kind in SIMULATED_KINDS

@@ -63,6 +63,16 @@ def _experiment(run: RunRow) -> tuple[Any, str | None]:
         return None, f"stored experiment no longer parses: {exc}"
 
 
+def _open_run(store: Store, run_id: str) -> tuple[str, RunRow, Any, str | None]:
+    """The run's whole id, its row and its experiment parsed again (the simulator's target applied)."""
+    run_id = store.resolve_run(run_id)
+    run = store.run(run_id)
+    exp, exp_error = _experiment(run)
+    if exp is not None:
+        store.apply_sim_target(run_id, exp)
+    return run_id, run, exp, exp_error
+
+
 def _raw_toml(run: RunRow) -> dict[str, Any]:
     try:
         return tomllib.loads(run.experiment_toml or "")
@@ -208,12 +218,8 @@ def build_report_data(store: Store, run_id: str, summary: RunSummary | None = No
     `summary`: the run's, where the caller has it (else recomputed from the stored trials)."""
     from truthput.analyze.audit import audit_reference, audit_rows
 
-    run_id = store.resolve_run(run_id)
-    run = store.run(run_id)
+    run_id, run, exp, exp_error = _open_run(store, run_id)
     simulated = bool(run.simulated)
-    exp, exp_error = _experiment(run)
-    if exp is not None:
-        store.apply_sim_target(run_id, exp)
     machine = run.machine
     trials = store.trial_results(run_id)
     starts = store.starts(run_id)
@@ -300,12 +306,8 @@ def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str,
 # ---- the roofline section on its own (terminal output of `run` / `report`) ----------------------
 def roofline_for_run(store: Store, run_id: str, summary: RunSummary | None = None) -> RooflineDoc:
     """The roofline section of the report document without building the rest of it."""
-    run_id = store.resolve_run(run_id)
-    run = store.run(run_id)
+    run_id, run, exp, exp_error = _open_run(store, run_id)
     simulated = bool(run.simulated)
-    exp, exp_error = _experiment(run)
-    if exp is not None:
-        store.apply_sim_target(run_id, exp)
     return _roofline(_experiment_block(store, run_id, run, exp, exp_error), summary or run_summary(store, run_id),
                      spec_decode_rows(store.trial_results(run_id), simulated), simulated)
 

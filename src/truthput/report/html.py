@@ -8,13 +8,11 @@ markup inserted unescaped is matplotlib's SVG, which is checked to hold no scrip
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from truthput.analyze.cells import source_label
 from truthput.experiment.levels import row_header, row_level
 from truthput.report.document import ReportDocument
-from truthput.store.db import Store
 
 SECTIONS = (
     ("verdict", "Verdict"), ("experiment", "Experiment"), ("cells", "Throughput table"),
@@ -111,12 +109,3 @@ def render_html(doc: ReportDocument, plots: dict[str, str | None] | None = None)
                                           for k, title, caption in PLOT_SECTIONS], absent=absent, level_header=row_header(doc.cells),
                            level_cell=row_level, source_label=source_label)
     return page
-
-
-def write_html(store: Store, run_id: str, path: str | Path) -> Path:
-    from truthput.report.data import build_report_data
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(build_report_data(store, run_id)), encoding="utf-8")
-    return path

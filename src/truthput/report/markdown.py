@@ -7,14 +7,12 @@ Why its own escaping: GitHub renders inline HTML in markdown, so text from serve
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from truthput.text import capped, percent
 from truthput.analyze.cells import source_label
 from truthput.experiment.levels import row_header, row_level
 from truthput.report.document import Figure, ReportDocument
-from truthput.store.db import Store
 
 
 def md_text(text: Any) -> str:
@@ -162,12 +160,3 @@ def render_markdown(doc: ReportDocument) -> str:
     lines += ["", f"<sub>truthput report schema {md_text(doc.schema_)}; full figures with provenance: "
                   f"`truthput report {md_text(run.id)} --json PATH`</sub>", ""]
     return "\n".join(lines)
-
-
-def write_markdown(store: Store, run_id: str, path: str | Path) -> Path:
-    from truthput.report.data import build_report_data
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_markdown(build_report_data(store, run_id)), encoding="utf-8")
-    return path
