@@ -73,6 +73,8 @@ class TruthConfig:
     stale_lag_s: float = 1.0  # ... this far behind (a dip: the counter lower than the one before)
     failing_scrapes_every: int = 0  # every Nth /metrics answer fails (HTTP 503)
     final_usage: bool = True  # False: no usage in the stream at all, even when asked (an engine with none)
+    prompt_words_per_token: float = 0.75  # usage.prompt_tokens = the prompt's words / this (truthput builds at 0.75)
+    output_limit: int | None = None  # a context limit: no request gets more tokens than this (finish_reason length)
     log_interval_s: float = 0.5
     empty_deltas: bool = False
     role_first_chunk: bool = True
@@ -377,6 +379,8 @@ class TruthServer:
         self._n += 1
         fail = cfg.fail_request == idx
         limit = cfg.fail_after_tokens if fail else int(body.get("max_tokens", cfg.max_tokens))
+        if cfg.output_limit is not None:
+            limit = min(limit, cfg.output_limit)
         t_req = time.monotonic()
         self.ledger.spans[idx] = [t_req, float("inf")]
         try:
@@ -394,8 +398,12 @@ class TruthServer:
         async def send(obj) -> None:
             await resp.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
 
+        words = len(str(body.get("prompt") or " ".join(str(m.get("content") or "")
+                                                          for m in body.get("messages") or [])).split())
+        n_prompt = max(1, round(words / cfg.prompt_words_per_token))
+
         def usage(d: int) -> dict:
-            return {"prompt_tokens": 10, "completion_tokens": d, "total_tokens": 10 + d}
+            return {"prompt_tokens": n_prompt, "completion_tokens": d, "total_tokens": n_prompt + d}
 
         def chunk(text: str | None, d: int, fr=None) -> dict:
             if chat:

@@ -320,6 +320,11 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
                 starts.setdefault(_replicate(t), []).append(float(h.value))
                 if h.source not in sources:
                     sources.append(h.source)
+            done = [t for t in ts if t.status == "ok"]
+            other_work = [t.results.requests.work_notes for t in done if t.results.requests.work_notes]
+            if other_work:
+                cell.warnings.extend(f"{v} {level_label(c)} ({len(other_work)} of {len(done)} trials): {note}"
+                                     for note in other_work[0])
             if starts:
                 cell.per_start = [starts[s] for s in sorted(starts)]
                 cell.start_ids = [s[0] for s in sorted(starts)]

@@ -44,6 +44,11 @@ class LoadRow:
     lag_p99_ms: float | None
     latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
     """TTFT, TPOT, ITL, E2E: mean, p50, p90, p99 in milliseconds (client clock)."""
+    work: dict[str, Any] = field(default_factory=dict)
+    """What the ok requests did against what they asked: completion and prompt tokens each (usage
+    means; asked: the workload's), and how they ended (finish_reason counts)."""
+    warnings: list[str] = field(default_factory=list)
+    """The trial's own warnings (other traffic, work other than asked, a suspect scrape)."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,4 +95,10 @@ def load_row(level: float, mode: str, results: TrialResults, records: Sequence[R
         client_bound=bool(sc and sc.client_bound), client_reason=sc.reason if sc else None,
         cpu_util=sc.cpu_util if sc else None, lag_p99_ms=sc.loop_lag_p99_ms if sc else None,
         latency_ms=latency,
+        work={"completion_tokens_mean": res.requests.completion_tokens_mean,
+              "completion_tokens_asked_mean": res.requests.completion_tokens_asked_mean,
+              "prompt_tokens_mean": res.requests.prompt_tokens_mean,
+              "prompt_tokens_asked_mean": res.requests.prompt_tokens_asked_mean,
+              "finish_reasons": dict(res.requests.finish_reasons)},
+        warnings=list(res.warnings),
     )

@@ -277,6 +277,14 @@ class Workload:
             return self.text(rng, self.spec.prefix_tokens)
         return self._exact_prompt(rng, self.spec.prefix_tokens, special=False)
 
+    def asked(self, i: int) -> tuple[int | None, int | None]:
+        """(prompt tokens, completion tokens) request i asked for: the prompt's only where truthput
+        built it to a length from one draw (the synthetic workload); the completion's where the
+        output length is a setting (under `ignore_eos`, what each request should get)."""
+        n_in, n_out = self.lengths(i)
+        return (n_in if self.kind == "synthetic" else None,
+                n_out if self.kind in ("synthetic", "shared-prefix", "multi-turn", "tool-call") else None)
+
     def body(self, i: int) -> dict[str, Any]:
         """The request body for request i (without `model` unless the JSONL row names one)."""
         spec = self.spec

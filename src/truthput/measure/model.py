@@ -126,6 +126,13 @@ class Requests(Section):
     """Mean usage.completion_tokens of the ok requests (the work each did; None without usage)."""
     prompt_tokens_mean: float | None = None
     """Mean usage.prompt_tokens of the ok requests: the prompt as the server counted it."""
+    prompt_tokens_asked_mean: float | None = None
+    """Mean prompt length the ok requests were built to (None where the workload does not set one)."""
+    completion_tokens_asked_mean: float | None = None
+    """Mean output length the ok requests asked for (max_tokens; None where the workload does not set one)."""
+    work_notes: list[str] = Field(default_factory=list)
+    """Where the ok requests did other work than they asked (outputs cut short, prompts of another
+    length): `measure.validity.check_work`'s sentences, also in the trial's warnings."""
     finish_reasons: dict[str, int] = Field(default_factory=dict)
     """How the ok requests ended, by finish_reason (e.g. {"length": 40}; "stop" before max_tokens
     under ignore_eos means a limit cut the output)."""

@@ -25,7 +25,7 @@ running-requests gauge, the client's timestamps and self-check. A clean trial ra
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -343,3 +343,50 @@ def check_client(results: TrialResults) -> None:
         flag_window(results, "load_not_reached",
                     f"the load generator was the bottleneck ({check.reason}): the server may not have seen the load")
 
+
+WORK_TOLERANCE = 0.05
+"""Requests whose usage differs from what they asked by more than this share are said to."""
+
+
+def check_work(results: TrialResults, records: Sequence[RequestRecord],
+               asked: Callable[[int], tuple[int | None, int | None]], ignore_eos: bool, exact_prompts: bool,
+               chat: bool) -> None:
+    """Compare the work the ok requests did (usage) with what they asked for, and say where it
+    differs: outputs cut short under `ignore_eos` (a context limit or a stop), prompts of another
+    length than asked (words are not tokens; a chat template adds tokens). The figures go into
+    `results.requests`; the sentences into `results.warnings`, which every view shows."""
+    ok = [r for r in records if r.status == "ok"]
+    pairs = [(asked(r.idx), r) for r in ok]
+    want_p = [a[0] for a, _r in pairs if a[0] is not None]
+    want_c = [a[1] for a, _r in pairs if a[1] is not None]
+    req = results.requests
+    req.prompt_tokens_asked_mean = sum(want_p) / len(want_p) if want_p else None
+    req.completion_tokens_asked_mean = sum(want_c) / len(want_c) if want_c else None
+    got_c = [(r.completion_tokens, a[1]) for a, r in pairs if r.completion_tokens is not None and a[1]]
+    short = [(g, w) for g, w in got_c if g < (1 - WORK_TOLERANCE) * w]
+    if ignore_eos and short:
+        ends = ", ".join(f"{k} {n}" for k, n in sorted(req.finish_reasons.items(), key=lambda kv: -kv[1]))
+        got = sorted(g for g, _w in short)
+        req.work_notes.append(
+            f"{len(short)} of {len(got_c)} requests got fewer completion tokens than asked under ignore_eos "
+            f"({_span(got)} against {_span(sorted(w for _g, w in short))}; finish_reason: {ends or 'unknown'}): "
+            "a context limit or a stop cut them (e.g. llama.cpp's -c shared by -np slots, vLLM's --max-model-len), "
+            "so this tok/s is over less work than the workload asks")
+    got_p = [(r.prompt_tokens, a[0]) for a, r in pairs if r.prompt_tokens is not None and a[0]]
+    if got_p:
+        mean_got = sum(g for g, _w in got_p) / len(got_p)
+        mean_want = sum(w for _g, w in got_p) / len(got_p)
+        if abs(mean_got - mean_want) > WORK_TOLERANCE * mean_want:
+            why = ("the chat template adds its own tokens" if chat else
+                   "the tokenizer given counts otherwise than the server's" if exact_prompts else
+                   "prompts are built from words at about 0.75 words a token; give the model's tokenizer.json "
+                   "for exact lengths (`load --tokenizer`; in an experiment, [model] path to the model's folder)")
+            req.work_notes.append(
+                f"prompts arrived as {_span(sorted(g for g, _w in got_p))} tokens as the server counted them "
+                f"(asked {_span(sorted(w for _g, w in got_p))}): {why}")
+    results.warnings.extend(req.work_notes)
+
+
+def _span(values: Sequence[int]) -> str:
+    """`97-100`, or `128` where all are equal (values sorted)."""
+    return f"{values[0]}" if values[0] == values[-1] else f"{values[0]}-{values[-1]}"

@@ -105,6 +105,9 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
             con.print(Text("! flagged", style="bold red") + Text(f" {row.level:g} {unit}: per stream: {f}"))
         for f in row.counter_set_aside:
             con.print(Text(f"{row.level:g} {unit}: counter set aside for usage placed in time: {f}", style="yellow"))
+    for row in rows:
+        for w in row.warnings:
+            con.print(Text(f"{row.level:g} {unit}: {w}", style="yellow"))
     for o in run.outcomes:
         for n in o.results.client.notes:
             con.print(Text(f"{o.level:g} {unit}: {n}", style="dim"))

@@ -310,7 +310,8 @@ async def _one_trial(opts: LoadOptions, base: str, client: StreamClient, pool: W
         return int(level) if not opts.rate else (opts.max_in_flight or result.max_in_flight)
 
     setup = TrialSetup(base_url=base, names=names, engine=opts.engine, tokenizer=tokenizer, simulated=simulated,
-                       error_threshold=ALL_FAILED, sample_interval_s=opts.sample_interval_s, open_loop=bool(opts.rate))
+                       error_threshold=ALL_FAILED, sample_interval_s=opts.sample_interval_s, open_loop=bool(opts.rate),
+                       workload=workload)
     trial = await run_trial(setup, drive, concurrency)
     res = trial.results
     window = trial.window

@@ -141,7 +141,8 @@ async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp
     wl = exp.workload
     seed = (exp.experiment.seed * 1_000_003 + start_index * 10_007
             + _level_seed(level, ctx.plan.levels.index(level)) * 101 + trial_index)
-    loop = _loop(ctx, client, level, _workload(exp, seed, tokenizer), duration_s=wl.duration_s,
+    workload = _workload(exp, seed, tokenizer)
+    loop = _loop(ctx, client, level, workload, duration_s=wl.duration_s,
                  max_requests=wl.requests, seed=seed, lead_s=lead_s)
 
     def in_flight(result: Any) -> int:
@@ -156,7 +157,7 @@ async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp
         engine=metric_family(ctx.plan.engine), speculative=vp.speculative, tokenizer=tokenizer,
         simulated=ctx.run.simulated, sample_gpu=not ctx.run.simulated, error_threshold=exp.measure.request_error_threshold,
         log_lines=logs, crashed=engine.crashed, server_pgids={engine.pid} if engine.pid else set(),
-        open_loop=is_rate(level))
+        open_loop=is_rate(level), workload=workload)
     trial = await run_trial(setup, lambda ws, we: loop.run(on_window_start=ws, on_window_end=we), in_flight)
     if is_rate(level):
         trial.results.load = LoadLevel(mode="open", level=float(level), unit="req/s", arrival=wl.arrival,

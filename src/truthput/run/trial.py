@@ -57,6 +57,8 @@ class TrialSetup:
     """Process groups of the server's processes (empty: unknown, e.g. a server someone else runs)."""
     open_loop: bool = False
     """Requests arrive at a rate: a queue in the server is what is measured, not a load not reached."""
+    workload: Any = None
+    """The trial's `load.workload.Workload`: what each request asked for, to check the work done against."""
 
 
 @dataclass
@@ -189,6 +191,12 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     from truthput.measure.validity import check_client
 
     check_client(results)
+    if setup.workload is not None:
+        from truthput.measure.validity import check_work
+
+        spec = setup.workload.spec
+        check_work(results, result.records, setup.workload.asked, spec.ignore_eos,
+                   exact_prompts=setup.workload.tokenizer is not None, chat=spec.endpoint == "chat")
     _telemetry(run, telemetry, setup, gpu)
     _interference(run, setup, host, telemetry)
     _failure_rule(run, setup)
