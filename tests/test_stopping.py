@@ -255,3 +255,23 @@ def test_the_shipped_boundaries_are_what_the_calibration_computes():
         first, last, alpha, method = key.split(",")
         again = st.compute_levels(int(first), int(last), float(alpha), method, st.SHIPPED_SIMULATIONS)
         assert doc["levels"][key] == pytest.approx(list(again), rel=1e-6, abs=1e-9), key
+
+
+def test_the_plans_forecast_gives_where_runs_stop_not_only_the_mean():
+    """`plan` prints, per effect, the share of simulated runs stopping at each look and what that
+    costs: the shares add up to 1, their mean is the mean it prints, and under the default design
+    a 2x change at a 10% start CV mostly stops at the first look (issue 47's target)."""
+    from truthput.analyze.planning import forecast
+    from truthput.analyze.values import stopping_rule
+    from truthput.experiment.file import MeasureSection
+
+    rule = stopping_rule(MeasureSection())
+    assert rule is not None and rule.max_starts == 8
+    rows = forecast(rule, 2, 1, 0.10, effects=(1.02, 2.0), reps=200)
+    for r in rows:
+        assert abs(sum(r.stops.values()) - 1.0) < 1e-9
+        assert abs(sum(k * v for k, v in r.stops.items()) - r.mean_starts) < 1e-9
+    small, large = rows
+    assert large.stops.get(rule.min_starts, 0.0) >= 0.90, large
+    assert small.mean_starts > large.mean_starts and max(small.stops) == rule.max_starts
+    assert large.distribution().startswith(f"{rule.min_starts}: ")

@@ -37,6 +37,12 @@ class StartsForecast:
     mean_starts: float
     decided: float
     """Share of simulated runs that end decided."""
+    stops: dict[int, float]
+    """Starts per variant at the stop -> share of simulated runs that stopped there."""
+
+    def distribution(self) -> str:
+        """`3: 62%, 8: 38%`: where the simulated runs stopped (looks with no run left out)."""
+        return ", ".join(f"{k}: {v:.0%}" for k, v in sorted(self.stops.items()) if v >= 0.005)
 
 
 def forecast(rule: StoppingRule, n_variants: int, n_levels: int, cv: float, effects: Sequence[float] = EFFECTS,
@@ -57,5 +63,6 @@ def forecast(rule: StoppingRule, n_variants: int, n_levels: int, cv: float, effe
 
         truth = {(f"a{i}", lv): eff for i in range(1, arms) for lv in range(1, levels + 1)}
         sim = simulate_rule(rule, draw, truth, "a0", reps, rng)
-        out.append(StartsForecast(eff, sim.mean_starts, sim.decided))
+        out.append(StartsForecast(eff, sim.mean_starts, sim.decided,
+                                  {k: n / sim.n_experiments for k, n in sim.starts_histogram.items()}))
     return out
