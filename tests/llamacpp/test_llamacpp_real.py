@@ -106,6 +106,22 @@ def test_the_per_request_counter_headline_is_the_usage_of_the_same_whole_request
     assert doc["counter_moves"] == "per_request"
 
 
+def test_slots_are_read_live_and_agree_with_usage_over_the_same_window(serve, tiny_gguf, tmp_path):
+    """llama.cpp's counter moves only when a request ends; its `/slots` progress (n_decoded per
+    task) is live, so read at the window's edges it places tokens in time. Its figure is within 2%
+    of usage placed in time over the same window, the audit shows it, and it names the shape of
+    this build's /slots."""
+    srv = serve(tiny_gguf, "-np", "2")
+    proc, _ = load(srv.url, tmp_path / "s.db", "-c", "2", "--duration", "4", "--output-tokens", "400")
+    ((_tid, _c, doc),) = trials(tmp_path / "s.db")
+    slots, usage = doc["throughput"]["slots_window"], doc["throughput"]["usage_window"]
+    assert slots["source"] == "server_slots" and "this build's shape: next_token" in slots["note"], slots
+    assert abs(slots["value"] - usage["value"]) <= 0.02 * usage["value"], (slots, usage)
+    audit = subprocess.run([str(TRUTHPUT), "audit", "latest", "--store", str(tmp_path / "s.db")], capture_output=True,
+                           text=True, timeout=60, env=dict(os.environ, COLUMNS="200"))
+    assert audit.returncode == 0 and "slots placed in time (window)" in audit.stdout, audit.stdout
+
+
 def test_a_one_slot_server_at_four_streams_is_flagged_within_ten_seconds(serve, tiny_gguf, tmp_path):
     srv = serve(tiny_gguf, "-np", "1")
     proc, wall = load(srv.url, tmp_path / "q.db", "-c", "4", "--duration", "2", "--output-tokens", "64")

@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 RESULTS_SCHEMA = 2
 """Version of the stored trial-results document (1: the untyped dict of truthput 0.1)."""
 
-SOURCES = ("server_counter", "usage", "tokenizer", "chunks", "words", "log_line", "client_clock", "simulator",
-           "model")
+SOURCES = ("server_counter", "server_slots", "usage", "tokenizer", "chunks", "words", "log_line", "client_clock",
+           "simulator", "model")
 
 
 class Flag(BaseModel):
@@ -192,6 +192,9 @@ class Throughput(Section):
     tokenizer_window: Figure = Field(default_factory=lambda: missing("tok/s", "tokenizer", "not recorded"))
     chunks_window: Figure = Field(default_factory=lambda: missing("chunks/s", "chunks", "not recorded"))
     words_window: Figure = Field(default_factory=lambda: missing("words/s", "words", "not recorded"))
+    slots_window: Figure | None = None
+    """llama.cpp's live per-task progress (`/slots`) over the window (`measure.slots`); None where
+    the server has no /slots."""
 
 
 class WholeTrial(Section):

@@ -56,6 +56,7 @@ from truthput.measure.model import (
 from truthput.measure.names import EngineMetricNames, metric_names
 from truthput.measure.prom import Histogram, ParsedScrape, Scrape, by_label, histogram, parse_scrape
 from truthput.measure.specdecode import SpecDeltas, drafted_plus_accepted_explanation, spec_decode_stats
+from truthput.measure.slots import SlotsRead, slots_window
 
 AGREE_PCT = 0.5  # within this, a method "agrees" with the reference
 
@@ -846,6 +847,9 @@ def _methods(result: TrialResults, emitted: str | None, d_win: CounterDelta, cou
         _row("whitespace words (window)", tp.words_window.number(), ref, "unit", "words",
              "words are not tokens (~0.75 words/token in English)"),
     ]
+    if tp.slots_window is not None:
+        rows.insert(2, _row("slots placed in time (window)", tp.slots_window.number(), ref, "window", "server_slots",
+                            tp.slots_window.note))
     probe_first = whole.word_probe_per_request.number()
     words_w = tp.words_window.number()
     probe_break: dict[str, float | None] | None = None
@@ -896,6 +900,7 @@ def measure_trial(
     names: EngineMetricNames | None = None,
     open_loop: bool = False,
     model: str | None = None,
+    slots: Sequence[SlotsRead] = (),
 ) -> TrialResults:
     """All figures of one trial, built once, section by section (see the module docstring).
 
@@ -947,6 +952,8 @@ def measure_trial(
             spread = _final_usage_window(records, counts)
             if spread is not None:
                 result.throughput.usage_window = spread
+    if any(r.error is None for r in slots):
+        result.throughput.slots_window = slots_window(slots, records)
     counter_tps = result.throughput.counter_window.number() if counts.win_from_scrapes else None
     d_trial = sc.delta(emitted, sc.phase("pre"), sc.phase("post", last=True))
     result.whole_trial, _words_req = _whole_trial(records, sc, emitted, counts, concurrency, d_trial)

@@ -24,10 +24,13 @@ from truthput.load.schedule import LoadResult
 from truthput.measure.model import ClientCheck, Figure, SelfCheckFigures, TrialResults
 from truthput.measure.names import EngineMetricNames
 from truthput.measure.prom import Scrape
+from truthput.measure.slots import SlotsRead, read_slots
 from truthput.run.sink import TrialSink
 from truthput.store.db import TrialKey
 
 SAMPLE_INTERVAL_S = 0.5
+NO_SLOTS = frozenset({"vllm", "sglang"})
+"""Engines with no `/slots` (llama.cpp has it; an unknown `command` server may): not read."""
 """In-window /metrics sampling period: a few samples in a short window, and a modest client cost
 (one GET and a filtered copy of the text per sample; the parse happens after the load)."""
 
@@ -129,6 +132,7 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     from truthput.engines.interference import HostLoad
 
     scrapes: list[Scrape] = []
+    slot_reads: list[SlotsRead] = []
     families = _sampled_families(setup.names)
     host = HostLoad(server_pgids=set(setup.server_pgids))
     t0_wall, t0_mono = time.time(), time.monotonic()
@@ -146,6 +150,8 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
         async def window_start() -> None:
             nonlocal sampler_task
             scrapes.extend(await scrape_edge(session, setup.base_url, "window_start"))
+            if setup.engine not in NO_SLOTS:
+                slot_reads.append(await read_slots(session, setup.base_url, "window_start"))
             host.begin()
             if setup.sample_interval_s > 0:
                 sampler_task = asyncio.ensure_future(sample())
@@ -156,6 +162,8 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler_task
             scrapes.extend(await scrape_edge(session, setup.base_url, "window_end"))
+            if slot_reads and slot_reads[0].error is None:
+                slot_reads.append(await read_slots(session, setup.base_url, "window_end"))
             host.end()
 
         scrapes.extend(await scrape_edge(session, setup.base_url, "pre"))
@@ -181,7 +189,7 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     results = measure_trial(result.records, scrapes, logs,
                             (window[0], window[1]) if window[0] is not None and window[1] is not None else None,
                             level, engine=setup.engine, speculative=setup.speculative, tokenizer=setup.tokenizer,
-                            names=setup.names, open_loop=setup.open_loop, model=result.model)
+                            names=setup.names, open_loop=setup.open_loop, model=result.model, slots=slot_reads)
     results.simulated = setup.simulated
     results.client = ClientCheck(
         selfcheck=SelfCheckFigures.model_validate(dataclasses.asdict(result.selfcheck)) if result.selfcheck else None,
