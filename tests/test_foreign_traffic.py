@@ -139,3 +139,50 @@ def test_a_quiet_server_gets_no_other_traffic_warning(tmp_path):
     run, said = _load_beside(tmp_path, 0.0)
     assert not [s for s in said if "other traffic" in s]
     assert not [w for o in run.outcomes for w in o.results.warnings if "other traffic" in w]
+
+
+def _external_experiment(tmp_path, url: str):  # type: ignore[no-untyped-def]
+    exp = tmp_path / "ext.toml"
+    exp.write_text("\n".join([
+        "[experiment]", 'name = "shared"', 'baseline = "a"', "seed = 1", "",
+        "[server]", 'engine = "external"', f'url = "{url}"', 'command = ["someone-elses-server"]', "",
+        "[[variant]]", 'name = "a"', "", "[[variant]]", 'name = "b"', 'env = { X = "1" }', "",
+        "[workload]", "concurrency = [2]", "duration_s = 0.6", "warmup_s = 0.1", "input_tokens = 16",
+        "output_tokens = 20", "", "[measure]", "starts = 2", "sequential = false", "output_guard = false", ""]))
+    return exp
+
+
+@pytest.mark.slow
+def test_plan_and_run_watch_a_server_they_did_not_start_before_any_load(tmp_path):
+    """engine = "external": someone else's server. `plan` and each start of `run` watch its counter
+    for a second before truthput sends anything, and say the other traffic they see (its tok/s):
+    the fake server's other client sends 400 tok/s."""
+    import asyncio
+    import threading
+
+    from typer.testing import CliRunner
+
+    from truthput.cli import app
+    from truthserver import TruthServer
+
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(TruthServer(TruthConfig(concurrency=2, max_tokens=20, step_s=0.005,
+                                                             foreign_tps=400.0)).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        exp = _external_experiment(tmp_path, server.url)
+        plan = CliRunner().invoke(app, ["plan", str(exp), "--store", str(tmp_path / "none.db")])
+        assert plan.exit_code == 0, plan.output
+        said = re.search(r"serving other traffic: its token counter rose at ([\d.]+) tok/s", plan.output)
+        assert said and float(said.group(1)) == pytest.approx(400, rel=0.15), plan.output
+        run = CliRunner().invoke(app, ["run", str(exp), "--store", str(tmp_path / "r.db"), "--reports", str(tmp_path / "rep")])
+        from truthput.store.db import Store
+
+        db = Store(tmp_path / "r.db")
+        events = [e.message for e in db.events(db.resolve_run("latest")) if e.kind == "other_traffic"]
+        assert len(events) == 4 and all("serving other traffic" in e for e in events), (events, run.output[-2000:])
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)

@@ -45,6 +45,23 @@ def _starts_forecast(exp, plan, store_path: Path) -> list[str]:
     return out
 
 
+def _external_traffic(exp, plan) -> list[str]:
+    """A server someone else runs (engine external) watched for a second before anything: its
+    counter moving means other clients share it (what every counter figure is then checked for)."""
+    import asyncio
+
+    if plan.engine != "external" or not exp.server.url:
+        return []
+    from truthput.engines.external import ExternalEngine
+    from truthput.experiment.engines import metric_family
+    from truthput.measure.names import metric_names
+    from truthput.measure.scrape import other_traffic
+
+    names = metric_names(metric_family(plan.engine), exp.server.metric_names or None)
+    said = asyncio.run(other_traffic(ExternalEngine(exp.server.url).base_url, names.candidates("emitted_tokens")))
+    return [said] if said else []
+
+
 def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float | None, str]:
     import sqlite3
 
@@ -271,7 +288,7 @@ def plan(
         con.print(line, markup=False)
     from truthput.run.plan import address_warnings, max_num_seqs_warnings
 
-    for line in [*max_num_seqs_warnings(exp, p), *address_warnings(exp)]:
+    for line in [*max_num_seqs_warnings(exp, p), *address_warnings(exp), *_external_traffic(exp, p)]:
         con.print("warning: " + line, markup=False, style="yellow")
     if len(p.variants) == 1:
         con.print("note: one variant, nothing to compare: a run measures it alone (figures, no verdict); "

@@ -46,7 +46,11 @@ async def scrape_edge(session: Any, base_url: str, phase: str) -> list[Scrape]:
     return [Scrape("periodic", f.t_mono, None, f.error) for f in tries[:-1]] + [tries[-1]]
 
 
-async def idle_rate(base_url: str, emitted_names: tuple[str, ...], seconds: float = 1.0) -> float | None:
+IDLE_CHECK_S = 1.0
+"""How long `load` and `run` (on a server truthput did not start) watch the counter before any load."""
+
+
+async def idle_rate(base_url: str, emitted_names: tuple[str, ...], seconds: float = IDLE_CHECK_S) -> float | None:
     """How fast the server's token counter moves with no request of truthput's: two scrapes
     `seconds` apart before any load (tok/s; None when /metrics or the counter cannot be read).
     Anything above zero is another client's traffic."""
@@ -95,3 +99,14 @@ async def settled_post_scrapes(session: Any, base_url: str, emitted_names: tuple
         last = value
         await asyncio.sleep(0.25)
     return [first] if scrape is first else [first, scrape]
+
+
+async def other_traffic(base_url: str, emitted_names: tuple[str, ...]) -> str | None:
+    """"this server is serving other traffic: ..." when its token counter moves with no load of
+    truthput's (`idle_rate` over IDLE_CHECK_S), else None (quiet, or no counter to read)."""
+    idle = await idle_rate(base_url, emitted_names, IDLE_CHECK_S)
+    if not idle:
+        return None
+    return (f"this server is serving other traffic: its token counter rose at {idle:.1f} tok/s over "
+            f"{IDLE_CHECK_S:g} s before any load from truthput; each counter figure is checked against "
+            "truthput's own tokens (foreign_traffic), and a quiet server gives the seed's method back")

@@ -215,13 +215,10 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
         async with StreamClient(client_cfg) as client:
             base = client.url.rsplit("/v1/", 1)[0]
             await client.resolve_model()  # fail fast with one line when the endpoint is wrong
-            from truthput.measure.scrape import idle_rate
+            from truthput.measure.scrape import other_traffic
 
-            idle = await idle_rate(base, names.candidates("emitted_tokens"), IDLE_CHECK_S)
-            if idle:
-                said = (f"this server is serving other traffic: its token counter rose at {idle:.1f} tok/s over "
-                        f"{IDLE_CHECK_S:g} s before any load from truthput; each counter figure is checked against "
-                        "truthput's own tokens (foreign_traffic), and a quiet server gives the seed's method back")
+            said = await other_traffic(base, names.candidates("emitted_tokens"))
+            if said:
                 say("warning: " + said)
                 if store is not None and run_id is not None:
                     store.event(run_id, "other_traffic", said)
@@ -273,8 +270,6 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
     return LoadRun(run_id=run_id, outcomes=outcomes, sweep=sweep, simulated=simulated)
 
 
-IDLE_CHECK_S = 1.0
-"""How long `load` watches the server's counter with no load before its first level."""
 
 
 def _levels(opts: LoadOptions) -> list[float]:

@@ -295,7 +295,27 @@ async def _launch(ctx: StartContext, engine: Engine, vp: VariantPlan, start_inde
     store.merge_start_info(start_id, info)
     _record_descendants(ctx, engine)
     ctx.emit(StartReady(vp.name, start_index, outcome.ready_s or 0.0))
+    if ctx.plan.engine in SHARED_KINDS:
+        await _say_other_traffic(ctx, engine.base_url, f"{vp.name} start {start_index + 1}")
     return True
+
+
+SHARED_KINDS = frozenset({"external", "systemd"})
+"""Servers truthput does not own (someone else's endpoint, a system service): others may use them."""
+
+
+async def _say_other_traffic(ctx: StartContext, base_url: str, where: str) -> None:
+    """Scrape the server twice, a second apart, before any load of truthput's: a counter that
+    moves is other traffic, said (a warning and an event) before the trials measure anything."""
+    from truthput.measure.names import metric_names
+    from truthput.measure.scrape import other_traffic
+
+    names = metric_names(metric_family(ctx.plan.engine), ctx.exp.server.metric_names or None)
+    said = await other_traffic(base_url, names.candidates("emitted_tokens"))
+    if said:
+        said = f"{where}: {said}"
+        ctx.emit(Note(said, "warning"))
+        ctx.sink.event(ctx.run_id, "other_traffic", said)
 
 
 async def _trials(ctx: StartContext, engine: Engine, vp: VariantPlan, start_index: int,
