@@ -836,7 +836,7 @@ def test_a_variant_that_never_measures_exits_non_zero_and_says_why(tmp_path):
     """Its own flags keep a variant's server from starting (a model length the simulator refuses,
     as vLLM does): the others are measured and reported, the run exits 3 naming the variant and the
     reason in the terminal; a run where nothing measured exits 1, is stored `failed`, and `latest`
-    still names the newest run that finished."""
+    names it: the newest run, in every command."""
     variants = """
 [[variant]]
 name = "base"
@@ -862,17 +862,24 @@ set = { "--max-model-len" = 16 }
 name = "other"
 set = { "--max-model-len" = 17 }
 """
-    (tmp_path / "n.toml").write_text(experiment_text(nothing, concurrency=(1,), duration=0.5))
+    (tmp_path / "n.toml").write_text(experiment_text(nothing, concurrency=(1,), duration=0.5, starts=2,
+                                                     sequential=True))
     proc = subprocess.run([*TRUTHPUT, "run", str(tmp_path / "n.toml"), "--store", str(tmp_path / "r.db")],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1 and "no variant produced a measurement" in proc.stderr, proc.stderr[-2000:]
     store = Store(tmp_path / "r.db")
     runs = store.runs()
     assert [r.status for r in runs] == ["done", "failed"]
-    assert store.resolve_run("latest") == good  # the failed run is not `latest`
+    failed = store.resolve_run("latest")  # the newest run, whatever its status, in every command
+    assert failed == runs[-1].id != good
+    # nothing to compare: no start round is added after the first look
+    assert {s.start_index for s in store.starts(failed)} == {0, 1}
     report = subprocess.run([*TRUTHPUT, "report", "--store", str(tmp_path / "r.db")], capture_output=True,
-                            text=True, timeout=120, cwd=tmp_path)
-    assert report.returncode == 0 and good in report.stdout
+                            text=True, timeout=120, cwd=tmp_path, env=dict(os.environ, COLUMNS="200"))
+    assert report.returncode == 0 and failed in report.stdout, report.stdout
+    said = report.stdout[report.stdout.index("nothing was measured"):]
+    assert "maximum context length is 16" in said and "What to try" in said and "┃" not in report.stdout
+    assert "None" not in report.stdout and "roofline" not in report.stdout
 
 
 @pytest.mark.slow

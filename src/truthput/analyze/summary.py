@@ -82,6 +82,23 @@ class RunSummary:
         """Every trial warning of the run (each names its trial)."""
         return [w for c in self.cells for w in c.warnings]
 
+    def measured_nothing(self) -> list[str] | None:
+        """Where no cell has a figure: one paragraph (why, per variant, and what to try) in place of
+        tables of empty cells; None where anything was measured."""
+        if any(c.ok for c in self.cells) or not self.cells:
+            return None
+        out = ["nothing was measured: no variant produced a throughput figure, so there is nothing to show or "
+               "compare. The first reason of each variant:"]
+        for variant in dict.fromkeys(c.variant for c in self.cells):
+            why = self.failed.get(variant) or next(
+                (w for c in self.cells if c.variant == variant for w in c.warnings), "no trial finished")
+            out.append(f"  {variant}: {why if len(why) <= 420 else why[:417] + '...'}")
+        out.append("What to try: a server that refused every request (HTTP 4xx) disagrees with the workload "
+                   "(e.g. a context length below input + output tokens); one that did not start has its log "
+                   "excerpt in `truthput report RUN --json` (failures); `truthput load URL` against one server "
+                   "started by hand shows in seconds whether it answers at all.")
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """The summary as the report document shows it (JSON-ready; NaN as null)."""
         return {"verdict": self.verdict.to_dict(), "verdict_lines": self.verdict.lines(), "failed": self.failed,

@@ -70,7 +70,7 @@ def _print_terminal(db: Store, rid: str, summary: RunSummary, verbose: bool) -> 
     from truthput.report.terminal import make_console, print_run
 
     con = make_console()
-    if not db.run(rid).is_load:
+    if not db.run(rid).is_load and summary.measured_nothing() is None:
         for line in roofline_lines(roofline_for_run(db, rid, summary)):
             con.print(line, markup=False, highlight=False)
     print_run(db, rid, console=con, verbose=verbose, summary=summary)

@@ -149,7 +149,7 @@ def run(
         raise InputError(f"--resume {resume}: no results store at {store}")
     db = Store(store)
     if resume:
-        run_id = db.resolve_run(resume, any_status=True)
+        run_id = db.resolve_run(resume)
         row = db.run(run_id)
         if row.status == "done":
             from truthput.report.terminal import print_run
@@ -191,7 +191,7 @@ def run(
         outcome = asyncio.run(main())
     except (KeyboardInterrupt, asyncio.CancelledError):
         progress.close()
-        latest = db.resolve_run("latest", any_status=True) if run_id is None else run_id
+        latest = db.resolve_run("latest") if run_id is None else run_id
         why = f"stopped by {signal.Signals(received[0]).name}" if received and received[0] != signal.SIGINT \
             else "interrupted"
         typer.echo(f"truthput: {why}; finished trials are kept. Resume with: truthput run --resume {latest} "
@@ -211,9 +211,10 @@ def _print_outcome(db: Any, outcome: RunOutcome, verbose: bool) -> None:
 
     rid, summary = outcome.run_id, outcome.summary
     print_audit_matrix(db, rid)
-    roof = outcome.document.roofline if outcome.document is not None else roofline_for_run(db, rid, summary)
-    for line in roofline_lines(roof):
-        typer.echo(line)
+    if summary.measured_nothing() is None:
+        roof = outcome.document.roofline if outcome.document is not None else roofline_for_run(db, rid, summary)
+        for line in roofline_lines(roof):
+            typer.echo(line)
     print_run(db, rid, verbose=verbose, summary=summary)
     for p in outcome.files:
         typer.echo(f"{'winning unit' if p.suffix == '.service' else 'report'}: {p}")

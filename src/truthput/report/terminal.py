@@ -82,6 +82,12 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     if run.is_load:
         _print_load_run(store, run_id, run.status, tag, con)
         return
+    nothing = summary.measured_nothing()
+    if nothing is not None:
+        con.print(Text(f"run {run_id} ({run.status}): " + nothing[0], style="bold red"))
+        for line in nothing[1:]:
+            con.print(Text(line))
+        return
     level = f"{summary.verdict.confidence:.0%}"
     basis = summary.headline_basis()
     t = Table(title=Text(f"run {run_id} ({run.status})"))
@@ -137,7 +143,8 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     if stopping:
         used = stopping.starts_used
         fixed = stopping.fixed_design_starts
-        line = f"stopping rule ({stopping.method} alpha spending): {used} server starts per variant"
+        line = f"stopping rule ({stopping.method} alpha spending): " + (
+            f"{used} server starts per variant" if used is not None else "stopped before any comparison")
         if fixed:
             line += f"; a fixed design would have needed {fixed} for the same precision"
         con.print(Text(line))

@@ -109,7 +109,7 @@ async def execute(exp: Experiment, exp_text: str, exp_path: str | None, store: S
         progress = LiveProgress(live=False)
     emit = emitter(progress)
     if resume:
-        run_id = store.resolve_run(resume, any_status=True)
+        run_id = store.resolve_run(resume)
         run_lock = store.lock_run(run_id)
         engine = store.run(run_id).engine
         store.set_run_status(run_id, "running")
@@ -203,6 +203,8 @@ async def _more_starts(ctx: RunState, store: Store, executor: Executor, tokenize
         alive = [vp.name for vp in ctx.plan.variants if vp.name not in ctx.failed]
         if reason == "continue" and len(alive) < 2:
             reason = "nothing left to compare"
+        if reason == "continue" and not comps:
+            reason = "no comparison can be made (fewer than two variants measured anything)"
         if reason != "continue":
             detail = f"{sum(1 for c in comps if c.decided)} of {len(comps)} comparisons decided"
             store.event(ctx.run_id, "stopping_rule", f"stopped after {n} starts per variant: {reason}; {detail}")

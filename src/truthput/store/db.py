@@ -301,18 +301,14 @@ class Store:
             )
         return run_id
 
-    def resolve_run(self, run_id: str, any_status: bool = False) -> str:
+    def resolve_run(self, run_id: str) -> str:
         """`latest` (or a unique prefix) -> the full run id; a clear error when there is none.
 
-        `latest` is the newest run that finished (status done): a run still going, interrupted
-        or that measured nothing is named by its id. Without any finished run, the newest run;
-        `any_status`: the newest run whatever its status (what --resume continues)."""
+        `latest` is the newest run in the store, whatever its status, in every command: what
+        `run --resume latest` continues is what `report latest` shows (a run that failed or is
+        still going says so in its report)."""
         if run_id == "latest":
-            row = None if any_status else \
-                self.conn.execute("SELECT id FROM runs WHERE status = 'done' ORDER BY created_at DESC, rowid DESC "
-                                  "LIMIT 1").fetchone()
-            row = row or \
-                self.conn.execute("SELECT id FROM runs ORDER BY created_at DESC, rowid DESC LIMIT 1").fetchone()
+            row = self.conn.execute("SELECT id FROM runs ORDER BY created_at DESC, rowid DESC LIMIT 1").fetchone()
             if row is None:
                 raise StoreError(f"{self.path}: no runs in this store yet")
             return str(row["id"])
