@@ -57,3 +57,66 @@ def test_plan_and_run_refuse_the_same_way(case, tmp_path):
         assert not (tmp_path / "r.db").exists(), "run opened a store for an experiment it refuses"
     finally:
         listener.close()
+
+
+LLAMA = """[experiment]
+name = "llama"
+baseline = "t1"
+
+[server]
+engine = "llamacpp"
+command = ["{server}", "-m", "/models/m.gguf", "--metrics", "-c", "2048", "-np", "2", "-ngl", "0"{extra}]
+
+[[variant]]
+name = "t1"
+
+[[variant]]
+name = "t2"
+{variant}
+
+[workload]
+concurrency = [2]
+"""
+
+LLAMA_CASES = {
+    "llama.cpp variant flag typo": ("", 'set = { "--thread" = 2 }', "--thread (did you mean --threads?)"),
+    "llama.cpp baseline flag typo": (', "--ctx-sise", "4096"', 'set = { "-t" = 2 }', "--ctx-sise"),
+    "llama.cpp removing --metrics": ("", 'remove = ["--metrics"]', "removes --metrics, which truthput needs"),
+    "llama.cpp a no-op through an alias": ("", 'set = { "--gpu-layers" = 0 }', "starts the same server as 't1'"),
+}
+
+
+@pytest.mark.parametrize("case", list(LLAMA_CASES))
+def test_plan_and_run_refuse_llama_cpp_flags_the_server_would_refuse(case, tmp_path):
+    """llama-server's own --help (the bundled llamacpp-b11434-flags.json) is the vocabulary: a typo in
+    the baseline or a variant, removing what the measurement needs, and a variant that is the
+    baseline through another spelling of one option (`-ngl` / `--gpu-layers`) are refused by both."""
+    server = tmp_path / "llama-server"
+    server.write_text("#!/bin/sh\nexit 1\n")
+    server.chmod(0o755)
+    extra, variant, expected = LLAMA_CASES[case]
+    exp = tmp_path / "e.toml"
+    exp.write_text(LLAMA.format(server=server, extra=extra, variant=variant))
+    said = {}
+    for command in ("plan", "run"):
+        out = subprocess.run([sys.executable, "-m", "truthput", command, str(exp),
+                              *(["--store", str(tmp_path / "r.db")] if command == "run" else [])],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 2, (command, out.returncode, out.stdout[-800:], out.stderr[-800:])
+        (said[command],) = [ln for ln in out.stderr.splitlines() if ln.startswith("truthput: error:")]
+    assert said["plan"] == said["run"] and expected in said["plan"], said
+    assert not (tmp_path / "r.db").exists()
+
+
+def test_the_bundled_llama_cpp_vocabulary_is_the_built_servers():
+    """scripts/make_llamacpp_flags.py --check: the shipped file is what the built llama-server's
+    --help says (where it is built)."""
+    from tests.llamacpp.conftest import llama_server_path
+
+    binary = llama_server_path()
+    if binary is None:
+        pytest.skip("llama-server not built: run scripts/install-llama-cpp.sh")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "scripts" / "make_llamacpp_flags.py"), str(binary), "--check"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr

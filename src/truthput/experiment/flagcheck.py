@@ -58,15 +58,56 @@ def unknown_vllm_flags(flags: Iterable[str]) -> list[tuple[str, str | None]]:
     return out
 
 
-def check_variant_flags(where: str, set_flags: Iterable[str], remove_flags: Iterable[str]) -> None:
-    """Refuse a variant that sets or removes a flag vLLM does not have (one line, the nearest real one)."""
-    bad = unknown_vllm_flags([*set_flags, *remove_flags])
+LLAMACPP_VOCABULARY = Path(__file__).with_name("llamacpp-b11434-flags.json")
+
+
+@functools.lru_cache(maxsize=1)
+def llamacpp_flags() -> tuple[str, frozenset[str]]:
+    """(llama-server build, every spelling its --help lists: scripts/make_llamacpp_flags.py)."""
+    doc = json.loads(LLAMACPP_VOCABULARY.read_text(encoding="utf-8"))
+    return str(doc["build"]), frozenset(doc["flags"])
+
+
+def unknown_llamacpp_flags(flags: Iterable[str]) -> list[tuple[str, str | None]]:
+    """(flag, the nearest known spelling or None) for each flag llama-server would refuse."""
+    _build, known = llamacpp_flags()
+    out = []
+    for flag in flags:
+        name = flag.split("=", 1)[0]
+        if name in known or not name.startswith("-"):
+            continue
+        near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+        out.append((flag, near[0] if near else None))
+    return out
+
+
+MEASUREMENT_NEEDS = {"llamacpp": {"--metrics": "without it llama-server answers /metrics with 501, so there is no "
+                                               "server counter and only usage is left"}}
+"""Per engine, flags a measurement needs, which a variant may not remove."""
+
+
+def check_variant_flags(where: str, set_flags: Iterable[str], remove_flags: Iterable[str],
+                        engine: str = "vllm") -> None:
+    """Refuse a variant that sets or removes a flag the engine does not have (one line, the
+    nearest real one), or removes one the measurement needs."""
+    removed = list(remove_flags)
+    for flag in removed:
+        why = MEASUREMENT_NEEDS.get(engine, {}).get(flag.split("=", 1)[0])
+        if why:
+            raise InputError(f"{where}: removes {flag}, which truthput needs: {why}")
+    if engine == "llamacpp":
+        bad = unknown_llamacpp_flags([*set_flags, *removed])
+        build, _known = llamacpp_flags()
+        program, reason = f"llama-server {build}", "llama-server exits at start-up on an unknown argument"
+    else:
+        bad = unknown_vllm_flags([*set_flags, *removed])
+        version, _known = vllm_flags()
+        program, reason = f"vLLM {version}", ("vLLM refuses an unknown argument at start-up, and on the simulator it "
+                                              "would measure the baseline again")
     if not bad:
         return
-    version, _known = vllm_flags()
     said = "; ".join(f"{flag}" + (f" (did you mean {near}?)" if near else "") for flag, near in bad)
-    raise InputError(f"{where}: not a flag of vLLM {version}: {said}. vLLM refuses an unknown argument at start-up, "
-                     "and on the simulator it would measure the baseline again")
+    raise InputError(f"{where}: not a flag of {program}: {said}. {reason}")
 
 
 def check_speculative_keys(where: str, settings: dict[str, Any] | None) -> None:

@@ -285,28 +285,56 @@ SGLANG = FlagKnowledge(
     model_flags=("--model-path", "--model"),
 )
 
+_LLAMA_SPEC_FLAGS = {"--spec-type": "method", "--spec-draft-model": "model", "-md": "model",
+                     "--model-draft": "model", "--spec-draft-n-max": "num_speculative_tokens"}
+_LLAMA_NAMED = {
+    "-m": "--model",
+    "-c": "--ctx-size",
+    "-ngl": "--n-gpu-layers",
+    "-np": "--parallel",
+    "-t": "--threads",
+    "-b": "--batch-size",
+    "-ub": "--ubatch-size",
+    "-ctk": "--cache-type-k",
+    "-ctv": "--cache-type-v",
+    "-fa": "--flash-attn",  # takes on|off|auto since 2025
+}
+
+
+def _llamacpp_vocabulary() -> tuple[dict[str, str], frozenset[str]]:
+    """(alias -> canonical spelling, booleans) from llama-server's own --help (the bundled
+    llamacpp-b11434-flags.json, scripts/make_llamacpp_flags.py): every spelling of one option reads
+    as one flag (`-ngl`, `--gpu-layers`, `--n-gpu-layers`). The speculative flags stay as written
+    (older releases know only `-md`), and `--x`/`--no-x` pairs are negations, not aliases."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads(Path(__file__).with_name("llamacpp-b11434-flags.json").read_text(encoding="utf-8"))
+    aliases = dict(_LLAMA_NAMED)
+    for group in doc["groups"]:
+        if any(n in _LLAMA_SPEC_FLAGS for n in group) or any(n.startswith("--no-") for n in group):
+            continue
+        named = next((aliases[n] for n in group if n in aliases), None)
+        canonical = named or next((n for n in group if n.startswith("--")), None)
+        if canonical is None:
+            continue
+        aliases.update({n: canonical for n in group if n != canonical})
+    booleans = {aliases.get(n, n) for n in doc["booleans"]}
+    return aliases, frozenset(booleans | {"--metrics", "--cont-batching", "--no-mmap", "--jinja", "--mlock", "--embedding"})
+
+
+_LLAMA_ALIASES, _LLAMA_BOOLEANS = _llamacpp_vocabulary()
+
 LLAMA_CPP = FlagKnowledge(
     engine="llama.cpp",
-    booleans=frozenset({"--metrics", "--cont-batching", "--no-mmap", "--jinja", "--mlock", "--embedding"}),
-    aliases={
-        "-m": "--model",
-        "-c": "--ctx-size",
-        "-ngl": "--n-gpu-layers",
-        "-np": "--parallel",
-        "-t": "--threads",
-        "-b": "--batch-size",
-        "-ub": "--ubatch-size",
-        "-ctk": "--cache-type-k",
-        "-ctv": "--cache-type-v",
-        "-fa": "--flash-attn",  # takes on|off|auto since 2025
-    },
+    booleans=_LLAMA_BOOLEANS,
+    aliases=_LLAMA_ALIASES,
     model_flags=("--model",),
     # --spec-type picks the method (draft-simple, ngram-simple, ...; "none" is off); the draft model
     # and the maximum draft length are their own flags. A draft model without --spec-type does not
     # speculate in llama-server b11434, so the method decides.
     # (-md and --model-draft are kept as written: releases before 2026 know no --spec-draft-model.)
-    spec_plain_flags={"--spec-type": "method", "--spec-draft-model": "model", "-md": "model",
-                      "--model-draft": "model", "--spec-draft-n-max": "num_speculative_tokens"},
+    spec_plain_flags=_LLAMA_SPEC_FLAGS,
     spec_off_methods=frozenset({"none"}),
     spec_int_keys=frozenset({"num_speculative_tokens"}),
 )

@@ -183,6 +183,13 @@ def _runs_vllm(argv: ServerArgv) -> bool:
     return any(os.path.basename(w) == "vllm" or w.startswith("vllm.entrypoints") for w in argv.program)
 
 
+def _runs_llama_server(argv: ServerArgv) -> bool:
+    """A command that runs llama.cpp's server itself (its flags are llama-server's own)."""
+    import os
+
+    return any(os.path.basename(w).startswith("llama-server") for w in argv.program)
+
+
 def _check_port(exp: Experiment, kind: str) -> None:
     """A fixed `[server] port` that something else already listens on: every start would fail
     `port_in_use`, so `plan` and `run` refuse it (a server truthput starts itself only)."""
@@ -224,11 +231,16 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
         # the baseline's own flags too: the simulator would otherwise run a typo as "a flag it
         # does not model", and the verdict compare a server that is not the one written
         check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [])
+    llama = metric_family(kind) == "llamacpp" and _runs_llama_server(base)
+    if llama:
+        check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [], "llamacpp")
     _check_port(exp, kind)
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
         if metric_family(kind) == "vllm" and kind != "external":
             check_variant_flags(f"[[variant]] {v.name!r}", v.set, v.remove)
+        elif llama:
+            check_variant_flags(f"[[variant]] {v.name!r}", v.set, v.remove, "llamacpp")
         argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
         try:
             spec = speculative_settings(argv)
