@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Protocol, TypeVar
 
+from truthput.analyze.noise import likely_noise_cause
 from truthput.analyze.stats import CellEstimate, cell_estimate, noise_warnings
 from truthput.measure.model import NOT_COMPARED_FLAGS, Figure, TrialResults
 from truthput.experiment.levels import Level, is_rate, level_label, level_of
@@ -333,6 +334,9 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
                 cell.sources = sorted(sources)
                 cell.noise = list(dict.fromkeys(([cell.estimate.warning] if cell.estimate.warning else [])
                                                 + noise_warnings(cell.per_start)))
+                cause = likely_noise_cause([t.results for t in ts if t.status == "ok"]) if cell.noise else None
+                if cause:
+                    cell.noise.append(cause)
                 ok = [t for t in ts if t.status == "ok"]
                 for t in ok:
                     h = headline(t.results)
