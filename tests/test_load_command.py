@@ -5,6 +5,8 @@ processes merge exactly, the self-check flags an injected slow chunk path, the A
 
 from __future__ import annotations
 
+import os
+
 import asyncio
 import json
 import sys
@@ -319,7 +321,7 @@ def _load_cli(*args: str, cwd: Path):
     import subprocess
 
     return subprocess.run([sys.executable, "-m", "truthput", "load", *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+                          timeout=120, cwd=cwd, env={**os.environ, "COLUMNS": "160"})
 
 
 def test_load_prints_latency_percentiles_that_match_the_servers_timings(tmp_path: Path) -> None:

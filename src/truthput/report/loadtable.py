@@ -26,7 +26,7 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
     from rich.text import Text
 
     from truthput.analyze.cells import source_label
-    from truthput.report.terminal import make_console
+    from truthput.report.terminal import fit_numbers, make_console
 
     con = make_console(highlight=False)
     unit = "req/s" if opts.rate else "streams"
@@ -48,6 +48,7 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
     if opts.slo.any:
         t.add_column("goodput req/s\n(good %)", justify="right")
     t.add_column("client", justify="left")
+    cells_by_row: list[list[Any]] = []
     for row in rows:
         client_tokens = "-" if row.client_tokens is None else str(row.client_tokens)
         tokens = f"{client_tokens} / {_f(row.counter_tokens, '{:.0f}')}"
@@ -67,8 +68,8 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
             gf = row.good_fraction
             cells.append(f"{_f(row.goodput_rps, '{:.2f}')} ({_f(None if gf is None else 100 * gf, '{:.0f}')} %)")
         cells.append(client)
-        t.add_row(*cells)
-    con.print(t)
+        cells_by_row.append(cells)
+    con.print(fit_numbers(t, cells_by_row, con.width))
     lat = Table(title="latency, ms (client clock; TPOT and ITL per token, not per chunk)")
     lat.add_column(unit, justify="right")
     lat.add_column("")
@@ -79,7 +80,7 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
             lat.add_row(f"{row.level:g}" if i == 0 else "", m.upper(),
                         *[_f(row.latency_ms[m][q], "{:.2f}") for q in LATENCY_STATS],
                         end_section=i == len(LATENCY_METRICS) - 1)
-    con.print(lat)
+    con.print(lat)  # short figures in short columns: fits 80 columns as it is
     for row in rows:
         if row.client_bound:
             con.print(Text(f"{row.level:g} {unit}: client-bound: {row.client_reason}", style="red"))

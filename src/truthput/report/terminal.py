@@ -31,10 +31,56 @@ def make_console(stderr: bool = False, **kwargs: Any) -> Any:
     """A rich Console; when output is not a terminal (CI logs, pipes) lines are not wrapped at 80."""
     from rich.console import Console
 
+    import os
+
     con = Console(stderr=stderr, **kwargs)
-    if not con.is_terminal:
-        con = Console(stderr=stderr, width=160, **kwargs)
+    if not con.is_terminal:  # COLUMNS, where set, is what the reader has
+        columns = os.environ.get("COLUMNS", "")
+        con = Console(stderr=stderr, width=int(columns) if columns.isdigit() else 160, **kwargs)
     return con
+
+
+NARROW = 120
+"""Below this many columns a table drops its heavy borders, so its figures keep their width."""
+
+
+def fit_numbers(table: Any, rows: Sequence[Sequence[Any]], width: int) -> Any:
+    """`table` with `rows` added, laid out so that a narrow terminal wraps a figure at its spaces or
+    shortens a header label, never cuts a number ("(232.8..521.6)" stays whole): each column gets
+    at least its longest word (a short cell such as "2 x 1" counts as one), the rest of the width
+    goes to the columns by what they would like more; below NARROW columns the borders are light."""
+    from rich import box
+
+    if width < NARROW:
+        table.box = box.SIMPLE_HEAD
+    from rich.text import Text
+
+    def plain(x: Any) -> str:  # what the cell shows: markup ("[green]equal[/green]") takes no room
+        return Text.from_markup(x).plain if isinstance(x, str) else str(x)
+
+    texts = [[plain(row[i]) for row in rows] + [plain(c.header)] for i, c in enumerate(table.columns)]
+    lows = [max([len(w) for t in col[:-1] for w in ([t] if len(t) <= 8 or c.no_wrap else t.split())] or [1])
+            for col, c in zip(texts, table.columns)]
+    highs = [max(len(line) for t in col for line in t.splitlines() or [""]) for col in texts]
+    highs = [max(lo, hi) for lo, hi in zip(lows, highs)]
+    pad = sum(table._get_padding_width(i) for i in range(len(table.columns))) + table._extra_width
+    room = width - pad
+    # header words whole where there is room for them, then lines whole
+    mids = [min(hi, max(lo, max((len(w) for w in col[-1].split()), default=1)))
+            for lo, hi, col in zip(lows, highs, texts)]
+    if sum(highs) > room >= sum(lows):
+        base, top = (mids, highs) if sum(mids) <= room else (lows, mids)
+        spare, want = room - sum(base), [t - b for b, t in zip(base, top)]
+        total = sum(want) or 1
+        widths = [b + spare * w // total for b, w in zip(base, want)]
+        for column, w in zip(table.columns, widths):
+            column.width = w
+    elif room < sum(lows):
+        for column, lo in zip(table.columns, lows):
+            column.width = lo  # the figures whole, the table wider than the terminal
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def interval_text(lo: float | None, hi: float | None, fmt: str = "{:.1f}") -> str:
@@ -74,7 +120,8 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     run_id = store.resolve_run(run_id)
     run = store.run(run_id)
     sim = bool(run.simulated)
-    tag = ", simulated" if sim else ""
+    # a narrow terminal's headers leave the tag to the SIMULATED line above the table
+    tag = ", simulated" if sim and con.width >= NARROW else ""
     summary = summary or run_summary(store, run_id)
     if sim:
         con.print("[bold yellow]SIMULATED[/bold yellow]: every figure below comes from the embedded simulator "
@@ -98,10 +145,11 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     t.add_column(Text(f"TTFT p50 ms\n[client clock{tag}]"), justify="right")
     t.add_column(Text(f"vs baseline ({level} CI, as the verdict)\n[ratio of headline figures]"), justify="right")
     t.add_column("starts x trials")
+    rows: list[list[Any]] = []
     for cell in summary.cells:
         name = Text(cell.variant + (" *" if cell.baseline else ""))
         if not cell.ok or cell.estimate is None:
-            t.add_row(name, level_cell(cell.level), Text(cell.status, style="red"), "-", "-", "-", "-")
+            rows.append([name, level_cell(cell.level), Text(cell.status, style="red"), "-", "-", "-", "-"])
             continue
         est = cell.estimate
         tokps = Text(_f(est.mean))
@@ -114,10 +162,10 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
         comparison = summary.comparison(cell.variant, cell.level)
         delta = "baseline" if cell.baseline else (delta_text(comparison) if comparison is not None else "-")
         per_start = est.n_trials / max(est.n_starts, 1)
-        t.add_row(name, level_cell(cell.level), tokps, per_stream,
-                  _f(cell.ttft_p50 * 1000 if cell.ttft_p50 is not None else None), Text(delta),
-                  f"{est.n_starts} x {per_start:g}")
-    con.print(t)
+        rows.append([name, level_cell(cell.level), tokps, per_stream,
+                     _f(cell.ttft_p50 * 1000 if cell.ttft_p50 is not None else None), Text(delta),
+                     f"{est.n_starts} x {per_start:g}"])
+    con.print(fit_numbers(t, rows, con.width))
     for line in summary.flag_lines():
         con.print(Text("! flagged", style="bold red") + Text(f" {line}"))
     noisy = [(c.variant, c.label, w) for c in summary.cells for w in c.noise]
