@@ -66,3 +66,16 @@ def forecast(rule: StoppingRule, n_variants: int, n_levels: int, cv: float, effe
         out.append(StartsForecast(eff, sim.mean_starts, sim.decided,
                                   {k: n / sim.n_experiments for k, n in sim.starts_histogram.items()}))
     return out
+
+
+def learned_start_s(history: Sequence[tuple[float, float, int]], trials_now: int) -> float | None:
+    """Seconds one server start will take, learned from earlier starts of the same server: each
+    earlier start is (seconds to ready, seconds from launch to stop, trials it ran). The median
+    readiness plus `trials_now` times the median seconds per trial (its warm-ups and scrapes
+    included); None without a usable earlier start."""
+    from statistics import median
+
+    usable = [(r, d, n) for r, d, n in history if n > 0 and d > r >= 0]
+    if not usable:
+        return None
+    return float(median(r for r, _d, _n in usable) + trials_now * median((d - r) / n for r, d, n in usable))

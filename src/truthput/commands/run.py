@@ -15,7 +15,7 @@ from truthput.commandline import (
 )
 
 
-def _starts_forecast(exp, plan, store_path: Path) -> list[str]:
+def _starts_forecast(exp, plan, store_path: Path, per_start_s: float | None = None) -> list[str]:
     """The plan's expected and maximum starts per variant, from the noise of earlier runs on this
     host and engine kind in the store (read only), else from the default CV."""
     import socket
@@ -36,7 +36,7 @@ def _starts_forecast(exp, plan, store_path: Path) -> list[str]:
                  f"{DEFAULT_START_CV:.0%}"
     family = max(0, len(plan.variants) - 1) * len(plan.levels) * len(m.verdicts)
     rows = forecast(rule, len(plan.variants), len(plan.levels) * len(m.verdicts), cv)
-    per_start_s = plan.estimate_s / max(1, len(plan.order))
+    per_start_s = per_start_s or plan.estimate_s / max(1, len(plan.order))
     out = [f"stopping rule: first look at {rule.min_starts} starts per variant, at most {rule.max_starts}; "
            f"{family} comparisons decided together (Holm); if every variant differs by (simulated with {source}):"]
     out += [f"  {r.effect - 1:>4.0%}: {r.mean_starts:.1f} starts per variant on average, about "
@@ -88,6 +88,66 @@ def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float |
         return None, ""
     sd, df = pooled
     return sd, f"the start CV of {len(runs)} earlier run(s) here: {sd:.1%} ({df} df)"
+
+
+def _learned_estimate(store_path: Path, plan, hostname: str) -> tuple[float, int] | None:
+    """(seconds the plan's first starts will take, earlier starts it learned from): each variant's
+    earlier starts of the very same server (the stored variant's argv read spelling-free, host and
+    port aside) on this host in the store; a variant never started before costs what the model says.
+    None: none known."""
+    import sqlite3
+
+    from truthput.analyze.planning import learned_start_s
+    from truthput.experiment.argv import ServerArgv, normalised_settings
+    from truthput.experiment.engines import metric_family
+    from truthput.store.db import Store
+
+    if not store_path.exists():
+        return None
+    family = metric_family(plan.engine)
+
+    def key(argv: list[str]) -> str:
+        return repr(sorted(normalised_settings(ServerArgv.parse(argv, engine=family)).items()))
+
+    wanted = {key(v.argv.to_argv()): v.name for v in plan.variants}
+    history: dict[str, list[tuple[float, float, int]]] = {}
+    try:
+        db = Store(store_path, read_only=True)
+    except Exception:  # an unreadable store teaches nothing; the model's estimate stands
+        return None
+    try:
+        for run in db.runs():
+            if run.engine != plan.engine or run.machine.get("hostname") != hostname or run.is_load:
+                continue
+            per_start: dict[int, int] = {}
+            for t in db.trial_results(run.id):
+                if t.start_id is not None:
+                    per_start[t.start_id] = per_start.get(t.start_id, 0) + 1
+            same: dict[str, str] = {}  # that run's variant -> the plan's variant with the same server
+            for v in db.variants(run.id):
+                try:
+                    if key(v.argv) in wanted:
+                        same[v.name] = wanted[key(v.argv)]
+                except Exception:  # an argv the parser no longer reads teaches nothing
+                    continue
+            for st in db.starts(run.id):
+                if st.ready_s is None or st.started_at is None or st.stopped_at is None or st.id not in per_start:
+                    continue
+                name = same.get(st.variant)
+                if name is not None:
+                    history.setdefault(name, []).append((st.ready_s, st.stopped_at - st.started_at,
+                                                         per_start[st.id]))
+    except (sqlite3.Error, ValueError, KeyError):
+        return None
+    finally:
+        db.close()
+    if not history:
+        return None
+    model_start_s = plan.estimate_s / max(1, len(plan.order))
+    trials_now = len(plan.levels) * plan.repeats
+    learned = {name: learned_start_s(h, trials_now) for name, h in history.items()}
+    total = sum(learned.get(name) or model_start_s for name, _i in plan.order)
+    return total, sum(len(h) for h in history.values())
 
 
 def checked_plan(exp, engine: str | None, path: Path):
@@ -281,11 +341,17 @@ def plan(
     con.print(f"per start: {levels}; each level {wl.warmup_s:g} s warm-up + {plural(p.repeats, 'trial')} x {window}")
     trials = len(p.order) * len(p.levels) * p.repeats
     m = exp.measure
-    con.print(f"{len(p.order)} server starts, {trials} timed trials; estimated time {p.estimate_s / 60:.1f} min"
+    import socket
+
+    learned = _learned_estimate(store, p, socket.gethostname())
+    said = (f"estimated time {learned[0] / 60:.1f} min (learned from {learned[1]} earlier starts of these servers "
+            f"in {store}; the model alone says {p.estimate_s / 60:.1f} min)") if learned else \
+        f"estimated time {p.estimate_s / 60:.1f} min"
+    con.print(f"{len(p.order)} server starts, {trials} timed trials; {said}"
               + (f"; the stopping rule may add starts up to {m.planned_max_starts} per variant"
                  f" (at most {p.max_estimate_s / 60:.1f} min)" if m.sequential and m.planned_max_starts > m.starts
                  else ""))
-    for line in _starts_forecast(exp, p, store):
+    for line in _starts_forecast(exp, p, store, learned[0] / max(1, len(p.order)) if learned else None):
         con.print(line, markup=False)
     from truthput.run.plan import address_warnings, max_num_seqs_warnings
 
