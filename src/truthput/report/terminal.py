@@ -31,12 +31,9 @@ def make_console(stderr: bool = False, **kwargs: Any) -> Any:
     """A rich Console; when output is not a terminal (CI logs, pipes) lines are not wrapped at 80."""
     from rich.console import Console
 
-    import os
-
     con = Console(stderr=stderr, **kwargs)
-    if not con.is_terminal:  # COLUMNS, where set, is what the reader has
-        columns = os.environ.get("COLUMNS", "")
-        con = Console(stderr=stderr, width=int(columns) if columns.isdigit() else 160, **kwargs)
+    if not con.is_terminal:
+        con = Console(stderr=stderr, width=160, **kwargs)
     return con
 
 
