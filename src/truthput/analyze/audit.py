@@ -131,6 +131,7 @@ def integrity_rows(trials: Sequence[TrialLike]) -> list[IntegrityRow]:
             identity_failed=[r.integrity.message for r in results if r.integrity.holds is False],
             identity_unchecked=sum(1 for r in results if r.integrity.holds is None),
             spec_checks_failed=[c.message for c in checks if c.ok is False],
-            warnings=sorted({w for r in results for w in r.warnings}),
+            # work other than asked is said once per cell (its warnings), not once per trial here
+            warnings=sorted({w for r in results for w in r.warnings if w not in r.requests.work_notes}),
         ))
     return rows
