@@ -71,6 +71,8 @@ class TrialEntry(LevelRow):
     headline_tokps: Figure
     counter_tokps: Figure
     usage_tokps: Figure
+    slots_tokps: Figure | None = None
+    """llama.cpp's /slots progress over the window, where the server has /slots."""
     per_stream_median: Figure
     ttft_p50: Figure
     itl_p99: Figure
@@ -144,6 +146,8 @@ def trial_rows(trials: Sequence[StoredTrialLike], simulated: bool) -> list[Trial
             headline_tokps=figure(h.number(), "tok/s", h.source, simulated, note=h.note, flags=flag_refs(h.flags)),
             counter_tokps=figure(r.throughput.counter_window.number(), "tok/s", "server_counter", simulated),
             usage_tokps=figure(r.throughput.usage_window.number(), "tok/s", "usage", simulated),
+            **({} if r.throughput.slots_window is None else  # absent, not null, where there is no /slots
+               {"slots_tokps": figure(r.throughput.slots_window.number(), "tok/s", "server_slots", simulated)}),
             per_stream_median=figure(r.per_stream.decode_tps_median.number(), "tok/s/stream", "usage", simulated),
             ttft_p50=figure(r.latency.ttft.at("p50"), "s", "client_clock", simulated),
             itl_p99=figure(r.latency.itl.at("p99"), "s", "client_clock", simulated),
