@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 
 
 class DocModel(BaseModel):
-    """Base of every document type: unknown keys are refused, so a misspelt field fails loudly."""
+    """Base of every document type: unknown keys are refused, so a misspelt field fails loudly. A
+    field's docstring is its description, which docs/export-schema.md's generated key list shows
+    (scripts/make_schema_doc.py)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class FlagRef(DocModel):
