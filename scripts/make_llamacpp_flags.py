@@ -24,22 +24,38 @@ DEFAULT = Path.home() / ".cache" / "truthput" / f"llama.cpp-{BUILD}" / "build" /
 def parse_help(text: str) -> dict:
     groups: list[list[str]] = []
     booleans: set[str] = set()
+    choices: dict[str, list[str]] = {}
     for line in text.splitlines():
         if not line.startswith("-") or line.startswith("-----"):
             continue
         spec = re.split(r"\s{2,}", re.sub(r",\s+", ", ", line.strip()), maxsplit=1)[0]
-        names, takes = [], False
-        for part in spec.split(","):
-            words = part.strip().split()
+        names, placeholder = [], ""
+        for part in re.split(r", (?=-)", spec):
+            words = part.strip().split(maxsplit=1)
             if words and words[0].startswith("-"):
                 names.append(words[0])
-                takes = takes or len(words) > 1
+                placeholder = words[1] if len(words) > 1 else placeholder
         if names:
             groups.append(names)
-            if not takes:
+            if not placeholder:
                 booleans.update(names)
+            listed = _choices(placeholder)
+            if listed:
+                choices.update({n: listed for n in names})
     return {"build": BUILD, "source": "llama-server --help",
-            "flags": sorted({n for g in groups for n in g}), "groups": groups, "booleans": sorted(booleans)}
+            "flags": sorted({n for g in groups for n in g}), "groups": groups, "booleans": sorted(booleans),
+            "choices": dict(sorted(choices.items()))}
+
+
+def _choices(placeholder: str) -> list[str]:
+    """The values a placeholder lists: `{none,linear,yarn}`, `[on|off|auto]`, `<0|1>` or a bare
+    `none,draft-simple,...` (llama-server's --spec-type); [] for a free value (`N`, `FNAME`)."""
+    for pattern, sep in ((r"\{([\w.-]+(?:,[\w.-]+)+)\}", ","), (r"\[(\w+(?:\|\w+)+)\]", "|"),
+                         (r"<(\w+(?:\|\w+)+)>", "|"), (r"([a-z][\w-]*(?:,[a-z][\w-]*){2,})", ",")):
+        m = re.fullmatch(pattern, placeholder.strip())
+        if m:
+            return m.group(1).split(sep)
+    return []
 
 
 def main(argv: list[str]) -> int:

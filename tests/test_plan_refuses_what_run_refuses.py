@@ -83,6 +83,9 @@ LLAMA_CASES = {
     "llama.cpp baseline flag typo": (', "--ctx-sise", "4096"', 'set = { "-t" = 2 }', "--ctx-sise"),
     "llama.cpp removing --metrics": ("", 'remove = ["--metrics"]', "removes --metrics, which truthput needs"),
     "llama.cpp a no-op through an alias": ("", 'set = { "--gpu-layers" = 0 }', "starts the same server as 't1'"),
+    "llama.cpp a value its --help does not list": ("", 'set = { "--spec-type" = "ngram-simpel" }',
+                                                   "--spec-type ngram-simpel: llama-server b11434 takes one of none,"),
+    "llama.cpp a baseline value its --help does not list": (', "-fa", "yes"', "", "[server].command: -fa yes"),
 }
 
 

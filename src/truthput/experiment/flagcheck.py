@@ -81,6 +81,27 @@ def unknown_llamacpp_flags(flags: Iterable[str]) -> list[tuple[str, str | None]]
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def llamacpp_choices() -> dict[str, tuple[str, ...]]:
+    """Spelling -> the values llama-server's --help lists for it (`-fa [on|off|auto]`, `--spec-type none,...`)."""
+    doc = json.loads(LLAMACPP_VOCABULARY.read_text(encoding="utf-8"))
+    return {k: tuple(v) for k, v in doc.get("choices", {}).items()}
+
+
+def check_llamacpp_values(where: str, flags: Iterable[tuple[str, str | None]]) -> None:
+    """Refuse a value llama-server would refuse where its --help lists the choices: each (spelling,
+    value) pair; a comma list (`--spec-type ngram-simple,ngram-mod`) is checked part by part."""
+    choices = llamacpp_choices()
+    build, _known = llamacpp_flags()
+    for spelling, value in flags:
+        allowed = choices.get(spelling.split("=", 1)[0])
+        if not allowed or value is None:
+            continue
+        bad = [part for part in str(value).split(",") if part not in allowed]
+        if bad:
+            raise InputError(f"{where}: {spelling} {value}: llama-server {build} takes one of {', '.join(allowed)}")
+
+
 MEASUREMENT_NEEDS = {"llamacpp": {"--metrics": "without it llama-server answers /metrics with 501, so there is no "
                                                "server counter and only usage is left"}}
 """Per engine, flags a measurement needs, which a variant may not remove."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from truthput.engines.factory import sim_requirements
 from truthput.errors import InputError
-from truthput.experiment.flagcheck import check_speculative_keys, check_variant_flags
+from truthput.experiment.flagcheck import check_llamacpp_values, check_speculative_keys, check_variant_flags
 from truthput.experiment.argv import ServerArgv, argv_diff, int_flag, speculative_settings, variant_argv, whole_number
 from truthput.experiment.engines import metric_family
 from truthput.experiment.file import Experiment
@@ -234,6 +234,7 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     llama = metric_family(kind) == "llamacpp" and _runs_llama_server(base)
     if llama:
         check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [], "llamacpp")
+        check_llamacpp_values("[server].command", [(f.spelling, f.value) for f in base.flags])
     _check_port(exp, kind)
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
@@ -242,6 +243,8 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
         elif llama:
             check_variant_flags(f"[[variant]] {v.name!r}", v.set, v.remove, "llamacpp")
         argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
+        if llama:
+            check_llamacpp_values(f"[[variant]] {v.name!r}", [(f.spelling, f.value) for f in argv.flags])
         try:
             spec = speculative_settings(argv)
         except InputError as exc:
