@@ -73,3 +73,20 @@ def test_both_shapes_parse_and_idle_slots_count_nothing():
     assert parse_slots(obj) == ({7: 12}, "next_token object")
     with pytest.raises(ValueError):
         parse_slots({"error": "not supported"})
+
+
+def test_a_request_the_server_finished_just_before_a_read_counts_once():
+    """The server released its slot before the window's end read, the client read its last chunk
+    just after: it is not among the read's tasks, so its whole usage counts (the client's count
+    of requests in flight beyond the read's tasks says which); and the same at the start, where
+    such a request is left out (its tokens were all made before the window)."""
+    from truthput.load.records import RequestRecord
+
+    start = SlotsRead("window_start", 10.0, {7: 20})
+    end = SlotsRead("window_end", 12.0, {9: 40})
+    records = [RequestRecord(idx=0, t_start=9.0, t_end=10.02, completion_tokens=64),   # done at the server before 10.0
+               RequestRecord(idx=1, t_start=9.5, t_end=11.0, completion_tokens=64),    # task 7: 44 in the window
+               RequestRecord(idx=2, t_start=11.0, t_end=12.03, completion_tokens=50),  # done before 12.0: 50 in it
+               RequestRecord(idx=3, t_start=11.5, t_end=13.0, completion_tokens=64)]   # task 9: 40 in it
+    fig = slots_window([start, end], records)
+    assert fig.value == pytest.approx((44 + 50 + 40) / 2.0)

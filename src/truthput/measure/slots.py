@@ -82,6 +82,17 @@ async def read_slots(session: Any, base_url: str, phase: str) -> SlotsRead:
     return SlotsRead(phase, t_mid, decoded, None, shape)
 
 
+def _settled(read: SlotsRead, ok: Sequence[RequestRecord]) -> float:
+    """The client-side moment matching a read: a request the server has finished (its slot released,
+    so not among the read's tasks) reaches the client a little later, so the client still sees it in
+    flight. The requests in flight on the client at the read beyond the read's processing tasks are
+    the first of them to end: the moment returned is the end of the last of those (the read's own
+    time where the two agree)."""
+    in_flight = [r for r in ok if r.t_start <= read.t_mono < r.t_end]  # ok is sorted by t_end
+    extra = len(in_flight) - len(read.decoded)
+    return in_flight[extra - 1].t_end if extra > 0 else read.t_mono
+
+
 def slots_window(reads: Sequence[SlotsRead], records: Sequence[RequestRecord]) -> Figure:
     """Tokens made between the window's two /slots reads, per second (source `server_slots`)."""
     start = next((r for r in reads if r.phase == "window_start"), None)
@@ -93,7 +104,8 @@ def slots_window(reads: Sequence[SlotsRead], records: Sequence[RequestRecord]) -
     seconds = end.t_mono - start.t_mono
     if seconds <= 0:
         return missing("tok/s", "server_slots", "the window's /slots reads are not in time order")
-    ended = [r for r in records if r.status == "ok" and start.t_mono < r.t_end <= end.t_mono]
+    ok = sorted((r for r in records if r.status == "ok"), key=lambda r: r.t_end)
+    ended = [r for r in ok if _settled(start, ok) < r.t_end <= _settled(end, ok)]
     if any(r.completion_tokens is None for r in ended):
         return missing("tok/s", "server_slots", "a request that ended in the window carried no usage count")
     tokens = sum(end.decoded.values()) + sum(r.completion_tokens or 0 for r in ended) - sum(start.decoded.values())
