@@ -321,10 +321,10 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
                 starts.setdefault(_replicate(t), []).append(float(h.value))
                 if h.source not in sources:
                     sources.append(h.source)
-            done = [t for t in ts if t.status == "ok"]
-            other_work = [t.results.requests.work_notes for t in done if t.results.requests.work_notes]
+            ok = [t for t in ts if t.status == "ok"]
+            other_work = [t.results.requests.work_notes for t in ok if t.results.requests.work_notes]
             if other_work:
-                cell.warnings.extend(f"{v} {level_label(c)} ({len(other_work)} of {len(done)} trials): {note}"
+                cell.warnings.extend(f"{v} {level_label(c)} ({len(other_work)} of {len(ok)} trials): {note}"
                                      for note in other_work[0])
             if starts:
                 cell.per_start = [starts[s] for s in sorted(starts)]
@@ -334,10 +334,9 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
                 cell.sources = sorted(sources)
                 cell.noise = list(dict.fromkeys(([cell.estimate.warning] if cell.estimate.warning else [])
                                                 + noise_warnings(cell.per_start)))
-                cause = likely_noise_cause([t.results for t in ts if t.status == "ok"]) if cell.noise else None
+                cause = likely_noise_cause([t.results for t in ok]) if cell.noise else None
                 if cause:
                     cell.noise.append(cause)
-                ok = [t for t in ts if t.status == "ok"]
                 for t in ok:
                     h = headline(t.results)
                     _collect(cell.flags, "tok/s", h, len(ok))

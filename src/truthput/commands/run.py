@@ -53,12 +53,11 @@ def _external_traffic(exp, plan) -> list[str]:
     if plan.engine != "external" or not exp.server.url:
         return []
     from truthput.engines.external import ExternalEngine
-    from truthput.experiment.engines import metric_family
-    from truthput.measure.names import metric_names
     from truthput.measure.scrape import other_traffic
+    from truthput.run.plan import metric_names_for
 
-    names = metric_names(metric_family(plan.engine), exp.server.metric_names or None)
-    said = asyncio.run(other_traffic(ExternalEngine(exp.server.url).base_url, names.candidates("emitted_tokens")))
+    emitted = metric_names_for(exp, plan.engine).candidates("emitted_tokens")
+    said = asyncio.run(other_traffic(ExternalEngine(exp.server.url).base_url, emitted))
     return [said] if said else []
 
 

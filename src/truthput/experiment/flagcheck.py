@@ -62,9 +62,16 @@ LLAMACPP_VOCABULARY = Path(__file__).with_name("llamacpp-b11434-flags.json")
 
 
 @functools.lru_cache(maxsize=1)
+def llamacpp_vocabulary() -> dict[str, Any]:
+    """llama-server's own --help as bundled (scripts/make_llamacpp_flags.py): `build`, `flags`
+    (every spelling), `groups` (the spellings of one option), `booleans`, `choices`. Read once."""
+    doc: dict[str, Any] = json.loads(LLAMACPP_VOCABULARY.read_text(encoding="utf-8"))
+    return doc
+
+
 def llamacpp_flags() -> tuple[str, frozenset[str]]:
-    """(llama-server build, every spelling its --help lists: scripts/make_llamacpp_flags.py)."""
-    doc = json.loads(LLAMACPP_VOCABULARY.read_text(encoding="utf-8"))
+    """(llama-server build, every spelling its --help lists)."""
+    doc = llamacpp_vocabulary()
     return str(doc["build"]), frozenset(doc["flags"])
 
 
@@ -81,11 +88,9 @@ def unknown_llamacpp_flags(flags: Iterable[str]) -> list[tuple[str, str | None]]
     return out
 
 
-@functools.lru_cache(maxsize=1)
 def llamacpp_choices() -> dict[str, tuple[str, ...]]:
     """Spelling -> the values llama-server's --help lists for it (`-fa [on|off|auto]`, `--spec-type none,...`)."""
-    doc = json.loads(LLAMACPP_VOCABULARY.read_text(encoding="utf-8"))
-    return {k: tuple(v) for k, v in doc.get("choices", {}).items()}
+    return {k: tuple(v) for k, v in llamacpp_vocabulary().get("choices", {}).items()}
 
 
 def check_llamacpp_values(where: str, flags: Iterable[tuple[str, str | None]]) -> None:

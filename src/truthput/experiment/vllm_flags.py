@@ -306,10 +306,9 @@ def _llamacpp_vocabulary() -> tuple[dict[str, str], frozenset[str]]:
     llamacpp-b11434-flags.json, scripts/make_llamacpp_flags.py): every spelling of one option reads
     as one flag (`-ngl`, `--gpu-layers`, `--n-gpu-layers`). The speculative flags stay as written
     (older releases know only `-md`), and `--x`/`--no-x` pairs are negations, not aliases."""
-    import json
-    from pathlib import Path
+    from truthput.experiment.flagcheck import llamacpp_vocabulary
 
-    doc = json.loads(Path(__file__).with_name("llamacpp-b11434-flags.json").read_text(encoding="utf-8"))
+    doc = llamacpp_vocabulary()
     aliases = dict(_LLAMA_NAMED)
     for group in doc["groups"]:
         if any(n in _LLAMA_SPEC_FLAGS for n in group) or any(n.startswith("--no-") for n in group):

@@ -8,7 +8,7 @@ and the Ray executor reads the same GPU counts the checks read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from truthput.engines.factory import sim_requirements
 from truthput.errors import InputError
@@ -17,6 +17,9 @@ from truthput.experiment.argv import ServerArgv, argv_diff, int_flag, speculativ
 from truthput.experiment.engines import metric_family
 from truthput.experiment.file import Experiment
 from truthput.experiment.levels import Level
+
+if TYPE_CHECKING:
+    from truthput.measure.names import EngineMetricNames
 
 
 @dataclass
@@ -101,6 +104,13 @@ def _check_program(exp: Experiment, kind: str) -> None:
 INT_FLAGS = ("--max-num-seqs", "--max-model-len", "--max-num-batched-tokens", "--block-size",
              "--tensor-parallel-size", "--pipeline-parallel-size")
 """vLLM flags that take a whole number >= 1: a typo there ("lots") fails every start otherwise."""
+
+
+def metric_names_for(exp: Experiment, kind: str) -> EngineMetricNames:
+    """The /metrics names a server of engine `kind` is read by (the experiment's overrides applied)."""
+    from truthput.measure.names import metric_names
+
+    return metric_names(metric_family(kind), exp.server.metric_names or None)
 
 
 def max_num_seqs_warnings(exp: Experiment, plan: Plan) -> list[str]:

@@ -20,7 +20,7 @@ from truthput.experiment.engines import SIMULATED_KINDS, metric_family
 from truthput.experiment.file import Experiment
 from truthput.experiment.levels import Level, is_rate
 from truthput.load.client import StreamClient
-from truthput.run.plan import Plan, VariantPlan
+from truthput.run.plan import Plan, VariantPlan, metric_names_for
 from truthput.run.sink import TrialSink
 from truthput.store.db import TrialKey
 
@@ -134,7 +134,6 @@ def _loop(ctx: StartContext, client: StreamClient, level: Level, workload: Any, 
 async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp: VariantPlan, start_index: int,
                      level: Level, trial_index: int, tokenizer: Any, lead_s: float = 0.0) -> Any:
     from truthput.measure.model import LoadLevel
-    from truthput.measure.names import metric_names
     from truthput.run.trial import TrialSetup, commit, run_trial, traffic_between
 
     exp = ctx.exp
@@ -153,7 +152,7 @@ async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp
         return [(t, line) for (t, _s, line) in ctx.log_buffer if t_from <= t <= t_to]
 
     setup = TrialSetup(
-        base_url=engine.base_url, names=metric_names(metric_family(ctx.plan.engine), exp.server.metric_names or None),
+        base_url=engine.base_url, names=metric_names_for(exp, ctx.plan.engine),
         engine=metric_family(ctx.plan.engine), speculative=vp.speculative, tokenizer=tokenizer,
         simulated=ctx.run.simulated, sample_gpu=not ctx.run.simulated, error_threshold=exp.measure.request_error_threshold,
         log_lines=logs, crashed=engine.crashed, server_pgids={engine.pid} if engine.pid else set(),
@@ -307,11 +306,9 @@ SHARED_KINDS = frozenset({"external", "systemd"})
 async def _say_other_traffic(ctx: StartContext, base_url: str, where: str) -> None:
     """Scrape the server twice, a second apart, before any load of truthput's: a counter that
     moves is other traffic, said (a warning and an event) before the trials measure anything."""
-    from truthput.measure.names import metric_names
     from truthput.measure.scrape import other_traffic
 
-    names = metric_names(metric_family(ctx.plan.engine), ctx.exp.server.metric_names or None)
-    said = await other_traffic(base_url, names.candidates("emitted_tokens"))
+    said = await other_traffic(base_url, metric_names_for(ctx.exp, ctx.plan.engine).candidates("emitted_tokens"))
     if said:
         said = f"{where}: {said}"
         ctx.emit(Note(said, "warning"))
