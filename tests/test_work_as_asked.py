@@ -53,6 +53,11 @@ def test_outputs_cut_by_a_context_limit_and_prompts_of_another_length_are_said(t
     loadtable.print_summary(run, opts)
     text = con.export_text()
     assert "fewer completion tokens than asked" in text and "prompts arrived as 96 tokens" in text
+    # and `truthput report` of the stored load run, in the terminal
+    report = Console(record=True, width=400)
+    terminal.print_run(Store(tmp_path / "l.db"), "latest", console=report)
+    said = report.export_text()
+    assert "fewer completion tokens than asked" in said and "prompts arrived as 96 tokens" in said, said
 
 
 def test_requests_that_did_what_they_asked_raise_nothing(tmp_path):

@@ -212,6 +212,7 @@ def _print_load_run(store: Store, run_id: str, status: str, tag: str, con: Any) 
     t.add_column(Text(f"output tok/s\n[{basis.label}{tag}]"), justify="right")
     for metric in ("TTFT", "TPOT", "ITL", "E2E"):
         t.add_column(f"{metric} ms\np50 / p90 / p99", justify="right", no_wrap=True)
+    rows: list[list[Any]] = []
     for tr in trials:
         res = tr.results
         h = headline(res)
@@ -224,8 +225,13 @@ def _print_load_run(store: Store, run_id: str, status: str, tag: str, con: Any) 
             d = res.latency.metric(metric)
             cells.append(" / ".join(_f(None if d is None or d.at(q) is None else 1000 * (d.at(q) or 0))
                                     for q in ("p50", "p90", "p99")))
-        t.add_row(*cells)
-    con.print(t)
+        rows.append(cells)
+    con.print(fit_numbers(t, rows, con.width))
+    for tr in trials:  # as `load` printed them: why a figure is flagged, what else the trial saw
+        for f in headline(tr.results).flags:
+            con.print(Text("! flagged", style="bold red") + Text(f" {level_label(tr.level)}: tok/s: {f.code}: {f.reason}"))
+        for w in tr.results.warnings:
+            con.print(Text("warning", style="yellow") + Text(f": {level_label(tr.level)}: {w}"))
     con.print("a load run measures one server at each level: nothing is compared, so there is no verdict "
               "(truthput run compares configurations)")
 
