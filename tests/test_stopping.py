@@ -235,7 +235,9 @@ def test_futility_stops_an_a_a_comparison_early_without_false_claims():
 def test_the_shipped_boundaries_are_what_the_calibration_computes():
     """`boundaries.json` (scripts/make_boundaries.py) holds the default designs' levels; a sample of
     them recomputed here with the same simulations gives the same levels, and every design a run
-    takes by default is in it (so no run simulates at its first look)."""
+    takes by default is in it (so no run simulates at its first look). The sample: the SD ratios
+    at which those levels are the lowest over the grid (recomputing the whole grid costs ~25 s of
+    CPU), each look equal to the level its ratio gives, and no ratio sampled giving a lower one."""
     import json
     from importlib import resources
 
@@ -251,10 +253,18 @@ def test_the_shipped_boundaries_are_what_the_calibration_computes():
     for k in range(1, 7):
         assert st.boundary_key(3, 8, round(0.05 / k, 12), "decide-early") in doc["levels"]
     assert st.boundary_key(3, 3, 0.05, "linear") in doc["levels"]
-    for key in (st.boundary_key(3, 8, 0.025, "decide-early"), st.boundary_key(3, 3, 0.05, "linear")):
-        first, last, alpha, method = key.split(",")
-        again = st.compute_levels(int(first), int(last), float(alpha), method, st.SHIPPED_SIMULATIONS)
-        assert doc["levels"][key] == pytest.approx(list(again), rel=1e-6, abs=1e-9), key
+    # (design, the look's index, the SD ratio that sets it): the first look's level comes from the
+    # ratios where Welch's t at 3 starts is most liberal, the last look's from a milder one
+    lowest = [((3, 8, 0.025, "decide-early"), 0, 8.0), ((3, 8, 0.025, "decide-early"), 5, 4.0),
+              ((3, 3, 0.05, "linear"), 0, 6.0)]
+    for (first, last, alpha, method), look, ratio in lowest:
+        shipped = doc["levels"][st.boundary_key(first, last, alpha, method)]
+        shares = st.look_shares(first, last, alpha, method)
+        for r in sorted({ratio, 4.0, 8.0}):
+            again = st._levels_for(first, last, shares, r, st.SHIPPED_SIMULATIONS)
+            assert min(again[look], shipped[look]) == pytest.approx(shipped[look], rel=1e-6, abs=1e-9), (ratio, r)
+            if r == ratio:
+                assert again[look] == pytest.approx(shipped[look], rel=1e-6, abs=1e-9), (first, last, alpha, look)
 
 
 def test_the_plans_forecast_gives_where_runs_stop_not_only_the_mean():
