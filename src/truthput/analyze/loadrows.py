@@ -54,6 +54,30 @@ class LoadRow:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class TrialFlags:
+    """What a load trial's views say beside its figures, each as "code: reason" (or the warning's
+    text): one home for `load`'s own table and `report` of a stored load run."""
+
+    headline: list[str]
+    per_stream: list[str]
+    counter_set_aside: list[str]
+    """The counter's flags where the headline is usage placed in time instead."""
+    warnings: list[str]
+
+
+def trial_flags(results: TrialResults) -> TrialFlags:
+    from truthput.analyze.cells import headline
+
+    h = headline(results)
+    return TrialFlags(
+        headline=[f"{f.code}: {f.reason}" for f in h.flags],
+        per_stream=[f"{f.code}: {f.reason}" for f in results.per_stream.decode_tps_median.flags],
+        counter_set_aside=[f"{f.code}: {f.reason}" for f in results.throughput.counter_window.flags]
+        if h is not results.throughput.counter_window else [],
+        warnings=list(results.warnings))
+
+
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p99")
 
@@ -70,6 +94,7 @@ def load_row(level: float, mode: str, results: TrialResults, records: Sequence[R
     sc = res.client.selfcheck
     counter = res.integrity.counter_delta.number()
     h = headline(res)
+    said = trial_flags(res)
     rates = window_rates(records, res.window)
     usage_seen = any(r.completion_tokens is not None or any(x >= 0 for x in r.chunk_tokens) for r in records)
     seen_tokens = client_tokens if usage_seen else None
@@ -79,10 +104,7 @@ def load_row(level: float, mode: str, results: TrialResults, records: Sequence[R
     return LoadRow(
         level=level, mode=mode, counter_tps=res.throughput.counter_window.number(),
         headline_tps=tps, headline_source=h.source, simulated=res.simulated,
-        flags=[f"{f.code}: {f.reason}" for f in h.flags],
-        per_stream_flags=[f"{f.code}: {f.reason}" for f in res.per_stream.decode_tps_median.flags],
-        counter_set_aside=[f"{f.code}: {f.reason}" for f in res.throughput.counter_window.flags]
-        if h is not res.throughput.counter_window else [],
+        flags=said.headline, per_stream_flags=said.per_stream, counter_set_aside=said.counter_set_aside,
         status=status, error=error,
         requests=len(records), failed=sum(1 for r in records if r.status != "ok"),
         client_tokens=seen_tokens, counter_tokens=counter,
@@ -100,5 +122,5 @@ def load_row(level: float, mode: str, results: TrialResults, records: Sequence[R
               "prompt_tokens_mean": res.requests.prompt_tokens_mean,
               "prompt_tokens_asked_mean": res.requests.prompt_tokens_asked_mean,
               "finish_reasons": dict(res.requests.finish_reasons)},
-        warnings=list(res.warnings),
+        warnings=said.warnings,
     )

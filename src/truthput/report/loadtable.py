@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from truthput.analyze.loadrows import LATENCY_METRICS, LATENCY_STATS
+from truthput.analyze.loadrows import LATENCY_METRICS, LATENCY_STATS, TrialFlags
 
 if TYPE_CHECKING:
     from truthput.run.load import LoadOptions, LoadRun
@@ -100,15 +100,8 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
             con.print(f"sweep: saturation point {sat.level:g} {unit} at {_f(sat.throughput)} tok/s ({state}; "
                       f"lowest level within {run.sweep.tolerance:.0%} of the best)")
     for row in rows:
-        for f in row.flags:
-            con.print(Text("! flagged", style="bold red") + Text(f" {row.level:g} {unit}: tok/s: {f}"))
-        for f in row.per_stream_flags:
-            con.print(Text("! flagged", style="bold red") + Text(f" {row.level:g} {unit}: per stream: {f}"))
-        for f in row.counter_set_aside:
-            con.print(Text(f"{row.level:g} {unit}: counter set aside for usage placed in time: {f}", style="yellow"))
-    for row in rows:
-        for w in row.warnings:
-            con.print(Text(f"{row.level:g} {unit}: {w}", style="yellow"))
+        print_trial_flags(con, f"{row.level:g} {unit}",
+                          TrialFlags(row.flags, row.per_stream_flags, row.counter_set_aside, row.warnings))
     for o in run.outcomes:
         for n in o.results.client.notes:
             con.print(Text(f"{o.level:g} {unit}: {n}", style="dim"))
@@ -119,6 +112,21 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
             con.print(Text(f"{o.level:g} {unit}: trial failed: {o.trial.error}", style="red"))
     if store:
         con.print(f"[dim]stored in {store}[/dim]")
+
+
+def print_trial_flags(con: Any, label: str, said: TrialFlags) -> None:
+    """Why a load trial's figures are flagged, which counter was set aside and why, and what else
+    the trial saw: the lines `load` prints under its table and `report` under a stored load run's."""
+    from rich.text import Text
+
+    for f in said.headline:
+        con.print(Text("! flagged", style="bold red") + Text(f" {label}: tok/s: {f}"))
+    for f in said.per_stream:
+        con.print(Text("! flagged", style="bold red") + Text(f" {label}: per stream: {f}"))
+    for f in said.counter_set_aside:
+        con.print(Text(f"{label}: counter set aside for usage placed in time: {f}", style="yellow"))
+    for w in said.warnings:
+        con.print(Text(f"{label}: {w}", style="yellow"))
 
 
 def summary_json(run: LoadRun, opts: LoadOptions) -> dict[str, Any]:

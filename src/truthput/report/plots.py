@@ -262,7 +262,10 @@ def latency_distributions(doc: ReportDocument) -> str | None:
         _plain_log_axis(ax.xaxis)
         ax.set_xlabel(label)
         ax.set_ylabel("share of requests ≤ x")
-    axes[1].legend(fontsize=7)
+    for ax in (axes[1], axes[0]):  # the legend where there are lines (a trial may have no ITL: one token each)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+            break
     fig.suptitle(f"TTFT and ITL distributions (ECDF) [client clock, requests table{_tag(doc)}]")
     return _svg(fig, "latency")
 

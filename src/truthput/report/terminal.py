@@ -204,6 +204,8 @@ def _print_load_run(store: Store, run_id: str, status: str, tag: str, con: Any) 
     from rich.text import Text
 
     from truthput.analyze.cells import headline, headline_basis, source_label
+    from truthput.analyze.loadrows import trial_flags
+    from truthput.report.loadtable import print_trial_flags
 
     trials = store.trial_results(run_id)
     basis = headline_basis(headline(tr.results).source for tr in trials if headline(tr.results).value is not None)
@@ -228,10 +230,7 @@ def _print_load_run(store: Store, run_id: str, status: str, tag: str, con: Any) 
         rows.append(cells)
     con.print(fit_numbers(t, rows, con.width))
     for tr in trials:  # as `load` printed them: why a figure is flagged, what else the trial saw
-        for f in headline(tr.results).flags:
-            con.print(Text("! flagged", style="bold red") + Text(f" {level_label(tr.level)}: tok/s: {f.code}: {f.reason}"))
-        for w in tr.results.warnings:
-            con.print(Text("warning", style="yellow") + Text(f": {level_label(tr.level)}: {w}"))
+        print_trial_flags(con, level_label(tr.level), trial_flags(tr.results))
     con.print("a load run measures one server at each level: nothing is compared, so there is no verdict "
               "(truthput run compares configurations)")
 
