@@ -213,3 +213,26 @@ def test_draft_model_speculation_ab_on_the_real_server(llama_server, small_gguf,
     spec_rows = [ln for ln in md.splitlines() if ln.startswith("| draft | 1 |")]
     assert spec_rows and any("| 3 |" in ln for ln in spec_rows), md[:3000]
     print(f"llama.cpp draft-model speculation A/B: {took:.0f} s")
+
+
+def test_a_context_that_cuts_outputs_short_is_flagged_unequal_work_and_not_decided(llama_server, tiny_gguf,
+                                                                                    tmp_path):
+    """The `-c`/`-np` trap: `-c 1024` with `-np 4` gives each slot 256 tokens of context, so requests
+    asking 256 output tokens stop early (`finish_reason: length`). That variant's tok/s is not the
+    baseline's quantity: its cell is flagged `unequal_work`, the comparison is not decided, and the
+    verdict says why. Known truth: the server's own finish reasons and usage in the store."""
+    command = [str(llama_server), "-m", str(tiny_gguf), "--metrics", "-c", "4096", "-t", "1", "-np", "4"]
+    proc, took = run_ab(tmp_path, "llama-ctx", "c4096", command,
+                        ["[[variant]]", 'name = "c4096"', "", "[[variant]]", 'name = "c1024"', 'set = { "-c" = 1024 }',
+                         ""], "[4]", 256)
+    db = sqlite3.connect(tmp_path / "ab.db")
+    cut = db.execute("SELECT t.variant, COUNT(*) FROM requests r JOIN trials t ON t.id = r.trial_id "
+                     "WHERE r.finish_reason = 'length' AND r.completion_tokens < 256 GROUP BY t.variant").fetchall()
+    assert dict(cut).keys() == {"c1024"}, cut  # the server's own ledger: only the small context cut outputs
+    verdict = proc.stdout[proc.stdout.index("Verdict"):]
+    assert "c1024 is" not in verdict and "c4096 is" not in verdict, verdict[:2000]
+    assert "not compared on tok/s: its requests did other work" in verdict, verdict[:2000]
+    assert "unequal_work" in proc.stdout
+    summary = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])
+    assert "unequal_work" in json.dumps(summary)
+    print(f"llama.cpp -c 1024 vs 4096 at -np 4: {took:.0f} s; outputs cut short: {dict(cut)}")
