@@ -16,12 +16,27 @@ from truthput.measure.validity import check_interference
 BURN = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 20: pass\n"
 
 
+MEASURE = """
+import json, sys, time
+from truthput.engines.interference import HostLoad
+host = HostLoad(server_pgids={int(sys.argv[1])})
+host.begin()
+time.sleep(float(sys.argv[2]))
+host.end()
+print(json.dumps({k: getattr(host, k) for k in ("other_cores", "server_cores", "front_cores", "cores", "reason")}))
+"""
+
+
 def _measure(server_pgid: int, seconds: float = 1.5) -> HostLoad:
-    host = HostLoad(server_pgids={server_pgid})
-    host.begin()
-    time.sleep(seconds)
-    host.end()
-    return host
+    """HostLoad over `seconds`, measured as truthput measures it: from a process in a session of
+    its own (truthput's own process group counts as truthput; inside the test runner that group is
+    every worker of the suite, whose finishing children would land in it mid-window)."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", MEASURE, str(server_pgid), str(seconds)], capture_output=True,
+                         text=True, timeout=60, start_new_session=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return HostLoad(server_pgids={server_pgid}, **json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def _cores_of(pid: int, during) -> tuple[float, object]:

@@ -73,6 +73,17 @@ def test_verdict_decides_latency_at_the_rate_the_queue_builds(open_run):
     # the table is keyed by offered rate, not streams
     assert "req/s" in text and "c=0" not in text
     high = f"{RATES[1]:g} req/s"
+    store = Store(db, read_only=True)
+    disturbed = [t for t in store.trial_results(run_id) if t.rate == RATES[1] and t.status == "ok"
+                 and {f.code for f in t.results.headline().flags} & {"load_not_reached", "host_interference"}]
+    store.close()
+    if disturbed and f"{high}: {SLOW}'s p99 TTFT is" not in text:
+        # a trial at that rate was flagged (on a host the suite's other workers saturate, the load
+        # generator can fall behind an open loop's arrivals): its latencies are uncertain, so "not
+        # decided" is a right answer; a decision the wrong way round never is
+        assert f"{high}: p99 TTFT {SLOW} vs {BASE}: not decided" in text, text
+        assert "lower than" not in text.split(f"{high}: p99 TTFT", 1)[1].split("simulated:")[0], text
+        return
     # four requests at a time cannot keep up with the higher rate: its p99 TTFT is decided higher
     assert f"{high}: {SLOW}'s p99 TTFT is" in text and f"higher than {BASE}'s" in text, text
     # its goodput under the latency targets is lower at that rate (where none of its requests meets

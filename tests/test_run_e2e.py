@@ -289,13 +289,20 @@ def _running(pids):
 
 
 def _pids_alive(pids):
+    """The pids still running: a zombie (dead, waiting for whoever adopted it to reap it: on some
+    hosts pid 1 reaps late) holds no port and no memory, and counts as gone."""
     alive = []
     for pid in pids:
         try:
             os.kill(pid, 0)
-            alive.append(pid)
         except ProcessLookupError:
-            pass
+            continue
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "?"
+        if state != "Z":
+            alive.append(pid)
     return alive
 
 

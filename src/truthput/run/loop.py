@@ -38,8 +38,9 @@ def _stop_leftovers(store: Store, run_id: str, emit: Callable[[Event], None]) ->
         what = "no server was recorded"
         info = s.info
         placement = info.get("placement")
-        if placement and placement.get("executor") == "ray":
-            # its pid is on a cluster node: the server died with its actor (parent-death signal)
+        if placement and placement.get("node"):
+            # placed on a cluster node: its pid is that node's, and the server died with its actor
+            # (parent-death signal)
             what = f"its server ran on node {placement.get('node')}, and died with its actor"
         elif s.pid:
             argv = s.argv
