@@ -26,13 +26,23 @@ def _own_rate(cfg: dict) -> float:
 
 
 @pytest.mark.parametrize("continuous", [True, False], ids=["running usage", "usage only at the end"])
-@pytest.mark.parametrize("engine", ["vllm", "command"])
+@pytest.mark.parametrize("engine", ["vllm", "command", "llamacpp-style"])
 @pytest.mark.parametrize("share", SHARES, ids=[f"{s:.0%}" for s in SHARES])
 def test_another_client_is_named_and_the_headline_is_truthputs_own(share, engine, continuous):
+    """vLLM's counter (per token), any server's (`command`), and llama.cpp's kind: a counter that
+    adds a request's tokens when it ends (the same scrapes, read as llama.cpp's are read)."""
+    from dataclasses import replace
+
+    from truthput.measure.names import metric_names
+
     cfg = {"concurrency": 4, "requests": 96, "max_tokens": 40, "continuous_usage": continuous}
     own = _own_rate(cfg)
     sim = simulate(TruthConfig(**cfg, foreign_tps=share * own))
-    res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4, engine=engine)
+    if engine == "llamacpp-style":
+        names = replace(metric_names("vllm"), counter_moves="per_request")
+        res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4, names=names)
+    else:
+        res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4, engine=engine)
     ws, we = sim.window
     truth = sim.ledger.between(ws, we) / (we - ws)
     head = res.headline()

@@ -149,22 +149,6 @@ def machine_metadata(nvml: ModuleType | None = None) -> dict[str, Any]:
     }
 
 
-def _engine_python(python_exe_or_argv: str | Sequence[str]) -> str | None:
-    """The Python interpreter of an engine: a path, or the first argv item that runs Python
-    (argv like [".venv-vllm/bin/python", "-m", "vllm...."]); None for non-Python engines."""
-    argv = shlex.split(python_exe_or_argv) if isinstance(python_exe_or_argv, str) else list(python_exe_or_argv)
-    if not argv:
-        return None
-    exe = argv[0]
-    if "python" in Path(exe).name:
-        return exe
-    # A console script such as `.../bin/vllm`: its sibling python is the engine's.
-    sibling = Path(exe).parent / "python"
-    if Path(exe).parent != Path("") and sibling.exists():
-        return str(sibling)
-    return None
-
-
 @functools.lru_cache(maxsize=32)
 def _run_version(python: str, engine: str, timeout: float) -> str | None:
     snippet = _VERSION_SNIPPETS.get(engine)
@@ -203,7 +187,10 @@ def engine_version(python_exe_or_argv: str | Sequence[str], engine: str = "vllm"
     if engine == "llamacpp":
         argv = shlex.split(python_exe_or_argv) if isinstance(python_exe_or_argv, str) else list(python_exe_or_argv)
         return _binary_version(argv[0], timeout) if argv else None
-    python = _engine_python(python_exe_or_argv)
+    from truthput.experiment.flagcheck import engine_python
+
+    argv = shlex.split(python_exe_or_argv) if isinstance(python_exe_or_argv, str) else list(python_exe_or_argv)
+    python = engine_python(argv)
     if python is None:
         return None
     return _run_version(python, engine, timeout)

@@ -109,6 +109,10 @@ class ServerSection(_Strict):
     """The unit file the baseline was imported from (written by `truthput import`)."""
     user: bool = False  # engine = "systemd": use `systemctl --user`
     cpus: list[int] | None = None  # CPU cores the server may run on (affinity; vLLM-CPU's threads bound there)
+    engine_version: str | None = Field(None, min_length=1, max_length=64)
+    """The vLLM release the command runs ("0.11", "0.32.0"), for checking its flags where truthput
+    cannot ask that vLLM itself (not installed for the command's Python): the bundled table when it
+    is that release; another release's flags are then not checked before the start (plan says so)."""
 
     @field_validator("env")
     @classmethod

