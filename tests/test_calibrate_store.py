@@ -143,15 +143,16 @@ def e2e_model(directory: Path) -> Path:
     return directory
 
 
-def e2e_experiment(profile: Path, model: Path, *, noise: float, concurrency=(2, 16), duration: float = 2.0,
+def e2e_experiment(profile: Path, model: Path, *, noise: float, concurrency=(2, 16), duration: float = 1.6,
                    variants: str = TP_VARIANTS, input_tokens: int = E2E_INPUT, output_tokens: str = DECODE_OUTPUT,
                    starts: int = 2, name: str = "calibration-e2e", seed: int = 5) -> str:
     """An experiment on the simulator serving `profile` (the known constants) with per-start noise.
 
     Why the calibration design (e2e_runs: two runs into one store) identifies each constant:
     - decode run: TP 1 and TP 2, two starts each, 2 and 16 streams with 4500-token prompts and
-      outputs (270-290) longer than the 2 s window, so the windows hold decode steps only (no
-      prefill whose FLOP price would blur them; ~170-225 steps each, edges < 0.2%). Within one
+      outputs (270-290) well beyond the 1.6 s window, so the windows hold decode steps only (no
+      prefill whose FLOP price would blur them; ~135-180 steps each, edges < 0.3%; the margin
+      leaves room for a window a busy host starts late). Within one
       start, 16 streams read ~2x the bytes per step of 2 (KV cache): the slope gives that start's
       bandwidth draw, the intercept the fixed per-step time, free of the draw. TP 1 intercepts are
       the step overhead; TP 2 ones add 2 x layers all-reduce latencies, so their difference is the

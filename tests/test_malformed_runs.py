@@ -6,7 +6,7 @@ each: `plan` either accepts it or refuses it with one line of truthput's own kin
 traceback); a refused file is refused by `run` too, before any server starts; an accepted one is
 run for real on the simulator, and `run` may exit 0 only when every variant has a measured trial
 (a positive figure from the server's counter): a file that measures nothing must not look like a
-success.
+success. (The runs write no report files: what they check is the store and the exit status.)
 """
 
 from __future__ import annotations
@@ -212,12 +212,12 @@ def test_a_malformed_file_is_refused_in_one_line_or_runs_and_measures(label: str
     if code != 0:
         # refused: said in a line of its own, and `run` refuses it too before any server starts
         assert out.strip(), label
-        code_run, out_run, exc_run = _cli(["run", str(path), "--store", str(db), "--reports", str(tmp_path / "rep")])
+        code_run, out_run, exc_run = _cli(["run", str(path), "--store", str(db), "--no-reports"])
         assert exc_run is None, f"{label}: run raised {type(exc_run).__name__}: {exc_run}"
         assert code_run != 0, f"{label}: plan refused it but run exited 0: {out_run[-1500:]}"
         assert _starts(db) == 0, f"{label}: run started a server for a file plan refuses"
         return
-    proc = subprocess.run([*TRUTHPUT, "run", str(path), "--store", str(db), "--reports", str(tmp_path / "rep")],
+    proc = subprocess.run([*TRUTHPUT, "run", str(path), "--store", str(db), "--no-reports"],
                           capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert "Traceback" not in proc.stderr, f"{label}: {proc.stderr[-3000:]}"
     measured = _measured_variants(db)

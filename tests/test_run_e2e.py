@@ -1,5 +1,8 @@
 """`truthput run` end to end on the embedded simulator: known truth, failures as results, resume.
 
+Runs here write no report files (`--no-reports`): what they check is in the store and the output;
+the reports a run writes are checked by test_run_outcome.py and the README's quickstart.
+
 Known truth: with ignore_eos every request emits exactly output_tokens tokens, so the usage sum of
 a trial is n_requests * output_tokens, and the server counter delta over the whole trial must equal
 it exactly (an integer identity).
@@ -330,7 +333,7 @@ def test_ctrl_c_keeps_finished_trials_stops_servers_and_resume_finishes(tmp_path
     before = {(t.variant, t.start_index, t.concurrency, t.trial_index): t.id
               for t in store.trial_results(run_id)}
     store.close()
-    done = subprocess.run([*TRUTHPUT, "run", "--resume", run_id, "--store", str(db), "--reports", str(tmp_path / "rep")],
+    done = subprocess.run([*TRUTHPUT, "run", "--resume", run_id, "--store", str(db), "--no-reports"],
                           capture_output=True, env=env, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
     store = Store(db)
@@ -424,7 +427,7 @@ def _start_run(tmp_path, name: str, min_trials: int, preexec=None, text: str | N
     exp.write_text(text or experiment_text(BASE_VARIANTS, concurrency=(1, 2), duration=0.8, starts=2))
     db = tmp_path / f"{name}.db"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],
+    proc = subprocess.Popen([*TRUTHPUT, "run", str(exp), "--store", str(db), "--no-reports"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
                             preexec_fn=preexec)
     deadline = time.monotonic() + 120
@@ -495,8 +498,8 @@ def test_a_server_dies_with_truthput_even_after_kill_9(tmp_path):
     store = Store(db, read_only=True)
     run_id = store.resolve_run("latest")
     kept = len(store.trial_results(run_id))
-    out = subprocess.run([*TRUTHPUT, "run", "--resume", run_id, "--store", str(db), "--reports",
-                          str(tmp_path / "rep")], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    out = subprocess.run([*TRUTHPUT, "run", "--resume", run_id, "--store", str(db), "--no-reports"],
+                         capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "left by a stopped truthput" in out.stderr
     store = Store(db, read_only=True)
@@ -597,7 +600,7 @@ set = { "--max-model-len" = 99999999, "--max-num-seqs" = 8 }
     exp = tmp_path / "bad.toml"
     exp.write_text(experiment_text(variants, concurrency=(1,), duration=0.5))
     db = tmp_path / "bad.db"
-    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],
+    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--no-reports"],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "no variant produced a measurement (base: " in out.stderr
@@ -621,7 +624,7 @@ def test_a_full_disk_is_one_line_and_keeps_committed_trials(tmp_path):
     exp = tmp_path / "full.toml"
     exp.write_text(experiment_text(BASE_VARIANTS, concurrency=(1, 4), duration=1.0, starts=3))
     db = tmp_path / "full.db"
-    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],
+    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--no-reports"],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path, preexec_fn=small_files)
     assert out.returncode == 1, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
@@ -753,9 +756,11 @@ def test_a_servers_daemon_child_in_its_own_session_is_stopped_too(tmp_path):
     exp = tmp_path / "daemon.toml"
     exp.write_text(experiment_text('[[variant]]\nname = "base"\n', concurrency=(1,), duration=0.5,
                                    engine="command", command=["bash", "-c", script]))
-    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(tmp_path / "d.db"), "--reports",
-                          str(tmp_path / "rep")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(tmp_path / "d.db"), "--no-reports"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
+    # a measured run, and --no-reports wrote nothing beside the store
+    assert "report: " not in out.stdout and not (tmp_path / "reports").exists(), out.stdout[-1500:]
     deadline = time.monotonic() + 5
     while _procs_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -823,7 +828,7 @@ def test_a_crash_under_load_ends_that_start_and_two_fail_the_variant(tmp_path):
     exp.write_text(experiment_text(variants, concurrency=(1,), duration=3.0, starts=3, engine="command",
                                    command=["bash", "-c", script]))
     db = tmp_path / "c.db"
-    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(tmp_path / "rep")],
+    out = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--no-reports"],
                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
     # crashy never measured: the run says so and exits 3 (base's figures are kept and reported)
     assert out.returncode == 3, out.stderr[-3000:]

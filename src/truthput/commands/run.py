@@ -178,6 +178,8 @@ def run(
     store: Path = typer.Option(Path("truthput.db"), "--store", help=STORE_HELP),
     resume: Optional[str] = typer.Option(None, "--resume", help="Continue an interrupted run (id or 'latest') without redoing finished trials."),
     reports: Optional[Path] = typer.Option(Path("reports"), "--reports", help="Folder for the HTML and markdown reports."),
+    no_reports: bool = typer.Option(False, "--no-reports", help="Write no report or unit files (the store keeps "
+                                    "everything: `truthput report RUN --html F` writes them later)."),
     sim_gpu: Optional[str] = typer.Option(None, "--sim-gpu", help="With the simulator: model this GPU (a catalog "
                                           "name), as many as the command's TP x PP, instead of the file's [hardware]."),
     sim_model: Optional[str] = typer.Option(None, "--sim-model", help="With the simulator: model this profile "
@@ -242,7 +244,7 @@ def run(
             loop.add_signal_handler(sig, stop_task, task, sig, received)
         return await run_and_report(exp, text, path, db, store, engine=engine, resume=run_id, progress=progress,
                                     sim_target={"gpu": sim_gpu, "model": sim_model, "said": overrides}
-                                    if overrides else None, executor=placer, reports=reports)
+                                    if overrides else None, executor=placer, reports=None if no_reports else reports)
 
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C works even when inherited ignored
