@@ -384,3 +384,6 @@ def test_load_says_why_there_is_no_counter_and_no_client_token_count(tmp_path: P
     assert row["client_tokens"] is None
     assert "the server sent no usage counts: client tokens unknown" in out
     assert "DIFFER" not in out and " 0 / -" not in out
+    # ITL's bare '-' says why too: no token counts per chunk (a chunk is not a token)
+    assert "2 streams: no ITL figures: missing data: no per-chunk token counts" in out, out
+    assert "no per-chunk token counts" in row["latency_missing"]["itl"] and "ttft" not in row["latency_missing"]

@@ -206,3 +206,31 @@ def test_open_loop_duration_window_and_exact_tokens() -> None:
     assert abs(len(res.records) - 100.0 * span) <= 3, (len(res.records), span)
     first_end = min(r.t_end for r in res.records)
     assert res.t_window_start >= first_end
+
+
+def test_itl_is_known_where_each_text_chunk_is_one_token_though_no_running_count_came() -> None:
+    """llama.cpp's streams: no running usage, one token per chunk, the final usage at the end. A
+    request with as many text chunks as completion tokens has its chunk times as token times (every
+    text chunk brings at least one token), so the ITL distribution is the gaps; one whose chunk
+    held two tokens (a UTF-8 character's bytes held back) is left out, and the note says how many."""
+    from array import array
+
+    import numpy as np
+
+    from truthput.measure.latency import client_latency
+    from truthput.measure.methods import build_chunk_table, usage_tokens_per_chunk
+
+    records = [rec(i, 0.1, 0.010 * (i + 1), 21) for i in range(3)]  # gaps of 10, 20 and 30 ms
+    held = rec(3, 0.1, 0.5, 21)  # its 21 tokens came in 20 chunks: not one token each
+    held.chunk_times, held.chunk_texts = held.chunk_times[:-1], held.chunk_texts[:-1]
+    for r in [*records, held]:
+        r.chunk_tokens = array("q", [-1] * len(r.chunk_times))
+    table = build_chunk_table([*records, held])
+    lat = client_latency([*records, held], table, usage_tokens_per_chunk(table), None)
+    # 20 intervals per counted request (the first chunk's token adds none): 10, 20 and 30 ms
+    assert lat.itl.n == 60
+    assert lat.itl.p50.value == pytest.approx(0.020) and lat.itl.mean.value == pytest.approx(0.020)
+    assert float(np.max([lat.itl.p99.value])) < 0.031  # the held request's 500 ms gaps are not in it
+    assert lat.itl.tokens_source == "text chunks"
+    assert "3 request(s) without running counts had as many text chunks" in lat.itl.mean.note
+    assert "1 request(s) without per-chunk token counts" in lat.itl.mean.note

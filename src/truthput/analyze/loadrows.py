@@ -43,6 +43,8 @@ class LoadRow:
     cpu_util: float | None
     lag_p99_ms: float | None
     latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    latency_missing: dict[str, str] = field(default_factory=dict)
+    """Why a latency metric has no figures (e.g. ITL without per-chunk token counts), by metric."""
     """TTFT, TPOT, ITL, E2E: mean, p50, p90, p99 in milliseconds (client clock)."""
     work: dict[str, Any] = field(default_factory=dict)
     """What the ok requests did against what they asked: completion and prompt tokens each (usage
@@ -117,6 +119,8 @@ def load_row(level: float, mode: str, results: TrialResults, records: Sequence[R
         client_bound=bool(sc and sc.client_bound), client_reason=sc.reason if sc else None,
         cpu_util=sc.cpu_util if sc else None, lag_p99_ms=sc.loop_lag_p99_ms if sc else None,
         latency_ms=latency,
+        latency_missing={m: (d.mean.note or "no samples") for m in LATENCY_METRICS
+                         if (d := res.latency.metric(m)) is not None and d.mean is not None and d.mean.value is None},
         work={"completion_tokens_mean": res.requests.completion_tokens_mean,
               "completion_tokens_asked_mean": res.requests.completion_tokens_asked_mean,
               "prompt_tokens_mean": res.requests.prompt_tokens_mean,

@@ -79,11 +79,21 @@ def client_latency(
         if use_tok.any():
             per_chunk = np.where(use_tok, tok_per_chunk, per_chunk)
             source = "usage+tokenizer" if (~use_tok).any() else "tokenizer"
+    one_each = _one_token_per_text_chunk(records, table, ok_mask) if tok_per_chunk is None else \
+        np.zeros(len(records), dtype=bool)
+    if one_each.any():
+        take = one_each[table.rec]
+        per_chunk = np.where(take, (table.n_chars > 0).astype(per_chunk.dtype), per_chunk)
+        source = "usage+text chunks" if table.continuous.any() else "text chunks"
     known = per_chunk >= 0
     per_chunk = np.where(known & ok_mask[table.rec], per_chunk, 0)
-    unknown_reqs = int(((~table.continuous) & ok_mask & (table.n_chunks > 0)).sum()) if tok_per_chunk is None else 0
+    unknown_reqs = int(((~table.continuous) & ~one_each & ok_mask & (table.n_chunks > 0)).sum()) \
+        if tok_per_chunk is None else 0
     itl = itl_values(table, per_chunk)
     note = ITL_RULE
+    if one_each.any():
+        note += (f"; {int(one_each.sum())} request(s) without running counts had as many text chunks as completion "
+                 "tokens, so each text chunk is one token (a server streaming a token per chunk, as llama.cpp does)")
     if unknown_reqs:
         note += f"; {unknown_reqs} request(s) without per-chunk token counts (no continuous usage, no tokenizer) left out"
     out.itl = distribution(itl, "s", "client_clock", note, tokens_source=source, rule=ITL_RULE)
@@ -101,6 +111,21 @@ def client_latency(
     else:
         gaps = np.zeros(0)
     out.chunk_gap = distribution(gaps, "s", "chunks", "time between text chunks: NOT an inter-token latency")
+    return out
+
+
+def _one_token_per_text_chunk(records: Sequence[RequestRecord], table: ChunkTable, ok_mask: np.ndarray) -> np.ndarray:
+    """Per request: True where it has no running count but its text chunks are exactly as many as
+    its final usage's completion tokens. Every text chunk brings at least one token, so then each
+    brings exactly one: the chunk times are the token times (llama.cpp streams a token per chunk,
+    two where it held back a UTF-8 character's first bytes; such a request does not qualify)."""
+    out = np.zeros(len(records), dtype=bool)
+    if table.size == 0:
+        return out
+    text_chunks = np.bincount(table.rec[table.n_chars > 0], minlength=len(records))
+    for i, r in enumerate(records):
+        if ok_mask[i] and not table.continuous[i] and r.completion_tokens and text_chunks[i] == r.completion_tokens:
+            out[i] = True
     return out
 
 

@@ -82,6 +82,9 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
                         end_section=i == len(LATENCY_METRICS) - 1)
     con.print(lat)  # short figures in short columns: fits 80 columns as it is
     for row in rows:
+        for m, why in row.latency_missing.items():
+            con.print(Text(f"{row.level:g} {unit}: no {m.upper()} figures: {why}", style="yellow"))
+    for row in rows:
         if row.client_bound:
             con.print(Text(f"{row.level:g} {unit}: client-bound: {row.client_reason}", style="red"))
         else:
