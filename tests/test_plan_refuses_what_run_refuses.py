@@ -27,11 +27,19 @@ def _edit(text: str, case: str, port: int) -> tuple[str, list[str]]:
         return text.replace('set = { "--spec-tokens" = 1 }', 'set = { "--spec-tokens=3" = true }', 1), []
     if case == "a value no parser takes":
         return text.replace('set = { "--spec-tokens" = 1 }', 'set = { "--max-num-seqs" = "lots" }', 1), []
+    if case == "a value outside the parser's choices":
+        return text.replace('set = { "--spec-tokens" = 1 }', 'set = { "--kv-cache-dtype" = "fp3" }', 1), []
+    if case == "a number where vLLM wants a whole one":
+        return text.replace('set = { "--spec-tokens" = 1 }', 'set = { "--max-num-seqs" = "128.0" }', 1), []
+    if case == "a context shorter than the workload's requests":
+        return text.replace('set = { "--spec-tokens" = 1 }', 'set = { "--max-model-len" = 16 }', 1), []
     raise AssertionError(case)
 
 
 CASES = ["engine typo", "port in use", "baseline flag typo", "variant flag typo",
-         "a variant the baseline already is (--flag=value)", "a value no parser takes"]
+         "a variant the baseline already is (--flag=value)", "a value no parser takes",
+         "a value outside the parser's choices", "a number where vLLM wants a whole one",
+         "a context shorter than the workload's requests"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -20,7 +20,7 @@ import functools
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from truthput.errors import InputError
@@ -51,15 +51,22 @@ class VllmVocabulary:
     spec_keys: frozenset[str]
     source: str
     """"bundled table", or "installed: PYTHON" (that vLLM's own parser was asked)."""
+    choices: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per option string, the values its parser takes where it lists them (--kv-cache-dtype ...)."""
+    types: dict[str, str] = field(default_factory=dict)
+    """Per option string, "int" or "float" where its parser converts the value so."""
 
     @property
     def program(self) -> str:
         return f"vLLM {self.version}"
 
 
+@functools.lru_cache(maxsize=1)
 def bundled_vllm_vocabulary() -> VllmVocabulary:
     version, flags = vllm_flags()
-    return VllmVocabulary(version, flags, speculative_config_keys(), "bundled table")
+    doc = json.loads(VOCABULARY.read_text(encoding="utf-8"))
+    return VllmVocabulary(version, flags, speculative_config_keys(), "bundled table",
+                          {k: tuple(v) for k, v in doc.get("choices", {}).items()}, dict(doc.get("types", {})))
 
 
 def engine_python(argv: Sequence[str]) -> str | None:
@@ -92,12 +99,16 @@ except ImportError:
 import vllm
 parser = make_arg_parser(FlexibleArgumentParser())
 flags = sorted({s for a in parser._actions for s in a.option_strings})
+choices = {o: sorted(str(c) for c in a.choices) for a in parser._actions if a.choices for o in a.option_strings}
+types = {o: {int: "int", float: "float"}[a.type] for a in parser._actions if a.type in (int, float)
+         for o in a.option_strings}
 try:
     from vllm.config.speculative import SpeculativeConfig
 except ImportError:
     from vllm.config import SpeculativeConfig
 keys = sorted(getattr(SpeculativeConfig, "model_fields", None) or [f.name for f in dataclasses.fields(SpeculativeConfig)])
-print(json.dumps({"version": vllm.__version__, "flags": flags, "speculative_config_keys": keys}))
+print(json.dumps({"version": vllm.__version__, "flags": flags, "speculative_config_keys": keys, "choices": choices,
+                  "types": types}))
 """
 """Run in the engine's own Python: its serve parser's option strings and SpeculativeConfig's keys
 (module paths as vLLM 0.11-0.32 have them)."""
@@ -145,7 +156,8 @@ def installed_vllm_vocabulary(python: str, timeout: float = 120.0) -> VllmVocabu
         except OSError:
             pass  # a read-only home: asked again next time
     return VllmVocabulary(str(doc["version"]), frozenset(doc["flags"]), frozenset(doc["speculative_config_keys"]),
-                          f"installed: {python}")
+                          f"installed: {python}", {k: tuple(v) for k, v in doc.get("choices", {}).items()},
+                          dict(doc.get("types", {})))
 
 
 def same_release(named: str, version: str) -> bool:
@@ -253,6 +265,31 @@ def check_llamacpp_values(where: str, flags: Iterable[tuple[str, str | None]]) -
         bad = [part for part in str(value).split(",") if part not in allowed]
         if bad:
             raise InputError(f"{where}: {spelling} {value}: llama-server {build} takes one of {', '.join(allowed)}")
+
+
+def check_vllm_values(where: str, flags: Iterable[tuple[str, Any]], vocab: VllmVocabulary | None) -> None:
+    """Refuse a value vLLM's parser would refuse at start-up: one its choices do not list
+    (`--kv-cache-dtype fp3`), or one that is not a number where it converts to int or float
+    (`--max-num-seqs 128.0`). Each (spelling, value) pair; None (a boolean) is not checked."""
+    if vocab is None:
+        return
+    for spelling, value in flags:
+        name = _canonical(spelling)
+        if value is None or isinstance(value, bool):
+            continue
+        values = value if isinstance(value, list) else [value]
+        allowed = vocab.choices.get(name)
+        if allowed:
+            bad = [str(v) for v in values if str(v) not in allowed]
+            if bad:
+                raise InputError(f"{where}: {spelling} {bad[0]}: {vocab.program} takes one of {', '.join(allowed)}")
+        kind = vocab.types.get(name)
+        for v in values:
+            try:
+                {"int": int, "float": float}.get(kind or "", str)(str(v))
+            except ValueError:
+                what = "a whole number" if kind == "int" else "a number"
+                raise InputError(f"{where}: {spelling} {v!r}: {vocab.program} expects {what}") from None
 
 
 MEASUREMENT_NEEDS = {"llamacpp": {"--metrics": "without it llama-server answers /metrics with 501, so there is no "

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from truthput.engines.factory import sim_requirements
 from truthput.errors import InputError
 from truthput.experiment.flagcheck import (check_llamacpp_values, check_speculative_keys, check_variant_flags,
-                                           vllm_vocabulary)
+                                           check_vllm_values, vllm_vocabulary)
 from truthput.experiment.argv import ServerArgv, argv_diff, int_flag, speculative_settings, variant_argv, whole_number
 from truthput.experiment.engines import metric_family
 from truthput.experiment.file import Experiment
@@ -168,6 +168,13 @@ def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
                 util = float("nan")
             if not 0.0 < util <= 1.0:
                 raise InputError(f"{where}: --gpu-memory-utilization {raw!r}: expected a fraction in (0, 1]")
+        if argv.has("--max-model-len"):
+            raw = argv.get("--max-model-len")
+            limit = whole_number(str(raw[-1] if isinstance(raw, list) else raw))
+            ins, outs = exp.workload.input_tokens, exp.workload.output_tokens  # (a distribution: not checked)
+            if limit is not None and isinstance(ins, int) and isinstance(outs, int) and limit < ins + outs:
+                raise InputError(f"{where}: --max-model-len {limit} is shorter than each request's {ins} prompt + "
+                                 f"{outs} output tokens ([workload]): the server would refuse every request")
     if exp.hardware is None:
         return
     tp = int_flag(argv, ("--tensor-parallel-size",), where)
@@ -251,10 +258,12 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     checks_vllm = metric_family(kind) == "vllm" and kind != "external"
     vocab = vllm_vocabulary(tuple(exp.server.command), exp.server.engine_version) if checks_vllm or kind == "sim" \
         else None
-    if kind == "sim" or (checks_vllm and _runs_vllm(base)):
+    vllm_argv = kind == "sim" or (checks_vllm and _runs_vllm(base))
+    if vllm_argv:
         # the baseline's own flags too: the simulator would otherwise run a typo as "a flag it
         # does not model", and the verdict compare a server that is not the one written
         check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [], vocab=vocab)
+        check_vllm_values("[server].command", [(f.spelling, f.value) for f in base.flags], vocab)
     llama = metric_family(kind) == "llamacpp" and _runs_llama_server(base)
     if llama:
         check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [], "llamacpp")
@@ -269,6 +278,8 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
         argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
         if llama:
             check_llamacpp_values(f"[[variant]] {v.name!r}", [(f.spelling, f.value) for f in argv.flags])
+        elif vllm_argv:
+            check_vllm_values(f"[[variant]] {v.name!r}", [(f.spelling, f.value) for f in argv.flags], vocab)
         try:
             spec = speculative_settings(argv)
         except InputError as exc:
