@@ -14,6 +14,19 @@ import pytest
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart.toml"
 
 
+VARIANT = 'set = { "--spec-tokens" = 1 }'
+"""The quickstart's variant line: most cases below replace it."""
+
+VARIANT_SETS = {
+    "variant flag typo": '"--spec-token" = 1',
+    "a variant the baseline already is (--flag=value)": '"--spec-tokens=3" = true',
+    "a value no parser takes": '"--max-num-seqs" = "lots"',
+    "a value outside the parser's choices": '"--kv-cache-dtype" = "fp3"',
+    "a number where vLLM wants a whole one": '"--max-num-seqs" = "128.0"',
+    "a context shorter than the workload's requests": '"--max-model-len" = 16',
+}
+
+
 def _edit(text: str, case: str, port: int) -> tuple[str, list[str]]:
     if case == "engine typo":
         return text, ["--engine", "vlm"]
@@ -21,25 +34,10 @@ def _edit(text: str, case: str, port: int) -> tuple[str, list[str]]:
         return text.replace("[server]\n", f"[server]\nport = {port}\n", 1), []
     if case == "baseline flag typo":
         return text.replace('"--max-num-seqs"', '"--max-num-seq"', 1), []
-    if case == "variant flag typo":
-        return text.replace('set = { "--spec-tokens" = 1 }', 'set = { "--spec-token" = 1 }', 1), []
-    if case == "a variant the baseline already is (--flag=value)":
-        return text.replace('set = { "--spec-tokens" = 1 }', 'set = { "--spec-tokens=3" = true }', 1), []
-    if case == "a value no parser takes":
-        return text.replace('set = { "--spec-tokens" = 1 }', 'set = { "--max-num-seqs" = "lots" }', 1), []
-    if case == "a value outside the parser's choices":
-        return text.replace('set = { "--spec-tokens" = 1 }', 'set = { "--kv-cache-dtype" = "fp3" }', 1), []
-    if case == "a number where vLLM wants a whole one":
-        return text.replace('set = { "--spec-tokens" = 1 }', 'set = { "--max-num-seqs" = "128.0" }', 1), []
-    if case == "a context shorter than the workload's requests":
-        return text.replace('set = { "--spec-tokens" = 1 }', 'set = { "--max-model-len" = 16 }', 1), []
-    raise AssertionError(case)
+    return text.replace(VARIANT, f"set = {{ {VARIANT_SETS[case]} }}", 1), []
 
 
-CASES = ["engine typo", "port in use", "baseline flag typo", "variant flag typo",
-         "a variant the baseline already is (--flag=value)", "a value no parser takes",
-         "a value outside the parser's choices", "a number where vLLM wants a whole one",
-         "a context shorter than the workload's requests"]
+CASES = ["engine typo", "port in use", "baseline flag typo", *VARIANT_SETS]
 
 
 @pytest.mark.parametrize("case", CASES)
