@@ -24,6 +24,7 @@ VARIANT_SETS = {
     "a value outside the parser's choices": '"--kv-cache-dtype" = "fp3"',
     "a number where vLLM wants a whole one": '"--max-num-seqs" = "128.0"',
     "a context shorter than the workload's requests": '"--max-model-len" = 16',
+    "a negative number of draft tokens": '"--speculative-config.num_speculative_tokens" = -3',
 }
 
 

@@ -334,6 +334,10 @@ def check_speculative_keys(where: str, settings: dict[str, Any] | None,
     known = vocab.spec_keys
     bad = [k for k in settings if k not in known]
     if not bad:
+        n = settings.get("num_speculative_tokens")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            # SpeculativeConfig takes a positive whole number of draft tokens; vLLM fails at start-up
+            raise InputError(f"{where}: num_speculative_tokens {n!r}: vLLM {vocab.version} takes a whole number >= 1")
         return
     version = vocab.version
     said = "; ".join(k + (f" (did you mean {near[0]}?)" if (near := difflib.get_close_matches(k, sorted(known), n=1,
