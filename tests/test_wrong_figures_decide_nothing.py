@@ -107,3 +107,20 @@ def test_a_variant_whose_requests_were_cut_short_is_flagged_unequal_work_and_not
     same += [Trial("shared", t.start_index, t.results) for t in same]
     s2 = summarize(same, ["quiet", "shared"], {}, "quiet", MeasureSection(starts=3, sequential=False), simulated=False)
     assert not any(f.code == "unequal_work" for c in s2.cells for f in c.flags)
+
+
+def test_writing_a_configuration_the_verdict_decided_slower_than_another_is_warned_both_ways():
+    """`truthput unit --variant NAME` warns whenever the verdict decided NAME slower than another:
+    a variant slower than the baseline, and the baseline itself where a variant was decided faster
+    (known truth: the fast arm's server steps in half the time)."""
+    rng = random.Random(3)
+    trials = []
+    for start in range(3):
+        trials.append(_trial("quiet", start, rng))
+        trials.append(_trial("shared", start, rng, step_s=0.005))  # twice as fast a server
+    s = _summary(trials, 3)
+    assert s.verdict.winners() == {"shared": [4]}, s.verdict.lines()
+    written, said = s.said_of("quiet")
+    assert written == "quiet" and len(said) == 1 and said[0].startswith("the verdict decided shared "), said
+    assert "faster than quiet at c=4" in said[0]
+    assert s.said_of("shared") == ("shared", []) and s.said_of(None) == ("shared", [])

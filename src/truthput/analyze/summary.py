@@ -49,8 +49,9 @@ class RunSummary:
 
     def said_of(self, variant: str | None, where: str = "") -> tuple[str, list[str]]:
         """(the variant a user means, what the verdict said against it): the one winner when none is
-        named (else ValueError listing the winners), and a warning for a variant never measured or
-        decided slower than the baseline at some level."""
+        named (else ValueError listing the winners), and a warning for a variant never measured, or
+        decided slower than another at some level (than the baseline; for the baseline itself, than a
+        variant decided faster)."""
         from truthput.experiment.levels import level_label
 
         winners = self.verdict.winners()
@@ -65,9 +66,14 @@ class RunSummary:
             warnings.append(f"{variant} was never measured{where} ({why}): this unit is untested")
         for cv in self.verdict.per_concurrency:
             for c in cv.comparisons:
-                if c.variant == variant and c.metric == "tok/s" and c.outcome == "slower":
+                if c.metric != "tok/s":
+                    continue
+                if c.variant == variant and c.outcome == "slower":
                     warnings.append(f"the verdict decided {variant} {abs(c.estimate.pct):.0f}% slower than "
                                     f"{cv.baseline} at {level_label(cv.level)}")
+                elif cv.baseline == variant and c.outcome == "faster":
+                    warnings.append(f"the verdict decided {c.variant} {abs(c.estimate.pct):.0f}% faster than "
+                                    f"{variant} at {level_label(cv.level)}")
         return variant, warnings
 
     def headline_basis(self) -> HeadlineBasis:
