@@ -134,12 +134,12 @@ concurrency = {conc}
     (dict(variant='set = { "-tp" = 3 }'), "[[variant]] 'b': --tensor-parallel-size 3 x --pipeline-parallel-size 1 = 3 GPUs, but [hardware].count = 2"),
     (dict(variant='set = { "-tp" = 1, "--pipeline-parallel-size" = 4 }'), "= 4 GPUs, but [hardware].count = 2"),
     (dict(variant='set = { "--served-model-name" = "x\\u0000y" }'), "[[variant]] 'b': argument"),
-    (dict(variant='set = { "--tensor-parallel-size" = "two" }'), "--tensor-parallel-size 'two' is not a whole number"),
+    (dict(variant='set = { "--tensor-parallel-size" = "two" }'), "--tensor-parallel-size 'two': vLLM 0.32.0 expects a whole number"),
     (dict(gpu="RTX 9999"), "[hardware].gpu: unknown GPU 'RTX 9999'"),
     (dict(model="no-such-model"), "[model]: unknown model 'no-such-model'"),
     (dict(server='host = "no-such-host.invalid"'), "[server].host 'no-such-host.invalid': cannot be resolved"),
     (dict(conc="[100000]"), "100000 streams: at most 8192"),
-    (dict(variant='set = { "--max-num-seqs" = "lots" }'), "[[variant]] 'b': --max-num-seqs 'lots' is not a whole number"),
+    (dict(variant='set = { "--max-num-seqs" = "lots" }'), "[[variant]] 'b': --max-num-seqs 'lots': vLLM 0.32.0 expects a whole number"),
     (dict(variant='set = { "--gpu-memory-utilization" = 1.5 }'), "--gpu-memory-utilization '1.5': expected a fraction"),
 ])
 def test_what_no_start_can_survive_is_refused_by_plan(change, message):

@@ -91,11 +91,12 @@ class RunSummary:
     def measured_nothing(self) -> list[str] | None:
         """Where no cell has a figure: one paragraph (why, per variant, and what to try) in place of
         tables of empty cells; None where anything was measured."""
-        if any(c.ok for c in self.cells) or not self.cells:
-            return None
+        if any(c.ok for c in self.cells) or not (self.cells or self.failed):
+            return None  # something measured, or nothing ran yet
         out = ["nothing was measured: no variant produced a throughput figure, so there is nothing to show or "
                "compare. The first reason of each variant:"]
-        for variant in dict.fromkeys(c.variant for c in self.cells):
+        # variants whose servers never started have no cell at all, only their failure
+        for variant in dict.fromkeys([*(c.variant for c in self.cells), *self.failed]):
             why = self.failed.get(variant) or next(
                 (w for c in self.cells if c.variant == variant for w in c.warnings), "no trial finished")
             out.append(f"  {variant}: {why if len(why) <= 420 else why[:417] + '...'}")
