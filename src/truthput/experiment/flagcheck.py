@@ -29,19 +29,6 @@ VOCABULARY = Path(__file__).with_name("vllm-0.32-flags.json")
 _OPT_LEVEL = re.compile(r"^-O\d*$")  # vLLM's -O / -O3 compilation level, read before its parser
 
 
-@functools.lru_cache(maxsize=1)
-def vllm_flags() -> tuple[str, frozenset[str]]:
-    """(vLLM version, every option string its `serve` parser accepts)."""
-    doc = json.loads(VOCABULARY.read_text(encoding="utf-8"))
-    return str(doc["version"]), frozenset(doc["flags"])
-
-
-@functools.lru_cache(maxsize=1)
-def speculative_config_keys() -> frozenset[str]:
-    """Every key vLLM's SpeculativeConfig accepts (it forbids any other)."""
-    return frozenset(json.loads(VOCABULARY.read_text(encoding="utf-8"))["speculative_config_keys"])
-
-
 @dataclass(frozen=True)
 class VllmVocabulary:
     """The option strings and speculative-config keys of one vLLM, and where they were read."""
@@ -61,12 +48,22 @@ class VllmVocabulary:
         return f"vLLM {self.version}"
 
 
+def _vocabulary(doc: dict[str, Any], source: str) -> VllmVocabulary:
+    """A vocabulary from its JSON form: the bundled table's, or what an installed vLLM answered."""
+    return VllmVocabulary(str(doc["version"]), frozenset(doc["flags"]), frozenset(doc["speculative_config_keys"]),
+                          source, {k: tuple(v) for k, v in doc.get("choices", {}).items()}, dict(doc.get("types", {})))
+
+
 @functools.lru_cache(maxsize=1)
 def bundled_vllm_vocabulary() -> VllmVocabulary:
-    version, flags = vllm_flags()
-    doc = json.loads(VOCABULARY.read_text(encoding="utf-8"))
-    return VllmVocabulary(version, flags, speculative_config_keys(), "bundled table",
-                          {k: tuple(v) for k, v in doc.get("choices", {}).items()}, dict(doc.get("types", {})))
+    """vLLM 0.32's, as bundled (vllm-0.32-flags.json), read once."""
+    return _vocabulary(json.loads(VOCABULARY.read_text(encoding="utf-8")), "bundled table")
+
+
+def vllm_flags() -> tuple[str, frozenset[str]]:
+    """(the bundled vLLM's version, every option string its `serve` parser accepts)."""
+    vocab = bundled_vllm_vocabulary()
+    return vocab.version, vocab.flags
 
 
 def engine_python(argv: Sequence[str]) -> str | None:
@@ -155,9 +152,7 @@ def installed_vllm_vocabulary(python: str, timeout: float = 120.0) -> VllmVocabu
             cache.write_text(json.dumps(doc), encoding="utf-8")
         except OSError:
             pass  # a read-only home: asked again next time
-    return VllmVocabulary(str(doc["version"]), frozenset(doc["flags"]), frozenset(doc["speculative_config_keys"]),
-                          f"installed: {python}", {k: tuple(v) for k, v in doc.get("choices", {}).items()},
-                          dict(doc.get("types", {})))
+    return _vocabulary(doc, f"installed: {python}")
 
 
 def same_release(named: str, version: str) -> bool:
@@ -284,9 +279,9 @@ def check_vllm_values(where: str, flags: Iterable[tuple[str, Any]], vocab: VllmV
             if bad:
                 raise InputError(f"{where}: {spelling} {bad[0]}: {vocab.program} takes one of {', '.join(allowed)}")
         kind = vocab.types.get(name)
-        for v in values:
+        for v in values if kind in ("int", "float") else []:
             try:
-                {"int": int, "float": float}.get(kind or "", str)(str(v))
+                int(str(v)) if kind == "int" else float(str(v))
             except ValueError:
                 what = "a whole number" if kind == "int" else "a number"
                 raise InputError(f"{where}: {spelling} {v!r}: {vocab.program} expects {what}") from None

@@ -131,12 +131,18 @@ def max_num_seqs_warnings(exp: Experiment, plan: Plan) -> list[str]:
     return out
 
 
+def checks_vllm_flags(kind: str) -> bool:
+    """Whether a plan of engine `kind` checks its flags as vLLM's: the simulator (vLLM's command
+    line) and any engine read as vLLM that truthput starts (not a server already running)."""
+    return kind == "sim" or (metric_family(kind) == "vllm" and kind != "external")
+
+
 def vocabulary_lines(exp: Experiment, kind: str) -> list[str]:
     """What `plan` says of the vLLM flags it checked: against which vLLM (installed, or the bundled
     table), or that a named release has no table here and they were not checked."""
     from truthput.experiment.flagcheck import vocabulary_note
 
-    if not (kind == "sim" or (metric_family(kind) == "vllm" and kind != "external")):
+    if not checks_vllm_flags(kind):
         return []
     return [vocabulary_note(exp.server.command, exp.server.engine_version)]
 
@@ -256,7 +262,7 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
                         "them apart")
     base = ServerArgv.parse(exp.server.command, engine=metric_family(kind))
     checks_vllm = metric_family(kind) == "vllm" and kind != "external"
-    vocab = vllm_vocabulary(tuple(exp.server.command), exp.server.engine_version) if checks_vllm or kind == "sim" \
+    vocab = vllm_vocabulary(tuple(exp.server.command), exp.server.engine_version) if checks_vllm_flags(kind) \
         else None
     vllm_argv = kind == "sim" or (checks_vllm and _runs_vllm(base))
     if vllm_argv:
