@@ -338,7 +338,7 @@ def _estimates(by_metric: Mapping[str, tuple[Cells, Rounds | None]], baseline: s
                 rr = [list(mrounds[(n, conc)]) for n in names]
             noise = shared_noise([group[n] for n in names], rounds=rr)  # diagnostics for the method section
             for v in others:
-                raw[ComparisonKey(mkey, conc, v)] = ratio_estimate(group[v], group[baseline])
+                raw[ComparisonKey(mkey, conc, v)] = ratio_estimate(group[v], group[baseline], calibrated=True)
             groups.append((mkey, conc, group, others, noise.note if noise.df or noise.paired else ""))
     return raw, groups, notes
 

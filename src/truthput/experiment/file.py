@@ -325,7 +325,7 @@ class MeasureSection(_Strict):
     """The most server starts per variant the stopping rule may reach (8: a large effect is decided
     at the first look, a small one gets the starts it needs; docs/statistics.md)."""
     spending: Literal["decide-early", "linear", "quadratic", "pocock", "obrien-fleming"] = "decide-early"
-    """How the stopping rule spends its error over the looks: "decide-early" (60% at the first
+    """How the stopping rule spends its error over the looks: "decide-early" (62% at the first
     look, the rest at the last) or a classic spending function."""
     verdicts: list[str] = Field(default_factory=lambda: ["tok/s"])  # metrics the verdict decides on
     confidence: float = Field(0.95, gt=0.5, lt=1.0)

@@ -15,15 +15,17 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 
 from truthput.errors import EngineError, InputError
 from truthput.load.chunks import MalformedChunk, decode_chunk
 from truthput.load.records import RequestRecord
 from truthput.load.sse import MAX_EVENT_BYTES, EventTooLarge, SSEParser, single_event_payload
+
+if TYPE_CHECKING:  # imported where a session is made: `plan`, `report` and the rest need no HTTP client
+    import aiohttp
 
 MAX_RESPONSE_BYTES = 64 << 20
 """Bytes one streamed response may send (64 MiB: a chunk with running usage is ~300 bytes, so
@@ -33,7 +35,6 @@ MAX_CHUNKS_PER_RESPONSE = 2_000_000
 """Chunks one response may stream (about 130 MB of recorded times, counts and texts): far above any
 max_tokens, it bounds a server that streams forever."""
 
-_STALE_CONNECTION = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)
 _READ_BUFSIZE = 4 * 1024 * 1024  # long prompts / long chunks must not trip aiohttp's line limits
 _DONE = b"[DONE]"
 
@@ -61,6 +62,8 @@ def prepare_load_process() -> bool:
     Returns True when uvloop is active. Call once, after the imports and before `asyncio.run`.
     """
     import gc
+
+    import aiohttp  # noqa: F401  (imported where a session is made; here so that it is frozen too)
 
     gc.freeze()  # no gc.collect() first: start-up makes little garbage, and a full pass costs ~15 ms
     return install_fast_loop()
@@ -138,6 +141,8 @@ class StreamClient:
         return self
 
     def _new_session(self, reuse_connections: bool) -> aiohttp.ClientSession:
+        import aiohttp
+
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=not reuse_connections,
                                          enable_cleanup_closed=True)
         return aiohttp.ClientSession(
@@ -178,6 +183,8 @@ class StreamClient:
         """The configured model, else the first id the server lists at GET /v1/models."""
         if self.model:
             return self.model
+        import aiohttp
+
         async with self._model_lock:
             if self.model:
                 return self.model
@@ -252,6 +259,8 @@ class StreamClient:
         `on_first_token(idx)` is called synchronously when the first content chunk arrives (the
         closed loop uses it to know when all streams are generating).
         """
+        import aiohttp
+
         rec = RequestRecord(idx=idx, t_start=time.monotonic())
         try:
             if "model" not in body:
@@ -261,7 +270,7 @@ class StreamClient:
             for _attempt in range(3):
                 try:
                     done = await self._post(rec, body, on_first_token)
-                except _STALE_CONNECTION as exc:
+                except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
                     # nothing came back: the request never reached a server that had closed the
                     # pooled connection; send it once more on a connection of its own
                     if resent or rec.http_status is not None or rec.chunk_times:
