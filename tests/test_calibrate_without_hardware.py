@@ -50,7 +50,7 @@ def stored_run(tmp_path_factory) -> Path:
     exp = folder / "exp.toml"
     exp.write_text(EXPERIMENT.format(command=json.dumps(command)))
     db = folder / "runs.db"
-    proc = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--reports", str(folder / "r")],
+    proc = subprocess.run([*TRUTHPUT, "run", str(exp), "--store", str(db), "--no-reports"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return db

@@ -186,7 +186,7 @@ def test_plan_and_run_watch_a_server_they_did_not_start_before_any_load(tmp_path
         assert plan.exit_code == 0, plan.output
         said = re.search(r"serving other traffic: its token counter rose at ([\d.]+) tok/s", " ".join(plan.output.split()))
         assert said and float(said.group(1)) == pytest.approx(400, rel=0.15), plan.output
-        run = CliRunner().invoke(app, ["run", str(exp), "--store", str(tmp_path / "r.db"), "--reports", str(tmp_path / "rep")])
+        run = CliRunner().invoke(app, ["run", str(exp), "--store", str(tmp_path / "r.db"), "--no-reports"])
         from truthput.store.db import Store
 
         db = Store(tmp_path / "r.db")

@@ -776,7 +776,7 @@ def _fresh_run_on(db, tmp_path):
     fresh.write_text(experiment_text(BASE_VARIANTS[:BASE_VARIANTS.index("[[variant]]\nname = \"spec1\"")] +
                                      '[[variant]]\nname = "b"\nset = { "--max-num-seqs" = 32 }\n',
                                      concurrency=(1,), duration=0.3))
-    out = subprocess.run([*TRUTHPUT, "run", str(fresh), "--store", str(db)], capture_output=True, text=True,
+    out = subprocess.run([*TRUTHPUT, "run", str(fresh), "--store", str(db), "--no-reports"], capture_output=True, text=True,
                          timeout=240, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     return out
@@ -858,7 +858,7 @@ name = "tiny-ctx"
 set = { "--gpu-memory-utilization" = 0.05 }
 """
     (tmp_path / "e.toml").write_text(experiment_text(variants, concurrency=(1,), duration=0.5))
-    proc = subprocess.run([*TRUTHPUT, "run", str(tmp_path / "e.toml"), "--store", str(tmp_path / "r.db")],
+    proc = subprocess.run([*TRUTHPUT, "run", str(tmp_path / "e.toml"), "--store", str(tmp_path / "r.db"), "--no-reports"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     (line,) = [ln for ln in proc.stderr.splitlines() if "never measured" in ln]
@@ -877,7 +877,7 @@ set = { "--gpu-memory-utilization" = 0.06 }
 """
     (tmp_path / "n.toml").write_text(experiment_text(nothing, concurrency=(1,), duration=0.5, starts=2,
                                                      sequential=True))
-    proc = subprocess.run([*TRUTHPUT, "run", str(tmp_path / "n.toml"), "--store", str(tmp_path / "r.db")],
+    proc = subprocess.run([*TRUTHPUT, "run", str(tmp_path / "n.toml"), "--store", str(tmp_path / "r.db"), "--no-reports"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1 and "no variant produced a measurement" in proc.stderr, proc.stderr[-2000:]
     store = Store(tmp_path / "r.db")

@@ -268,7 +268,7 @@ def test_the_shipped_boundaries_are_what_the_calibration_computes():
     # (design, the look's index, the SD ratio that sets it): the first look's level comes from the
     # ratios where the verdict's t at 3 starts is most liberal, the last look's from a milder one
     lowest = [((3, 8, 0.025, "decide-early"), 0, 12.0), ((3, 8, 0.025, "decide-early"), 5, 3.0),
-              ((3, 3, 0.05, "linear"), 0, 12.0)]
+              ((3, 3, 0.05, "linear"), 0, 10.0)]
     for (first, last, alpha, method), look, ratio in lowest:
         shipped = doc["levels"][st.boundary_key(first, last, alpha, method)]
         shares = st.look_shares(first, last, alpha, method)

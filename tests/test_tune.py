@@ -61,7 +61,7 @@ def test_virtual_time_matches_the_real_time_simulator(tmp_path):
     path = tmp_path / "same.toml"
     path.write_text(head + variants + tail)
     out = subprocess.run([*TRUTHPUT, "run", str(path), "--store", str(tmp_path / "r.db"),
-                          "--reports", str(tmp_path / "rep")], capture_output=True, text=True, timeout=300)
+                          "--no-reports"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     db = sqlite3.connect(tmp_path / "r.db")
     rows = db.execute("SELECT variant, results_json FROM trials WHERE status = 'ok'").fetchall()

@@ -454,7 +454,7 @@ def compute_levels(min_starts: int, max_starts: int, alpha: float, method: str, 
     return tuple(min(levels) for levels in zip(*per_ratio, strict=True))
 
 
-SD_RATIOS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0, 100.0)
+SD_RATIOS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0, 64.0, 100.0)
 """Start-to-start SD of one arm over the other's that the boundary holds under (Welch's t with
 equal starts per arm is symmetric in the two arms, so ratios below 1 are these)."""
 
