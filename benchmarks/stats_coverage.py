@@ -311,7 +311,7 @@ def _status(value: float, se: float, target: float, at_most: bool) -> str:
     return "FAILS"
 
 
-def false_claims_table(reps: int, rule=None) -> None:  # type: ignore[no-untyped-def]
+def false_claims_table(reps: int, rule=None, rows: str = "") -> None:  # type: ignore[no-untyped-def]
     """False claims (any look) in every scenario: the rule, its one-look mode (sequential =
     false, as `run` decides it: Welch at the calibrated one-look level, Holm) and a fixed 6-start
     Welch + Holm, with mean starts per row."""
@@ -324,6 +324,8 @@ def false_claims_table(reps: int, rule=None) -> None:  # type: ignore[no-untyped
     print(f"{'scenario':44s}{'rule: false':>12s}{'SE':>7s}{'starts':>7s}{'':>13s}{'one look':>9s}{'':>13s}"
           f"{f'fixed {FIXED}':>8s}")
     for name, ratios, cv, kind, levels in SCENARIOS:
+        if rows and rows.lower() not in name.lower():
+            continue
         rng = np.random.default_rng(zlib.crc32(name.encode()))
         truth = {(f"a{i}", lv): r for i, r in enumerate(ratios) if i for lv in range(1, levels + 1)}
         w_rule = w_one = w_fix = 0
@@ -345,7 +347,7 @@ def false_claims_table(reps: int, rule=None) -> None:  # type: ignore[no-untyped
     print()
 
 
-def power_rows_table(reps: int, rule=None) -> None:  # type: ignore[no-untyped-def]
+def power_rows_table(reps: int, rule=None, rows: str = "") -> None:  # type: ignore[no-untyped-def]
     """Power in every true-effect row against a fixed 6-start Welch + Holm (target: ratio >= 0.90),
     mean starts, and the share decided by 3 starts (target for 2x at CV 10%: >= 95%)."""
     rule = rule or RULE
@@ -354,6 +356,9 @@ def power_rows_table(reps: int, rule=None) -> None:  # type: ignore[no-untyped-d
     print(f"{'power: effect, start CV, levels':44s}{'rule':>8s}{'SE':>7s}{f'fixed {FIXED}':>8s}{'ratio':>7s}"
           f"{'SE':>7s}{'':>13s}{'starts':>7s}{'by 3':>6s}{'SE':>7s}")
     for ratios, cv, levels in POWER:
+        name = f"{ratios[1] - 1:+.0%} at CV {cv:.0%}, {levels} level{'s' if levels > 1 else ''}"
+        if rows and rows.lower() not in name.lower():
+            continue
         rng = np.random.default_rng(int(ratios[1] * 1000 + cv * 100 + levels))
         truth = {("a1", lv): ratios[1] for lv in range(1, levels + 1)}
         p_rule = p_fix = by3 = both = 0
@@ -368,7 +373,6 @@ def power_rows_table(reps: int, rule=None) -> None:  # type: ignore[no-untyped-d
             fixed_right = all(dec and diff > 0 for dec, diff in fx.values())
             p_fix += fixed_right
             both += right and fixed_right
-        name = f"{ratios[1] - 1:+.0%} at CV {cv:.0%}, {levels} level{'s' if levels > 1 else ''}"
         pr, pf, b3 = p_rule / reps, p_fix / reps, by3 / reps
         ratio = (pr / pf) if pf else float("nan")
         # the ratio's SE by the delta method, the two powers from the same experiments (their covariance counted)
@@ -416,6 +420,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=400)
     parser.add_argument("--only", choices=("coverage", "null", "power", "false-claims", "power-rows", "frontier"))
+    parser.add_argument("--rows", default="", help="tables 4a and 4b: only the rows whose name holds this text "
+                        "(each row is seeded by its name, so a row alone prints what it prints in the whole table)")
     args = parser.parse_args()
     t0 = time.perf_counter()
     if args.only in (None, "coverage"):
@@ -425,9 +431,9 @@ def main() -> None:
     if args.only in (None, "power"):
         power_table(args.reps)
     if args.only in (None, "false-claims"):
-        false_claims_table(args.reps)
+        false_claims_table(args.reps, rows=args.rows)
     if args.only in (None, "power-rows"):
-        power_rows_table(args.reps)
+        power_rows_table(args.reps, rows=args.rows)
     if args.only in (None, "frontier"):
         frontier_table(args.reps)
     print(f"({time.perf_counter() - t0:.1f} s)")
