@@ -28,7 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
     simulated servers); where PYTHONDONTWRITEBYTECODE is set none of them keeps what it compiled,
     so each would compile the modules it imports again (0.05-0.15 s of CPU each)."""
     package = Path(truthput.__file__).parent
-    if not hasattr(config, "workerinput") and os.access(package, os.W_OK):
+    if "PYTEST_XDIST_WORKER" not in os.environ and os.access(package, os.W_OK):  # xdist's documented marker
         compileall.compile_dir(package, quiet=1)
 
 
