@@ -14,7 +14,7 @@ Table 1: coverage of the unadjusted 95% intervals at a fixed number of starts pe
 Table 2: family-wise false-claim rate with no true change (3 variants x 2 levels = 6 comparisons),
          the sequential rule against a fixed design.
 Table 3: the sequential default rule (first look at 3 starts, at most 8, decide-early spending,
-         Holm, equivalence within +-2%):
+         Hochberg, equivalence within +-2%):
          share decided, power, mean starts per arm and share decided by 3 starts, per true effect and
          start CV; beside it the fixed 2-start design used before.
 """
@@ -129,7 +129,7 @@ def null_table(reps: int) -> None:
     sds, ratios = (0.1, 0.1, 0.1, 0.1), (1.0, 1.0, 1.0, 1.0)
     truth = {(f"a{i}", lv): 1.0 for i in (1, 2, 3) for lv in (1, 2)}
     sim = simulate_rule(rule, lambda r: make_cells(r, 6, sds, ratios, 2)[0], truth, "a0", reps, rng)
-    print(f"{'sequential 3..6, Holm over all 6 (new)':44s}{sim.false_winner_rate:13.3f}{sim.mean_starts:12.2f}")
+    print(f"{f'sequential {rule.min_starts}..{rule.max_starts}, Hochberg over all 6':44s}{sim.false_winner_rate:13.3f}{sim.mean_starts:12.2f}")
     for n in (2, 6):
         wrong = 0
         for _ in range(reps):
@@ -141,7 +141,7 @@ def null_table(reps: int) -> None:
         cells, rounds = make_cells(rng, 6, sds, ratios, 2)
         ds = decide_family(family_estimates(cells, "a0", rounds), 0.05, 0.02)
         fam += any(d.kind == "different" for d in ds.values())
-    print(f"{'fixed 6 starts, shared noise + Holm (new, one look)':44s}{fam / reps:13.3f}{6:12.2f}")
+    print(f"{'fixed 6 starts, Welch + Hochberg (one look)':44s}{fam / reps:13.3f}{6:12.2f}")
     print()
 
 
@@ -277,7 +277,7 @@ def _claims(sim_truth: dict, decisions: dict, margin: float) -> tuple[bool, bool
 def _run_rule(rule, full: dict, truth: dict, sequential: bool = True, one_look=None) -> tuple[bool, bool, int]:
     """Look after each round as `truthput run` does (rule.decide_estimates on family_estimates,
     decisions of earlier looks kept: `StoppingRule.decide_looks`); with sequential=False one look
-    at the first look's starts, Holm at alpha."""
+    at the first look's starts, Hochberg at alpha."""
     from truthput.analyze.stopping import CONTINUE
 
     def at(j: int) -> dict:
@@ -313,7 +313,7 @@ def _status(value: float, se: float, target: float, at_most: bool) -> str:
 
 def false_claims_table(reps: int, rule=None, rows: str = "") -> None:  # type: ignore[no-untyped-def]
     """False claims (any look) in every scenario: the rule, its one-look mode (sequential =
-    false, as `run` decides it: Welch at the calibrated one-look level, Holm) and a fixed 6-start
+    false, as `run` decides it: Welch at the calibrated one-look level, Hochberg) and a fixed 6-start
     Welch + Holm, with mean starts per row."""
     from truthput.analyze.verdict import one_look_levels
 
@@ -343,7 +343,7 @@ def false_claims_table(reps: int, rule=None, rows: str = "") -> None:  # type: i
         se_r, se_o = math.sqrt(max(fr * (1 - fr), 0.05 * 0.95) / reps), math.sqrt(max(fo * (1 - fo), 0.05 * 0.95) / reps)
         print(f"{name:44s}{fr:12.4f}{se_r:7.4f}{np.mean(used):7.2f}{_status(fr, se_r, 0.05, True):>13s}"
               f"{fo:9.4f}{_status(fo, se_o, 0.05, True):>13s}{w_fix / reps:8.4f}", flush=True)
-    print(f"  one look: sequential = false at {rule.min_starts} starts (Welch at the calibrated one-look level, Holm)")
+    print(f"  one look: sequential = false at {rule.min_starts} starts (Welch at the calibrated one-look level, Hochberg)")
     print()
 
 

@@ -18,7 +18,7 @@ from truthput.analyze import stopping as st
 OUT = Path(__file__).resolve().parents[1] / "src" / "truthput" / "analyze" / "boundaries.json"
 ALPHAS = (0.05, 0.10)
 FAMILIES = range(1, 13)
-"""Holm's shares alpha / k for families of up to 12 comparisons (and the futility share)."""
+"""The family's shares alpha / k (Hochberg's steps) for families of up to 12 comparisons (and the futility share)."""
 
 
 def designs() -> list[tuple[int, int, str]]:

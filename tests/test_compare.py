@@ -66,7 +66,7 @@ def test_scaled_run_ratio_equals_factor(db_a, tmp_path):
         # scaling moves the interval, it does not widen it (fewer comparisons -> a bit narrower)
         assert math.log(r["ratio"]["hi"] / r["ratio"]["lo"]) <= width[(r["variant"], r["concurrency"])] + 1e-9
         assert r["ratio"]["lo"] < 1.25 < r["ratio"]["hi"]
-    # the 4 shared cells are decided together (Holm): each interval at its step's level
+    # the 4 shared cells are decided together (Hochberg): each interval at its step's level
     assert all("of 4 at family-wise 0.95" in r["ratio"]["correction"] for r in res["rows"])
 
 

@@ -68,7 +68,7 @@ def test_a_decision_once_reached_is_kept_and_its_share_of_alpha_passes_to_the_op
     """Two levels. At look 3 the change at c=1 is decided (x2, tight starts) and c=8 is not; a 4th
     start at c=1 far off the others would undo the c=1 decision if every look re-decided the
     whole family from scratch. It stays decided as it was at look 3 (its interval then), and c=8
-    is tested from then on at the whole alpha (Holm over what is still open), not half of it."""
+    is tested from then on at the whole alpha (Hochberg over what is still open), not half of it."""
     from truthput.analyze.values import StartValues, decide
     from truthput.experiment.file import MeasureSection
 

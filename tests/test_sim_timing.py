@@ -57,16 +57,15 @@ def test_doubling_bandwidth_halves_weight_bound_step_time():
 
 def test_k1_speculation_gain_never_exceeds_100_percent():
     eff = Efficiency(bw_frac=0.8, flops_frac=0.5, step_overhead_s=0.002, tp_latency_s=0.0)
-    plain, e_plain = asyncio.run(_single_stream(BASE, eff))
-    spec, eng = asyncio.run(_single_stream(BASE + ["--spec-method", "mtp", "--spec-tokens", "1",
+    _plain, e_plain = asyncio.run(_single_stream(BASE, eff))
+    _spec, eng = asyncio.run(_single_stream(BASE + ["--spec-method", "mtp", "--spec-tokens", "1",
                                                    "--sim-acceptance", "1.0"], eff))
     gain = _sim_rate(eng) / _sim_rate(e_plain) - 1.0  # best case: every draft accepted
     assert 0.5 < gain <= 1.0
-    # served (wall clock, two servers one after the other on a shared host): each rate is late by
-    # whatever the host held it up, so the ratio carries both delays (a saturated 2-core host read
-    # +98% for +82%); the bound itself is checked on simulated time above
-    served_gain = _decode_rate(spec) / _decode_rate(plain) - 1.0
-    assert served_gain == pytest.approx(gain, abs=0.3)
+    # the bound is the code's, so it is checked on simulated time only: the served (wall-clock) gain
+    # of two servers run one after the other measures the host as much as the code (under the
+    # suite's load one run read -1% for +82%); the served pacing is checked on one server at a time
+    # in test_doubling_bandwidth_halves_weight_bound_step_time
     # acceptance 1.0: every draft accepted, except where max_tokens left no room for it (last step)
     assert eng.total_drafts - 1 <= eng.total_accepted <= eng.total_drafts
 

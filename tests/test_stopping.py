@@ -149,9 +149,9 @@ def test_decide_reasons_and_adjusted_intervals():
     assert d.reason == "every comparison decided" and d.decisions["v"].kind == "equivalent"
 
 
-def test_holm_over_the_family_decides_the_easiest_first():
-    """Holm: the smallest p is tested at alpha/m, the next at alpha/(m-1); intervals are reported at
-    those levels, and a comparison tested after the first undecided one stays undecided."""
+def test_the_family_decides_the_easiest_first():
+    """The smallest p is tested at alpha/m, the next at alpha/(m-1); intervals are reported at
+    those levels; one far from deciding leaves the others' decisions as they were."""
     from scipy import stats  # imported here: a second of every worker's collection otherwise
 
     from truthput.analyze.decide import ComparisonKey, decide_family
@@ -173,6 +173,34 @@ def test_holm_over_the_family_decides_the_easiest_first():
     e = d_big.estimate
     half = stats.t.isf(0.05 / 4, e.df) * e.se_log
     assert math.log(e.hi) - math.log(e.ratio) == pytest.approx(half)
+
+
+def test_hochberg_step_up_decides_every_comparison_when_the_last_is_within_alpha():
+    """Two comparisons with p 0.03 and 0.04: Holm's step-down would test the first at 0.025 and
+    decide neither; Hochberg's step-up finds the largest p within alpha and decides both, each
+    interval at that level (it then excludes no change). With p 0.03 and 0.30, neither is decided:
+    0.30 > 0.05 and 0.03 > 0.025."""
+    from scipy import stats  # imported here: a second of every worker's collection otherwise
+
+    from truthput.analyze.decide import ComparisonKey, decide_family
+    from truthput.analyze.stats import RatioEstimate, difference_p
+
+    def est(p: float) -> RatioEstimate:
+        se, df = 0.02, 10.0
+        d = float(stats.t.isf(p / 2, df)) * se
+        r = math.exp(d)
+        return RatioEstimate(r, r, r, 0.0, 0.0, 0.0, p, "welch", "", True, n_starts_variant=6,
+                             n_starts_baseline=6, df=df, se_log=se, diff_log=d)
+
+    a, b = ComparisonKey("tok/s", 1, "a"), ComparisonKey("tok/s", 1, "b")
+    ds = decide_family({a: est(0.03), b: est(0.04)}, 0.05, 0.02)
+    assert difference_p(ds[a].estimate) == pytest.approx(0.03)
+    assert [ds[a].kind, ds[b].kind] == ["different", "different"]
+    assert ds[a].estimate.level == pytest.approx(0.95) and ds[b].estimate.level == pytest.approx(0.95)
+    assert ds[a].estimate.lo > 1.0 and ds[b].estimate.lo > 1.0
+    ds = decide_family({a: est(0.03), b: est(0.30)}, 0.05, 0.02)
+    assert [ds[a].kind, ds[b].kind] == ["not decided", "not decided"]
+    assert ds[a].estimate.level == pytest.approx(1 - 0.025) and ds[b].estimate.level == pytest.approx(0.95)
 
 
 def test_fixed_design_starts_is_the_smallest_sufficient_n():

@@ -37,7 +37,7 @@ def test_seed_case_lines_and_figures():
     s3 = next(c for c in c1.comparisons if c.variant == "spec3")
     noise = shared_noise([cells[(v, 1)] for v in ("baseline", "spec1", "spec3")])
     assert noise.df == 9  # 3 arms x (4 starts - 1): counted per start, not per trial
-    # Holm over the run's 4 comparisons (2 variants x 2 levels): step k's share is 0.05 / (5 - k),
+    # Hochberg over the run's 4 comparisons (2 variants x 2 levels): step k's share is 0.05 / (5 - k),
     # tested at the level that holds it at 4 starts at any SD ratio (Welch's t read at `decision_df`)
     from truthput.analyze.verdict import one_look_levels
 
@@ -70,7 +70,7 @@ def test_winner_only_when_corrected_interval_excludes_one():
         for c in cv.comparisons:
             assert c.outcome != "faster" or c.estimate.lo > 1.0
             assert c.estimate.lo <= 1.0 or c.outcome in ("faster", "equivalent")
-            # Holm over the two comparisons: the first at the level for 0.025, the second at 0.05's or 0.025's
+            # Hochberg over the two comparisons: the first at the level for 0.025, the second at 0.05's or 0.025's
             levels = one_look_levels(3)
             assert c.estimate.level in (pytest.approx(1 - levels(0.05 / 2)), pytest.approx(1 - levels(0.05)))
         if cv.winner is not None:
@@ -199,7 +199,7 @@ def test_the_design_fixes_the_model_whatever_the_arms_variances_show():
 
 def test_latency_verdict_names_its_metric_and_lower_is_better():
     """A variant whose p99 ITL is 20% lower: decided "lower" and better, in a line that names the
-    metric; tok/s and latency comparisons are one family (Holm over both)."""
+    metric; tok/s and latency comparisons are one family (Hochberg over both)."""
     rng = np.random.default_rng(3)
     tok = {("b", 4): _arm(rng, 300.0), ("v", 4): _arm(rng, 300.0)}
     itl = {("b", 4): _arm(rng, 50.0), ("v", 4): _arm(rng, 40.0)}

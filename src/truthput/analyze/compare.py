@@ -1,5 +1,5 @@
 """Two runs side by side (before/after an upgrade, two hosts): the cells both have, each B / A
-ratio decided together (Holm; faster, slower, equivalent within +-2%, or not decided).
+ratio decided together (Hochberg; faster, slower, equivalent within +-2%, or not decided).
 
 Server starts are the unit of replication, and each ratio uses its two cells' own variances
 (Welch): two runs need not share their noise."""
@@ -19,7 +19,7 @@ EQUIVALENCE_MARGIN = 0.02
 
 
 class Ratio(DocModel):
-    """B / A with its interval (Holm-adjusted over the shared cells) and the decision."""
+    """B / A with its interval (Hochberg-adjusted over the shared cells) and the decision."""
 
     value: float | None
     lo: float | None

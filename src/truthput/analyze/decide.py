@@ -1,9 +1,15 @@
 """Every comparison of a run decided together: which metric, which level, and what was decided.
 
 A run asks many questions at once (each variant against the baseline, at each level, on each
-verdict metric), so the family-wise error is held over all of them with Holm's step-down
-procedure: the comparison easiest to decide is tested at alpha / m, the next at alpha / (m - 1),
-and so on until one is not decided. A comparison is decided when its interval at that level
+verdict metric), so the family-wise error is held over all of them with Hochberg's step-up
+procedure: sorted by p, the i-th (from 1) has the level of alpha / (m - i + 1), and the last one
+within its level decides itself and every comparison before it, all at that level (one far from
+deciding does not stop the others, as it would in Holm's step-down). Hochberg holds the
+family-wise error where the tests are positively dependent, as a run's are: every variant is
+compared with the same baseline, and every level of a variant on the same server starts. The
+group-sequential form (decided comparisons kept, the rest tested at each look) is Tamhane et al.,
+"Group sequential Holm and Hochberg procedures", Stat. Med. 40 (2021) 5333-5350; the coverage
+benchmark's false-claim rows check it on this rule. A comparison is decided when its interval at that level
 excludes no change (faster / slower, higher / lower), or lies inside +-min_effect (equivalent:
 the two one-sided tests); a wrong claim of either kind needs the interval to miss the truth, so
 both share the comparison's error. Otherwise it is "not decided", with an estimate of the starts
@@ -67,7 +73,7 @@ DECIDED = ("different", "equivalent")
 
 @dataclass(frozen=True)
 class Decision:
-    """One comparison's decision, with its interval at the level Holm's procedure used."""
+    """One comparison's decision, with its interval at the level the family's procedure used."""
 
     estimate: RatioEstimate
     kind: str
@@ -75,7 +81,7 @@ class Decision:
     p_decide: float
     """The smallest per-comparison alpha at which it would be decided (uncorrected)."""
     step: int | None
-    """Its place in Holm's order (1 = tested first), None when it has no test."""
+    """Its place in the family's order by p (1 = the smallest), None when it has no test."""
     family: int
 
     @property
@@ -90,13 +96,13 @@ def decide_family(
     describe: str = "",
     nominal: Callable[[float], float] | None = None,
 ) -> dict[ComparisonKey, Decision]:
-    """Holm over `estimates` at family-wise `alpha` (see the module docstring). `nominal` turns a
+    """Hochberg over `estimates` at family-wise `alpha` (see the module docstring). `nominal` turns a
     step's share of alpha into the level tested at this look (a sequential rule's boundary);
     without it the share is the level (one look).
 
-    Each estimate's interval is recomputed at the level its step used (alpha / (m - step + 1) for
-    the decided ones; the level at which the procedure stopped for the rest), so every view shows
-    intervals that agree with the decision.
+    Each estimate's interval is recomputed at the level its decision used (the decided ones at the
+    level of the last decided step; the rest at their own step's), so every view shows intervals
+    that agree with the decision.
     """
     if not 0 < alpha < 1:
         raise InputError(f"alpha must be in (0, 1), got {alpha!r}")
@@ -107,17 +113,17 @@ def decide_family(
             ps[key] = min(pd, pe) if math.isfinite(pe) else pd
     m = len(ps)
     order = sorted(ps, key=lambda k: ps[k])
+    levels = [nominal(alpha / (m - i)) if nominal is not None else alpha / (m - i) for i in range(m)]
+    # step-up: the last place in the order whose p is within its level decides it and every
+    # comparison before it, at that place's level
+    top = max((i for i, key in enumerate(order) if ps[key] <= levels[i]), default=-1)
     out: dict[ComparisonKey, Decision] = {}
-    stopped_at: int | None = None
     for i, key in enumerate(order):
-        share = alpha / (m - (i if stopped_at is None else stopped_at))
-        a_i = nominal(share) if nominal is not None else share
-        if stopped_at is None and ps[key] > a_i:
-            stopped_at = i
-        corr = (f"Holm step {i + 1} of {m} at family-wise {1 - alpha:.4g}: interval at {1 - a_i:.2%}"
+        a_i = levels[top] if i <= top else levels[i]
+        corr = (f"Hochberg step {i + 1} of {m} at family-wise {1 - alpha:.4g}: interval at {1 - a_i:.2%}"
                 if m > 1 else f"interval at {1 - a_i:.2%}") + (f"; {describe}" if describe else "")
         est = at_level(estimates[key], 1.0 - a_i, corr)
-        if stopped_at is None:
+        if i <= top:
             # inside the margin is "equivalent" even when the interval also excludes 1: a change
             # smaller than min_effect is not one to act on
             kind = "equivalent" if equivalence_p(est, min_effect) <= a_i else "different"

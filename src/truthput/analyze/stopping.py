@@ -12,8 +12,8 @@ the power of a plain fixed design), gives look k its share F(t_k) - F(t_{k-1}); 
 turns the shares into the per-look levels at which exactly that share of null experiments would
 first cross, found by a seeded simulation of the verdict's own test (Welch's t on per-start log
 means), so the correlation between looks is counted and not thrown away as by a union bound. At
-each look every comparison of the run is decided together (Holm, `truthput.analyze.decide`): a
-step's share alpha / (m - i) is tested at that share's boundary. A wrong claim anywhere, at any
+each look every comparison of the run is decided together (Hochberg, `truthput.analyze.decide`):
+a step's share alpha / (m - i) is tested at that share's boundary. A wrong claim anywhere, at any
 look, has probability <= alpha whatever the reason the run stopped. The model is fixed by the
 design, never chosen from the data (no pre-test picks pairing or pooling).
 
@@ -217,7 +217,7 @@ class StoppingRule:
             upper < math.log1p(FUTILITY_SMALL * self.min_effect)
 
     def nominal(self, look: int) -> Callable[[float], float]:
-        """Family share -> that share's nominal level at ``look`` (what Holm's steps test at)."""
+        """Family share -> that share's nominal level at ``look`` (what the family's steps test at)."""
         return lambda share: self.look_alpha(self.clamp(look), share)
 
     def clamp(self, look: int) -> int:
@@ -230,7 +230,7 @@ class StoppingRule:
         return (
             f"sequential: stop when {goal} (or beyond reach), or at {self.max_starts} server starts per variant; "
             f"alpha={self.alpha:g} spent over looks {self.min_starts}..{self.max_starts} with the {self.method} "
-            "spending function on an exact boundary (the looks' correlation counted) and Holm over the run's "
+            "spending function on an exact boundary (the looks' correlation counted) and Hochberg over the run's "
             f"comparisons, so a wrong claim at any look has probability <= {self.alpha:g}"
         )
 
@@ -269,7 +269,7 @@ class StoppingRule:
     ) -> dict[ComparisonKey, Decision]:
         """The family's decisions at ``look``, every decision an earlier look reached kept as it
         was reached: the looks min_starts..look are replayed on the values as they stood
-        (`estimates_at(j)`), and at each look only the comparisons still open are tested, Holm
+        (`estimates_at(j)`), and at each look only the comparisons still open are tested, Hochberg
         over those alone (a decided comparison's share of alpha passes to the rest: the
         sequentially rejective procedure for group-sequential designs, which holds the
         family-wise error at alpha). Replayed from the values, so the same values always give

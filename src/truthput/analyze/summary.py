@@ -5,7 +5,7 @@ run's and is stored once, typed and schema-versioned (`StoredSummary`, `SUMMARY_
 run ends. Every later view (the terminal table, `truthput report`, the report document, `runs`,
 `unit`) reads that record back and rebuilds only the cells' figures from the trials, so each view's
 interval and verdict are the ones the run decided. The comparison is computed here, at the level
-the design calls for (Holm over the family, plus the look's share of a sequential stopping rule).
+the design calls for (Hochberg over the family, plus the look's share of a sequential stopping rule).
 """
 
 from __future__ import annotations

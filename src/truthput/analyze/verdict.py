@@ -2,7 +2,7 @@
 
 Rules (why they exist):
 - every comparison of the run (each variant against the baseline, at each level, on each verdict
-  metric) is decided in one family (`truthput.analyze.decide`: Holm, plus the look's share of the
+  metric) is decided in one family (`truthput.analyze.decide`: Hochberg, plus the look's share of the
   error when a sequential StoppingRule decides when to stop): a change, equivalence within
   +-min_effect, or "not decided" with the starts that would likely decide it;
 - a winner is named only when its interval for tok/s variant/baseline lies entirely above 1;
@@ -48,7 +48,7 @@ class ComparisonVerdict:
     noise stay as observed."""
     metric: str = "tok/s"
     step: int | None = None
-    """Its place in the family's Holm order (1 = tested first at alpha / family)."""
+    """Its place in the family's order by p (1 = the smallest, tested at alpha / family)."""
     better: bool | None = None
     """Whether the variant is decided better than the baseline on this metric (None: no change
     decided)."""
@@ -188,7 +188,7 @@ def _counts(e: RatioEstimate) -> str:
 def _adjustments(family: int, sequential: bool) -> str:
     adj = []
     if family > 1:
-        adj.append(f"Holm over {family}")
+        adj.append(f"Hochberg over {family}")
     if sequential:
         adj.append("sequential-adjusted")
     return "".join(f", {a}" for a in adj)
@@ -412,11 +412,10 @@ def _method_notes(family: int, min_effect: float, stopping_rule: StoppingRule | 
                   simulated: bool) -> list[str]:
     method_notes = [
         "unit of replication: the server start; each start's trials are averaged (mean log value)",
-        "ratio = exp(difference of mean per-start log values); t interval with each arm's between-start variance "
-        "shrunk toward the variance pooled over the arms at that level (df counted per server start; the prior's "
-        "weight falls as Bartlett's test finds the variances unequal, down to Welch), or, when the starts drift "
-        "together by round, the differences between starts of the same round",
-        f"the family: every comparison of the run ({family}), decided together with Holm's step-down procedure",
+        "ratio = exp(difference of mean per-start log values); Welch's t on the two arms' per-start values, read "
+        "at a shaped df (between the smaller arm's starts - 1 and Welch's), each level calibrated for the worst "
+        "ratio of the arms' SDs",
+        f"the family: every comparison of the run ({family}), decided together with Hochberg's step-up procedure",
         "a winner must have its whole tok/s interval above 1 and identical greedy outputs (unless divergence is "
         "expected)",
         f"equivalent: the whole interval lies within +-{min_effect:.0%} (two one-sided tests at the same level)",

@@ -38,7 +38,7 @@ def _starts_forecast(exp, plan, store_path: Path, per_start_s: float | None = No
     rows = forecast(rule, len(plan.variants), len(plan.levels) * len(m.verdicts), cv)
     per_start_s = per_start_s or plan.estimate_s / max(1, len(plan.order))
     out = [f"stopping rule: first look at {rule.min_starts} starts per variant, at most {rule.max_starts}; "
-           f"{family} comparisons decided together (Holm); if every variant differs by (simulated with {source}):"]
+           f"{family} comparisons decided together (Hochberg); if every variant differs by (simulated with {source}):"]
     out += [f"  {r.effect - 1:>4.0%}: {r.mean_starts:.1f} starts per variant on average, about "
             f"{r.mean_starts * len(plan.variants) * per_start_s / 60:.0f} min (stops at {r.distribution()}; "
             f"decided in {r.decided:.0%})" for r in rows]

@@ -267,7 +267,7 @@ def run_cells(store: Store, run_id: str) -> dict[tuple[str, Level], Cell]:
 
 def compare_runs(store_a: Store, run_a: str, store_b: Store, run_b: str,
                  confidence: float = 0.95) -> CompareDocument:
-    """Cells both runs have, side by side: B / A ratio, every shared cell decided together (Holm;
+    """Cells both runs have, side by side: B / A ratio, every shared cell decided together (Hochberg;
     faster, slower, equivalent within +-2%, or not decided), e.g. before/after a vLLM upgrade. Server
     starts are the unit of replication; each ratio uses its two cells' own variances (Welch), since
     two runs need not share their noise."""

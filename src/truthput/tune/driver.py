@@ -6,7 +6,7 @@
    combination) is a result with objective 0 and a violated constraint, so TPE learns the region.
 2. Rounds on the real server: the best unmeasured candidates by corrected prediction, beside the
    baseline, as one ordinary experiment run (the same trial pipeline, interleaved starts, sequential
-   stopping, Holm-adjusted verdict). Each measured configuration becomes a trial of the study
+   stopping, Hochberg-adjusted verdict). Each measured configuration becomes a trial of the study
    `<name>/server`, and the correction the simulator's ranking gets is refitted from them.
 3. Stop when the rounds or the budget are spent, or when no unmeasured configuration could still
    beat the best one measured; the choice is the configuration the verdict decided faster than the
