@@ -416,13 +416,31 @@ def frontier_table(reps: int) -> None:
     print()
 
 
+def _other_spending(first: float, middle: float) -> None:
+    """The decide-early shares for this process, the boundaries computed (the shipped tables are
+    of the default shares and of 400,000 experiments a ratio)."""
+    from truthput.analyze import stopping
+
+    stopping.FIRST_LOOK_SHARE, stopping.MIDDLE_LOOKS_SHARE = first, middle
+    stopping._shipped = lambda: {}
+    stopping.nominal_levels.cache_clear()
+    print(f"decide-early {first:g} at look 3, {middle:g} over looks 4-7: levels "
+          f"{' | '.join(f'{x:.4f}' for x in stopping.nominal_levels(3, 8, 0.05, 'decide-early'))} (computed)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=400)
     parser.add_argument("--only", choices=("coverage", "null", "power", "false-claims", "power-rows", "frontier"))
     parser.add_argument("--rows", default="", help="tables 4a and 4b: only the rows whose name holds this text "
                         "(each row is seeded by its name, so a row alone prints what it prints in the whole table)")
+    parser.add_argument("--spending", metavar="FIRST,MIDDLE", help="another decide-early design: FIRST and MIDDLE "
+                        "shares of alpha at look 3 and at looks 4-7 together (the default is 0.62,0); every "
+                        "boundary then computed with 100,000 null experiments a ratio, not the shipped tables, so "
+                        "compare designs run with this option, the default's too")
     args = parser.parse_args()
+    if args.spending:
+        _other_spending(*(float(x) for x in args.spending.split(",")))
     t0 = time.perf_counter()
     if args.only in (None, "coverage"):
         coverage_table(args.reps)
