@@ -129,7 +129,8 @@ def null_table(reps: int) -> None:
     sds, ratios = (0.1, 0.1, 0.1, 0.1), (1.0, 1.0, 1.0, 1.0)
     truth = {(f"a{i}", lv): 1.0 for i in (1, 2, 3) for lv in (1, 2)}
     sim = simulate_rule(rule, lambda r: make_cells(r, 6, sds, ratios, 2)[0], truth, "a0", reps, rng)
-    print(f"{f'sequential {rule.min_starts}..{rule.max_starts}, Hochberg over all 6':44s}{sim.false_winner_rate:13.3f}{sim.mean_starts:12.2f}")
+    label = f"sequential {rule.min_starts}..{rule.max_starts}, Hochberg over all 6"
+    print(f"{label:44s}{sim.false_winner_rate:13.3f}{sim.mean_starts:12.2f}")
     for n in (2, 6):
         wrong = 0
         for _ in range(reps):
@@ -343,7 +344,8 @@ def false_claims_table(reps: int, rule=None, rows: str = "") -> None:  # type: i
         se_r, se_o = math.sqrt(max(fr * (1 - fr), 0.05 * 0.95) / reps), math.sqrt(max(fo * (1 - fo), 0.05 * 0.95) / reps)
         print(f"{name:44s}{fr:12.4f}{se_r:7.4f}{np.mean(used):7.2f}{_status(fr, se_r, 0.05, True):>13s}"
               f"{fo:9.4f}{_status(fo, se_o, 0.05, True):>13s}{w_fix / reps:8.4f}", flush=True)
-    print(f"  one look: sequential = false at {rule.min_starts} starts (Welch at the calibrated one-look level, Hochberg)")
+    print(f"  one look: sequential = false at {rule.min_starts} starts (Welch at the calibrated one-look level, "
+          "Hochberg)")
     print()
 
 

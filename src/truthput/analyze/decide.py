@@ -4,16 +4,16 @@ A run asks many questions at once (each variant against the baseline, at each le
 verdict metric), so the family-wise error is held over all of them with Hochberg's step-up
 procedure: sorted by p, the i-th (from 1) has the level of alpha / (m - i + 1), and the last one
 within its level decides itself and every comparison before it, all at that level (one far from
-deciding does not stop the others, as it would in Holm's step-down). Hochberg holds the
-family-wise error where the tests are positively dependent, as a run's are: every variant is
-compared with the same baseline, and every level of a variant on the same server starts. The
-group-sequential form (decided comparisons kept, the rest tested at each look) is Tamhane et al.,
-"Group sequential Holm and Hochberg procedures", Stat. Med. 40 (2021) 5333-5350; the coverage
-benchmark's false-claim rows check it on this rule. A comparison is decided when its interval at that level
-excludes no change (faster / slower, higher / lower), or lies inside +-min_effect (equivalent:
-the two one-sided tests); a wrong claim of either kind needs the interval to miss the truth, so
-both share the comparison's error. Otherwise it is "not decided", with an estimate of the starts
-that would decide it. With a sequential rule alpha is the look's share of the error budget.
+deciding does not stop the others, as it would in Holm's step-down). Hochberg holds the family-wise
+error where the tests are positively dependent, as a run's are: every variant is compared with the
+same baseline, and every level of a variant on the same server starts. The group-sequential form
+(decided comparisons kept, the rest tested at each look) is Tamhane et al., "Group sequential Holm
+and Hochberg procedures", Stat. Med. 40 (2021) 5333-5350; the coverage benchmark's false-claim rows
+check it on this rule. A comparison is decided when its interval at that level excludes no change
+(faster / slower, higher / lower), or lies inside +-min_effect (equivalent: the two one-sided
+tests); a wrong claim of either kind needs the interval to miss the truth, so both share the
+comparison's error. Otherwise it is "not decided", with an estimate of the starts that would decide
+it. With a sequential rule alpha is the look's share of the error budget.
 """
 
 from __future__ import annotations
