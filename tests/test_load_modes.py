@@ -190,6 +190,26 @@ def test_goodput_counts_requests_meeting_both_targets() -> None:
         SLO(ttft_ms=0)
 
 
+def test_goodput_counts_the_end_to_end_target_as_the_other_targets() -> None:
+    # end to end = request sent .. last chunk: 0.1 + 10 x 0.01 = 0.2 s; 0.1 + 10 x 0.05 = 0.6 s;
+    # 0.05 + 20 x 0.02 = 0.45 s
+    records = [rec(0, 0.10, 0.010, 11), rec(1, 0.10, 0.050, 11), rec(2, 0.05, 0.020, 21, t0=0.2)]
+    slo = SLO(e2e_ms=500)
+    assert [is_good(r, slo) for r in records] == [True, False, True]
+    gp = goodput(records, slo, window=(0.0, 2.0))
+    assert gp["good_requests"] == 2 and gp["missed_e2e"] == 1 and gp["slo"]["e2e_ms"] == 500
+    assert gp["good_tokens_per_s"]["value"] == pytest.approx((11 + 21) / 2.0)
+    assert goodput(records, SLO(e2e_ms=300), window=(0.0, 2.0))["good_requests"] == 1
+    # the experiment's [slo] e2e_ms is the target run, report and load count against
+    from truthput.experiment.file import parse_experiment
+
+    exp = parse_experiment('[experiment]\nname = "e"\nbaseline = "a"\n[server]\nengine = "sim"\n'
+                           'command = ["vllm", "serve", "m"]\n[[variant]]\nname = "a"\n[slo]\ne2e_ms = 500\n', "e.toml")
+    assert SLO.of(exp.slo) == slo
+    with pytest.raises(InputError):
+        SLO(e2e_ms=-1)
+
+
 def test_open_loop_duration_window_and_exact_tokens() -> None:
     # 2 ms per token x 10 tokens: the first request finishes ~20 ms after the start, the window
     # opens then and lasts 0.3 s; arrivals stop at its end and every request sent still finishes.

@@ -104,7 +104,7 @@ def test_exports_and_markdown_name_the_rate(open_run, tmp_path):
     assert {c["rate"] for c in cells} == set(RATES)
     assert all(c["concurrency"] is None and c["level"].endswith("req/s") for c in cells)
     per = doc["verdict"]["detail"]["per_concurrency"]
-    assert {p["rate"] for p in per} == set(RATES)
+    assert {p["level"]["rate"] for p in per} == set(RATES) and all(p["level"]["concurrency"] is None for p in per)
     md = tmp_path / "r.md"
     r = subprocess.run([*TRUTHPUT, "report", run_id, "--store", str(db), "--md", str(md)],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -151,6 +151,11 @@ def test_goodput_under_slo(store):
     assert all(g.good_fraction.value == 1.0 for g in loose)
     assert all(g.good_tokens_per_s.value == 0.0 for g in tight)
     assert all((g.good_tokens_per_s.value or 0) > 0 for g in loose)
+    # the end-to-end target counts the same way (every stored request took over a microsecond)
+    _, e2e_loose = _latency_and_goodput(store, trials, Slo(e2e_ms=1e9), True)
+    _, e2e_tight = _latency_and_goodput(store, trials, Slo(e2e_ms=1e-3), True)
+    assert e2e_loose and all(g.good_fraction.value == 1.0 for g in e2e_loose)
+    assert e2e_tight and all(g.good_tokens_per_s.value == 0.0 for g in e2e_tight)
 
 
 def test_failures_and_telemetry_rows(store, tmp_path):

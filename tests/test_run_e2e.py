@@ -545,9 +545,12 @@ def test_sequential_run_adds_rounds_until_decided_or_max_starts(tmp_path):
     run_id = asyncio.run(run_experiment(exp, text, "e2e.toml", Store(db), progress=lines.append))
     store = Store(db)
     starts = [(s.variant, s.start_index) for s in store.starts(run_id)]
-    summary = store.run(run_id).summary
-    (cv,) = [c for c in summary["verdict"]["per_concurrency"] if c["metric"] == "tok/s"]
-    (comp,) = cv["comparisons"]
+    from truthput.store.summary import stored_summary
+
+    record = stored_summary(store, run_id)
+    assert record is not None
+    (cv,) = [c for c in record.verdict.per_concurrency if c.metric == "tok/s"]
+    (comp,) = cv.comparisons
     events = [r[0] for r in store.conn.execute(
         "SELECT message FROM events WHERE run_id=? AND kind='stopping_rule'", (run_id,))]
     assert events and "stopped after" in events[-1]
@@ -555,12 +558,12 @@ def test_sequential_run_adds_rounds_until_decided_or_max_starts(tmp_path):
         assert starts[4:] == [("base", 2), ("same", 2)]
         assert any("adding start round 3" in str(x) for x in lines)
     assert len(starts) in (4, 6)
-    assert comp["outcome"] in ("equivalent", "not decided", "faster", "slower")
-    if comp["outcome"] == "not decided":
-        more = comp["more_starts"]
-        assert more >= 1 and (f"about {more} more start" in comp["line"] if more <= 100
-                              else "more than 100 more starts" in comp["line"])
-    assert summary["stopping"]["first_look"] == 2 and summary["stopping"]["max_starts"] == 3
+    assert comp.outcome in ("equivalent", "not decided", "faster", "slower")
+    if comp.outcome == "not decided":
+        more = comp.more_starts
+        assert more is not None and more >= 1 and (f"about {more} more start" in comp.line if more <= 100
+                                                    else "more than 100 more starts" in comp.line)
+    assert record.stopping is not None and record.stopping.first_look == 2 and record.stopping.max_starts == 3
 
 
 def test_plan_forecasts_starts_from_stored_noise_else_a_stated_default(tmp_path):

@@ -54,7 +54,15 @@ def test_seed_case_lines_and_figures():
     assert s3_8.line.startswith("c=8: spec3 is equivalent to baseline within +-2% (" if s3_8.outcome == "equivalent"
                                 else "c=8: spec3 vs baseline: not decided (")
     assert "spec5: failed, no measurements (OOM during CUDA graph capture)" in lines
-    json.dumps(v.to_dict())
+    # the typed verdict is its own JSON form: written strictly (NaN as null) and read back whole
+    from pydantic import TypeAdapter
+
+    from truthput.analyze.verdict import Verdict
+
+    text = TypeAdapter(Verdict).dump_json(v)
+    json.loads(text)
+    back = TypeAdapter(Verdict).validate_json(text)
+    assert back.lines() == lines and back.per_concurrency[0].level == 1
 
 
 def test_winner_only_when_corrected_interval_excludes_one():

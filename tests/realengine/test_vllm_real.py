@@ -309,25 +309,27 @@ def test_sequential_rule_on_real_vllm_stops_within_max_starts_and_says_why(tiny_
     print(f"sequential real run: {elapsed:.0f} s, starts {starts}")
     from truthput.analyze.summary import StoredSummary
 
-    print("\n".join(StoredSummary.from_json(json.dumps(summary)).verdict.lines()))
-    (cv,) = [c for c in summary["verdict"]["per_concurrency"] if c["metric"] == "tok/s"]
-    (comp,) = cv["comparisons"]
-    n = comp["estimate"]["n_starts_variant"]
-    assert 2 <= n <= 4 and comp["estimate"]["n_starts_baseline"] == n and set(starts.values()) == {n}
+    record = StoredSummary.from_json(json.dumps(summary))
+    assert record is not None
+    print("\n".join(record.verdict.lines()))
+    (cv,) = [c for c in record.verdict.per_concurrency if c.metric == "tok/s"]
+    (comp,) = cv.comparisons
+    n = comp.estimate.n_starts_variant
+    assert 2 <= n <= 4 and comp.estimate.n_starts_baseline == n and set(starts.values()) == {n}
     stops = [r[0] for r in db.execute("SELECT message FROM events WHERE kind='stopping_rule'")]
-    if comp["outcome"] == "not decided":
-        more = comp["more_starts"]
-        assert more >= 1 and (f"about {more} more start" in comp["line"] if more <= 100
-                              else "more than 100 more starts" in comp["line"])
+    if comp.outcome == "not decided":
+        more = comp.more_starts
+        assert more >= 1 and (f"about {more} more start" in comp.line if more <= 100
+                              else "more than 100 more starts" in comp.line)
         # at max_starts, or earlier when 4 starts would most likely not decide it either (futility)
         assert (n == 4 and "max_starts reached" in stops[-1]) or \
-            ("beyond reach" in comp["line"] and "cannot be decided within max_starts" in stops[-1])
+            ("beyond reach" in comp.line and "cannot be decided within max_starts" in stops[-1])
     else:
-        assert comp["outcome"] in ("faster", "slower", "equivalent")
+        assert comp.outcome in ("faster", "slower", "equivalent")
         assert "every comparison decided" in stops[-1]
-    if comp["flagged"]:
-        assert "rests on flagged figures" in comp["line"]
-    assert comp["line"].startswith("c=4: ngram ")
+    if comp.flagged:
+        assert "rests on flagged figures" in comp.line
+    assert comp.line.startswith("c=4: ngram ")
     # a user recomputes the verdict from the run's per-start values: the same decision, the same interval
     values = tmp_path / "values.json"
     made = subprocess.run([*truthput_argv, "report", "latest", "--store", str(db_path), "--values", str(values)],

@@ -76,7 +76,7 @@ def latency_and_goodput(trials: Sequence[TrialLike], records_of: Callable[[Any],
     experiment's, recomputed from `records_of(trial)`; else those the trials were measured under)."""
     from truthput.load.goodput import SLO, goodput, request_itl_ms, request_ttft_ms
 
-    slo_obj = SLO(slo.ttft_ms, slo.itl_ms) if slo is not None else None
+    slo_obj = SLO.of(slo)
     latency: list[LatencyRow] = []
     good: list[GoodputRow] = []
     for (variant, level), ts in group_trials(trials).items():

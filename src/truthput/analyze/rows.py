@@ -93,6 +93,11 @@ class Slo(DocModel):
 
     ttft_ms: float | None = None
     itl_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def text(self) -> str:
+        """The targets set, as a reader sees them: "ttft_ms ≤ 200, e2e_ms ≤ 4000"."""
+        return ", ".join(f"{k} ≤ {v:g}" for k, v in self.model_dump().items() if v is not None)
 
 
 class FigureExtra(TypedDict, total=False):

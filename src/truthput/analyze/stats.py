@@ -19,8 +19,10 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
+from pydantic import BeforeValidator
 
 from truthput.errors import MeasurementError, InputError
 
@@ -137,6 +139,10 @@ def cell_estimate(
     )
 
 
+NanFloat = Annotated[float, BeforeValidator(lambda v: math.nan if v is None else v)]
+"""A float that may be NaN (no interval): strict JSON writes it null, and null reads back NaN."""
+
+
 @dataclass(frozen=True)
 class RatioEstimate:
     """variant / baseline throughput ratio with a (corrected) interval and p-value.
@@ -145,25 +151,25 @@ class RatioEstimate:
     (and looks, when a stopping rule made it); ``significant`` == the interval excludes 1.
     """
 
-    ratio: float
-    lo: float
-    hi: float
-    pct: float
-    pct_lo: float
-    pct_hi: float
-    p_value: float
+    ratio: NanFloat
+    lo: NanFloat
+    hi: NanFloat
+    pct: NanFloat
+    pct_lo: NanFloat
+    pct_hi: NanFloat
+    p_value: NanFloat
     method: str
     correction: str
     significant: bool
-    level: float = 0.95
+    level: NanFloat = 0.95
     """The per-comparison confidence level actually used for lo..hi (after correction)."""
     n_starts_variant: int = 0
     n_starts_baseline: int = 0
     n_trials_variant: int = 0
     n_trials_baseline: int = 0
-    df: float = float("nan")
-    se_log: float = float("nan")
-    diff_log: float = float("nan")
+    df: NanFloat = float("nan")
+    se_log: NanFloat = float("nan")
+    diff_log: NanFloat = float("nan")
     """Difference of the arms' mean per-start log values (log of the ratio)."""
     warning: str | None = None
 

@@ -18,13 +18,14 @@ from typing import Any
 from truthput.analyze.cells import Cell, HeadlineBasis, TrialLike, build_cells, headline_basis, metric_groups
 from truthput.analyze.guard import GuardResult, compare_outputs
 from truthput.analyze.values import StartValues, decide, start_values, stopping_rule
-from truthput.analyze.verdict import ComparisonVerdict, Verdict
+from truthput.analyze.verdict import ComparisonVerdict, FlaggedArm, Verdict
 from truthput.experiment.file import MeasureSection
 from truthput.experiment.levels import Level
 
-SUMMARY_SCHEMA = 2
+SUMMARY_SCHEMA = 3
 """The version of `StoredSummary` a run keeps in `runs.summary_json`; a stored summary of another
-version (or none: a run stored before schema 2) is recomputed from the trials instead."""
+version (or none: a run stored before schema 2; schema 2 kept each comparison's line as patched text) is
+recomputed from the trials instead."""
 
 
 @dataclass
@@ -106,13 +107,6 @@ class RunSummary:
                    "started by hand shows in seconds whether it answers at all.")
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        """The summary as the report document shows it (JSON-ready; NaN as null)."""
-        return {"verdict": self.verdict.to_dict(), "verdict_lines": self.verdict.lines(), "failed": self.failed,
-                "guard": {k: dataclasses.asdict(v) for k, v in self.guard.items()},
-                "guard_texts": self.guard_texts,
-                "stopping": self.stopping.to_dict() if self.stopping is not None else None}
-
     def stored(self) -> StoredSummary:
         """What the run keeps of this summary: the decision and what it was decided from."""
         return StoredSummary(SUMMARY_SCHEMA, self.verdict, self.failed, self.guard, self.guard_texts,
@@ -128,15 +122,8 @@ class StoppingInfo:
     starts_used: int | None
     first_look: int
     max_starts: int
-    fixed_design_starts: Any = None
+    fixed_design_starts: int | None = None
     fixed_design_note: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        for key in ("fixed_design_starts", "fixed_design_note"):
-            if out[key] is None:
-                del out[key]
-        return out
 
 
 @dataclasses.dataclass
@@ -184,7 +171,7 @@ def _stored_adapter() -> Any:
 
 
 def _mark_flagged(verdict: Verdict, cells: list[Cell], baseline: str) -> None:
-    """A comparison resting on a flagged figure says so in its verdict line."""
+    """A comparison resting on a flagged figure carries the flags of both arms (its line says so)."""
     by_key = {c.key: c for c in cells}
     for cv in verdict.per_concurrency:
         if cv.metric != "tok/s":
@@ -193,11 +180,7 @@ def _mark_flagged(verdict: Verdict, cells: list[Cell], baseline: str) -> None:
             for name in (comp.variant, baseline):
                 cell = by_key.get((name, cv.level))
                 if cell is not None:
-                    comp.flagged += [f"{name} {cv.label}: {f.code}" for f in cell.flags_on("tok/s")]
-            if comp.flagged:
-                old = comp.line
-                comp.line += f"; rests on flagged figures ({', '.join(dict.fromkeys(comp.flagged))}: see the flags)"
-                cv.lines = [comp.line if x == old else x for x in cv.lines]
+                    comp.flagged += [FlaggedArm(name, f.code) for f in cell.flags_on("tok/s")]
 
 
 def _block_by_node(cells: list[Cell], values: dict[Any, Any], extra: dict[Any, Any],

@@ -17,21 +17,40 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
-from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any
+from dataclasses import dataclass, field
+
+from pydantic import BeforeValidator, PlainSerializer
 
 from truthput.analyze.decide import ComparisonKey, Decision, decide_family, metric, more_starts_to_decide
 from truthput.analyze.guard import GuardResult
 from truthput.text import percent
 from truthput.analyze.stats import RatioEstimate, cell_estimate, clean_starts, ratio_estimate, shared_noise
 from truthput.analyze.stopping import StoppingRule
-from truthput.experiment.levels import Level, level_json, level_label
+from truthput.experiment.levels import Level, level_from_json, level_json, level_label
 from truthput.text import plural
+
+VerdictLevel = Annotated[Level, BeforeValidator(lambda d: level_from_json(d) if isinstance(d, Mapping) and "level" in d
+                                                else d),
+                         PlainSerializer(level_json)]
+"""A level in the verdict: the document's form (concurrency, rate and the label, as every row has
+them) when written, either form when read back."""
+
+
+@dataclass(frozen=True)
+class FlaggedArm:
+    """A validity flag on the tok/s figure of one arm of a comparison: the comparison rests on it."""
+
+    variant: str
+    """The arm whose figure is flagged (the variant or the baseline)."""
+    code: str
+    """The flag's code (`!stale_counter`, `!load_not_reached`, ...: see the flags)."""
 
 
 @dataclass
 class ComparisonVerdict:
-    """One variant against the baseline at one load level."""
+    """One variant against the baseline at one load level: the decision and what it rests on. Its
+    `line` is rendered from these fields, never patched."""
 
     variant: str
     outcome: str
@@ -39,10 +58,19 @@ class ComparisonVerdict:
     interval lies inside +-min_effect) | "not decided" (too wide for either) | "undetermined" (one
     start in an arm: no interval)."""
     estimate: RatioEstimate
+    """variant / baseline: the ratio, its interval at the level decided, p, the starts of each arm."""
     guard: str | None
+    """The output guard's verdict on the variant's greedy outputs (None: no guard ran)."""
     vetoed: bool
-    line: str
-    flagged: list[str] = field(default_factory=list)
+    """Its outputs differ from the baseline's where that is not expected: never named a winner."""
+    statement: str
+    """The decision in a sentence (outcome, interval, starts), without what `line` adds to it."""
+    baseline: str = ""
+    """The arm it is compared with."""
+    flagged: list[FlaggedArm] = field(default_factory=list)
+    """Flags on either arm's tok/s figure: the comparison rests on flagged figures."""
+    level_label: str = ""
+    """Its level as every view names it ("c=4", "2 req/s")."""
     more_starts: int | None = None
     """For "not decided": about how many more starts per arm would decide it, if the effect and the
     noise stay as observed."""
@@ -52,30 +80,56 @@ class ComparisonVerdict:
     better: bool | None = None
     """Whether the variant is decided better than the baseline on this metric (None: no change
     decided)."""
-    futile: bool = False
-    """Not decided, and beyond reach: more starts up to max_starts would most likely not decide it
-    either (the stopping rule's futility stop)."""
+    beyond_reach_at: int | None = None
+    """Not decided, and beyond reach: this many starts per arm (max_starts) would most likely not
+    decide it either (the stopping rule's futility stop)."""
 
     @property
     def decided(self) -> bool:
         return self.outcome not in ("not decided", "undetermined")
+
+    @property
+    def futile(self) -> bool:
+        return self.beyond_reach_at is not None
+
+    @property
+    def line(self) -> str:
+        """The comparison as every view says it: the statement, then whether it is beyond reach,
+        the output guard, a veto, the estimate's warning and the flags it rests on."""
+        out = self.statement
+        if self.beyond_reach_at is not None:
+            out += (f"; beyond reach: {self.beyond_reach_at} starts per arm would most likely not decide it "
+                    "either (the starts differ too much for a change this small)")
+        if self.guard is not None and self.metric == "tok/s":
+            out += f"; output guard: {self.guard}"
+        if self.vetoed and self.outcome == "faster":
+            out += f"; NOT named a winner: greedy outputs differ from {self.baseline}'s"
+        if self.estimate.warning and self.outcome != "undetermined":
+            out += f"; {self.estimate.warning}"
+        if self.flagged:
+            said = ", ".join(dict.fromkeys(f"{f.variant} {self.level_label}: {f.code}" for f in self.flagged))
+            out += f"; rests on flagged figures ({said}: see the flags)"
+        return out
 
 
 @dataclass
 class ConcurrencyVerdict:
     """The comparisons at one level on one metric."""
 
-    level: Level
-    """Streams (closed loop) or a `Rate` (open loop)."""
+    level: VerdictLevel
+    """Streams (closed loop) or a `Rate` (open loop); in JSON `{concurrency, rate, level}` as every
+    row's level."""
     baseline: str
     baseline_mean: float | None
+    """The baseline's mean tok/s at this level (tok/s only)."""
     comparisons: list[ComparisonVerdict]
     winner: str | None
     """The variant named the winner, or None.  With several qualifying variants the one with
     the highest ratio is named only if its interval lies above every other qualifier's ratio."""
-    lines: list[str]
     metric: str = "tok/s"
+    """What is compared: "tok/s", or another verdict metric ("goodput", "itl_p99", ...)."""
     noise: str = ""
+    """The noise model's note for this level's arms."""
     decision: list[str] = field(default_factory=list)
     """The level's outcome in a line (winner / no winner / several beat the baseline): what the
     terminal says first."""
@@ -86,35 +140,27 @@ class ConcurrencyVerdict:
     def label(self) -> str:
         return level_label(self.level)
 
+    @property
+    def lines(self) -> list[str]:
+        """Its comparisons' lines, then its decision and diagnostics."""
+        return [c.line for c in self.comparisons] + self.decision + self.diagnostics
+
 
 @dataclass
 class Verdict:
     per_concurrency: list[ConcurrencyVerdict]
+    """One entry per level and metric, each with its comparisons."""
     failed: dict[str, str]
+    """Variant -> why it produced no measurement."""
     method_notes: list[str]
+    """How the comparisons were made and decided (the method section)."""
     simulated: bool = False
+    """Every figure came from the simulator: every line says so."""
     confidence: float = 0.95
     notes: list[str] = field(default_factory=list)
+    """What the run rests on (cells left out and why, the nodes it ran on)."""
     family: int = 0
     """How many comparisons were decided together."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (NaN becomes None)."""
-
-        def clean(x: Any) -> Any:
-            if isinstance(x, float) and not math.isfinite(x):
-                return None
-            if isinstance(x, dict):
-                return {k: clean(v) for k, v in x.items()}
-            if isinstance(x, list):
-                return [clean(v) for v in x]
-            return x
-
-        doc: dict[str, Any] = clean(asdict(self))
-        for cv, out in zip(self.per_concurrency, doc["per_concurrency"]):
-            out.pop("level", None)
-            out.update(level_json(cv.level))
-        return doc
 
     def comparisons(self) -> list[ComparisonVerdict]:
         return [c for cv in self.per_concurrency for c in cv.comparisons]
@@ -128,12 +174,15 @@ class Verdict:
         return out
 
     def decision_lines(self) -> list[str]:
-        """One line per level: its outcome, then what happened to variants that failed, and what the
-        run rests on (its notes: where it was placed)."""
-        out = [line for cv in self.per_concurrency for line in cv.decision]
+        """One line per level: its outcome, then the run's own lines."""
+        return [line for cv in self.per_concurrency for line in cv.decision] + self.run_lines()
+
+    def run_lines(self) -> list[str]:
+        """What happened to variants that failed, and what the run rests on (its notes: cells left
+        out, where it was placed)."""
         tag = "simulated: " if self.simulated else ""
-        out += [f"{tag}{variant}: failed, no measurements ({why})" for variant, why in self.failed.items()]
-        return out + [f"{tag}{n}" for n in self.notes]  # what the run rests on (placement ...)
+        out = [f"{tag}{variant}: failed, no measurements ({why})" for variant, why in self.failed.items()]
+        return out + [f"{tag}{n}" for n in self.notes]
 
     def comparison_lines(self) -> list[str]:
         return [c.line for cv in self.per_concurrency for c in cv.comparisons]
@@ -142,14 +191,9 @@ class Verdict:
         return [line for cv in self.per_concurrency for line in cv.diagnostics]
 
     def lines(self) -> list[str]:
-        out: list[str] = []
-        for cv in self.per_concurrency:
-            out.extend(cv.lines)
-        tag = "simulated: " if self.simulated else ""
-        for variant, why in self.failed.items():
-            out.append(f"{tag}{variant}: failed, no measurements ({why})")
-        out.extend(f"{tag}{n}" for n in self.notes)
-        return out
+        """Everything the verdict says: each level's comparisons, decision and diagnostics, then the
+        run's own lines."""
+        return [line for cv in self.per_concurrency for line in cv.lines] + self.run_lines()
 
 
 MORE_STARTS_SHOWN = 100
@@ -273,11 +317,7 @@ def make_verdict(
             for c in comps:
                 if c.outcome == "not decided" and stopping_rule.beyond_reach(c.estimate, look,
                                                                              stopping_rule.alpha / max(family, 1)):
-                    c.futile = True
-                    said = (f"; beyond reach: {stopping_rule.max_starts} starts per arm would most likely not "
-                            "decide it either (the starts differ too much for a change this small)")
-                    head, sep, tail = c.line.partition("; output guard:")
-                    c.line = head + said + sep + tail
+                    c.beyond_reach_at = stopping_rule.max_starts
         out.append(_level_verdict(mkey, conc, group, comps, baseline, noise_note, confidence, tag))
     return Verdict(per_concurrency=out, failed=failed, method_notes=_method_notes(family, min_effect, stopping_rule, look,
                                                                               simulated),
@@ -349,7 +389,6 @@ def _level_verdict(mkey: str, conc: Level, group: dict[str, Sequence[Sequence[fl
     """One level's decision lines: its comparisons, the winner (tok/s: best of the faster, and
     head-to-head better than every other faster one), the baseline's noise."""
     spec = metric(mkey)
-    lines = [c.line for c in comps]
     decision: list[str] = []
     diagnostics: list[str] = []
     winner = None
@@ -386,9 +425,8 @@ def _level_verdict(mkey: str, conc: Level, group: dict[str, Sequence[Sequence[fl
     if comps and noise_note:
         where = level_label(conc) if mkey == "tok/s" else f"{level_label(conc)} {spec.label}"
         diagnostics.append(f"{tag}{where}: noise: {noise_note}")
-    lines += decision + diagnostics
     return ConcurrencyVerdict(level=conc, baseline=baseline, baseline_mean=base_mean,
-                              comparisons=comps, winner=winner, lines=lines, metric=mkey, noise=noise_note,
+                              comparisons=comps, winner=winner, metric=mkey, noise=noise_note,
                               decision=decision, diagnostics=diagnostics)
 
 
@@ -499,12 +537,6 @@ def _comparison(d: Decision, v: str, baseline: str, conc: Level, spec: Any, guar
         else:
             why = ""
         line = f"{head}{what}{v} vs {baseline}: not decided ({_pct(est.pct)}, {ci}, {counts}){why}"
-    vetoed = diverges and not expected
-    if g is not None and throughput:
-        line += f"; output guard: {guard_txt}"
-    if vetoed and outcome == "faster":
-        line += f"; NOT named a winner: greedy outputs differ from {baseline}'s"
-    if est.warning and outcome != "undetermined":
-        line += f"; {est.warning}"
-    return ComparisonVerdict(v, outcome, est, guard_txt, vetoed, line, more_starts=more, metric=spec.key,
-                             step=d.step, better=better)
+    return ComparisonVerdict(v, outcome, est, guard_txt, diverges and not expected, line, baseline=baseline,
+                             level_label=level_label(conc), more_starts=more, metric=spec.key, step=d.step,
+                             better=better)

@@ -76,6 +76,7 @@ def load(
     thinking: Optional[str] = typer.Option(None, "--thinking", help="on|off: chat_template_kwargs.enable_thinking"),
     slo_ttft_ms: Optional[float] = typer.Option(None, "--slo-ttft-ms", help="Goodput target: time to first token"),
     slo_itl_ms: Optional[float] = typer.Option(None, "--slo-itl-ms", help="Goodput target: mean inter-token latency"),
+    slo_e2e_ms: Optional[float] = typer.Option(None, "--slo-e2e-ms", help="Goodput target: end-to-end latency"),
     workers: int = typer.Option(1, "--workers", help="Load processes (when one core is not enough); with "
                                 "--executor ray, load workers spread over the cluster's nodes"),
     executor: str = typer.Option("local", "--executor", help="local (load processes here) or ray (load "
@@ -96,10 +97,11 @@ def load(
                                  "(tok/s, req/s, TTFT/TPOT/ITL/E2E mean and percentiles in ms, flags)"),
 ) -> None:
     """Load a running endpoint (closed loop, open loop or a sweep) and report the server-counted throughput."""
+    from truthput.load.goodput import SLO
     from truthput.load.tokenizer import load_tokenizer
 
     opts = _options(url, concurrency, rate, arrival, max_in_flight, sweep, sweep_max, requests, duration, seed,
-                    model, api_key_env, slo_ttft_ms, slo_itl_ms, workers, tokenizer, engine, name, sample_interval,
+                    model, api_key_env, SLO(slo_ttft_ms, slo_itl_ms, slo_e2e_ms), workers, tokenizer, engine, name, sample_interval,
                     _workload_spec(workload, input_tokens, output_tokens, max_tokens, ignore_eos, temperature, top_p,
                                    seed, endpoint, prefixes, suffixes, prefix_tokens, turns, thinking))
     spec = opts.workload
@@ -214,16 +216,15 @@ def _workload_spec(workload: str, input_tokens: str, output_tokens: str, max_tok
 
 def _options(url: str, concurrency: str, rate: str | None, arrival: str, max_in_flight: int | None, sweep: bool,
              sweep_max: Any, requests: int | None, duration: float | None, seed: int, model: str | None,
-             api_key_env: str | None, slo_ttft_ms: float | None, slo_itl_ms: float | None, workers: int,
+             api_key_env: str | None, slo: Any, workers: int,
              tokenizer: str | None, engine: str, name: str, sample_interval: float, spec: Any) -> Any:
-    from truthput.load.goodput import SLO
     from truthput.run.load import LoadOptions
 
     return LoadOptions(
         url=url, concurrency=_numbers(concurrency, "concurrency", int),
         rate=_numbers(rate, "rate", float) if rate else [], arrival=arrival, max_in_flight=max_in_flight,
         sweep=sweep, sweep_max=sweep_max, requests=requests, duration_s=duration, workload=spec, seed=seed,
-        model=model, api_key_env=api_key_env, slo=SLO(slo_ttft_ms, slo_itl_ms), workers=workers,
+        model=model, api_key_env=api_key_env, slo=slo, workers=workers,
         tokenizer_path=tokenizer, engine=engine, name=name, sample_interval_s=sample_interval,
     )
 

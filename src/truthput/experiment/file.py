@@ -404,7 +404,7 @@ class SloSection(_Strict):
     """Time-to-first-token target per request, in ms."""
     itl_ms: float | None = Field(None, gt=0)  # p99 inter-token latency per request
     e2e_ms: float | None = Field(None, gt=0)
-    """End-to-end latency target per request, in ms."""
+    """End-to-end latency target per request (request sent to its last token, client clock), in ms."""
 
 
 class ClusterSection(_Strict):

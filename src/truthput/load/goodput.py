@@ -3,7 +3,8 @@
 Why per request: a server can raise raw throughput by queueing harder, and users feel each
 request's latency, not the aggregate. A request is *good* when it finished ok, its time to first
 token (TTFT, client clock: first content chunk - request sent) is within `ttft_ms`, and its mean
-inter-token latency is within `itl_ms`. ITL follows the latency block's rule: a chunk bringing n
+inter-token latency is within `itl_ms`, and its end-to-end latency (last chunk or end of the response
+- request sent, client clock) is within `e2e_ms`. ITL follows the latency block's rule: a chunk bringing n
 tokens counts as n intervals and tokens in the first chunk add none, so ITL = (last chunk - first
 chunk) / (completion tokens - tokens of the first chunk). Without token counts (no usage, no
 running count) a chunk is not a token: ITL is unknown and, with an ITL target, goodput is
@@ -29,19 +30,38 @@ class SLO:
 
     ttft_ms: float | None = None
     itl_ms: float | None = None
+    e2e_ms: float | None = None
 
     def __post_init__(self) -> None:
-        for name, v in (("ttft_ms", self.ttft_ms), ("itl_ms", self.itl_ms)):
+        for name, v in self.targets().items():
             if v is not None and not v > 0:
                 raise InputError(f"SLO {name} {v}: must be > 0 milliseconds")
 
+    @classmethod
+    def of(cls, section: Any) -> SLO | None:
+        """The targets of an experiment's `[slo]` (anything with the three attributes); None where
+        there is no section or it sets no target."""
+        if section is None:
+            return None
+        slo = cls(section.ttft_ms, section.itl_ms, section.e2e_ms)
+        return slo if slo.any else None
+
+    def targets(self) -> dict[str, float | None]:
+        """Every target by its key (`[slo]`'s and the stored goodput's)."""
+        return {"ttft_ms": self.ttft_ms, "itl_ms": self.itl_ms, "e2e_ms": self.e2e_ms}
+
     @property
     def any(self) -> bool:
-        return self.ttft_ms is not None or self.itl_ms is not None
+        return any(v is not None for v in self.targets().values())
 
 
 def request_ttft_ms(r: RequestRecord) -> float | None:
     return None if r.t_first is None else (r.t_first - r.t_start) * 1000.0
+
+
+def request_e2e_ms(r: RequestRecord) -> float:
+    """Request sent to response ended (client clock)."""
+    return (r.t_end - r.t_start) * 1000.0
 
 
 def request_itl_ms(r: RequestRecord) -> float | None:
@@ -76,6 +96,8 @@ def is_good(r: RequestRecord, slo: SLO) -> bool:
         itl = request_itl_ms(r)
         if itl is not None and itl > slo.itl_ms:
             return False
+    if slo.e2e_ms is not None and request_e2e_ms(r) > slo.e2e_ms:
+        return False
     return True
 
 
@@ -87,7 +109,7 @@ def goodput(records: Sequence[RequestRecord], slo: SLO, window: tuple[float, flo
     """
     if window is None:
         if not records:
-            return {"slo": {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms}, "requests": 0}
+            return {"slo": slo.targets(), "requests": 0}
         window = (min(r.t_start for r in records), max(r.t_end for r in records))
         win_from = "first request sent .. last request finished"
     else:
@@ -100,24 +122,26 @@ def goodput(records: Sequence[RequestRecord], slo: SLO, window: tuple[float, flo
     good_fin = [r for r in fin if is_good(r, slo)]
     miss_ttft = sum(1 for r in ok if slo.ttft_ms is not None and (request_ttft_ms(r) or 0.0) > slo.ttft_ms)
     miss_itl = sum(1 for r in ok if slo.itl_ms is not None and (request_itl_ms(r) or 0.0) > slo.itl_ms)
+    miss_e2e = sum(1 for r in ok if slo.e2e_ms is not None and request_e2e_ms(r) > slo.e2e_ms)
     good_tokens = sum(r.completion_tokens or 0 for r in good_fin)
     all_tokens = sum(r.completion_tokens or 0 for r in fin)
     uncounted = sum(1 for r in ok if request_tokens(r) is None and len(r.chunk_times) > 1)
     if slo.itl_ms is not None and uncounted:
         why = (f"missing data: {uncounted} finished request(s) without token counts (no usage, no running "
                "count), so their inter-token latency is unknown (a chunk is not a token)")
-        return {"slo": {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms}, "window": {"seconds": seconds, "from": win_from},
+        return {"slo": slo.targets(), "window": {"seconds": seconds, "from": win_from},
                 "requests": len(records),
                 "good_fraction": {"value": None, "unit": "fraction", "source": "client_clock", "note": why},
                 "goodput_rps": {"value": None, "unit": "req/s", "source": "client_clock", "note": why},
                 "good_tokens_per_s": {"value": None, "unit": "tok/s", "source": "usage", "note": why}}
     return {
-        "slo": {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms},
+        "slo": slo.targets(),
         "window": {"seconds": seconds, "from": win_from},
         "requests": len(records),
         "good_requests": len(good),
         "missed_ttft": miss_ttft,
         "missed_itl": miss_itl,
+        "missed_e2e": miss_e2e,
         "good_fraction": {"value": (len(good) / len(records)) if records else None, "unit": "fraction",
                           "source": "client_clock", "note": "good requests / all requests (failed ones count as not good)"},
         "goodput_rps": {"value": len(good_fin) / seconds, "unit": "req/s", "source": "client_clock",

@@ -17,7 +17,9 @@ from __future__ import annotations
 import shlex
 import tomllib
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from truthput.analyze.cells import Cell
 from truthput.analyze.latency import GoodputRow, LatencyRow, latency_and_goodput
@@ -27,7 +29,6 @@ from truthput.analyze.summary import RunSummary
 from truthput.analyze.tables import cell_rows, trial_rows
 from truthput.report.document import (SCHEMA, ClaimsDoc, CompareDocument,
                                       EventEntry, ExperimentInfo, FailureRow,
-                                      GuardSummary, Hardware, ModelRef,
                                       ReportDocument, RunHead, RunInfo, Slo,
                                       TelemetryDoc, VariantInfo, VerdictSection,
                                       Versions, clean)
@@ -35,6 +36,9 @@ from truthput.store.summary import run_summary
 from truthput.experiment.levels import Level, level_json, level_label
 from truthput.store.db import Store, StoredTrial
 from truthput.store.rows import RequestRow, RunRow
+from truthput.experiment.file import HardwareSection, ModelSection
+
+S = TypeVar("S", bound=BaseModel)
 
 GPU_UTIL_NOTE = ("GPU utilisation is the share of the sample period in which any kernel ran (time busy), "
                  "not the share of the GPU's capacity in use")
@@ -80,18 +84,24 @@ def _raw_toml(run: RunRow) -> dict[str, Any]:
         return {}
 
 
-def _slo(exp: Any, raw: dict[str, Any]) -> dict[str, float | None] | None:
-    """Latency targets, wherever the experiment keeps them ([slo], [workload.slo] or [measure.slo])."""
-    for holder in (exp, getattr(exp, "workload", None), getattr(exp, "measure", None)):
-        slo = getattr(holder, "slo", None) if holder is not None else None
-        if slo is not None:
-            d = slo.model_dump() if hasattr(slo, "model_dump") else dict(slo)
-            if d.get("ttft_ms") is not None or d.get("itl_ms") is not None:
-                return {"ttft_ms": d.get("ttft_ms"), "itl_ms": d.get("itl_ms")}
-    for table in (raw.get("slo"), _get(raw, "workload", "slo"), _get(raw, "measure", "slo")):
-        if isinstance(table, dict) and (table.get("ttft_ms") is not None or table.get("itl_ms") is not None):
-            return {"ttft_ms": table.get("ttft_ms"), "itl_ms": table.get("itl_ms")}
-    return None
+def _slo(exp: Any, raw: dict[str, Any]) -> Slo | None:
+    """The experiment's latency targets (`[slo]`; from the stored text where it no longer parses);
+    None where it sets none."""
+    section = exp.slo.model_dump() if exp is not None and exp.slo is not None else raw.get("slo")
+    if not isinstance(section, dict):
+        return None
+    slo = Slo(**{k: section.get(k) for k in Slo.model_fields})
+    return slo if slo.text() else None
+
+
+def _section(model: type[S], table: Any) -> S | None:
+    """A section of a stored experiment that no longer parses whole, where it still validates alone."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(table) if isinstance(table, dict) else None
+    except ValidationError:
+        return None
 
 
 def _experiment_block(store: Store, run_id: str, run: RunRow, exp: Any, exp_error: str | None) -> ExperimentInfo:
@@ -113,19 +123,18 @@ def _experiment_block(store: Store, run_id: str, run: RunRow, exp: Any, exp_erro
             speculative=clean(spec),
             description=next((x.description for x in exp.variant if x.name == v.name), "") if exp else ""))
     command = list(exp.server.command) if exp else list(_get(raw, "server", "command") or [])
-    hardware = exp.hardware.model_dump() if exp and exp.hardware else raw.get("hardware")
-    model = exp.model.model_dump() if exp and exp.model else raw.get("model")
+    hardware = exp.hardware if exp else _section(HardwareSection, raw.get("hardware"))
+    model = exp.model if exp else _section(ModelSection, raw.get("model"))
     slo = _slo(exp, raw)
     return ExperimentInfo(
         name=run.name, path=run.experiment_path, toml=run.experiment_toml, parse_error=exp_error,
         base_command=[str(w) for w in command], base_command_shell=shlex.join(str(w) for w in command),
         baseline=exp.experiment.baseline if exp else _get(raw, "experiment", "baseline"),
         variants=variants,
-        hardware=Hardware(**clean(hardware)) if hardware is not None else None,
-        model=ModelRef(**clean(model)) if model is not None else None,
+        hardware=hardware, model=model,
         workload=clean(exp.workload.model_dump() if exp else raw.get("workload")),
         measure=clean(exp.measure.model_dump() if exp else raw.get("measure")),
-        slo=Slo(**slo) if slo is not None else None)
+        slo=slo)
 
 
 # ---- requests, latency, goodput -----------------------------------------------------------------
@@ -229,7 +238,6 @@ def build_report_data(store: Store, run_id: str, summary: RunSummary | None = No
     spec = spec_decode_rows(trials, simulated)
     roofline = _roofline(experiment, summary, spec, simulated)
     latency, goodput = _latency_and_goodput(store, trials, experiment.slo, simulated)
-    stored = summary.to_dict()
     audit = audit_rows(trials, simulated=simulated)
     return ReportDocument(
         schema_=SCHEMA, generated_at=datetime.now(timezone.utc).isoformat(), simulated=simulated,
@@ -243,11 +251,8 @@ def build_report_data(store: Store, run_id: str, summary: RunSummary | None = No
         experiment=experiment,
         cells=cell_rows(summary, simulated),
         headline=summary.headline_basis(),
-        verdict=VerdictSection(
-            from_=summary.origin, lines=stored["verdict_lines"],
-            detail=clean(stored["verdict"]), failed=stored["failed"],
-            guard={k: GuardSummary(**clean(v)) for k, v in stored["guard"].items()},
-            stopping=clean(stored["stopping"])),
+        verdict=VerdictSection(from_=summary.origin, lines=summary.verdict.lines(), detail=summary.verdict,
+                               failed=summary.failed, guard=summary.guard, stopping=summary.stopping),
         warnings=summary.warnings(), flags=summary.flag_lines(),
         audit=audit,
         audit_against=audit_reference(r.reference for r in audit),

@@ -28,6 +28,10 @@ from truthput.analyze.specdecode import SpecDecodeRow
 from truthput.analyze.tables import CellRow, TrialEntry
 from truthput.analyze.telemetry import TelemetryEntry
 from truthput.analyze.rows import DocModel, Figure, FlagRef, LevelRow, Slo, clean
+from truthput.analyze.guard import GuardResult
+from truthput.analyze.summary import StoppingInfo
+from truthput.analyze.verdict import Verdict
+from truthput.experiment.file import HardwareSection, ModelSection
 
 __all__ = ["SCHEMA", "AuditEntry", "CellRow", "TrialEntry", "CompareRow", "Ratio", "DocModel", "Figure", "FlagRef", "GoodputRow", "LatencyRow", "LevelRow", "RoofCell", "RooflineDoc", "Slo", "SpecDecodeRow", "TelemetryEntry", "clean"]
 
@@ -68,22 +72,6 @@ class VariantInfo(DocModel):
     description: str = ""
 
 
-class Hardware(DocModel):
-    model_config = ConfigDict(extra="allow")
-    gpu: str | None = None
-    count: int | None = None
-
-
-class ModelRef(DocModel):
-    model_config = ConfigDict(extra="allow")
-    profile: str | None = None
-    path: str | None = None
-
-    @property
-    def label(self) -> str | None:
-        return self.profile or self.path
-
-
 class ExperimentInfo(DocModel):
     name: str | None
     path: str | None
@@ -93,31 +81,28 @@ class ExperimentInfo(DocModel):
     base_command_shell: str = ""
     baseline: str | None = None
     variants: list[VariantInfo] = Field(default_factory=list)
-    hardware: Hardware | None = None
-    model: ModelRef | None = None
+    hardware: HardwareSection | None = None
+    model: ModelSection | None = None
     workload: dict[str, Any] | None = None
     measure: dict[str, Any] | None = None
     slo: Slo | None = None
 
 
 # ---- cells and the verdict ----------------------------------------------------------------------
-class GuardSummary(DocModel):
-    n: int
-    exact_matches: int
-    exact_match_rate: float | None = None
-    first_divergence: list[int | None] = Field(default_factory=list)
-    verdict: str
-
-
 class VerdictSection(DocModel):
     from_: str = Field(alias="from")
+    """Where the verdict comes from: the run's stored decision, or computed from its trials now."""
     lines: list[str] = Field(default_factory=list)
-    detail: dict[str, Any] | None = None
-    """The verdict object as `analyze.verdict.Verdict.to_dict` writes it (kept whole for readers
-    that recompute it; no view reads into it)."""
+    """Everything the verdict says, in order, rendered from `detail` (`Verdict.lines`)."""
+    detail: Verdict | None = None
+    """The verdict, typed: per level and metric every comparison with its estimate, outcome, the
+    flags it rests on, the winner, the decision and diagnostic lines; failures; method notes."""
     failed: dict[str, str] = Field(default_factory=dict)
-    guard: dict[str, GuardSummary] = Field(default_factory=dict)
-    stopping: dict[str, Any] | None = None
+    """Variant -> why it produced no measurement."""
+    guard: dict[str, GuardResult] = Field(default_factory=dict)
+    """Variant -> its greedy outputs compared with the baseline's (the output guard)."""
+    stopping: StoppingInfo | None = None
+    """How the stopping rule ran (method, starts used, looks, a fixed design's starts)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -44,7 +44,7 @@ PLOT_SECTIONS = (
 ABSENT = {
     "throughput": "no successful cell to plot",
     "tradeoff": "no latency figures to plot",
-    "goodput": "no SLOs set in the experiment, so no goodput (set ttft_ms / itl_ms targets)",
+    "goodput": "no SLOs set in the experiment, so no goodput (set ttft_ms / itl_ms / e2e_ms targets)",
     "per_stream": "no per-stream figures",
     "levels": "no request or server figures per level",
     "latency": "no request timings stored",

@@ -63,7 +63,7 @@ def render_markdown(doc: ReportDocument) -> str:
     hw, model = doc.experiment.hardware, doc.experiment.model
     lines.append(f"engine {md_text(run.engine)} · status {md_text(run.status)} · "
                  f"{md_text(hw.count) + ' × ' + md_text(hw.gpu) if hw else 'hardware not given'} · "
-                 f"model {md_text((model.label if model else None) or 'not given')} · "
+                 f"model {md_text((model.profile or model.path if model else None) or 'not given')} · "
                  f"seed {md_text(run.seed)} · truthput {md_text(run.versions.truthput)}")
     lines += ["", "### Verdict", ""]
     lines += [f"- {md_text(line)}" for line in doc.verdict.lines] or ["- no verdict"]

@@ -232,9 +232,7 @@ def goodput(doc: ReportDocument) -> str | None:
     fig, (ax,) = _figure()
     _line_per_variant(ax, doc, rows, lambda r: r.good_tokens_per_s.value)
     ax.set_ylabel("good tok/s")
-    targets = ", ".join(f"{k} ≤ {v:g}" for k, v in (("ttft_ms", slo.ttft_ms), ("itl_ms", slo.itl_ms))
-                        if v is not None)
-    ax.set_title(f"Goodput under SLO ({targets})\n[usage, client clock{_tag(doc)}]")
+    ax.set_title(f"Goodput under SLO ({slo.text()})\n[usage, client clock{_tag(doc)}]")
     ax.legend(fontsize=8)
     return _svg(fig, "goodput")
 

@@ -85,7 +85,7 @@ class LoadOptions:
             "url": self.url, "mode": self.mode, "concurrency": self.concurrency, "rate": self.rate,
             "arrival": self.arrival, "max_in_flight": self.max_in_flight, "sweep": self.sweep,
             "requests": self.requests, "duration_s": self.duration_s, "seed": self.seed, "model": self.model,
-            "api_key_env": self.api_key_env, "slo_ttft_ms": self.slo.ttft_ms, "slo_itl_ms": self.slo.itl_ms,
+            "api_key_env": self.api_key_env, **{f"slo_{k}": v for k, v in self.slo.targets().items()},
             "workers": self.workers, "tokenizer": self.tokenizer_path,
         }
         wrows: dict[str, Any] = {

@@ -20,6 +20,7 @@ from truthput.experiment.engines import SIMULATED_KINDS, metric_family
 from truthput.experiment.file import Experiment
 from truthput.experiment.levels import Level, is_rate
 from truthput.load.client import StreamClient
+from truthput.load.goodput import SLO
 from truthput.run.plan import Plan, VariantPlan, metric_names_for
 from truthput.run.sink import TrialSink
 from truthput.store.db import TrialKey
@@ -161,14 +162,14 @@ async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp
     if is_rate(level):
         trial.results.load = LoadLevel(mode="open", level=float(level), unit="req/s", arrival=wl.arrival,
                                        max_in_flight_seen=trial.load.max_in_flight)
-    if exp.slo is not None and (exp.slo.ttft_ms or exp.slo.itl_ms):
-        from truthput.load.goodput import SLO, goodput
+    slo = SLO.of(exp.slo)
+    if slo is not None:
+        from truthput.load.goodput import goodput
         from truthput.measure.model import Goodput
 
         start, end = trial.window
         trial.results.goodput = Goodput.model_validate(goodput(
-            trial.load.records, SLO(ttft_ms=exp.slo.ttft_ms, itl_ms=exp.slo.itl_ms),
-            (start, end) if start is not None and end is not None else None))
+            trial.load.records, slo, (start, end) if start is not None and end is not None else None))
     _flush_logs(ctx)
     other = traffic_between(ctx.last_trial, trial, setup.names)
     if other is not None:

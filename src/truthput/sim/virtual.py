@@ -55,6 +55,7 @@ class LoadSpec:
     """Open loop: an arrival that finds this many requests open waits for one to finish."""
     slo_ttft_ms: float | None = None
     slo_itl_ms: float | None = None
+    slo_e2e_ms: float | None = None
 
 
 @dataclass
@@ -336,7 +337,8 @@ def _measure_open(server: Any, load: LoadSpec, seed: int, power: PowerMeter | No
 
 def _meets(req: SimRequest, first_tokens: int, load: LoadSpec) -> bool:
     """The client's rule for a good request (see `truthput.load.goodput`): TTFT within its target,
-    and the mean gap per token after the first chunk's within the ITL target."""
+    the mean gap per token after the first chunk's within the ITL target, and arrival to last token
+    within the end-to-end target."""
     if req.first_token_time is None:
         return False
     if load.slo_ttft_ms is not None and (req.first_token_time - req.arrival) * 1000.0 > load.slo_ttft_ms:
@@ -344,6 +346,8 @@ def _meets(req: SimRequest, first_tokens: int, load: LoadSpec) -> bool:
     intervals = req.emitted - max(first_tokens, 1)
     if load.slo_itl_ms is not None and intervals >= 1 and \
             (req.last_token_time - req.first_token_time) / intervals * 1000.0 > load.slo_itl_ms:
+        return False
+    if load.slo_e2e_ms is not None and (req.last_token_time - req.arrival) * 1000.0 > load.slo_e2e_ms:
         return False
     return True
 

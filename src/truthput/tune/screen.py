@@ -51,6 +51,7 @@ class ScreenLoad:
     max_in_flight: int | None = None
     slo_ttft_ms: float | None = None
     slo_itl_ms: float | None = None
+    slo_e2e_ms: float | None = None
 
     @classmethod
     def of(cls, exp: Experiment, level: Level) -> "ScreenLoad":
@@ -63,7 +64,8 @@ class ScreenLoad:
                    duration_s=float(wl.duration_s or 30.0), warmup_s=wl.warmup_s, rate=rate,
                    arrival=wl.arrival, max_in_flight=wl.max_in_flight,
                    slo_ttft_ms=slo.ttft_ms if slo and rate is not None else None,
-                   slo_itl_ms=slo.itl_ms if slo and rate is not None else None)
+                   slo_itl_ms=slo.itl_ms if slo and rate is not None else None,
+                   slo_e2e_ms=slo.e2e_ms if slo and rate is not None else None)
 
     def line(self) -> dict[str, Any]:
         """The load's fields of a `sim batch` line."""
@@ -72,7 +74,8 @@ class ScreenLoad:
                                "warmup_s": self.warmup_s}
         if self.rate is not None:
             out.update(rate=self.rate, arrival=self.arrival, max_in_flight=self.max_in_flight,
-                       slo_ttft_ms=self.slo_ttft_ms, slo_itl_ms=self.slo_itl_ms)
+                       slo_ttft_ms=self.slo_ttft_ms, slo_itl_ms=self.slo_itl_ms,
+                       slo_e2e_ms=self.slo_e2e_ms)
         return out
 
 
