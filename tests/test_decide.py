@@ -9,7 +9,7 @@ import sys
 
 from report_fixture import restore_quickstart_db
 
-from truthput.store.summary import run_summary
+from truthput.report.data import run_summary
 from truthput.store.db import Store
 
 

@@ -115,7 +115,7 @@ def test_headers_footnotes_and_the_audit_title_name_the_figures_own_source(tmp_p
     for engine, label, other in (("llamacpp", "usage placed in time", "server counter"),
                                  ("vllm", "server counter", "usage placed in time")):
         store, rid = _labelled_store(tmp_path / f"{engine}.db", engine)
-        from truthput.store.summary import run_summary
+        from truthput.report.data import run_summary
 
         assert {c.source for c in run_summary(Store(store, read_only=True), rid).cells} == \
             {"usage" if engine == "llamacpp" else "server_counter"}

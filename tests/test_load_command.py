@@ -387,3 +387,35 @@ def test_load_says_why_there_is_no_counter_and_no_client_token_count(tmp_path: P
     # ITL's bare '-' says why too: no token counts per chunk (a chunk is not a token)
     assert "2 streams: no ITL figures: missing data: no per-chunk token counts" in out, out
     assert "no per-chunk token counts" in row["latency_missing"]["itl"] and "ttft" not in row["latency_missing"]
+
+
+def test_report_of_a_stored_load_run_decides_nothing(stub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load run compares nothing: its report, in every form, computes no verdict (counted)."""
+    from typer.testing import CliRunner
+
+    import truthput.analyze.summary as summary
+    from truthput.cli import app
+
+    db = tmp_path / "l.db"
+    run = asyncio.run(run_load(opts(stub.url, concurrency=[2], requests=8), Store(db)))
+    calls: list[str] = []
+    for name in ("summarize", "decide"):
+        real = getattr(summary, name)
+        monkeypatch.setattr(summary, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name),
+                                                                                    _real(*a, **k))[1])
+    runner = CliRunner()
+    for extra in ([], ["--json", str(tmp_path / "l.json")], ["--md", str(tmp_path / "l.md")],
+                  ["--html", str(tmp_path / "l.html")]):
+        res = runner.invoke(app, ["report", str(run.run_id), "--store", str(db), *extra])
+        assert res.exit_code == 0, res.output
+    assert calls == []
+    doc = json.loads((tmp_path / "l.json").read_text())
+    assert doc["verdict"]["detail"]["per_concurrency"] == [] and "load run" in doc["verdict"]["from"]
+    # the counters count: the same inputs decided as a comparison call both
+    from truthput.analyze.summary import summary_of
+    from truthput.store.summary import summary_inputs
+
+    given = summary_inputs(Store(db), str(run.run_id))
+    given.compares = True
+    summary_of(given, fresh=True)
+    assert calls == ["summarize", "decide"]

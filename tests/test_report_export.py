@@ -27,7 +27,7 @@ def doc(store):
 
 def test_json_round_trip_equals_store(store, doc, tmp_path):
     from truthput.report.export import load_report, write_json
-    from truthput.store.summary import run_summary
+    from truthput.report.data import run_summary
 
     path = write_json(doc, tmp_path / "r.json")
     assert load_report(path).to_dict() == doc.to_dict()

@@ -149,7 +149,7 @@ def test_a_percentage_past_reading_is_capped_in_every_view(db_path):
         assert "+999%" in text  # (">" is "&gt;" in the HTML)
     import dataclasses
 
-    from truthput.store.summary import run_summary
+    from truthput.report.data import run_summary
 
     comp = next(c for c in run_summary(Store(db_path, read_only=True), "latest").verdict.comparisons())
     comp.estimate = dataclasses.replace(comp.estimate, pct=1e95, pct_lo=-50.0, pct_hi=1e96)

@@ -175,7 +175,7 @@ def test_table_verdict_and_report_show_one_interval(store):
     from rich.console import Console
 
     from truthput.report.data import build_report_data
-    from truthput.store.summary import run_summary
+    from truthput.report.data import run_summary
     from truthput.report.terminal import print_run
 
     rid = run_id(store, "recorded-sim")
@@ -319,7 +319,7 @@ def test_the_verdict_says_each_levels_decision_first_and_keeps_diagnostics_behin
     the noise-model lines only with verbose (a short note says where they are)."""
     from rich.console import Console
 
-    from truthput.store.summary import run_summary
+    from truthput.report.data import run_summary
     from truthput.report.terminal import print_run
 
     rid = run_id(store, "recorded-sim")

@@ -27,7 +27,11 @@ import pytest
 from truthput.run.plan import build_plan
 from truthput.run.loop import run_experiment
 from truthput.experiment.file import parse_experiment
-from truthput.store.summary import stored_summary
+from truthput.analyze.summary import StoredSummary
+
+
+def stored_summary(store, run_id):
+    return StoredSummary.from_json(store.run(run_id).summary_json)
 from truthput.store.db import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,7 +246,7 @@ def test_server_without_metrics_falls_back_to_usage_and_says_so(tmp_path):
     assert r["throughput"]["counter_window"]["value"] is None
     assert "metrics" in json.dumps(r["throughput"]["counter_window"]).lower() or r["scrapes"][0]["error"]
     assert r["throughput"]["usage_window"]["value"] > 0
-    from truthput.store.summary import run_summary
+    from truthput.report.data import run_summary
 
     (cell,) = run_summary(store, run_id).cells
     assert cell.sources == ["usage"]
@@ -545,8 +549,6 @@ def test_sequential_run_adds_rounds_until_decided_or_max_starts(tmp_path):
     run_id = asyncio.run(run_experiment(exp, text, "e2e.toml", Store(db), progress=lines.append))
     store = Store(db)
     starts = [(s.variant, s.start_index) for s in store.starts(run_id)]
-    from truthput.store.summary import stored_summary
-
     record = stored_summary(store, run_id)
     assert record is not None
     (cv,) = [c for c in record.verdict.per_concurrency if c.metric == "tok/s"]

@@ -24,7 +24,7 @@ set = { "--spec-tokens" = 1 }
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    import truthput.store.summary as stored
+    import truthput.analyze.summary as stored
 
     calls: list[int] = []
     real = stored.summarize
@@ -57,9 +57,11 @@ def test_a_run_computes_its_summary_once_and_its_files_use_it(tmp_path, monkeypa
     assert all(p.exists() and p.stat().st_size > 1000 for p in out.files)
     # the summary handed over is the one stored with the run's status, typed: read back equal
     from truthput.analyze.summary import SUMMARY_SCHEMA
-    from truthput.store.summary import compute_summary, run_summary, stored_summary
+    from truthput.analyze.summary import StoredSummary, summary_of
+    from truthput.report.data import run_summary
+    from truthput.store.summary import summary_inputs
 
-    record = stored_summary(store, out.run_id)
+    record = StoredSummary.from_json(store.run(out.run_id).summary_json)
     assert record is not None and record.schema == SUMMARY_SCHEMA
     assert record.to_json() == out.summary.stored().to_json()  # (NaN estimates: equal as text, not as floats)
     # a view reads it back (decides nothing again) ...
@@ -68,7 +70,7 @@ def test_a_run_computes_its_summary_once_and_its_files_use_it(tmp_path, monkeypa
     assert viewed.stored().to_json() == record.to_json()
     assert [c.per_start for c in viewed.cells] == [c.per_start for c in out.summary.cells]
     # ... and it is what the stored trials decide
-    assert compute_summary(store, out.run_id).verdict.lines() == out.summary.verdict.lines()
+    assert summary_of(summary_inputs(store, out.run_id), fresh=True).verdict.lines() == out.summary.verdict.lines()
 
 
 def test_with_the_stopping_rule_each_look_computes_it_once_and_the_last_is_the_runs(tmp_path, monkeypatch):

@@ -164,6 +164,41 @@ class StoredSummary:
                           origin=f"stored when the run ended (summary schema {self.schema}); cells from the trials")
 
 
+@dataclass
+class SummaryInputs:
+    """What a run's summary is decided from, as the store holds it (`store.summary.summary_inputs`)."""
+
+    trials: Sequence[TrialLike]
+    variants: list[str]
+    failed: dict[str, str]
+    """Variant -> why its server starts failed."""
+    baseline: str
+    measure: MeasureSection
+    simulated: bool
+    guard_texts: dict[str, list[str]]
+    placements: dict[int, dict[str, Any]]
+    """Start id -> where a cluster executor ran it (empty: this machine)."""
+    record: str | None = None
+    """The summary the run stored when it ended (JSON), if any."""
+    compares: bool = True
+    """False for a `truthput load` run: one server measured, nothing compared, so no verdict."""
+
+
+def summary_of(given: SummaryInputs, *, fresh: bool = False) -> RunSummary:
+    """The one summary of a stored run: the decision it stored when it ended, where it has one of
+    the current schema, with its cells rebuilt from the trials; else decided from the trials now
+    (`fresh`: always, as the run loop does at each look). A `load` run's cells, and no verdict."""
+    if not given.compares:
+        cells = build_cells(given.trials, given.variants, given.baseline, given.failed)
+        return RunSummary(cells=cells, verdict=Verdict([], dict(given.failed), [], simulated=given.simulated),
+                          failed=dict(given.failed), origin="a load run: one server measured, nothing compared")
+    record = None if fresh else StoredSummary.from_json(given.record)
+    if record is not None:
+        return record.summary(build_cells(given.trials, given.variants, given.baseline, record.failed))
+    return summarize(given.trials, given.variants, given.failed, given.baseline, given.measure, given.simulated,
+                     given.guard_texts, placements=given.placements or None)
+
+
 def _stored_adapter() -> Any:
     from pydantic import TypeAdapter
 

@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         if not store.exists():
             raise StoreError(f"{store}: no results store here (give --store PATH)")
         from truthput.report.files import ReportTargets, write_reports
-        from truthput.store.summary import run_summary
+        from truthput.report.data import run_summary
 
         targets = ReportTargets(html=html, md=md, json=json_path, csv_dir=csv_dir)
         db = Store(store, read_only=True, full_check=check)

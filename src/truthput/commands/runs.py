@@ -26,19 +26,24 @@ def register(app: typer.Typer) -> None:
 
         if not Path(store).exists():
             raise StoreError(f"{store}: no results store here (give --store PATH)")
-        from truthput.store.summary import stored_summary
+        from truthput.analyze.summary import StoredSummary
 
         db = Store(store, read_only=True)
         try:
-            rows = [(r, [v.name for v in db.variants(r.id)], stored_summary(db, r.id)) for r in db.runs()]
+            rows = [(r, [v.name for v in db.variants(r.id)], StoredSummary.from_json(r.summary_json))
+                    for r in db.runs()]
         finally:
             db.close()
         def decision(record: Any, row: Any) -> str | None:
-            """The run's decision: its stored verdict's decision lines (an older store: its first line)."""
+            """The run's decision: its stored verdict's decision lines (an older store: as its record
+            kept them, or its first line)."""
             if record is not None:
                 said = [cv.decision[0] for cv in record.verdict.per_concurrency if cv.decision and cv.metric == "tok/s"]
                 return "; ".join(said) or None
-            return ((row.summary or {}).get("verdict_lines") or [None])[0]
+            kept = row.summary if isinstance(row.summary, dict) else {}
+            older = [cv["decision"][0] for cv in (kept.get("verdict") or {}).get("per_concurrency") or []
+                     if cv.get("decision") and cv.get("metric") == "tok/s"]
+            return "; ".join(older) or (kept.get("verdict_lines") or [None])[0]
 
         listed: list[dict[str, Any]] = [
             {"id": r.id, "name": r.name, "status": r.status, "created_at": r.created_at, "engine": r.engine,

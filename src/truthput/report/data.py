@@ -25,14 +25,14 @@ from truthput.analyze.cells import Cell
 from truthput.analyze.latency import GoodputRow, LatencyRow, latency_and_goodput
 from truthput.analyze.placement import RooflineDoc, context_tokens, place_cells
 from truthput.analyze.specdecode import SpecDecodeRow, spec_decode_rows
-from truthput.analyze.summary import RunSummary
+from truthput.analyze.summary import RunSummary, summary_of
 from truthput.analyze.tables import cell_rows, trial_rows
 from truthput.report.document import (SCHEMA, ClaimsDoc, CompareDocument,
                                       EventEntry, ExperimentInfo, FailureRow,
                                       ReportDocument, RunHead, RunInfo, Slo,
                                       TelemetryDoc, VariantInfo, VerdictSection,
                                       Versions, clean)
-from truthput.store.summary import run_summary
+from truthput.store.summary import summary_inputs
 from truthput.experiment.levels import Level, level_json, level_label
 from truthput.store.db import Store, StoredTrial
 from truthput.store.rows import RequestRow, RunRow
@@ -51,6 +51,11 @@ def _get(d: Any, *path: str) -> Any:
             return None
         cur = cur[key]
     return cur
+
+
+def run_summary(store: Store, run_id: str) -> RunSummary:
+    """The summary every view of a stored run shows (`analyze.summary.summary_of`)."""
+    return summary_of(summary_inputs(store, run_id))
 
 
 # ---- experiment -------------------------------------------------------------------------------

@@ -111,7 +111,7 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     from rich.text import Text
 
     from truthput.analyze.cells import source_label
-    from truthput.store.summary import run_summary
+    from truthput.report.data import run_summary
 
     con = console or make_console()
     run_id = store.resolve_run(run_id)
@@ -119,13 +119,13 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     sim = bool(run.simulated)
     # a narrow terminal's headers leave the tag to the SIMULATED line above the table
     tag = ", simulated" if sim and con.width >= NARROW else ""
-    summary = summary or run_summary(store, run_id)
     if sim:
         con.print("[bold yellow]SIMULATED[/bold yellow]: every figure below comes from the embedded simulator "
                   "(a physics model), not from a measurement of real hardware.")
     if run.is_load:
         _print_load_run(store, run_id, run.status, tag, con)
         return
+    summary = summary or run_summary(store, run_id)
     nothing = summary.measured_nothing()
     if nothing is not None:
         con.print(Text(f"run {run_id} ({run.status}): " + nothing[0], style="bold red"))

@@ -97,7 +97,7 @@ def export_variant_unit(
 def verdict_on_variant(db: Store, run_id: str, variant: str | None) -> tuple[str, list[str]]:
     """(the variant to write, what the verdict said against it): `RunSummary.said_of`."""
     from truthput.errors import InputError
-    from truthput.store.summary import run_summary
+    from truthput.report.data import run_summary
 
     try:
         variant, warnings = run_summary(db, run_id).said_of(variant, where=f" in run {run_id}")
@@ -111,7 +111,7 @@ def write_winner_units(db: Store, store_path: Path, run_id: str, folder: Path,
     """Each variant the verdict names the winner, as a systemd unit, when the baseline came from one."""
     from truthput.experiment.file import parse_experiment
     from truthput.errors import TruthputError
-    from truthput.store.summary import run_summary
+    from truthput.report.data import run_summary
 
     run = db.run(run_id)
     try:

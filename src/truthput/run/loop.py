@@ -24,7 +24,8 @@ from truthput.experiment.file import Experiment
 from truthput.run.plan import build_plan
 from truthput.run.start import RunState, experiment_tokenizer
 from truthput.store.db import Store
-from truthput.store.summary import compute_summary, stored_guard_texts
+from truthput.analyze.summary import summary_of
+from truthput.store.summary import stored_guard_texts, summary_inputs
 
 def _stop_leftovers(store: Store, run_id: str, emit: Callable[[Event], None]) -> None:
     """Starts a dead truthput left `starting` or `ready`: stop their servers if they still run (only
@@ -167,7 +168,7 @@ async def execute(exp: Experiment, exp_text: str, exp_path: str | None, store: S
         stored: str | dict[str, Any] = {"guard_texts": ctx.guard_texts}
         try:
             if summary is None:
-                summary = compute_summary(store, run_id, ctx.guard_texts)
+                summary = summary_of(summary_inputs(store, run_id, ctx.guard_texts), fresh=True)
             stored = summary.stored().to_json()
         except Exception as exc:  # a summary failure must not lose the run's status
             store.event(run_id, "summary_error", repr(exc))
@@ -196,7 +197,7 @@ async def _more_starts(ctx: RunState, store: Store, executor: Executor, tokenize
     n = m.starts
     total = len(ctx.plan.order) * len(ctx.plan.levels) * ctx.plan.repeats
     while True:
-        summary = compute_summary(store, ctx.run_id, ctx.guard_texts)
+        summary = summary_of(summary_inputs(store, ctx.run_id, ctx.guard_texts), fresh=True)
         comps = summary.verdict.comparisons()
         reason = rule.reason(n, [c.decided for c in comps], [c.estimate.rel_halfwidth for c in comps],
                              elapsed_s=time.monotonic() - t_start, budget_s=m.time_budget_s,

@@ -95,12 +95,13 @@ async def run_and_report(exp: Experiment, exp_text: str, exp_path: str | None, s
                          reports: Path | None = None) -> RunOutcome:
     """Run (or resume) the experiment, then write its HTML and markdown reports and the winning
     units into `reports` (None: no files). The summary is the one the run computed as it ended."""
+    from truthput.analyze.summary import summary_of
     from truthput.run.loop import execute
-    from truthput.store.summary import run_summary
+    from truthput.store.summary import summary_inputs
 
     ran = await execute(exp, exp_text, exp_path, store, engine=engine, resume=resume, progress=progress,
                         sim_target=sim_target, executor=executor)
-    out = outcome_of(store, ran.run_id, ran.status, ran.summary or run_summary(store, ran.run_id))
+    out = outcome_of(store, ran.run_id, ran.status, ran.summary or summary_of(summary_inputs(store, ran.run_id)))
     if reports is not None and out.measured:  # a run that measured nothing has nothing to report
         out.document, out.files = write_run_files(store, store_path, ran.run_id, reports, out.summary)
     return out

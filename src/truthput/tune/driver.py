@@ -279,7 +279,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Store, store
     """Screen, then measure rounds of candidates until a stop rule holds; see the module docstring."""
     import optuna
 
-    from truthput.store.summary import run_summary
+    from truthput.report.data import run_summary
     from truthput.report.tune import figure_text
     from truthput.run.loop import execute
 
@@ -476,7 +476,7 @@ def _choose(store: Store, rounds: list[RoundResult], search: SimFirst, space: Sp
             baseline_config: dict[str, Any], level: Level, tune_cfg: TuneSection):
     """The configuration decided better than the baseline on the objective's metric by the most,
     with its verdict line."""
-    from truthput.store.summary import run_summary
+    from truthput.report.data import run_summary
 
     best: tuple[float, dict[str, Any], str, str, str] | None = None
     for r in rounds:
