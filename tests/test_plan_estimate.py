@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import median
 
-from truthput.commands.run import _learned_estimate
+from truthput.run.forecast import learned_estimate
 from truthput.experiment.file import parse_experiment
 from truthput.run.plan import build_plan
 from truthput.store.db import Store
@@ -28,8 +28,8 @@ def test_the_estimate_is_the_earlier_starts_of_the_same_servers(tmp_path):
     now = len(plan.levels) * plan.repeats
     truth = sum(median(r for r, _ in by_variant[name]) + now * median(x for _, x in by_variant[name])
                 for name, _i in plan.order)
-    learned = _learned_estimate(Path(path), plan, run.machine["hostname"])
+    learned = learned_estimate(Path(path), plan, run.machine["hostname"])
     assert learned is not None and learned[1] == len(db.starts(run.id))
     assert abs(learned[0] - truth) < 1e-6 and abs(learned[0] - plan.estimate_s) > 1.0
     # another host's starts teach nothing: the model's estimate stands
-    assert _learned_estimate(Path(path), plan, "another-host") is None
+    assert learned_estimate(Path(path), plan, "another-host") is None

@@ -38,12 +38,13 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _run_and_report(text: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    from truthput.report.files import RunFiles
     from truthput.run.outcome import run_and_report
 
     db = tmp_path / "r.db"
     store = Store(db)
     out = asyncio.run(run_and_report(parse_experiment(text, "e.toml"), text, "e.toml", store, db,
-                                     progress=lambda m: None, reports=tmp_path / "reports"))
+                                     progress=lambda m: None, write_files=RunFiles(tmp_path / "reports")))
     return store, out
 
 

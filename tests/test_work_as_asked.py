@@ -44,13 +44,13 @@ def test_outputs_cut_by_a_context_limit_and_prompts_of_another_length_are_said(t
     assert "96 tokens" in prompts and "(asked 128)" in prompts and "tokenizer.json" in prompts, prompts
     assert set(res.requests.work_notes) <= set(res.warnings)
 
-    row = run.rows()[0].as_json()
+    row = run.rows()[0].model_dump()
     assert row["work"]["completion_tokens_mean"] == 25 and row["work"]["prompt_tokens_asked_mean"] == 128
     assert cut in row["warnings"] and prompts in row["warnings"]
 
     con = Console(record=True, width=400)
-    monkeypatch.setattr(terminal, "make_console", lambda **_kw: con)
-    loadtable.print_summary(run, opts)
+    monkeypatch.setattr(loadtable, "make_console", lambda **_kw: con)
+    loadtable.print_summary(run.summary)
     text = con.export_text()
     assert "fewer completion tokens than asked" in text and "prompts arrived as 96 tokens" in text
     # and `truthput report` of the stored load run, in the terminal

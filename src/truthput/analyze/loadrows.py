@@ -6,32 +6,45 @@ counter's), goodput, the client's health, latency percentiles. Computed here onc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pydantic import ConfigDict, Field, ValidationError
+
+from truthput.analyze.rows import DocModel, FlagRef, flag_refs
 from truthput.load.records import RequestRecord
 from truthput.measure.model import TrialResults
 
-@dataclass(frozen=True)
-class LoadRow:
-    """One `load` trial as its table shows it."""
+LOAD_SUMMARY_SCHEMA = 1
+"""The version of `LoadSummary` a `truthput load` run keeps in `runs.summary_json` (and `load --json`
+prints); a load run stored without one (or with another) has its rows rebuilt from its trials."""
+
+
+class LoadRow(DocModel):
+    """One `load` trial as its table, `--json` and the report of the stored run show it."""
 
     level: float
+    """Streams (closed loop) or requests/s offered (open loop)."""
     mode: str
     counter_tps: float | None
+    """The server counter's output tok/s over the window (None: no counter figure)."""
     headline_tps: float | None
+    """The headline output tok/s (the counter, else usage placed in time; see `headline_source`)."""
     headline_source: str
     simulated: bool
-    flags: list[str]
-    per_stream_flags: list[str]
-    counter_set_aside: list[str]
+    flags: list[FlagRef] = Field(default_factory=list)
+    """Why the headline figure may be wrong (code, reason, figure)."""
+    per_stream_flags: list[FlagRef] = Field(default_factory=list)
+    counter_set_aside: list[FlagRef] = Field(default_factory=list)
+    """The counter's flags where the headline is usage placed in time instead."""
     status: str
     error: str | None
     requests: int
     failed: int
-    client_tokens: int | None  # None: the server sent no usage counts
+    client_tokens: int | None
+    """Completion tokens the client received (None: the server sent no usage counts)."""
     counter_tokens: float | None
-    counter_missing: str | None  # why there is no counter figure, when there is none
+    counter_missing: str | None
+    """Why there is no counter figure, when there is none."""
     tokens_equal: bool
     requests_per_s: float | None
     prompt_tps: float | None
@@ -42,28 +55,73 @@ class LoadRow:
     client_reason: str | None
     cpu_util: float | None
     lag_p99_ms: float | None
-    latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
-    latency_missing: dict[str, str] = field(default_factory=dict)
-    """Why a latency metric has no figures (e.g. ITL without per-chunk token counts), by metric."""
+    latency_ms: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     """TTFT, TPOT, ITL, E2E: mean, p50, p90, p99 in milliseconds (client clock)."""
-    work: dict[str, Any] = field(default_factory=dict)
+    latency_missing: dict[str, str] = Field(default_factory=dict)
+    """Why a latency metric has no figures (e.g. ITL without per-chunk token counts), by metric."""
+    work: dict[str, Any] = Field(default_factory=dict)
     """What the ok requests did against what they asked: completion and prompt tokens each (usage
     means; asked: the workload's), and how they ended (finish_reason counts)."""
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
     """The trial's own warnings (other traffic, work other than asked, a suspect scrape)."""
+    client_notes: list[str] = Field(default_factory=list)
+    """What the client noticed (a closed connection resent, ...)."""
+    integrity: str | None = None
+    """The integrity check's message where it failed (the counter's delta against the client's tokens)."""
 
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+    @property
+    def said(self) -> TrialFlags:
+        return TrialFlags(headline=self.flags, per_stream=self.per_stream_flags,
+                          counter_set_aside=self.counter_set_aside, warnings=self.warnings)
 
 
-@dataclass(frozen=True)
-class TrialFlags:
-    """What a load trial's views say beside its figures, each as "code: reason" (or the warning's
-    text): one home for `load`'s own table and `report` of a stored load run."""
+class LoadSweep(DocModel):
+    """A sweep's answer: the saturation point (the lowest level within `tolerance` of the best)."""
 
-    headline: list[str]
-    per_stream: list[str]
-    counter_set_aside: list[str]
+    saturation_level: float | None
+    saturation_tps: float | None
+    saturated: bool
+    """Throughput stopped rising (else: still rising at the last level tried)."""
+    tolerance: float
+
+
+class LoadSummary(DocModel):
+    """A `truthput load` run: what its table, `--json` and `truthput report` of it show; stored once
+    (schema-versioned) as the run ends."""
+
+    schema_: int = Field(LOAD_SUMMARY_SCHEMA, alias="schema")
+    url: str
+    run_id: str | None
+    simulated: bool
+    unit: str
+    """"streams" (closed loop) or "req/s" (open loop)."""
+    goodput: bool = False
+    """Latency targets were set, so each row has goodput."""
+    levels: list[LoadRow]
+    sweep: LoadSweep | None = None
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    def to_json(self, indent: int | None = None) -> str:
+        return self.model_dump_json(by_alias=True, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> LoadSummary | None:
+        """The stored record; None where there is none or it is of another schema (rebuild it)."""
+        try:
+            record = cls.model_validate_json(text or "")
+        except ValidationError:
+            return None
+        return record if record.schema_ == LOAD_SUMMARY_SCHEMA else None
+
+
+class TrialFlags(DocModel):
+    """What a load trial's views say beside its figures: one home for `load`'s own table and
+    `report` of a stored load run."""
+
+    headline: list[FlagRef]
+    per_stream: list[FlagRef]
+    counter_set_aside: list[FlagRef]
     """The counter's flags where the headline is usage placed in time instead."""
     warnings: list[str]
 
@@ -73,9 +131,11 @@ def trial_flags(results: TrialResults) -> TrialFlags:
 
     h = headline(results)
     return TrialFlags(
-        headline=[f"{f.code}: {f.reason}" for f in h.flags],
-        per_stream=[f"{f.code}: {f.reason}" for f in results.per_stream.decode_tps_median.flags],
-        counter_set_aside=[f"{f.code}: {f.reason}" for f in results.throughput.counter_window.flags]
+        headline=[f.model_copy(update={"figure": "tok/s"}) for f in flag_refs(h.flags)],
+        per_stream=[f.model_copy(update={"figure": "per stream"})
+                    for f in flag_refs(results.per_stream.decode_tps_median.flags)],
+        counter_set_aside=[f.model_copy(update={"figure": "counter"})
+                           for f in flag_refs(results.throughput.counter_window.flags)]
         if h is not results.throughput.counter_window else [],
         warnings=list(results.warnings))
 
@@ -107,6 +167,8 @@ def load_row(level: float, mode: str, results: TrialResults, records: Sequence[R
         level=level, mode=mode, counter_tps=res.throughput.counter_window.number(),
         headline_tps=tps, headline_source=h.source, simulated=res.simulated,
         flags=said.headline, per_stream_flags=said.per_stream, counter_set_aside=said.counter_set_aside,
+        client_notes=list(res.client.notes),
+        integrity=res.integrity.message if res.integrity.holds is False else None,
         status=status, error=error,
         requests=len(records), failed=sum(1 for r in records if r.status != "ok"),
         client_tokens=seen_tokens, counter_tokens=counter,

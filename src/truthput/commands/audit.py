@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
         import json
         from pathlib import Path
 
-        from truthput.report.terminal import make_console, render_audit
+        from truthput.report.console import make_console
+        from truthput.report.terminal import render_audit
 
         from truthput.analyze.audit import audit_reference, audit_rows, integrity_rows
         from truthput.errors import StoreError

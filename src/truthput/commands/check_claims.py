@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
         import json
         from pathlib import Path
 
-        from truthput.report.terminal import make_console
+        from truthput.report.console import make_console
         from rich.table import Table
 
         from truthput.analyze.claims import check_claims

@@ -58,7 +58,7 @@ def _print(result: CompareDocument) -> None:
 
     from truthput.analyze.cells import source_label
     from truthput.experiment.levels import row_header, row_level
-    from truthput.report.terminal import make_console
+    from truthput.report.console import make_console
 
     con = make_console()
     for tag, h in (("A", result.a), ("B", result.b)):

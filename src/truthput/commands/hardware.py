@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
         from truthput.errors import InputError
         from truthput.hardware import probe as probe_mod
-        from truthput.report.terminal import make_console
+        from truthput.report.console import make_console
 
         con = make_console()
         if gpu:

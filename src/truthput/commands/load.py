@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -11,7 +11,7 @@ DIST_HELP = ("Tokens: N (fixed), uniform:LOW:HIGH, normal:MEAN:STD[:LOW:HIGH] or
              "(histogram of lengths with weights).")
 
 
-def parse_distribution(text: str, what: str):
+def parse_distribution(text: str, what: str) -> Any:
     """`256`, `uniform:100:900`, `normal:500:100[:1:2000]`, `hist:128=3,1024=1` -> Distribution."""
     from truthput.errors import InputError
     from truthput.load.workload import Distribution
@@ -38,7 +38,7 @@ def parse_distribution(text: str, what: str):
     raise InputError(f"--{what} {text!r}: expected N, uniform:LOW:HIGH, normal:MEAN:STD[:LOW:HIGH] or hist:V=W,...")
 
 
-def _numbers(text: str, what: str, cast):
+def _numbers(text: str, what: str, cast: Callable[[str], Any]) -> list[Any]:
     from truthput.errors import InputError
 
     try:
@@ -117,15 +117,11 @@ def load(
         db = Store(store)
     result = _drive(opts, db, tok, executor, workers, address, _cluster_options(executor, address, clock_skew))
     if as_json:
-        import json
-
-        from truthput.report.loadtable import summary_json
-
-        print(json.dumps(summary_json(result, opts), indent=2))
+        print(result.summary.to_json(indent=2))
     else:
         from truthput.report.loadtable import print_summary
 
-        print_summary(result, opts, store=None if no_store else str(store))
+        print_summary(result.summary, store=None if no_store else str(store))
     _exit_if_nothing_measured(result)
 
 
@@ -148,10 +144,10 @@ def _drive(opts: Any, db: Any, tok: Any, executor: str, workers: int, address: s
 
         pool = WorkerPool(opts.client_config(), workers).start()  # forked before the event loop
     prepare_load_process()
-    from truthput.report.terminal import make_console
+    from truthput.report.console import make_console
 
     err = make_console(stderr=True, highlight=False)
-    results: list = []
+    results: list[Any] = []
     received: list[int] = []
 
     async def main() -> None:

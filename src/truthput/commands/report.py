@@ -67,7 +67,8 @@ def _print_terminal(db: Store, rid: str, summary: RunSummary, verbose: bool) -> 
     """The terminal summary: the roofline (a run's, not a load run's: it has no [hardware]), then the
     run's table, ending with the verdict."""
     from truthput.report.data import roofline_for_run, roofline_lines
-    from truthput.report.terminal import make_console, print_run
+    from truthput.report.console import make_console
+    from truthput.report.terminal import print_run
 
     con = make_console()
     if not db.run(rid).is_load and summary.measured_nothing() is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -25,7 +25,7 @@ def parse_kv_dtype(text: str) -> float:
     return value
 
 
-def parse_number_list(text: str, option: str, cast: type = float) -> list:
+def parse_number_list(text: str, option: str, cast: type = float) -> list[Any]:
     from truthput.errors import InputError
 
     try:
@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         """Per-step lower bounds (weights, KV, compute, all-reduce) and throughput ceilings. Model figures, not measurements."""
         import json
 
-        from truthput.report.terminal import make_console
+        from truthput.report.console import make_console
         from rich.table import Table
 
         from truthput.analyze.roofline import place, roofline as build

@@ -8,148 +8,16 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 if TYPE_CHECKING:
+    from truthput.experiment.file import Experiment
     from truthput.run.outcome import RunOutcome
+    from truthput.run.plan import Plan
 
 from truthput.commandline import (
     ADDRESS_HELP, ENGINE_HELP, EXECUTOR_HELP, STORE_HELP, make_executor, stop_signals, stop_task,
 )
 
 
-def _starts_forecast(exp, plan, store_path: Path, per_start_s: float | None = None) -> list[str]:
-    """The plan's expected and maximum starts per variant, from the noise of earlier runs on this
-    host and engine kind in the store (read only), else from the default CV."""
-    import socket
-
-    from truthput.analyze.planning import DEFAULT_START_CV, forecast
-    from truthput.analyze.values import stopping_rule
-
-    m = exp.measure
-    rule = stopping_rule(m)
-    if rule is None:
-        return [f"sequential = false: exactly {m.starts} starts per variant, decided once at the end"]
-    noise, source = None, ""
-    if store_path.exists():
-        noise, source = _stored_noise(store_path, plan.engine, socket.gethostname())
-    cv = noise if noise is not None else DEFAULT_START_CV
-    if noise is None:
-        source = f"no earlier run of engine {plan.engine} on this host in {store_path}: a default start CV of " \
-                 f"{DEFAULT_START_CV:.0%}"
-    family = max(0, len(plan.variants) - 1) * len(plan.levels) * len(m.verdicts)
-    rows = forecast(rule, len(plan.variants), len(plan.levels) * len(m.verdicts), cv)
-    per_start_s = per_start_s or plan.estimate_s / max(1, len(plan.order))
-    out = [f"stopping rule: first look at {rule.min_starts} starts per variant, at most {rule.max_starts}; "
-           f"{family} comparisons decided together (Hochberg); if every variant differs by (simulated with {source}):"]
-    out += [f"  {r.effect - 1:>4.0%}: {r.mean_starts:.1f} starts per variant on average, about "
-            f"{r.mean_starts * len(plan.variants) * per_start_s / 60:.0f} min (stops at {r.distribution()}; "
-            f"decided in {r.decided:.0%})" for r in rows]
-    return out
-
-
-def _external_traffic(exp, plan) -> list[str]:
-    """A server someone else runs (engine external) watched for a second before anything: its
-    counter moving means other clients share it (what every counter figure is then checked for)."""
-    import asyncio
-
-    if plan.engine != "external" or not exp.server.url:
-        return []
-    from truthput.engines.external import ExternalEngine
-    from truthput.measure.scrape import other_traffic
-    from truthput.run.plan import metric_names_for
-
-    emitted = metric_names_for(exp, plan.engine).candidates("emitted_tokens")
-    said = asyncio.run(other_traffic(ExternalEngine(exp.server.url).base_url, emitted))
-    return [said] if said else []
-
-
-def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float | None, str]:
-    import sqlite3
-
-    from truthput.analyze.cells import build_cells
-    from truthput.analyze.planning import pooled_start_noise
-    from truthput.store.db import Store
-
-    try:
-        db = Store(store_path, read_only=True)
-    except Exception:  # an unreadable store gives no noise, the default applies
-        return None, ""
-    try:
-        runs = [r for r in db.runs() if r.engine == engine
-                and r.machine.get("hostname") == hostname][-5:]
-        cells: list[list[list[float]]] = []
-        for r in runs:
-            cells.extend(c.per_start for c in build_cells(db.trial_results(r.id)) if len(c.per_start) >= 2)
-        pooled = pooled_start_noise(cells)
-    except (sqlite3.Error, ValueError, KeyError):
-        return None, ""
-    finally:
-        db.close()
-    if pooled is None:
-        return None, ""
-    sd, df = pooled
-    return sd, f"the start CV of {len(runs)} earlier run(s) here: {sd:.1%} ({df} df)"
-
-
-def _learned_estimate(store_path: Path, plan, hostname: str) -> tuple[float, int] | None:
-    """(seconds the plan's first starts will take, earlier starts it learned from): each variant's
-    earlier starts of the very same server (the stored variant's argv read spelling-free, host and
-    port aside) on this host in the store; a variant never started before costs what the model says.
-    None: none known."""
-    import sqlite3
-
-    from truthput.analyze.planning import learned_start_s
-    from truthput.experiment.argv import ServerArgv, normalised_settings
-    from truthput.experiment.engines import metric_family
-    from truthput.store.db import Store
-
-    if not store_path.exists():
-        return None
-    family = metric_family(plan.engine)
-
-    def key(argv: list[str]) -> str:
-        return repr(sorted(normalised_settings(ServerArgv.parse(argv, engine=family)).items()))
-
-    wanted = {key(v.argv.to_argv()): v.name for v in plan.variants}
-    history: dict[str, list[tuple[float, float, int]]] = {}
-    try:
-        db = Store(store_path, read_only=True)
-    except Exception:  # an unreadable store teaches nothing; the model's estimate stands
-        return None
-    try:
-        for run in db.runs():
-            if run.engine != plan.engine or run.machine.get("hostname") != hostname or run.is_load:
-                continue
-            per_start: dict[int, int] = {}
-            for t in db.trial_results(run.id):
-                if t.start_id is not None:
-                    per_start[t.start_id] = per_start.get(t.start_id, 0) + 1
-            same: dict[str, str] = {}  # that run's variant -> the plan's variant with the same server
-            for v in db.variants(run.id):
-                try:
-                    if key(v.argv) in wanted:
-                        same[v.name] = wanted[key(v.argv)]
-                except Exception:  # an argv the parser no longer reads teaches nothing
-                    continue
-            for st in db.starts(run.id):
-                if st.ready_s is None or st.started_at is None or st.stopped_at is None or st.id not in per_start:
-                    continue
-                name = same.get(st.variant)
-                if name is not None:
-                    history.setdefault(name, []).append((st.ready_s, st.stopped_at - st.started_at,
-                                                         per_start[st.id]))
-    except (sqlite3.Error, ValueError, KeyError):
-        return None
-    finally:
-        db.close()
-    if not history:
-        return None
-    model_start_s = plan.estimate_s / max(1, len(plan.order))
-    trials_now = len(plan.levels) * plan.repeats
-    learned = {name: learned_start_s(h, trials_now) for name, h in history.items()}
-    total = sum(learned.get(name) or model_start_s for name, _i in plan.order)
-    return total, sum(len(h) for h in history.values())
-
-
-def checked_plan(exp, engine: str | None, path: Path):
+def checked_plan(exp: Experiment, engine: str | None, path: Path) -> Plan:
     """The plan, with a refusal naming the experiment file as well as the section or variant."""
     from truthput.errors import InputError
     from truthput.run.plan import build_plan
@@ -160,7 +28,7 @@ def checked_plan(exp, engine: str | None, path: Path):
         raise InputError(f"{path}: {exc}") from None
 
 
-def simulate_on(exp, engine: str | None, gpu: str | None, model: str | None) -> list[str]:
+def simulate_on(exp: Experiment, engine: str | None, gpu: str | None, model: str | None) -> list[str]:
     """`--sim-gpu`/`--sim-model` applied to the experiment (run and plan alike); they shape the
     simulator only, so they need it to be the engine."""
     if not (gpu or model):
@@ -195,6 +63,7 @@ def run(
 
     from truthput.errors import InputError
     from truthput.load.client import prepare_load_process
+    from truthput.report.files import RunFiles
     from truthput.report.progress import make_progress
     from truthput.run.outcome import run_and_report
     from truthput.experiment.file import load_experiment, parse_experiment
@@ -232,6 +101,7 @@ def run(
 
     become_subreaper()  # a server's descendant that leaves its process group is still found at teardown
     progress = make_progress()
+    files = None if no_reports or reports is None else RunFiles(reports)
     received: list[int] = []
 
     async def main() -> RunOutcome:
@@ -244,7 +114,7 @@ def run(
             loop.add_signal_handler(sig, stop_task, task, sig, received)
         return await run_and_report(exp, text, path, db, store, engine=engine, resume=run_id, progress=progress,
                                     sim_target={"gpu": sim_gpu, "model": sim_model, "said": overrides}
-                                    if overrides else None, executor=placer, reports=None if no_reports else reports)
+                                    if overrides else None, executor=placer, write_files=files)
 
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C works even when inherited ignored
@@ -259,12 +129,12 @@ def run(
                    f"--store {store}", err=True)
         raise typer.Exit(128 + received[0] if received else 130)
     progress.close()
-    _print_outcome(db, outcome, verbose)
+    _print_outcome(db, outcome, verbose, files.document if files is not None else None)
     if outcome.exit_status:
         raise typer.Exit(outcome.exit_status)
 
 
-def _print_outcome(db: Any, outcome: RunOutcome, verbose: bool) -> None:
+def _print_outcome(db: Any, outcome: RunOutcome, verbose: bool, document: Any) -> None:
     """The audit and the roofline first, so the run ends with its table and verdict; then the files
     written, and a line for any variant that was never measured."""
     from truthput.report.data import roofline_for_run, roofline_lines
@@ -273,7 +143,7 @@ def _print_outcome(db: Any, outcome: RunOutcome, verbose: bool) -> None:
     rid, summary = outcome.run_id, outcome.summary
     print_audit_matrix(db, rid)
     if summary.measured_nothing() is None:
-        roof = outcome.document.roofline if outcome.document is not None else roofline_for_run(db, rid, summary)
+        roof = document.roofline if document is not None else roofline_for_run(db, rid, summary)
         for line in roofline_lines(roof):
             typer.echo(line)
     print_run(db, rid, verbose=verbose, summary=summary)
@@ -297,11 +167,12 @@ def plan(
 ) -> None:
     """Print the trial plan, each variant's argv diff, the starts the stopping rule will likely
     need and a time estimate; runs nothing."""
-    from truthput.report.terminal import make_console
+    from truthput.report.console import make_console
     from rich.table import Table
 
     from truthput.experiment.file import load_experiment
     from truthput.experiment.levels import level_label
+    from truthput.run.forecast import external_traffic, learned_estimate, starts_forecast
     from truthput.text import plural
 
     exp, _ = load_experiment(experiment)
@@ -344,7 +215,7 @@ def plan(
     m = exp.measure
     import socket
 
-    learned = _learned_estimate(store, p, socket.gethostname())
+    learned = learned_estimate(store, p, socket.gethostname())
     said = (f"estimated time {learned[0] / 60:.1f} min (learned from {learned[1]} earlier starts of these servers "
             f"in {store}; the model alone says {p.estimate_s / 60:.1f} min)") if learned else \
         f"estimated time {p.estimate_s / 60:.1f} min"
@@ -352,14 +223,14 @@ def plan(
               + (f"; the stopping rule may add starts up to {m.planned_max_starts} per variant"
                  f" (at most {p.max_estimate_s / 60:.1f} min)" if m.sequential and m.planned_max_starts > m.starts
                  else ""))
-    for line in _starts_forecast(exp, p, store, learned[0] / max(1, len(p.order)) if learned else None):
+    for line in starts_forecast(exp, p, store, learned[0] / max(1, len(p.order)) if learned else None):
         con.print(line, markup=False)
     from truthput.run.plan import address_warnings, max_num_seqs_warnings, vocabulary_lines
 
     for line in vocabulary_lines(exp, p.engine):
         con.print(("warning: " if line.startswith("flags not checked") else "") + line, markup=False,
                   style="yellow" if line.startswith("flags not checked") else None)
-    for line in [*max_num_seqs_warnings(exp, p), *address_warnings(exp), *_external_traffic(exp, p)]:
+    for line in [*max_num_seqs_warnings(exp, p), *address_warnings(exp), *external_traffic(exp, p)]:
         con.print("warning: " + line, markup=False, style="yellow")
     if len(p.variants) == 1:
         con.print("note: one variant, nothing to compare: a run measures it alone (figures, no verdict); "

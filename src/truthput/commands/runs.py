@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         from rich.text import Text
 
         from truthput.errors import StoreError
-        from truthput.report.terminal import make_console
+        from truthput.report.console import make_console
         from truthput.store.db import Store
 
         if not Path(store).exists():

@@ -9,7 +9,7 @@ parses exactly the argv a real vLLM would; `--help` after `serve` shows the full
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -53,7 +53,7 @@ def calibrate(
          simulator now serves at the fitted speeds, so a config you have not run can be tried;
          its figures are SIMULATED, and the band from step 2 says how far to trust them.
     """
-    from truthput.report.terminal import make_console
+    from truthput.report.console import make_console
 
     from truthput.errors import InputError
     from truthput.sim.calibrate import fit, parse_point
@@ -61,8 +61,8 @@ def calibrate(
     con = make_console()
     points = [parse_point(p) for p in (point or [])]
     simulated_runs = []
-    lengths: dict = {}
-    sim_noise: dict = {}
+    lengths: dict[str, Any] = {}
+    sim_noise: dict[str, Any] = {}
     if run_ids:
         from truthput.sim.runs import calibration_points
         from truthput.store.db import Store
@@ -145,7 +145,7 @@ def fit_ngram(
     the real engine found. Both figures are [server counter]; the fit is [model].
     """
     from truthput.errors import InputError
-    from truthput.report.terminal import make_console
+    from truthput.report.console import make_console
     from truthput.sim.speculation import NgramCounters, fit_repetition
 
     con = make_console()

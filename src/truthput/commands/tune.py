@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         def say(line: str) -> None:
             typer.echo(f"tune: {line}")
 
-        async def main():
+        async def main() -> Any:
             loop = asyncio.get_running_loop()
             task = asyncio.current_task()
             for sig in (*stop_signals(), signal.SIGINT):

@@ -68,8 +68,8 @@ class LoadWorkerImpl:
     def __init__(self, cfg: ClientConfig, k: int, skew_s: float = 0.0) -> None:
         self.cfg, self.k, self.skew = cfg, k, skew_s
         self.client: Any = None
-        self.msgs: list[tuple] = []
-        self.task: asyncio.Task | None = None
+        self.msgs: list[tuple[Any, ...]] = []
+        self.task: asyncio.Task[Any] | None = None
         self.opened = asyncio.Event()
         self.ended = False
         self.load: Any = None
@@ -127,7 +127,7 @@ class LoadWorkerImpl:
         if self.load is not None:
             self.load.end_window()
 
-    async def poll(self) -> list[tuple]:
+    async def poll(self) -> list[tuple[Any, ...]]:
         msgs, self.msgs = self.msgs, []
         return msgs
 
@@ -223,13 +223,13 @@ class RayLoadPool:
         n_active = len(parts)
         active = [w for w, _ in self.workers[:n_active]]
         lost = lost_errors(self.ray)
-        pending: list[tuple] = []
+        pending: list[tuple[Any, ...]] = []
 
-        async def send_all(msg: tuple) -> None:
+        async def send_all(msg: tuple[Any, ...]) -> None:
             method = {"open": "open", "end": "end"}[msg[0]]
             await asyncio.gather(*(getattr(w, method).remote() for w in active), return_exceptions=True)
 
-        async def next_msg(timeout: float | None) -> tuple | None:
+        async def next_msg(timeout: float | None) -> tuple[Any, ...] | None:
             deadline = None if timeout is None else time.monotonic() + timeout
             while not pending:
                 try:

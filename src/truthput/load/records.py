@@ -7,7 +7,7 @@ for /metrics scrapes), so request timing and counter windows can be compared dir
 from __future__ import annotations
 
 from array import array
-from collections.abc import MutableSequence
+from collections.abc import Iterable, MutableSequence
 from dataclasses import dataclass, field
 
 
@@ -60,3 +60,16 @@ class RequestRecord:
     @property
     def n_chunks(self) -> int:
         return len(self.chunk_times)
+
+
+def client_tokens(records: Iterable[RequestRecord]) -> int:
+    """Tokens the client received: every finished request's usage, plus the running count of
+    failed ones (what the server's counter should have risen by)."""
+    total = 0
+    for r in records:
+        if r.status == "ok":
+            total += r.completion_tokens or 0
+        else:
+            known = [x for x in r.chunk_tokens if x >= 0]
+            total += max(known) if known else (r.completion_tokens or 0)
+    return total

@@ -25,6 +25,7 @@ from truthput.analyze.cells import Cell
 from truthput.analyze.latency import GoodputRow, LatencyRow, latency_and_goodput
 from truthput.analyze.placement import RooflineDoc, context_tokens, place_cells
 from truthput.analyze.specdecode import SpecDecodeRow, spec_decode_rows
+from truthput.analyze.loadrows import LoadSummary
 from truthput.analyze.summary import RunSummary, summary_of
 from truthput.analyze.tables import cell_rows, trial_rows
 from truthput.report.document import (SCHEMA, ClaimsDoc, CompareDocument,
@@ -33,7 +34,7 @@ from truthput.report.document import (SCHEMA, ClaimsDoc, CompareDocument,
                                       TelemetryDoc, VariantInfo, VerdictSection,
                                       Versions, clean)
 from truthput.store.summary import summary_inputs
-from truthput.experiment.levels import Level, level_json, level_label
+from truthput.experiment.levels import Level, is_rate, level_json, level_label
 from truthput.store.db import Store, StoredTrial
 from truthput.store.rows import RequestRow, RunRow
 from truthput.experiment.file import HardwareSection, ModelSection
@@ -56,6 +57,28 @@ def _get(d: Any, *path: str) -> Any:
 def run_summary(store: Store, run_id: str) -> RunSummary:
     """The summary every view of a stored run shows (`analyze.summary.summary_of`)."""
     return summary_of(summary_inputs(store, run_id))
+
+
+def load_summary_of(store: Store, run_id: str) -> LoadSummary:
+    """A stored `truthput load` run's summary: the one it stored as it ended, else (a run stored
+    before load summaries) its rows rebuilt from its trials and requests."""
+    from truthput.analyze.loadrows import load_row
+    from truthput.load.records import client_tokens
+
+    run_id = store.resolve_run(run_id)
+    run = store.run(run_id)
+    kept = LoadSummary.from_json(run.summary_json)
+    if kept is not None:
+        return kept
+    rows = []
+    for t in store.trial_results(run_id):
+        records = [_record(r) for r in store.requests(t.id)]
+        rows.append(load_row(float(t.level), t.results.load.mode if t.results.load else "closed", t.results, records,
+                             t.status, t.error, client_tokens(records)))
+    rate = any(is_rate(t.level) for t in store.trial_results(run_id))
+    return LoadSummary(url=next((v.argv[0] for v in store.variants(run_id) if v.argv), ""), run_id=run_id,
+                       simulated=bool(run.simulated), unit="req/s" if rate else "streams",
+                       goodput=any(r.goodput_rps is not None for r in rows), levels=rows)
 
 
 # ---- experiment -------------------------------------------------------------------------------

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from truthput.report.document import ReportDocument
+
+if TYPE_CHECKING:
+    from truthput.analyze.summary import RunSummary
+    from truthput.store.db import Store
 
 
 @dataclass(frozen=True)
@@ -62,3 +67,21 @@ def write_reports(doc: ReportDocument, targets: ReportTargets) -> list[Path]:
 
         written += write_csv(doc, targets.csv_dir)
     return written
+
+
+@dataclass
+class RunFiles:
+    """`truthput run`'s writer of a finished run's files (`run.outcome.ReportWriter`): its HTML and
+    markdown reports and its winning units in `folder`, from the summary the run handed over; keeps
+    the document it built (the terminal's roofline lines read it)."""
+
+    folder: Path
+    document: ReportDocument | None = None
+
+    def __call__(self, store: Store, store_path: Path, run_id: str, summary: RunSummary) -> list[Path]:
+        from truthput.report.data import build_report_data
+        from truthput.report.units import write_winner_units
+
+        self.document = build_report_data(store, run_id, summary)
+        files = write_reports(self.document, ReportTargets.run_folder(self.folder, run_id))
+        return files + write_winner_units(store, store_path, run_id, self.folder, summary)

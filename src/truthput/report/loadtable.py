@@ -9,43 +9,40 @@ could have distorted the figures (client-bound).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from truthput.analyze.loadrows import LATENCY_METRICS, LATENCY_STATS, TrialFlags
-
-if TYPE_CHECKING:
-    from truthput.run.load import LoadOptions, LoadRun
+from truthput.analyze.loadrows import LATENCY_METRICS, LATENCY_STATS, LoadSummary, TrialFlags
+from truthput.report.console import fit_numbers, make_console
 
 
 def _f(v: Any, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> None:
+def print_summary(summary: LoadSummary, store: str | None = None, con: Any = None, title: str | None = None) -> None:
+    """A load run's tables and lines: `truthput load` as it ends, and `truthput report` of the stored run."""
     from rich.table import Table
     from rich.text import Text
 
-    from truthput.analyze.cells import source_label
-    from truthput.report.terminal import fit_numbers, make_console
+    from truthput.analyze.cells import headline_basis, source_label
 
-    con = make_console(highlight=False)
-    unit = "req/s" if opts.rate else "streams"
-    tag = ", simulated" if run.simulated else ""
-    if run.simulated:
+    con = con or make_console(highlight=False)
+    unit = summary.unit
+    tag = ", simulated" if summary.simulated else ""
+    if summary.simulated:
         con.print("[bold yellow]SIMULATED[/bold yellow]: the server is the truthput simulator (a physics model); "
                   "no figure below is a measurement of real hardware.")
-    from truthput.analyze.cells import headline_basis
-
-    rows = run.rows()
+    rows = summary.levels
     basis = headline_basis(r.headline_source for r in rows if r.headline_tps is not None)
-    t = Table(title=Text(f"truthput load {opts.url}" + (f"  (run {run.run_id})" if run.run_id else "")))
+    t = Table(title=Text(title or f"truthput load {summary.url}" + (f"  (run {summary.run_id})" if summary.run_id
+                                                                     else "")))
     t.add_column(unit, justify="right")
     t.add_column(Text(f"output tok/s\n[{basis.label}{tag}]"), justify="right")
     t.add_column("req/s", justify="right")
     t.add_column("total tok/s\n(+ prompt)", justify="right")
     t.add_column("requests\n(failed)", justify="right")
     t.add_column("tokens:\nclient / counter", justify="right", no_wrap=True)
-    if opts.slo.any:
+    if summary.goodput:
         t.add_column("goodput req/s\n(good %)", justify="right")
     t.add_column("client", justify="left")
     cells_by_row: list[list[Any]] = []
@@ -61,10 +58,10 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
         if row.headline_tps is not None and basis.marks(row.headline_source):
             tps.append(f" [{source_label(row.headline_source)}]", style="yellow")
         if row.flags:
-            tps.append(" !" + ",".join(dict.fromkeys(f.split(":", 1)[0] for f in row.flags)), style="bold red")
+            tps.append(" !" + ",".join(dict.fromkeys(f.code for f in row.flags)), style="bold red")
         cells: list[str | Text] = [f"{row.level:g}", tps, _f(row.requests_per_s, "{:.2f}"), _f(row.total_tps),
                                    f"{row.requests} ({row.failed})", tokens]
-        if opts.slo.any:
+        if summary.goodput:
             gf = row.good_fraction
             cells.append(f"{_f(row.goodput_rps, '{:.2f}')} ({_f(None if gf is None else 100 * gf, '{:.0f}')} %)")
         cells.append(client)
@@ -78,67 +75,53 @@ def print_summary(run: LoadRun, opts: LoadOptions, store: str | None = None) -> 
     for row in rows:
         for i, m in enumerate(LATENCY_METRICS):
             lat.add_row(f"{row.level:g}" if i == 0 else "", m.upper(),
-                        *[_f(row.latency_ms[m][q], "{:.2f}") for q in LATENCY_STATS],
+                        *[_f(row.latency_ms.get(m, {}).get(q), "{:.2f}") for q in LATENCY_STATS],
                         end_section=i == len(LATENCY_METRICS) - 1)
     con.print(lat)  # short figures in short columns: fits 80 columns as it is
     for row in rows:
+        where = f"{row.level:g} {unit}"
         for m, why in row.latency_missing.items():
-            con.print(Text(f"{row.level:g} {unit}: no {m.upper()} figures: {why}", style="yellow"))
-    for row in rows:
+            con.print(Text(f"{where}: no {m.upper()} figures: {why}", style="yellow"))
         if row.client_bound:
-            con.print(Text(f"{row.level:g} {unit}: client-bound: {row.client_reason}", style="red"))
+            con.print(Text(f"{where}: client-bound: {row.client_reason}", style="red"))
         else:
-            con.print(Text(f"{row.level:g} {unit}: client ok (CPU {_f(row.cpu_util, '{:.2f}')} core, event-loop lag "
+            con.print(Text(f"{where}: client ok (CPU {_f(row.cpu_util, '{:.2f}')} core, event-loop lag "
                            f"p99 {_f(row.lag_p99_ms)} ms)", style="dim"))
         if row.counter_missing:
-            con.print(Text(f"{row.level:g} {unit}: no server counter figure: {row.counter_missing}", style="yellow"))
+            con.print(Text(f"{where}: no server counter figure: {row.counter_missing}", style="yellow"))
         if row.client_tokens is None:
-            con.print(Text(f"{row.level:g} {unit}: the server sent no usage counts: client tokens unknown", style="yellow"))
-    if run.sweep is not None:
-        sat = run.sweep.saturation()
-        if sat is None:
+            con.print(Text(f"{where}: the server sent no usage counts: client tokens unknown", style="yellow"))
+    if summary.sweep is not None:
+        sw = summary.sweep
+        if sw.saturation_level is None:
             con.print("sweep: no level gave a counter figure")
         else:
-            state = "throughput stopped rising" if run.sweep.saturated else "still rising at the last level tried"
-            con.print(f"sweep: saturation point {sat.level:g} {unit} at {_f(sat.throughput)} tok/s ({state}; "
-                      f"lowest level within {run.sweep.tolerance:.0%} of the best)")
+            state = "throughput stopped rising" if sw.saturated else "still rising at the last level tried"
+            con.print(f"sweep: saturation point {sw.saturation_level:g} {unit} at {_f(sw.saturation_tps)} tok/s "
+                      f"({state}; lowest level within {sw.tolerance:.0%} of the best)")
     for row in rows:
-        print_trial_flags(con, f"{row.level:g} {unit}",
-                          TrialFlags(row.flags, row.per_stream_flags, row.counter_set_aside, row.warnings))
-    for o in run.outcomes:
-        for n in o.results.client.notes:
-            con.print(Text(f"{o.level:g} {unit}: {n}", style="dim"))
-        integ = o.results.integrity
-        if integ.holds is False:
-            con.print(Text(f"{o.level:g} {unit}: integrity {integ.message}", style="red"))
-        if o.trial.status != "ok":
-            con.print(Text(f"{o.level:g} {unit}: trial failed: {o.trial.error}", style="red"))
+        where = f"{row.level:g} {unit}"
+        print_trial_flags(con, where, row.said)
+        for n in row.client_notes:
+            con.print(Text(f"{where}: {n}", style="dim"))
+        if row.integrity:
+            con.print(Text(f"{where}: integrity {row.integrity}", style="red"))
+        if row.status != "ok":
+            con.print(Text(f"{where}: trial failed: {row.error}", style="red"))
     if store:
         con.print(f"[dim]stored in {store}[/dim]")
 
 
 def print_trial_flags(con: Any, label: str, said: TrialFlags) -> None:
     """Why a load trial's figures are flagged, which counter was set aside and why, and what else
-    the trial saw: the lines `load` prints under its table and `report` under a stored load run's."""
+    the trial saw."""
     from rich.text import Text
 
     for f in said.headline:
-        con.print(Text("! flagged", style="bold red") + Text(f" {label}: tok/s: {f}"))
+        con.print(Text("! flagged", style="bold red") + Text(f" {label}: tok/s: {f.code}: {f.reason}"))
     for f in said.per_stream:
-        con.print(Text("! flagged", style="bold red") + Text(f" {label}: per stream: {f}"))
+        con.print(Text("! flagged", style="bold red") + Text(f" {label}: per stream: {f.code}: {f.reason}"))
     for f in said.counter_set_aside:
-        con.print(Text(f"{label}: counter set aside for usage placed in time: {f}", style="yellow"))
+        con.print(Text(f"{label}: counter set aside for usage placed in time: {f.code}: {f.reason}", style="yellow"))
     for w in said.warnings:
         con.print(Text(f"{label}: {w}", style="yellow"))
-
-
-def summary_json(run: LoadRun, opts: LoadOptions) -> dict[str, Any]:
-    """`truthput load --json`: the rows the table prints, every figure with its unit in the key."""
-    doc: dict[str, Any] = {"url": opts.url, "run_id": run.run_id, "simulated": run.simulated,
-                           "unit": "req/s" if opts.rate else "streams",
-                           "levels": [row.as_json() for row in run.rows()]}
-    if run.sweep is not None:
-        sat = run.sweep.saturation()
-        doc["sweep"] = {"saturation_level": sat.level if sat else None,
-                        "saturation_tps": sat.throughput if sat else None, "saturated": run.sweep.saturated}
-    return doc

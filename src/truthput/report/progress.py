@@ -117,7 +117,7 @@ class LiveProgress:
     """Takes the runner's events (and plain lines); a rich bar when stderr is a terminal, plain lines otherwise."""
 
     def __init__(self, console: Any = None, live: bool | None = None) -> None:
-        from truthput.report.terminal import make_console
+        from truthput.report.console import make_console
 
         self.console = console or make_console(stderr=True, highlight=False)
         self.live = self.console.is_terminal if live is None else live

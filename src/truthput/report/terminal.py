@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from truthput.text import capped, percent
 from truthput.experiment.levels import Level, level_cell, level_header, level_label
+from truthput.report.console import NARROW, fit_numbers, make_console
 from truthput.store.db import Store
 
 if TYPE_CHECKING:
@@ -25,59 +26,6 @@ class HasCode(Protocol):
 
 def _f(x: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if x is None or x != x else fmt.format(x)
-
-
-def make_console(stderr: bool = False, **kwargs: Any) -> Any:
-    """A rich Console; when output is not a terminal (CI logs, pipes) lines are not wrapped at 80."""
-    from rich.console import Console
-
-    con = Console(stderr=stderr, **kwargs)
-    if not con.is_terminal:
-        con = Console(stderr=stderr, width=160, **kwargs)
-    return con
-
-
-NARROW = 120
-"""Below this many columns a table drops its heavy borders, so its figures keep their width."""
-
-
-def fit_numbers(table: Any, rows: Sequence[Sequence[Any]], width: int) -> Any:
-    """`table` with `rows` added, laid out so that a narrow terminal wraps a figure at its spaces or
-    shortens a header label, never cuts a number ("(232.8..521.6)" stays whole): each column gets
-    at least its longest word (a short cell such as "2 x 1" counts as one), the rest of the width
-    goes to the columns by what they would like more; below NARROW columns the borders are light."""
-    from rich import box
-
-    if width < NARROW:
-        table.box = box.SIMPLE_HEAD
-    from rich.text import Text
-
-    def plain(x: Any) -> str:  # what the cell shows: markup ("[green]equal[/green]") takes no room
-        return Text.from_markup(x).plain if isinstance(x, str) else str(x)
-
-    texts = [[plain(row[i]) for row in rows] + [plain(c.header)] for i, c in enumerate(table.columns)]
-    lows = [max([len(w) for t in col[:-1] for w in ([t] if len(t) <= 8 or c.no_wrap else t.split())] or [1])
-            for col, c in zip(texts, table.columns)]
-    highs = [max(len(line) for t in col for line in t.splitlines() or [""]) for col in texts]
-    highs = [max(lo, hi) for lo, hi in zip(lows, highs)]
-    pad = sum(table._get_padding_width(i) for i in range(len(table.columns))) + table._extra_width
-    room = width - pad
-    # header words whole where there is room for them, then lines whole
-    mids = [min(hi, max(lo, max((len(w) for w in col[-1].split()), default=1)))
-            for lo, hi, col in zip(lows, highs, texts)]
-    if sum(highs) > room >= sum(lows):
-        base, top = (mids, highs) if sum(mids) <= room else (lows, mids)
-        spare, want = room - sum(base), [t - b for b, t in zip(base, top)]
-        total = sum(want) or 1
-        widths = [b + spare * w // total for b, w in zip(base, want)]
-        for column, w in zip(table.columns, widths):
-            column.width = w
-    elif room < sum(lows):
-        for column, lo in zip(table.columns, lows):
-            column.width = lo  # the figures whole, the table wider than the terminal
-    for row in rows:
-        table.add_row(*row)
-    return table
 
 
 def interval_text(lo: float | None, hi: float | None, fmt: str = "{:.1f}") -> str:
@@ -123,7 +71,7 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
         con.print("[bold yellow]SIMULATED[/bold yellow]: every figure below comes from the embedded simulator "
                   "(a physics model), not from a measurement of real hardware.")
     if run.is_load:
-        _print_load_run(store, run_id, run.status, tag, con)
+        _print_load_run(store, run_id, run.status, con)
         return
     summary = summary or run_summary(store, run_id)
     nothing = summary.measured_nothing()
@@ -197,40 +145,14 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
         con.print(Text("warning", style="yellow") + Text(f": {w}"))
 
 
-def _print_load_run(store: Store, run_id: str, status: str, tag: str, con: Any) -> None:
-    """A `truthput load` run: one server someone else runs, no variants to compare, so no verdict;
-    each level's throughput and latency percentiles, as `load` printed them."""
-    from rich.table import Table
-    from rich.text import Text
+def _print_load_run(store: Store, run_id: str, status: str, con: Any) -> None:
+    """A `truthput load` run: what `load` printed, from the summary it stored (a run stored before
+    load summaries had one: its rows rebuilt from its trials); no variants, so no verdict."""
+    from truthput.report.data import load_summary_of
+    from truthput.report.loadtable import print_summary
 
-    from truthput.analyze.cells import headline, headline_basis, source_label
-    from truthput.analyze.loadrows import trial_flags
-    from truthput.report.loadtable import print_trial_flags
-
-    trials = store.trial_results(run_id)
-    basis = headline_basis(headline(tr.results).source for tr in trials if headline(tr.results).value is not None)
-    t = Table(title=Text(f"run {run_id} ({status}): truthput load of a running server"))
-    t.add_column("level", justify="right")
-    t.add_column(Text(f"output tok/s\n[{basis.label}{tag}]"), justify="right")
-    for metric in ("TTFT", "TPOT", "ITL", "E2E"):
-        t.add_column(f"{metric} ms\np50 / p90 / p99", justify="right", no_wrap=True)
-    rows: list[list[Any]] = []
-    for tr in trials:
-        res = tr.results
-        h = headline(res)
-        tps = Text(_f(h.number()))
-        if h.number() is not None and basis.marks(h.source):
-            tps.append(f" [{source_label(h.source)}]", style="yellow")
-        tps.append(flag_mark(h.flags), style="bold red")
-        cells: list[Any] = [level_cell(tr.level), tps]
-        for metric in ("ttft", "tpot", "itl", "e2e"):
-            d = res.latency.metric(metric)
-            cells.append(" / ".join(_f(None if d is None or d.at(q) is None else 1000 * (d.at(q) or 0))
-                                    for q in ("p50", "p90", "p99")))
-        rows.append(cells)
-    con.print(fit_numbers(t, rows, con.width))
-    for tr in trials:  # as `load` printed them: why a figure is flagged, what else the trial saw
-        print_trial_flags(con, level_label(tr.level), trial_flags(tr.results))
+    print_summary(load_summary_of(store, run_id), con=con,
+                  title=f"run {run_id} ({status}): truthput load of a running server")
     con.print("a load run measures one server at each level: nothing is compared, so there is no verdict "
               "(truthput run compares configurations)")
 

@@ -27,7 +27,7 @@ from truthput.load.workers import TrialLoad, WorkerPool
 from truthput.load.workload import Distribution, Workload, WorkloadSpec
 from truthput.measure.model import Goodput, LoadLevel, TrialResults
 from truthput.run.trial import TrialRun
-from truthput.analyze.loadrows import LoadRow
+from truthput.analyze.loadrows import LoadRow, LoadSummary
 
 
 @dataclass
@@ -159,21 +159,33 @@ class TrialOutcome:
 class LoadRun:
     run_id: str | None
     outcomes: list[TrialOutcome]
-    sweep: Sweep | None = None
-    notes: list[str] = field(default_factory=list)
+    summary: LoadSummary
+    """Its rows as every view shows them (computed once; stored with the run)."""
     simulated: bool = False
 
     def rows(self) -> list[LoadRow]:
         """One row per trial with the figures the table and `--json` show."""
-        return summary_rows(self)
+        return self.summary.levels
 
 
 def summary_rows(run: LoadRun) -> list[LoadRow]:
-    """One row per trial (`truthput.analyze.loadrows.load_row`)."""
-    from truthput.analyze.loadrows import load_row
+    return run.rows()
 
-    return [load_row(o.level, o.mode, o.results, o.load.records, o.trial.status, o.trial.error, o.client_tokens)
-            for o in run.outcomes]
+
+def load_summary(opts: LoadOptions, run_id: str | None, outcomes: list[TrialOutcome], sweep: Sweep | None,
+                 simulated: bool) -> LoadSummary:
+    """The run's one summary: a row per trial (`truthput.analyze.loadrows.load_row`) and the sweep's answer."""
+    from truthput.analyze.loadrows import LoadSweep, load_row
+
+    said = None
+    if sweep is not None:
+        sat = sweep.saturation()
+        said = LoadSweep(saturation_level=sat.level if sat else None, saturation_tps=sat.throughput if sat else None,
+                         saturated=sweep.saturated, tolerance=sweep.tolerance)
+    rows = [load_row(o.level, o.mode, o.results, o.load.records, o.trial.status, o.trial.error, o.client_tokens)
+            for o in outcomes]
+    return LoadSummary(url=opts.url, run_id=run_id, simulated=simulated, unit="req/s" if opts.rate else "streams",
+                       goodput=opts.slo.any, levels=rows, sweep=said)
 
 
 async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPool | None = None,
@@ -210,6 +222,7 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
     outcomes: list[TrialOutcome] = []
     sweep: Sweep | None = None
     status = "failed"
+    summary: LoadSummary | None = None
     client_cfg = opts.client_config()
     try:
         async with StreamClient(client_cfg) as client:
@@ -254,20 +267,13 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
         status = "interrupted"
         raise
     finally:
+        summary = load_summary(opts, run_id, outcomes, sweep, simulated)
         if store is not None:
-            summary: dict[str, Any] = {"trials": [{"level": o.level, "mode": o.mode, "counter_tps": o.counter_tps,
-                                   "client_tokens": o.client_tokens, "counter_tokens": o.counter_tokens}
-                                  for o in outcomes]}
-            if sweep is not None:
-                sat = sweep.saturation()
-                summary["sweep"] = {"saturation_level": sat.level if sat else None,
-                                    "saturation_tps": sat.throughput if sat else None,
-                                    "saturated": sweep.saturated}
             if start_id is not None:
                 store.update_start(start_id, status="stopped", stopped_at=time.time())
             if run_id is not None:
-                store.set_run_status(run_id, status, summary)
-    return LoadRun(run_id=run_id, outcomes=outcomes, sweep=sweep, simulated=simulated)
+                store.set_run_status(run_id, status, summary.to_json())
+    return LoadRun(run_id=run_id, outcomes=outcomes, summary=summary, simulated=simulated)
 
 
 

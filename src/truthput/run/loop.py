@@ -97,7 +97,8 @@ async def execute(exp: Experiment, exp_text: str, exp_path: str | None, store: S
                   resume: str | None = None, progress: Callable[[str], None] | EventSink | None = None,
                   sim_target: dict[str, Any] | None = None, executor: Executor | None = None) -> Ran:
     """Run (or resume) the experiment; `progress` receives the run's events (`truthput.events`):
-    through its `handle(event)` when it has one, else as plain text lines. `executor` places the
+    through its `handle(event)` when it has one, else as plain text lines (None: nobody is told;
+    the command line hands it `report.progress`'s display). `executor` places the
     server starts (default: this machine). The summary is computed once per look of the stopping
     rule and once at the end (the last look's, when it was the last thing the run did)."""
     from truthput.engines.cpus import cpu_string, pin_client, unpin_client
@@ -105,10 +106,6 @@ async def execute(exp: Experiment, exp_text: str, exp_path: str | None, store: S
     from truthput.run.executors.local import LocalExecutor
 
     executor = executor or LocalExecutor()
-    if progress is None:
-        from truthput.report.progress import LiveProgress
-
-        progress = LiveProgress(live=False)
     emit = emitter(progress)
     if resume:
         run_id = store.resolve_run(resume)

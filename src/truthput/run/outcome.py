@@ -1,23 +1,28 @@
 """A run from start to files: the library entry point `truthput run` is a thin shell around.
 
-`run_and_report` runs (or resumes) the experiment, writes its reports and winning units, and says
-how it ended: which variants were measured, which failed and why, the exit status the command
-line gives it (0; 1: nothing measured; 3: some variant never measured; 4: a variant's requests
-succeeded but no source gave its tok/s), and every file written.
+`run_and_report` runs (or resumes) the experiment, hands it to the caller's writer of reports and
+winning units (`ReportWriter`: the command line gives `report.files.write_run_files`; run/ imports
+nothing from report/), and says how it ended: which variants were measured, which failed and why,
+the exit status the command line gives it (0; 1: nothing measured; 3: some variant never measured;
+4: a variant's requests succeeded but no source gave its tok/s), and every file written.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from truthput.analyze.summary import RunSummary
 from truthput.events import EventSink
 from truthput.experiment.file import Experiment
-from truthput.report.document import ReportDocument
 from truthput.run.executors.base import Executor
 from truthput.store.db import Store
+
+class ReportWriter(Protocol):
+    def __call__(self, store: Store, store_path: Path, run_id: str, summary: RunSummary) -> list[Path]:
+        """Write the run's reports and units (the files written)."""
+
 
 NOTHING_MEASURED = 1
 SOME_NEVER_MEASURED = 3
@@ -39,7 +44,6 @@ class RunOutcome:
     counter, no usage: the measurement could not be made)."""
     files: list[Path] = field(default_factory=list)
     """The reports and winning units written."""
-    document: ReportDocument | None = None
 
     @property
     def exit_status(self) -> int:
@@ -92,9 +96,9 @@ async def run_and_report(exp: Experiment, exp_text: str, exp_path: str | None, s
                          engine: str | None = None, resume: str | None = None,
                          progress: Callable[[str], None] | EventSink | None = None,
                          sim_target: dict[str, Any] | None = None, executor: Executor | None = None,
-                         reports: Path | None = None) -> RunOutcome:
-    """Run (or resume) the experiment, then write its HTML and markdown reports and the winning
-    units into `reports` (None: no files). The summary is the one the run computed as it ended."""
+                         write_files: ReportWriter | None = None) -> RunOutcome:
+    """Run (or resume) the experiment, then hand it to `write_files` for its reports and winning
+    units (None: no files). The summary is the one the run computed as it ended."""
     from truthput.analyze.summary import summary_of
     from truthput.run.loop import execute
     from truthput.store.summary import summary_inputs
@@ -102,18 +106,6 @@ async def run_and_report(exp: Experiment, exp_text: str, exp_path: str | None, s
     ran = await execute(exp, exp_text, exp_path, store, engine=engine, resume=resume, progress=progress,
                         sim_target=sim_target, executor=executor)
     out = outcome_of(store, ran.run_id, ran.status, ran.summary or summary_of(summary_inputs(store, ran.run_id)))
-    if reports is not None and out.measured:  # a run that measured nothing has nothing to report
-        out.document, out.files = write_run_files(store, store_path, ran.run_id, reports, out.summary)
+    if write_files is not None and out.measured:  # a run that measured nothing has nothing to report
+        out.files = write_files(store, store_path, ran.run_id, out.summary)
     return out
-
-
-def write_run_files(store: Store, store_path: Path, run_id: str, folder: Path,
-                    summary: RunSummary) -> tuple[ReportDocument, list[Path]]:
-    """The run's HTML and markdown reports and its winning units in `folder`."""
-    from truthput.report.data import build_report_data
-    from truthput.report.files import ReportTargets, write_reports
-    from truthput.report.units import write_winner_units
-
-    doc = build_report_data(store, run_id, summary)
-    files = write_reports(doc, ReportTargets.run_folder(folder, run_id))
-    return doc, files + write_winner_units(store, store_path, run_id, folder, summary)

@@ -32,7 +32,7 @@ class VariantPlan:
     env: dict[str, str]
     diff: Any
     diff_text: list[str]
-    speculative: dict | None
+    speculative: dict[str, Any] | None
 
 
 @dataclass

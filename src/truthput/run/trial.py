@@ -86,14 +86,9 @@ class TrialRun:
 
     def client_tokens(self) -> int:
         """Tokens of every finished request (usage), plus the running count of failed ones."""
-        total = 0
-        for r in self.load.records:
-            if r.status == "ok":
-                total += r.completion_tokens or 0
-            else:
-                known = [x for x in r.chunk_tokens if x >= 0]
-                total += max(known) if known else (r.completion_tokens or 0)
-        return total
+        from truthput.load.records import client_tokens
+
+        return client_tokens(self.load.records)
 
 
 def _sampled_families(names: EngineMetricNames) -> tuple[str, ...]:

@@ -152,7 +152,7 @@ class StartActorImpl:
 
     def __init__(self) -> None:
         self.msgs: list[tuple[str, Any]] = []
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[Any] | None = None
         self.outcome: Any = None
         self.error: str | None = None
 
@@ -244,7 +244,7 @@ class RayExecutor:
         used = {n.node_id: 0 for n in self.nodes}  # starts placed per node: the least used goes first
         busy = {n.node_id: 0 for n in self.nodes}
         dead: set[str] = set()
-        running: dict[asyncio.Task, tuple[_Job, Node]] = {}
+        running: dict[asyncio.Task[Any], tuple[_Job, Node]] = {}
         try:
             while queue or running:
                 while queue:
