@@ -17,3 +17,11 @@ def restore_quickstart_db(path: Path) -> Path:
     conn.executescript(gzip.decompress(FIXTURE.read_bytes()).decode())
     conn.close()
     return path
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """A CSV export read back as rows of strings."""
+    import csv
+
+    with Path(path).open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))

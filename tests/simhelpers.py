@@ -129,3 +129,30 @@ def wait_listening(port: int, timeout_s: float = 30.0) -> None:
             return
         except OSError:
             time.sleep(0.1)
+
+
+async def run_experiment(exp, exp_text, exp_path, store, engine=None, progress=None, **kw):  # type: ignore[no-untyped-def]
+    """Run (or resume) an experiment as `truthput run` does, without its files; its run id."""
+    from truthput.run.loop import execute
+
+    return (await execute(exp, exp_text, exp_path, store, engine=engine, progress=progress, **kw)).run_id
+
+
+def flagged_figures(results):  # type: ignore[no-untyped-def]
+    """Every flagged figure of a trial's results with its path."""
+    from pydantic import BaseModel
+
+    from truthput.measure.model import Figure
+
+    out = []
+
+    def walk(obj, path):  # type: ignore[no-untyped-def]
+        if isinstance(obj, Figure):
+            if obj.flags:
+                out.append((path, obj))
+        elif isinstance(obj, BaseModel):
+            for name in type(obj).model_fields:
+                walk(getattr(obj, name), f"{path}.{name}" if path else name)
+
+    walk(results, "")
+    return out

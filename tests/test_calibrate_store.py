@@ -196,7 +196,7 @@ output_guard = false
 
 
 def _run(text: str, db: Path) -> str:
-    from truthput.run.loop import run_experiment
+    from simhelpers import run_experiment
     from truthput.experiment.file import parse_experiment
     from truthput.store.db import Store
 

@@ -24,7 +24,7 @@ import pytest
 from truthput.engines.ports import free_port, port_is_listening
 from truthput.engines.systemd import SystemdEngine, UnitStatus, render_variant_unit, unit_name
 from truthput.errors import EngineError
-from truthput.run.loop import run_experiment
+from simhelpers import run_experiment
 from truthput.experiment.file import parse_experiment
 from truthput.experiment.unit import parse_unit
 from truthput.store.db import Store

@@ -24,7 +24,7 @@ def test_real_max_model_len_above_models_is_invalid_config():
     assert "User-specified max_model_len (4096) is greater than the derived max_model_len" in f.root_cause_line
     assert f.reason.startswith("max-model-len above the model's: ")
     assert "4096" in f.reason and len(f.reason) <= 340
-    assert any(f.root_cause_line in line for line in f.excerpt_lines)
+    assert any(f.root_cause_line in line for line in f.excerpt.split("\n"))
     assert "\n" not in f.reason
 
 
@@ -88,7 +88,7 @@ def test_real_healthy_log_gives_no_root_cause_from_info_or_warning_lines():
     f = classify(None, log, "startup")
     assert f.kind == "startup_timeout"
     assert f.root_cause_line is None
-    assert len(f.excerpt_lines) == 20 and f.excerpt_lines[-1] == log[-1].rstrip()
+    assert len(f.excerpt.split("\n")) == 20 and f.excerpt.split("\n")[-1] == log[-1].rstrip()
 
 
 SYNTHETIC_CUDA_OOM_STARTUP = """\
@@ -107,7 +107,7 @@ def test_synthetic_cuda_oom_at_startup_picks_the_cuda_line():
     assert f.kind == "oom"
     assert "CUDA out of memory. Tried to allocate 1.02 GiB" in f.root_cause_line
     assert f.reason.startswith("GPU out of memory: torch.OutOfMemoryError: CUDA out of memory.")
-    assert "\x1b" not in f.excerpt and len(f.excerpt_lines) == 5  # 3 lines before the root cause, 1 after
+    assert "\x1b" not in f.excerpt and len(f.excerpt.split("\n")) == 5  # 3 lines before the root cause, 1 after
 
 
 def test_synthetic_cuda_oom_under_load_is_oom_not_crash():
@@ -171,8 +171,8 @@ def test_failure_is_plain_data():
     assert isinstance(f, Failure) and f.kind in FAILURE_KINDS
     d = f.to_dict()
     assert d["kind"] == "invalid_config" and isinstance(d["excerpt"], str)
-    assert d["excerpt"].count("\n") == len(f.excerpt_lines) - 1
-    assert 4 <= len(f.excerpt_lines) <= 3 + 1 + 6
+    assert d["excerpt"].count("\n") == len(f.excerpt.split("\n")) - 1
+    assert 4 <= len(f.excerpt.split("\n")) <= 3 + 1 + 6
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,6 @@ from leanstub import LeanStubProcess  # noqa: E402
 from truthput.errors import InputError  # noqa: E402
 from truthput.run.load import LoadOptions, run_load  # noqa: E402
 from truthput.load.goodput import SLO  # noqa: E402
-from truthput.run.load import summary_rows  # noqa: E402
 from truthput.load.workers import TrialLoad, WorkerPool, share, split_evenly  # noqa: E402
 from truthput.load.workload import Workload, WorkloadSpec  # noqa: E402
 from truthput.store.db import Store  # noqa: E402
@@ -46,7 +45,7 @@ def test_load_counts_every_token_and_stores_the_trials(stub, tmp_path: Path, mon
     o = opts(stub.url, concurrency=[2, 5], api_key_env="TRUTHPUT_SECRET_KEY", slo=SLO(ttft_ms=5000, itl_ms=1000))
     run = asyncio.run(run_load(o, db))
     assert stub.stats()["generation_tokens"] - before == 2 * 24 * 40
-    rows = summary_rows(run)
+    rows = run.rows()
     assert [r.level for r in rows] == [2, 5]
     for r in rows:
         assert r.requests == 24 and r.failed == 0
@@ -69,7 +68,7 @@ def test_load_counts_every_token_and_stores_the_trials(stub, tmp_path: Path, mon
 def test_open_loop_trial_through_the_driver(stub) -> None:
     o = opts(stub.url, rate=[200.0], arrival="constant", max_in_flight=6, requests=30)
     run = asyncio.run(run_load(o))
-    (row,) = summary_rows(run)
+    (row,) = run.rows()
     assert row.mode == "open" and row.requests == 30 and row.client_tokens == 30 * 40 and row.tokens_equal
     assert run.outcomes[0].load.max_in_flight <= 6
 
@@ -86,13 +85,13 @@ def test_sweep_through_the_driver_stops_at_max_level() -> None:
     assert tps[1] > 1.3 * tps[0] and tps[2] > 1.3 * tps[1]
     sweep = run.summary.sweep
     assert sweep is not None and not sweep.saturated and sweep.saturation_level == 4
-    assert all(r.tokens_equal for r in summary_rows(run))
+    assert all(r.tokens_equal for r in run.rows())
 
 
 def test_injected_slow_chunk_path_is_flagged_client_bound(stub) -> None:
     fast = asyncio.run(run_load(opts(stub.url, requests=12)))
     slow = asyncio.run(run_load(opts(stub.url, requests=12, test_chunk_spin_s=0.004)))
-    (f,), (s,) = summary_rows(fast), summary_rows(slow)
+    (f,), (s,) = fast.rows(), slow.rows()
     assert s.client_bound, s
     assert "lag" in s.client_reason or "CPU" in s.client_reason
     assert s.tokens_equal and f.tokens_equal  # still exact: slow, not lossy
@@ -201,7 +200,7 @@ def test_driver_with_worker_processes_counts_exactly(stub, tmp_path: Path) -> No
             run = runner.run(run_load(o, Store(tmp_path / "w.db"), pool))
     finally:
         pool.close()
-    (row,) = summary_rows(run)
+    (row,) = run.rows()
     assert row.requests == 160 and row.client_tokens == 160 * 150 and row.tokens_equal
     assert {r.worker for r in run.outcomes[0].load.records} == {0, 1}
     assert run.outcomes[0].results.integrity.model_dump()["holds"] is True

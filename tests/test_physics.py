@@ -8,8 +8,7 @@ from truthput.errors import InputError
 from truthput.hardware.gpus import GPU, Interconnect, get_gpu
 from truthput.hardware.models import ModelProfile, get_model
 from truthput.hardware.physics import (
-    GiB, Efficiency, decode_step, decode_tokps, expected_tokens_per_step, kv_bytes_per_token,
-    kv_bytes_per_token_per_gpu, memory_plan,
+    GiB, Efficiency, decode_step, kv_bytes_per_token_per_gpu, memory_plan,
 )
 
 TOY_GPU = GPU(name="toy", memory_bytes=10 * GiB, mem_bw_Bps=1e12, bf16_flops=100e12, fp8_flops=None,
@@ -22,12 +21,12 @@ EFF = Efficiency(bw_frac=0.5, flops_frac=0.5, step_overhead_s=0.001)
 
 
 def test_kv_bytes_per_token() -> None:
-    assert kv_bytes_per_token(TOY_MODEL, 2) == 2 * 10 * 2 * 100 * 2 == 8000
+    assert kv_bytes_per_token_per_gpu(TOY_MODEL, 2, tp=1) == 2 * 10 * 2 * 100 * 2 == 8000
     assert kv_bytes_per_token_per_gpu(TOY_MODEL, 2, tp=2) == 4000
     # 2 KV heads over TP=4: replicated, one head per GPU, not half a head
     assert kv_bytes_per_token_per_gpu(TOY_MODEL, 2, tp=4) == 4000
     seed = get_model("qwen3.6-27b-5.5bit")  # only the 16 full-attention layers hold KV
-    assert kv_bytes_per_token(seed, 1.0) == 2 * 16 * 4 * 256 * 1
+    assert kv_bytes_per_token_per_gpu(seed, 1.0, tp=1) == 2 * 16 * 4 * 256 * 1
 
 
 def test_decode_step_by_hand() -> None:
@@ -41,7 +40,6 @@ def test_decode_step_by_hand() -> None:
     assert s.t_allreduce == pytest.approx(20 * per_collective)
     assert s.t_draft == 0 and s.t_overhead == 0.001 and s.bound == "memory"
     assert s.total == pytest.approx(2.032e-3 + 20 * per_collective + 1e-3)
-    assert decode_tokps(s, 4) == pytest.approx(4 / s.total)
 
 
 def test_tp_latency_override_and_no_tp() -> None:
@@ -91,15 +89,6 @@ def test_seed_weight_pass() -> None:
     s = decode_step(get_gpu("RTX 3090"), get_model("qwen3.6-27b-5.5bit"), 2, 1, 0,
                     eff=Efficiency(bw_frac=1.0))
     assert s.t_weights == pytest.approx(9.3e9 / 936e9)  # 9.94 ms -> ~100 weight passes/s
-
-
-def test_expected_tokens_per_step() -> None:
-    assert expected_tokens_per_step([]) == 1.0
-    assert expected_tokens_per_step([0.8, 0.5]) == pytest.approx(1 + 0.8 + 0.4)
-    a, k = 0.7, 4
-    assert expected_tokens_per_step([a] * k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
-    with pytest.raises(InputError):
-        expected_tokens_per_step([1.5])
 
 
 def test_memory_plan_by_hand() -> None:

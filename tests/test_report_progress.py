@@ -24,7 +24,6 @@ def test_plain_lines_count_trials_and_time_left():
     assert (p.state.variant, p.state.start) == ("a", 1)
     p.handle(TrialDone("a", 0, 1, 0, 96.2, "server counter", True, "ok"))
     p.handle(TrialDone("a", 0, 1, 0, 96.2, "server counter", True, "ok"))  # the same trial again: not recounted
-    p.trial_done("a", 0, 1, 0, 96.2, simulated=True)  # and through the hook: not recounted either
     assert p.state.done_trials == 1
     p.state.t0 -= 10.0
     p.handle(TrialDone("a", 0, 8, 0, None, "server counter", True, "failed"))

@@ -9,6 +9,8 @@ Every trial is recomputed from those raw rows and must give the stored figures e
 
 from __future__ import annotations
 
+from simhelpers import flagged_figures
+
 import gzip
 import json
 import socket
@@ -117,7 +119,7 @@ def test_recorded_trials_recompute_to_the_stored_figures_exactly(store, name):
 @pytest.mark.parametrize("name", ["recorded-sim", "recorded-nometrics", "load"])
 def test_clean_recorded_trials_carry_no_validity_flag(store, name):
     for _old, new in recompute(store, run_id(store, name), raw=True):
-        assert new.flagged_figures() == []
+        assert flagged_figures(new) == []
         assert new.headline().source == ("usage" if name == "recorded-nometrics" else "server_counter")
 
 
@@ -142,7 +144,8 @@ def test_recorded_store_opens_converted_and_a_newer_one_is_refused(store, tmp_pa
 
 def test_usage_fallback_is_labelled_usage_in_every_export(store, tmp_path):
     from truthput.report.data import build_report_data
-    from truthput.report.export import read_csv, write_csv
+    from report_fixture import read_csv
+    from truthput.report.export import write_csv
     from truthput.report.html import render_html
 
     rid = run_id(store, "recorded-nometrics")
@@ -218,7 +221,8 @@ def test_client_bound_warning_reaches_every_report_format(store, tmp_path):
     from rich.console import Console
 
     from truthput.report.data import build_report_data
-    from truthput.report.export import read_csv, write_csv
+    from report_fixture import read_csv
+    from truthput.report.export import write_csv
     from truthput.report.html import render_html
     from truthput.report.markdown import render_markdown
     from truthput.report.terminal import print_run

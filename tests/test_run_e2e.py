@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from truthput.run.plan import build_plan
-from truthput.run.loop import run_experiment
+from simhelpers import flagged_figures, run_experiment
 from truthput.experiment.file import parse_experiment
 from truthput.analyze.summary import StoredSummary
 
@@ -145,7 +145,7 @@ def test_trials_hold_counter_figures_and_the_integrity_identity(tmp_path):
         # gauge's maximum)
         host_flags = {"client_bound", "host_interference", "load_not_reached", "burst_delivery"}
         wrong = [(name, [f.code for f in fig.flags if f.code not in host_flags])
-                 for name, fig in t.results.flagged_figures()]
+                 for name, fig in flagged_figures(t.results)]
         assert not [w for w in wrong if w[1]], wrong
         host = t.results.interference.host_other_cores  # the sim's process group is the server's
         assert host is not None and host.value is not None

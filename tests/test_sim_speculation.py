@@ -239,7 +239,7 @@ def test_fit_ngram_recovers_the_repetition_a_stored_run_was_served_with(tmp_path
     sim fit-ngram RUN` reads that run's n-gram counters from the store and must find both."""
     import asyncio
 
-    from truthput.run.loop import run_experiment
+    from simhelpers import run_experiment
     from truthput.experiment.file import parse_experiment
     from truthput.store.db import Store
 

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from truthput.analyze.stats import (
     cell_estimate,
-    holm_adjust,
     noise_warnings,
     ratio_estimate,
     welch_log_diff,
@@ -160,10 +159,6 @@ def test_noise_warnings():
     assert any("drift upward" in x for x in noise_warnings(drift))
     warm = [[280.0 + i, 300.0 + i, 301.0 + i] for i in range(4)]
     assert any("first trial of each start is slower" in x for x in noise_warnings(warm))
-
-
-def test_holm_adjust():
-    assert holm_adjust([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
 
 
 _starts = st.lists(

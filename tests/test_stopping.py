@@ -13,14 +13,31 @@ from truthput.analyze.stopping import (
     StoppingRule,
     fixed_design_starts,
     fixed_design_starts_from_sd,
+    look_shares,
+    simulate_rule,
 )
 from truthput.errors import MeasurementError, InputError
+
+
+def simulate(rule, true_ratios, sd_between, sd_within, trials_per_start=3, n_experiments=1000, seed=0):
+    """The rule on synthetic experiments, looking after every round as the runner does: one baseline
+    and one variant per entry of ``true_ratios``, start effects ~ N(0, sd_between) and trial noise
+    ~ N(0, sd_within) on log tok/s, one level."""
+    rng = np.random.default_rng(seed)
+    arms = [1.0, *true_ratios]
+
+    def draw(_):
+        return {f"a{i}": (r * np.exp(rng.normal(0.0, sd_between, (rule.max_starts, 1))
+                                     + rng.normal(0.0, sd_within, (rule.max_starts, trials_per_start)))).tolist()
+                for i, r in enumerate(arms)}
+
+    return simulate_rule(rule, draw, {f"a{i}": r for i, r in enumerate(arms) if i}, "a0", n_experiments, rng)
 
 
 @pytest.mark.parametrize("method", ["linear", "pocock", "obrien-fleming"])
 def test_spending_sums_to_alpha(method):
     rule = StoppingRule(0.02, max_starts=10, min_starts=2, alpha=0.05, method=method)
-    total = sum(rule.spent_at_look(k) for k in range(0, 12))
+    total = sum(look_shares(rule.min_starts, rule.max_starts, rule.alpha, rule.method))
     assert total == pytest.approx(0.05, rel=1e-12)
     assert rule.look_alpha(1) == 0.0 and rule.look_alpha(11) == 0.0
 
@@ -68,7 +85,7 @@ def test_no_true_difference_false_claims_at_most_5pct(method, true_ratios):
     within +-2% is a correct claim here, so the rule may stop on it. (Designs with shipped
     boundaries: another one is calibrated in the test's process first, about 6 s of CPU.)"""
     rule = StoppingRule(max_starts=6, min_starts=2, method=method)
-    sim = rule.simulate(true_ratios, sd_between=0.03, sd_within=0.02, trials_per_start=3,
+    sim = simulate(rule, true_ratios, sd_between=0.03, sd_within=0.02, trials_per_start=3,
                         n_experiments=600, seed=7)
     print(f"null {method} {len(true_ratios)} variants: false {sim.false_winner_rate:.4f}, "
           f"coverage {sim.coverage:.4f}, mean starts {sim.mean_starts:.2f}")
@@ -78,7 +95,7 @@ def test_no_true_difference_false_claims_at_most_5pct(method, true_ratios):
 
 def test_large_difference_stops_early():
     rule = StoppingRule(max_starts=10, min_starts=2, method="obrien-fleming")
-    sim = rule.simulate([1.38], sd_between=0.03, sd_within=0.02, n_experiments=600, seed=3)
+    sim = simulate(rule, [1.38], sd_between=0.03, sd_within=0.02, n_experiments=600, seed=3)
     print(f"+38%: mean starts {sim.mean_starts:.2f} {sim.starts_histogram} power {sim.power}")
     assert sim.power == 1.0
     # O'Brien-Fleming keeps most of alpha for late looks: a 38% change stops by look 3-4 (its
@@ -93,7 +110,7 @@ def test_two_x_at_ten_percent_cv_is_decided_by_three_starts():
     a 10% start CV is decided at the first look in >= 90% of runs (benchmarks/stats_coverage.py
     measures it on 10,000: about 96%), and every one by the last look."""
     rule = StoppingRule(max_starts=8, min_starts=3)
-    sim = rule.simulate([2.0], sd_between=0.10, sd_within=0.01, trials_per_start=1, n_experiments=500, seed=11)
+    sim = simulate(rule, [2.0], sd_between=0.10, sd_within=0.01, trials_per_start=1, n_experiments=500, seed=11)
     assert sim.starts_histogram.get(3, 0) / 500 >= 0.90
     assert sum(sim.starts_histogram.values()) == 500 and max(sim.starts_histogram) <= 8
     assert sim.false_winner_rate == 0.0 and sim.power >= 0.99
@@ -263,8 +280,8 @@ def test_futility_gives_up_a_small_change_under_small_noise_not_a_large_one_unde
 
     rule = stopping_rule(MeasureSection())
     assert rule is not None
-    null = rule.simulate([1.0], sd_between=0.03, sd_within=0.01, trials_per_start=1, n_experiments=300, seed=5)
-    weak = rule.simulate([1.10], sd_between=0.10, sd_within=0.01, trials_per_start=1, n_experiments=300, seed=6)
+    null = simulate(rule, [1.0], sd_between=0.03, sd_within=0.01, trials_per_start=1, n_experiments=300, seed=5)
+    weak = simulate(rule, [1.10], sd_between=0.10, sd_within=0.01, trials_per_start=1, n_experiments=300, seed=6)
     print(f"A/A CV 3%: {null.reasons}, {null.mean_starts:.2f} starts; +10% CV 10%: {weak.reasons}, "
           f"power {weak.power:.3f}")
     assert null.reasons.get(FUTILE, 0) / 300 >= 0.5 and null.mean_starts <= 4.5

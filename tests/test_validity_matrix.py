@@ -169,7 +169,8 @@ def _text(fn, *args) -> str:
 @pytest.mark.parametrize("cond", CONDITIONS, ids=[c.name for c in CONDITIONS])
 def test_every_view_is_right_or_flagged(cond, tmp_path):
     from truthput.report.data import build_report_data, compare_runs
-    from truthput.report.export import read_csv, write_csv
+    from report_fixture import read_csv
+    from truthput.report.export import write_csv
     from truthput.report.html import render_html
     from truthput.report.markdown import render_markdown
     from truthput.report.terminal import print_audit_matrix, print_run
@@ -239,7 +240,6 @@ def test_load_table_against_a_metrics_endpoint_one_scrape_behind(continuous, tmp
     from truthput.load.workload import WorkloadSpec
     from truthput.run.load import LoadOptions, run_load
     from truthput.report.loadtable import print_summary
-    from truthput.run.load import summary_rows
     from truthserver import TruthServer
 
     async def go():
@@ -254,7 +254,7 @@ def test_load_table_against_a_metrics_endpoint_one_scrape_behind(continuous, tmp
         return server, opts, run
 
     server, opts, run = asyncio.run(go())
-    (row,) = summary_rows(run)
+    (row,) = run.rows()
     res = run.outcomes[0].results
     ws, we = res.window.start, res.window.end
     truth = server.ledger.between(ws, we) / (we - ws)

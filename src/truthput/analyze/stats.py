@@ -31,7 +31,6 @@ DEFAULT_CV_THRESHOLD = 0.05
 hyperfine flags outliers; 5% is a deliberate, stricter line for A/B tests of a few percent)."""
 
 
-
 def clean_starts(per_start: Sequence[Sequence[float]], where: str = "cell") -> list[np.ndarray]:
     """Validate and return the non-empty starts as float arrays.
 
@@ -576,18 +575,6 @@ def welch_log_diff(log_variant: np.ndarray, log_baseline: np.ndarray, alpha: flo
         tstat = np.where(se > 0, np.abs(diff) / se, np.where(diff == 0, 0.0, np.inf))
     p = 2.0 * special.stdtr(df, -tstat)
     return WelchArrays(diff=diff, se=se, df=df, lo=diff - half, hi=diff + half, p=p)
-
-
-def holm_adjust(p_values: Sequence[float]) -> list[float]:
-    """Holm step-down adjusted p-values (for reporting; intervals use Bonferroni so they agree
-    with the decision)."""
-    p = np.asarray(p_values, dtype=float)
-    m = p.size
-    order = np.argsort(p)
-    adj = np.minimum(1.0, np.maximum.accumulate(p[order] * (m - np.arange(m))))
-    out = np.empty(m)
-    out[order] = adj
-    return out.tolist()
 
 
 def noise_warnings(

@@ -181,13 +181,6 @@ class StoppingRule:
             return sum(shares[: max(0, look - self.min_starts + 1)])
         return _spend(self.method, self.alpha, t)
 
-    def spent_at_look(self, look: int) -> float:
-        """The error the spending function allots to look ``look``: F(t_k) - F(t_{k-1}), with the
-        first planned look taking F(t_first) (it covers the looks that were skipped)."""
-        if look < self.min_starts or look > self.max_starts:
-            return 0.0
-        return look_shares(self.min_starts, self.max_starts, self.alpha, self.method)[look - self.min_starts]
-
     def look_alpha(self, look: int, alpha: float | None = None) -> float:
         """The nominal per-comparison level of look ``look`` (= server starts per variant so far)
         for a family-wise ``alpha`` (default the rule's): the exact group-sequential boundary of
@@ -342,29 +335,6 @@ class StoppingRule:
         labels = {k: comparison_label(k.variant, None if k.level == -1 else k.level) for k in decisions}
         return StopDecision(reason != CONTINUE, reason, {labels[k]: d.estimate for k, d in decisions.items()},
                             look, alpha_k, self.describe(), {labels[k]: d for k, d in decisions.items()})
-
-    def simulate(
-        self,
-        true_ratios: Sequence[float],
-        sd_between: float,
-        sd_within: float,
-        trials_per_start: int = 3,
-        n_experiments: int = 1000,
-        seed: int = 0,
-    ) -> SequentialSimulation:
-        """Run this rule on synthetic experiments: one baseline and one variant per entry of
-        ``true_ratios``, start effects ~ N(0, sd_between) and trial noise ~ N(0, sd_within) on log
-        tok/s, one level.  Same decisions as ``decide`` (it calls it).  For `truthput plan` and tests."""
-        rng = np.random.default_rng(seed)
-        arms = [1.0, *true_ratios]
-
-        def draw(_: np.random.Generator) -> Cells:
-            return {f"a{i}": (r * np.exp(rng.normal(0.0, sd_between, (self.max_starts, 1))
-                                         + rng.normal(0.0, sd_within, (self.max_starts, trials_per_start)))).tolist()
-                    for i, r in enumerate(arms)}
-
-        truth = {f"a{i}": r for i, r in enumerate(arms) if i}
-        return simulate_rule(self, draw, truth, "a0", n_experiments, rng)
 
 
 def look_shares(min_starts: int, max_starts: int, alpha: float, method: str) -> list[float]:

@@ -60,10 +60,6 @@ class Failure:
         """Plain dict for JSON / the store (`starts.failure_*`, `log_excerpt`)."""
         return asdict(self)
 
-    @property
-    def excerpt_lines(self) -> list[str]:
-        return self.excerpt.split("\n") if self.excerpt else []
-
 
 @dataclass(frozen=True, slots=True)
 class _Pattern:

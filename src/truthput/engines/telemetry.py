@@ -316,18 +316,6 @@ class GpuSampler:
             self.summary = self.stop()
 
 
-def gpu_used_bytes(nvml: ModuleType | None = None) -> dict[int, float] | None:
-    """Memory used per GPU now (a baseline for gpu_memory_released), None without NVML."""
-    mod, _ = load_nvml(nvml)
-    if mod is None:
-        return None
-    try:
-        return {i: float(mod.nvmlDeviceGetMemoryInfo(mod.nvmlDeviceGetHandleByIndex(i)).used)
-                for i in range(mod.nvmlDeviceGetCount())}
-    finally:
-        _shutdown(mod)
-
-
 def _gpu_pids(mod: ModuleType) -> set[int]:
     pids: set[int] = set()
     for i in range(mod.nvmlDeviceGetCount()):

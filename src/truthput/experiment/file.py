@@ -595,12 +595,6 @@ class Experiment(_Strict):
             said.append(f"[model] profile = {model!r}")
         return said
 
-    def variant_named(self, name: str) -> VariantSection:
-        for v in self.variant:
-            if v.name == name:
-                return v
-        raise InputError(f"no variant named {name!r}")
-
 
 def _loc(loc: tuple[Any, ...]) -> str:
     parts: list[str] = []

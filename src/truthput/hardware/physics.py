@@ -75,11 +75,6 @@ def kv_heads_per_gpu(model: ModelProfile, tp: int) -> float:
     return max(1.0, math.ceil(model.kv_heads / tp)) if tp > 1 else float(model.kv_heads)
 
 
-def kv_bytes_per_token(model: ModelProfile, kv_dtype_bytes: float) -> float:
-    """KV bytes one token adds across the whole model (all GPUs): 2 (K,V) x L_attn x n_kv x d x s."""
-    return 2.0 * model.attn_layers * model.kv_heads * model.head_dim * kv_dtype_bytes
-
-
 def kv_bytes_per_token_per_gpu(model: ModelProfile, kv_dtype_bytes: float, tp: int) -> float:
     """KV bytes one token adds on each GPU (heads replicated when kv_heads < tp)."""
     return 2.0 * model.attn_layers * kv_heads_per_gpu(model, tp) * model.head_dim * kv_dtype_bytes
@@ -228,22 +223,6 @@ def prior_efficiency(gpu: GPU) -> Efficiency:
     the bandwidth, half the FLOP/s); a probed host's figures were achieved there, so they are
     not. On a probed 1-core host, the half-FLOP/s prior predicted 8 streams 37% too slow."""
     return Efficiency(bw_frac=1.0, flops_frac=1.0) if gpu.measured else Efficiency()
-
-
-def expected_tokens_per_step(acceptance: Sequence[float]) -> float:
-    """Tokens a sequence emits per verification step: 1 + a1 + a1a2 + ... (a_i conditional per position)."""
-    total, running = 1.0, 1.0
-    for a in acceptance:
-        if not 0.0 <= a <= 1.0:
-            raise InputError(f"acceptance probability {a} outside [0, 1] (physics)")
-        running *= a
-        total += running
-    return total
-
-
-def decode_tokps(step: StepBreakdown, batch: int, tokens_per_step: float = 1.0) -> float:
-    """Aggregate output tok/s of a steady decode: batch x E / step time."""
-    return batch * tokens_per_step / step.total if step.total > 0 else 0.0
 
 
 IDLE_POWER_FRAC = 0.2

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -406,22 +407,21 @@ class OpenLoop:
         """End the window (and the arrivals) now; see ClosedLoop.end_window."""
         self._end_window.set()
 
-    def arrival_offsets(self, n: int) -> list[float]:
-        """Seconds after the start at which requests 0..n-1 arrive (deterministic per seed)."""
+    def arrival_offsets(self) -> Iterator[float]:
+        """Seconds after the start at which requests 0, 1, ... arrive (deterministic per seed): what
+        `run` sends on."""
         import random
 
-        if self.arrival == "constant":
-            return [k / self.rate for k in range(n)]
         rng = random.Random(f"truthput-arrivals:{self.seed}")
-        t, out = 0.0, []
-        for _ in range(n):
-            out.append(t)
-            t += rng.expovariate(self.rate)
-        return out
+        t = 0.0
+        for k in itertools.count():
+            if self.arrival == "constant":
+                yield k / self.rate
+            else:
+                yield t
+                t += rng.expovariate(self.rate)
 
     async def run(self, on_window_start: Callback | None = None, on_window_end: Callback | None = None) -> LoadResult:
-        import random
-
         notes: list[str] = []
         records: list[RequestRecord] = []
         ahead = max(64, int(self.rate * 2))
@@ -433,7 +433,7 @@ class OpenLoop:
         slots = asyncio.Semaphore(self.max_in_flight_cap) if self.max_in_flight_cap else None
         stop_arrivals = asyncio.Event()
         tasks: set[asyncio.Task[None]] = set()
-        rng = random.Random(f"truthput-arrivals:{self.seed}")
+        offsets = self.arrival_offsets()
         client = self.client
 
         errors = [0, 0]  # failed, ok
@@ -460,7 +460,7 @@ class OpenLoop:
 
         async def arrivals() -> None:
             t0 = time.monotonic()
-            t_next = 0.0
+            t_next = next(offsets)
             idx = 0
             while not stop_arrivals.is_set():
                 if self.max_requests is not None and idx >= self.max_requests:
@@ -484,7 +484,7 @@ class OpenLoop:
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 idx += 1
-                t_next += (1.0 / self.rate) if self.arrival == "constant" else rng.expovariate(self.rate)
+                t_next = next(offsets)
 
         probe = LagProbe()
         probe.start()

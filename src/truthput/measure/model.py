@@ -433,26 +433,6 @@ class TrialResults(Section):
         return Figure(value=None, unit="tok/s", source="server_counter", window="window",
                       note=f"no headline figure: counter: {counter.note or 'missing'}; usage: {usage.note or 'missing'}")
 
-    def flagged_figures(self) -> list[tuple[str, Figure]]:
-        """Every flagged figure of the trial with its path (for audits and tests)."""
-        out: list[tuple[str, Figure]] = []
-
-        def walk(obj: Any, path: str) -> None:
-            if isinstance(obj, Figure):
-                if obj.flags:
-                    out.append((path, obj))
-            elif isinstance(obj, BaseModel):
-                for name in type(obj).model_fields:
-                    walk(getattr(obj, name), f"{path}.{name}" if path else name)
-            elif isinstance(obj, dict):
-                for k, v in obj.items():
-                    walk(v, f"{path}.{k}")
-            elif isinstance(obj, list):
-                for i, v in enumerate(obj):
-                    walk(v, f"{path}[{i}]")
-
-        walk(self, "")
-        return out
 
     def to_json_dict(self) -> dict[str, Any]:
         """The stored document (strict JSON: missing values are null)."""

@@ -28,28 +28,6 @@ def write_json(doc: ReportDocument, path: str | Path) -> Path:
     return path
 
 
-def load_report(path: str | Path) -> ReportDocument:
-    """A JSON export read back; a clear error when it is not one (or of a schema this version cannot read)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StoreError(f"{path}: no such report file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise StoreError(f"{path}: not a JSON report ({exc})") from None
-    schema = data.get("schema") if isinstance(data, dict) else None
-    if not isinstance(schema, str) or not schema.startswith("truthput-report/"):
-        raise StoreError(f"{path}: not a truthput report (no 'schema': '{SCHEMA}')")
-    if schema != SCHEMA:
-        raise StoreError(f"{path}: report schema {schema!r}; this truthput reads {SCHEMA!r}")
-    try:
-        return ReportDocument.from_json(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise StoreError(f"{path}: not a valid {SCHEMA} document ({where}: {first['msg']})") from None
-
-
 def _plain(val: Any) -> Any:
     if isinstance(val, BaseModel):
         return val.model_dump(mode="json", exclude_unset=True)
@@ -148,7 +126,3 @@ def write_csv(doc: ReportDocument, folder: str | Path) -> list[Path]:
     return [_write_csv(folder / f"{name}.csv", rows) for name, rows in tables(doc).items()]
 
 
-def read_csv(path: str | Path) -> list[dict[str, str]]:
-    """A CSV export read back as rows of strings (numbers parse with float())."""
-    with Path(path).open(newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))

@@ -141,11 +141,6 @@ class LiveProgress:
         self.state.level = self.state.trial = None
         self._refresh()
 
-    def trial_done(self, variant: str, start_index: int, level: Level, trial_index: int,
-                   tokps: float | None, simulated: bool = False) -> None:
-        """A trial committed (indices 0-based, as in the runner); tokps = its server-counter figure."""
-        self.state.record_trial(variant, start_index + 1, level, trial_index + 1, tokps, simulated)
-        self._refresh()
 
     # ---- events and plain lines --------------------------------------------------------------
     def handle(self, event: Event) -> None:

@@ -168,10 +168,6 @@ class LoadRun:
         return self.summary.levels
 
 
-def summary_rows(run: LoadRun) -> list[LoadRow]:
-    return run.rows()
-
-
 def load_summary(opts: LoadOptions, run_id: str | None, outcomes: list[TrialOutcome], sweep: Sweep | None,
                  simulated: bool) -> LoadSummary:
     """The run's one summary: a row per trial (`truthput.analyze.loadrows.load_row`) and the sweep's answer."""
@@ -274,8 +270,6 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
             if run_id is not None:
                 store.set_run_status(run_id, status, summary.to_json())
     return LoadRun(run_id=run_id, outcomes=outcomes, summary=summary, simulated=simulated)
-
-
 
 
 def _levels(opts: LoadOptions) -> list[float]:

@@ -86,13 +86,6 @@ class Ran:
     summary: RunSummary | None
 
 
-async def run_experiment(exp: Experiment, exp_text: str, exp_path: str | None, store: Store, engine: str | None = None,
-                         resume: str | None = None, progress: Callable[[str], None] | EventSink | None = None,
-                         sim_target: dict[str, Any] | None = None, executor: Executor | None = None) -> str:
-    """Run (or resume) the experiment; its run id (`execute` says how it ended)."""
-    return (await execute(exp, exp_text, exp_path, store, engine, resume, progress, sim_target, executor)).run_id
-
-
 async def execute(exp: Experiment, exp_text: str, exp_path: str | None, store: Store, engine: str | None = None,
                   resume: str | None = None, progress: Callable[[str], None] | EventSink | None = None,
                   sim_target: dict[str, Any] | None = None, executor: Executor | None = None) -> Ran:

@@ -812,67 +812,6 @@ def _fit_noise(res: Any, n: int, k: int, start_effects: bool, whitened: bool) ->
 # --- what a misfit asks of the model ----------------------------------------------------------------
 
 
-def _solve_alternative(result: CalibrationResult, target: CalibrationPoint, name: str,
-                       anchor: CalibrationPoint) -> tuple[float, float] | None:
-    """Refit `step_overhead_s` + `name` through both the anchor and the target point exactly.
-    Returns (value of name, overhead) or None when no value inside the bounds does it."""
-    from scipy.optimize import brentq
-
-    lo_b, hi_b = BOUNDS[name]
-    anchor_tokps, target_tokps = anchor.measured_tokps, target.measured_tokps
-    if anchor_tokps is None or target_tokps is None:
-        raise InputError("explaining a misfit takes two measured points")
-
-    def overhead_for(value: float) -> Efficiency | None:
-        eff = replace(result.efficiency, **{name: value}, step_overhead_s=0.0)
-        step0 = anchor.concurrency * anchor.tokens_per_step() / anchor_tokps
-        modelled = anchor.concurrency * anchor.tokens_per_step() / model_tokps(result.gpu, result.model, anchor, eff)
-        c = step0 - modelled
-        return replace(eff, step_overhead_s=c) if c >= 0 else None
-
-    def gap(value: float) -> float:
-        eff = overhead_for(value)
-        if eff is None:
-            return float("nan")
-        return math.log(model_tokps(result.gpu, result.model, target, eff)) - math.log(target_tokps)
-
-    import numpy as np
-
-    grid = np.geomspace(max(lo_b, 1e-7), hi_b, 200)
-    values = [gap(v) for v in grid]
-    for a, b, ga, gb in zip(grid[:-1], grid[1:], values[:-1], values[1:]):
-        if math.isfinite(ga) and math.isfinite(gb) and ga * gb <= 0:
-            root = brentq(gap, a, b, xtol=1e-12)
-            eff = overhead_for(root)
-            return root, eff.step_overhead_s if eff else float("nan")
-    return None
-
-
-EXPLAINED_BY = {
-    "flops_frac": "achieved compute fraction {v:.2f} of dense bf16 peak",
-    "bw_frac": "bandwidth fraction {v:.2f}",
-    "tp_latency_s": "TP all-reduce alpha {us:.0f} us",
-    "per_seq_overhead_s": "a CPU cost of {ms:.2f} ms per running sequence per step (scheduling, sampling, detokenising)",
-}
-"""The constants a second point can ask to change, and how each reads to a person."""
-
-
-def explain_misfit(result: CalibrationResult, anchor: CalibrationPoint, target: CalibrationPoint) -> list[str]:
-    """Where a fit on `anchor` misses `target`: what each constant alone would have to be (refitted,
-    with the step overhead, through both points exactly), or that none explains it. Model figures:
-    which one is right takes a measurement at a third batch size."""
-    lines = []
-    for name, text in EXPLAINED_BY.items():
-        solved = _solve_alternative(result, target, name, anchor)
-        if solved is None:
-            lines.append(f"{name}: no value explains it (this term barely depends on the batch)")
-        else:
-            v, overhead = solved
-            lines.append(f"{name}: {text.format(v=v, us=v * 1e6, ms=v * 1e3)}, with step overhead "
-                         f"{overhead * 1e3:.1f} ms")
-    return lines
-
-
 # --- points as `truthput sim calibrate --point` takes them ---------------------------------------
 
 _POINT_KEYS = {"tp": int, "concurrency": int, "spec_k": int, "spec_method": str, "acceptance": float,
