@@ -246,12 +246,12 @@ def test_client_bound_warning_reaches_every_report_format(store, tmp_path):
 def test_audit_matrix_gives_each_cell_its_own_cause(store):
     from rich.console import Console
 
-    from truthput.analyze.audit import audit_rows
+    from truthput.analyze.audit import audit_of, audit_rows
     from truthput.report.terminal import print_audit_matrix
 
     rid = run_id(store, "recorded-sim")
     con = Console(record=True, width=300)
-    print_audit_matrix(store, rid, console=con)
+    print_audit_matrix(audit_of(store.trial_results(rid), True), console=con)
     text = con.export_text()
     rows = audit_rows(store.trial_results(rid))
     for r in rows:

@@ -135,3 +135,20 @@ def integrity_rows(trials: Sequence[TrialLike]) -> list[IntegrityRow]:
             warnings=sorted({w for r in results for w in r.warnings if w not in r.requests.work_notes}),
         ))
     return rows
+
+
+@dataclass
+class Audit:
+    """A run's audit, computed once per command: every counting method against each cell's
+    headline (`rows`), what they are against, and each cell's whole-trial identity (`integrity`)."""
+
+    rows: list[AuditEntry]
+    integrity: list[IntegrityRow]
+    against: str
+    simulated: bool
+
+
+def audit_of(trials: Sequence[TrialLike], simulated: bool) -> Audit:
+    """The audit of a run's trials (of its ok trials with method figures)."""
+    rows = audit_rows(trials, simulated=simulated)
+    return Audit(rows, integrity_rows(trials), audit_reference(r.reference for r in rows), simulated)

@@ -223,6 +223,13 @@ class Cell:
                 starts.setdefault(_replicate(t), []).append(v)
         return starts
 
+    def completion_tokens_mean(self) -> float | None:
+        """Mean completion tokens per ok request over the cell's ok trials (usage): the work each
+        request did, so a figure per token can be read per request."""
+        vals = [t.results.requests.completion_tokens_mean for t in self.trials if t.status == "ok"]
+        known = [v for v in vals if v is not None]
+        return sum(known) / len(known) if known else None
+
     def median_over_trials(self, metric: str, q: str) -> float | None:
         """Median over the cell's ok trials of each trial's client-clock latency quantile."""
         vals = []

@@ -44,6 +44,12 @@ class LatencyRow(LevelRow):
     source: str
     note: str
 
+    def ecdf(self, key: str) -> tuple[list[float], list[float]]:
+        """The empirical CDF of `ttft_ms` or `itl_ms`: each request's value, sorted, and the share
+        of the cell's requests at or below it."""
+        values: list[float] = sorted(getattr(self, key))
+        return values, [(k + 1) / len(values) for k in range(len(values))]
+
 
 class GoodputRow(LevelRow):
     """A cell's goodput under the SLOs, mean over its trials."""

@@ -53,6 +53,8 @@ class CellRow(LevelRow):
     e2e_p50: Figure | None = None
     e2e_p90: Figure | None = None
     e2e_p99: Figure | None = None
+    completion_tokens: Figure | None = None
+    """Mean completion tokens per request (usage), over the cell's trials."""
 
     @property
     def ok(self) -> bool:
@@ -114,6 +116,8 @@ def cell_rows(summary: RunSummary, simulated: bool) -> list[CellRow]:
                                          "leaves out TTFT and the gaps between requests, so at c=1 it can exceed "
                                          "the aggregate",
                                     flags=flag_refs(cell.flags_on("per stream")))
+            row.completion_tokens = figure(cell.completion_tokens_mean(), "tokens", "usage", simulated,
+                                           note="mean usage.completion_tokens of the ok requests, over trials")
             row.ttft_p50 = figure(cell.ttft_p50, "s", "client_clock", simulated)
             row.itl_p50 = figure(cell.itl_p50, "s", "client_clock", simulated)
             for name in ("ttft", "itl", "tpot", "e2e"):

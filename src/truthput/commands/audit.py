@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
         from truthput.report.console import make_console
         from truthput.report.terminal import render_audit
 
-        from truthput.analyze.audit import audit_reference, audit_rows, integrity_rows
+        from truthput.analyze.audit import audit_of
         from truthput.errors import StoreError
         from truthput.experiment.levels import level_label
         from truthput.store.db import Store
@@ -31,9 +31,8 @@ def register(app: typer.Typer) -> None:
             rid = db.resolve_run(run_id)
             run = db.run(rid)
             simulated = bool(run.simulated)
-            trials = db.trial_results(rid)
-            rows = audit_rows(trials, simulated=simulated)
-            checks = integrity_rows(trials)
+            audit = audit_of(db.trial_results(rid), simulated)
+            rows, checks = audit.rows, audit.integrity
         finally:
             db.close()
         if not rows:
@@ -42,7 +41,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps({"run": rid, "simulated": simulated, "methods": [r.model_dump(mode="json") for r in rows],
                                    "integrity": [c.to_dict() for c in checks]}, indent=2))
             return
-        title = f"audit of run {rid}: every counting method vs {audit_reference(r.reference for r in rows)}" + (" -- SIMULATED: no figure here is a measurement" if simulated else "")
+        title = f"audit of run {rid}: every counting method vs {audit.against}" + (" -- SIMULATED: no figure here is a measurement" if simulated else "")
         console = make_console()
         console.print(render_audit(rows, title, simulated))
         for c in checks:

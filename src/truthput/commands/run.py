@@ -9,6 +9,7 @@ import typer
 
 if TYPE_CHECKING:
     from truthput.experiment.file import Experiment
+    from truthput.report.files import RunFiles
     from truthput.run.outcome import RunOutcome
     from truthput.run.plan import Plan
 
@@ -129,19 +130,23 @@ def run(
                    f"--store {store}", err=True)
         raise typer.Exit(128 + received[0] if received else 130)
     progress.close()
-    _print_outcome(db, outcome, verbose, files.document if files is not None else None)
+    _print_outcome(db, outcome, verbose, files)
     if outcome.exit_status:
         raise typer.Exit(outcome.exit_status)
 
 
-def _print_outcome(db: Any, outcome: RunOutcome, verbose: bool, document: Any) -> None:
+def _print_outcome(db: Any, outcome: RunOutcome, verbose: bool, files: RunFiles | None) -> None:
     """The audit and the roofline first, so the run ends with its table and verdict; then the files
     written, and a line for any variant that was never measured."""
     from truthput.report.data import roofline_for_run, roofline_lines
     from truthput.report.terminal import print_audit_matrix, print_run
 
+    from truthput.analyze.audit import audit_of
+
     rid, summary = outcome.run_id, outcome.summary
-    print_audit_matrix(db, rid)
+    document = files.document if files is not None else None
+    print_audit_matrix(files.audit if files is not None and files.audit is not None
+                       else audit_of(db.trial_results(rid), bool(db.run(rid).simulated)))
     if summary.measured_nothing() is None:
         roof = document.roofline if document is not None else roofline_for_run(db, rid, summary)
         for line in roofline_lines(roof):

@@ -25,6 +25,7 @@ from truthput.analyze.cells import Cell
 from truthput.analyze.latency import GoodputRow, LatencyRow, latency_and_goodput
 from truthput.analyze.placement import RooflineDoc, context_tokens, place_cells
 from truthput.analyze.specdecode import SpecDecodeRow, spec_decode_rows
+from truthput.analyze.audit import Audit, audit_of
 from truthput.analyze.loadrows import LoadSummary
 from truthput.analyze.summary import RunSummary, summary_of
 from truthput.analyze.tables import cell_rows, trial_rows
@@ -250,10 +251,10 @@ def _claims(exp: Any, raw_trials: list[StoredTrial], roof: RooflineDoc, simulate
 
 
 # ---- the document -----------------------------------------------------------------------------
-def build_report_data(store: Store, run_id: str, summary: RunSummary | None = None) -> ReportDocument:
+def build_report_data(store: Store, run_id: str, summary: RunSummary | None = None,
+                      audit: Audit | None = None) -> ReportDocument:
     """Everything a run's reports show, as one typed document (schema truthput-report/1).
-    `summary`: the run's, where the caller has it (else recomputed from the stored trials)."""
-    from truthput.analyze.audit import audit_reference, audit_rows
+    `summary`, `audit`: the run's, where the caller has them (else made from the stored trials)."""
 
     run_id, run, exp, exp_error = _open_run(store, run_id)
     simulated = bool(run.simulated)
@@ -266,7 +267,7 @@ def build_report_data(store: Store, run_id: str, summary: RunSummary | None = No
     spec = spec_decode_rows(trials, simulated)
     roofline = _roofline(experiment, summary, spec, simulated)
     latency, goodput = _latency_and_goodput(store, trials, experiment.slo, simulated)
-    audit = audit_rows(trials, simulated=simulated)
+    audit = audit or audit_of(trials, simulated)
     return ReportDocument(
         schema_=SCHEMA, generated_at=datetime.now(timezone.utc).isoformat(), simulated=simulated,
         simulated_note=("SIMULATED: every figure comes from the embedded simulator (a physics model), "
@@ -282,8 +283,8 @@ def build_report_data(store: Store, run_id: str, summary: RunSummary | None = No
         verdict=VerdictSection(from_=summary.origin, lines=summary.verdict.lines(), detail=summary.verdict,
                                failed=summary.failed, guard=summary.guard, stopping=summary.stopping),
         warnings=summary.warnings(), flags=summary.flag_lines(),
-        audit=audit,
-        audit_against=audit_reference(r.reference for r in audit),
+        audit=audit.rows,
+        audit_against=audit.against,
         spec_decode=spec, latency=latency, goodput=goodput, roofline=roofline,
         claims=_claims(exp, trials, roofline, simulated), failures=_failures(store, run_id, trials),
         telemetry=_telemetry(store, trials), trials=trial_rows(trials, simulated),

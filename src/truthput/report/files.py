@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from truthput.report.document import ReportDocument
 
 if TYPE_CHECKING:
+    from truthput.analyze.audit import Audit
     from truthput.analyze.summary import RunSummary
     from truthput.store.db import Store
 
@@ -77,11 +78,15 @@ class RunFiles:
 
     folder: Path
     document: ReportDocument | None = None
+    audit: Audit | None = None
+    """The run's audit, made once for the document and the terminal's matrix."""
 
     def __call__(self, store: Store, store_path: Path, run_id: str, summary: RunSummary) -> list[Path]:
+        from truthput.analyze.audit import audit_of
         from truthput.report.data import build_report_data
         from truthput.report.units import write_winner_units
 
-        self.document = build_report_data(store, run_id, summary)
+        self.audit = audit_of(store.trial_results(run_id), bool(store.run(run_id).simulated))
+        self.document = build_report_data(store, run_id, summary, self.audit)
         files = write_reports(self.document, ReportTargets.run_folder(self.folder, run_id))
         return files + write_winner_units(store, store_path, run_id, self.folder, summary)

@@ -7,12 +7,14 @@ Why its own escaping: GitHub renders inline HTML in markdown, so text from serve
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from truthput.text import capped, percent
 from truthput.analyze.cells import source_label
 from truthput.experiment.levels import row_header, row_level
-from truthput.report.document import Figure, ReportDocument
+from truthput.report.columns import CELL_FIGURES, FigureColumn
+from truthput.report.document import CellRow, Figure, ReportDocument
 
 
 def md_text(text: Any) -> str:
@@ -29,7 +31,12 @@ def _num(f: Figure | None, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
 
 
 def _marks(f: Figure | None) -> str:
-    return " !" + ",".join(f.flag_codes) if f is not None and f.flags else ""
+    return _codes(f.flag_codes) if f is not None else ""
+
+
+def _codes(codes: list[str]) -> str:
+    """' !code,code' after a flagged figure (the reasons are listed under the verdict)."""
+    return " !" + ",".join(dict.fromkeys(codes)) if codes else ""
 
 
 def _measured(f: Figure) -> str:
@@ -83,26 +90,34 @@ def render_markdown(doc: ReportDocument) -> str:
                                           for v in doc.experiment.variants])
 
     lines += ["", f"### Throughput (output tok/s: {doc.headline.label}{tag})", ""]
-    rows = []
-    for c in doc.cells:
-        name = md_text(c.variant) + (" *" if c.baseline else "")
+    def tokps(c: CellRow) -> str:
         t = c.tokps
-        if c.status != "ok" or t is None:
-            rows.append([name, row_level(c), md_text(c.status), "", "", "", ""])
-            continue
-        ci = f"{t.lo:.1f}..{t.hi:.1f}" if t.lo is not None and t.hi is not None else "– (1 start)"
+        if not c.ok or t is None:
+            return md_text(c.status)
+        label = f" [{md_text(source_label(t.provenance))}]" if doc.headline.marks(t.provenance) else ""
+        return _num(t) + label + _marks(t)
+
+    def interval(c: CellRow) -> str:
+        t = c.tokps
+        if not c.ok or t is None:
+            return ""
+        return f"{t.lo:.1f}..{t.hi:.1f}" if t.lo is not None and t.hi is not None else "– (1 start)"
+
+    def delta(c: CellRow) -> str:
         d = c.delta_pct
-        delta = "baseline" if c.baseline else "–"
-        if d is not None and d.value is not None:
-            delta = percent(d.value) + (f" ({capped(d.lo, '{:+.1f}')}..{capped(d.hi, '{:+.1f}')})"
-                                        if d.lo is not None and d.hi is not None
-                                          else "")
-        source = t.provenance
-        label = f" [{md_text(source_label(source))}]" if doc.headline.marks(source) else ""
-        rows.append([name, row_level(c), _num(t) + label + _marks(t), ci, delta, _num(c.per_stream) + _marks(c.per_stream),
-                     f"{_num(c.ttft_p50, 1000, '{:.0f}')} / {_num(c.ttft_p99, 1000, '{:.0f}')}"])
-    lines += _table(["variant", row_header(doc.cells), "tok/s", "95% CI", "vs baseline (CI)", f"per stream [usage{tag}]",
-                     f"TTFT p50/p99 ms [client clock{tag}]"], rows)
+        if c.baseline or d is None or d.value is None:
+            return "baseline" if c.baseline else "–"
+        return percent(d.value) + (f" ({capped(d.lo, '{:+.1f}')}..{capped(d.hi, '{:+.1f}')})"
+                                   if d.lo is not None and d.hi is not None else "")
+
+    def figures(col: FigureColumn) -> Callable[[CellRow], str]:
+        return lambda c: col.text(c, "–") + _codes([f.code for f in col.flags(c)])
+
+    columns: list[tuple[str, Callable[[CellRow], str]]] = [
+        ("variant", lambda c: md_text(c.variant) + (" *" if c.baseline else "")),
+        (row_header(doc.cells), row_level), ("tok/s", tokps), ("95% CI", interval), ("vs baseline (CI)", delta),
+        *((f"{col.header} [{col.source}{tag}]", figures(col)) for col in CELL_FIGURES)]
+    lines += _table([h for h, _r in columns], [[render(c) for _h, render in columns] for c in doc.cells])
     lines += ["", f"\\* baseline. tok/s = {md_text(doc.headline.definition)}; the interval is over server starts."]
 
     if doc.latency:

@@ -241,19 +241,16 @@ def latency_distributions(doc: ReportDocument) -> str | None:
     cells = doc.latency
     if not any(c.ttft_ms or c.itl_ms for c in cells):
         return None
-    import numpy as np
-
     fig, axes = _figure(width=9.0, height=3.8, ncols=2)
     styles = ("-", "--", ":", "-.")
     levels = sorted({_x(c) for c in cells})
     for ax, key, label in ((axes[0], "ttft_ms", "TTFT per request (ms)"),
                            (axes[1], "itl_ms", "mean ITL per request (ms)")):
         for c in cells:
-            vals = np.asarray(getattr(c, key), dtype=float)
-            if vals.size == 0:
+            xs, ys = c.ecdf(key)
+            if not xs:
                 continue
-            y = np.arange(1, vals.size + 1) / vals.size
-            ax.step(np.sort(vals), y, where="post", color=_colour(doc, c.variant),
+            ax.step(xs, ys, where="post", color=_colour(doc, c.variant),
                     linestyle=styles[levels.index(_x(c)) % len(styles)],
                     label=f"{c.variant} {c.level}")
         ax.set_xscale("log")

@@ -4,7 +4,7 @@ verdict, failures, and warnings. Every column names its source; a simulated run 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from truthput.text import capped, percent
@@ -13,8 +13,9 @@ from truthput.report.console import NARROW, fit_numbers, make_console
 from truthput.store.db import Store
 
 if TYPE_CHECKING:
+    from truthput.analyze.tables import CellRow
     from truthput.analyze.summary import RunSummary
-    from truthput.analyze.audit import AuditEntry
+    from truthput.analyze.audit import Audit, AuditEntry
 
 
 class HasCode(Protocol):
@@ -39,10 +40,12 @@ def interval_text(lo: float | None, hi: float | None, fmt: str = "{:.1f}") -> st
     return f" ({one(lo)}..{one(hi)})"
 
 
-def delta_text(comparison: Any) -> str:
-    """The verdict's comparison of a variant with the baseline: '+12.3% (+5.0..+20.1)'."""
-    e = comparison.estimate
-    return percent(e.pct) + interval_text(e.pct_lo, e.pct_hi, "{:+.1f}")
+def delta_text(c: CellRow) -> str:
+    """A cell's comparison with the baseline, as the verdict decided it: '+12.3% (+5.0..+20.1)'."""
+    d = c.delta_pct
+    if c.baseline or d is None or d.value is None:
+        return "baseline" if c.baseline else "-"
+    return percent(d.value) + interval_text(d.lo, d.hi, "{:+.1f}")
 
 
 def flag_mark(flags: Sequence[HasCode]) -> str:
@@ -59,6 +62,8 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     from rich.text import Text
 
     from truthput.analyze.cells import source_label
+    from truthput.analyze.tables import cell_rows
+    from truthput.report.columns import CELL_FIGURES, FigureColumn
     from truthput.report.data import run_summary
 
     con = console or make_console()
@@ -74,6 +79,7 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
         _print_load_run(store, run_id, run.status, con)
         return
     summary = summary or run_summary(store, run_id)
+    rows = cell_rows(summary, sim)
     nothing = summary.measured_nothing()
     if nothing is not None:
         con.print(Text(f"run {run_id} ({run.status}): " + nothing[0], style="bold red"))
@@ -82,35 +88,31 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
         return
     level = f"{summary.verdict.confidence:.0%}"
     basis = summary.headline_basis()
+
+    def tokps(c: CellRow) -> Text:
+        if not c.ok or c.tokps is None:
+            return Text(c.status, style="red")
+        out = Text(_f(c.tokps.value))
+        if basis.marks(c.tokps.provenance):
+            out.append(f" [{source_label(c.tokps.provenance)}]", style="yellow")
+        out.append(interval_text(c.tokps.lo, c.tokps.hi))
+        return out + Text(flag_mark(c.tokps.flags or []), style="bold red")
+
+    def figures(col: FigureColumn) -> Callable[[CellRow], Text]:
+        return lambda c: Text(col.text(c)) + Text(flag_mark(col.flags(c)), style="bold red")
+
+    columns: list[tuple[Any, Callable[[CellRow], Any]]] = [
+        ("variant", lambda c: c.variant + (" *" if c.baseline else "")),
+        (level_header(c.key for c in rows), lambda c: level_cell(c.key)),
+        (Text(f"output tok/s (95% CI)\n[{basis.label}{tag}]"), tokps),
+        *((Text(f"{col.header}\n[{col.source}{tag}]"), figures(col)) for col in CELL_FIGURES if col.terminal),
+        (Text(f"vs baseline\n({level} CI, as the verdict)\n[ratio of headline figures]"), delta_text),
+        ("starts x trials", lambda c: "-" if not c.n_starts else f"{c.n_starts} x {(c.n_trials or 0) / c.n_starts:g}"),
+    ]
     t = Table(title=Text(f"run {run_id} ({run.status})"))
-    t.add_column("variant")
-    t.add_column(level_header(c.level for c in summary.cells), justify="right")
-    t.add_column(Text(f"output tok/s (95% CI)\n[{basis.label}{tag}]"), justify="right")
-    t.add_column(Text(f"tok/s per stream\n[usage{tag}]"), justify="right")
-    t.add_column(Text(f"TTFT p50 ms\n[client clock{tag}]"), justify="right")
-    t.add_column(Text(f"vs baseline ({level} CI, as the verdict)\n[ratio of headline figures]"), justify="right")
-    t.add_column("starts x trials")
-    rows: list[list[Any]] = []
-    for cell in summary.cells:
-        name = Text(cell.variant + (" *" if cell.baseline else ""))
-        if not cell.ok or cell.estimate is None:
-            rows.append([name, level_cell(cell.level), Text(cell.status, style="red"), "-", "-", "-", "-"])
-            continue
-        est = cell.estimate
-        tokps = Text(_f(est.mean))
-        if basis.marks(cell.source):
-            tokps.append(f" [{source_label(cell.source)}]", style="yellow")
-        tokps.append(interval_text(est.lo, est.hi))
-        tokps.append(flag_mark(cell.flags_on("tok/s")), style="bold red")
-        per_stream = Text(_f(cell.per_stream))
-        per_stream.append(flag_mark(cell.flags_on("per stream")), style="bold red")
-        comparison = summary.comparison(cell.variant, cell.level)
-        delta = "baseline" if cell.baseline else (delta_text(comparison) if comparison is not None else "-")
-        per_start = est.n_trials / max(est.n_starts, 1)
-        rows.append([name, level_cell(cell.level), tokps, per_stream,
-                     _f(cell.ttft_p50 * 1000 if cell.ttft_p50 is not None else None), Text(delta),
-                     f"{est.n_starts} x {per_start:g}"])
-    con.print(fit_numbers(t, rows, con.width))
+    for header, _render in columns:
+        t.add_column(header, justify="left" if header == "variant" or header == "starts x trials" else "right")
+    con.print(fit_numbers(t, [[render(c) for _h, render in columns] for c in rows], con.width))
     for line in summary.flag_lines():
         con.print(Text("! flagged", style="bold red") + Text(f" {line}"))
     noisy = [(c.variant, c.label, w) for c in summary.cells for w in c.noise]
@@ -157,7 +159,7 @@ def _print_load_run(store: Store, run_id: str, status: str, con: Any) -> None:
               "(truthput run compares configurations)")
 
 
-def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
+def print_audit_matrix(audit: Audit, console: Any = None) -> None:
     """The audit in one table: each counting method's error vs the cell's headline, per cell.
 
     Rows are methods, columns are variant@concurrency, each cell its error and its own cause
@@ -167,19 +169,14 @@ def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from truthput.analyze.audit import audit_reference, audit_rows, integrity_rows
-
     con = console or make_console()
-    run_id = store.resolve_run(run_id)
-    sim = bool(store.run(run_id).simulated)
-    items = [t for t in store.trial_results(run_id) if t.status == "ok" and t.results.methods]
-    if not items:
+    rows, sim = audit.rows, audit.simulated
+    if not rows:
         return
-    rows = audit_rows(items, simulated=sim)
     cells = list(dict.fromkeys((r.variant, r.key) for r in rows))
     methods: list[str] = list(dict.fromkeys(r.method for r in rows))
     by = {(r.method, r.variant, r.key): r for r in rows}
-    t = Table(title=f"Audit: every counting method vs {audit_reference(r.reference for r in rows)} (error %, cause)"
+    t = Table(title=f"Audit: every counting method vs {audit.against} (error %, cause)"
               + (", simulated" if sim else ""))
     t.add_column("method")
     for v, c in cells:
@@ -200,7 +197,7 @@ def print_audit_matrix(store: Store, run_id: str, console: Any = None) -> None:
             vals.append(text + (" !" + ",".join(r.flags) if r.flags else ""))
         t.add_row(m, *vals)
     con.print(t)
-    integ = integrity_rows(items)
+    integ = audit.integrity
     held = sum(r.identity_held for r in integ)
     total = sum(r.trials for r in integ)
     failed = [m for r in integ for m in r.identity_failed]

@@ -1,0 +1,52 @@
+"""The figure columns of the cell table, one list for every view that lays the table out (the
+terminal, the markdown, the HTML; JSON and CSV hold every field of `CellRow` as it is): a new figure
+of a cell is its field in `analyze.tables.CellRow`, computed there, and one line here.
+
+A column shows one or more of a row's figures ("p50 / p99"), scaled and formatted alike, with the
+flags on them; a row without a figure (a failed cell) shows it missing, so no view pads a failed
+row by position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from truthput.analyze.rows import Figure, FlagRef
+from truthput.analyze.tables import CellRow
+
+
+@dataclass(frozen=True)
+class FigureColumn:
+    header: str
+    source: str
+    """The provenance the header names ("usage", "client clock")."""
+    keys: tuple[str, ...]
+    """The `CellRow` figures it shows, joined by " / "."""
+    scale: float = 1.0
+    fmt: str = "{:.1f}"
+    terminal: bool = True
+    """Shown in the terminal's table too (its width is short: the others are in the reports)."""
+
+    def figures(self, row: CellRow) -> list[Figure | None]:
+        return [getattr(row, k) for k in self.keys]
+
+    def text(self, row: CellRow, missing: str = "-") -> str:
+        """The figures as text: "35.2 / 80.1", `missing` for each one the row lacks."""
+        return " / ".join(missing if f is None or f.value is None else self.fmt.format(f.value * self.scale)
+                          for f in self.figures(row))
+
+    def flags(self, row: CellRow) -> list[FlagRef]:
+        return [flag for f in self.figures(row) if f is not None for flag in f.flags or []]
+
+    @property
+    def percent_fmt(self) -> str:
+        """The format as jinja's `format` filter takes it ("%.1f")."""
+        return self.fmt.replace("{:", "%").replace("}", "")
+
+
+CELL_FIGURES = (
+    FigureColumn("tok/s per stream", "usage", ("per_stream",)),
+    FigureColumn("TTFT p50 / p99 ms", "client clock", ("ttft_p50", "ttft_p99"), 1000.0),
+    FigureColumn("ITL p50 / p99 ms", "client clock", ("itl_p50", "itl_p99"), 1000.0, terminal=False),
+    FigureColumn("tokens per request", "usage", ("completion_tokens",)),
+)
