@@ -14,7 +14,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show each counting method's tok/s, its error vs the cell's headline figure and the cause, per variant x concurrency."""
         import json
-        from pathlib import Path
 
         from truthput.report.console import make_console
         from truthput.report.terminal import render_audit
@@ -24,8 +23,6 @@ def register(app: typer.Typer) -> None:
         from truthput.experiment.levels import level_label
         from truthput.store.db import Store
 
-        if not Path(store).exists():
-            raise StoreError(f"{store}: no results store here (give --store PATH)")
         db = Store(store, read_only=True)
         try:
             rid = db.resolve_run(run_id)

@@ -15,13 +15,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Say for each claim: plausible, contradicted, impossible or untestable -- and why."""
         import json
-        from pathlib import Path
 
         from truthput.report.console import make_console
         from rich.table import Table
 
         from truthput.analyze.claims import check_claims
-        from truthput.errors import StoreError
         from truthput.experiment.claims import load_claims_file
 
         claims, bounds = load_claims_file(claims_file)
@@ -29,8 +27,6 @@ def register(app: typer.Typer) -> None:
         simulated = False
         title = f"claims in {claims_file}: physics only"
         if run_id:
-            if not Path(store).exists():
-                raise StoreError(f"{store}: no results store here (give --store PATH)")
             from truthput.store.db import Store
 
             db = Store(store, read_only=True)

@@ -26,14 +26,10 @@ def register(app: typer.Typer) -> None:
         """Per shared variant x load level: A and B tok/s (server counter) and B/A with a corrected interval."""
         import json
 
-        from truthput.errors import StoreError
         from truthput.report.data import compare_runs
         from truthput.store.db import Store
 
         threshold = parse_percent(fail_if_slower, "--fail-if-slower") if fail_if_slower is not None else None
-        for p in (store, store_b or store):
-            if not p.exists():
-                raise StoreError(f"{p}: no results store here (give --store / --store-b PATH)")
         db_a = Store(store, read_only=True)
         db_b = Store(store_b, read_only=True) if store_b and store_b.resolve() != store.resolve() else db_a
         try:

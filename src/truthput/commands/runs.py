@@ -15,17 +15,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List the store's runs (id, name, status, started, engine, variants, the verdict's first line)."""
         import json
-        from pathlib import Path
 
         from rich.table import Table
         from rich.text import Text
 
-        from truthput.errors import StoreError
         from truthput.report.console import make_console
         from truthput.store.db import Store
 
-        if not Path(store).exists():
-            raise StoreError(f"{store}: no results store here (give --store PATH)")
         from truthput.analyze.summary import StoredSummary
 
         db = Store(store, read_only=True)

@@ -65,12 +65,10 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Overwrite the output file if it exists."),
     ) -> None:
         """Write a measured variant back as a systemd unit with the original unit's sections."""
-        from truthput.errors import InputError, StoreError
+        from truthput.errors import InputError
         from truthput.report.units import export_variant_unit, verdict_on_variant
         from truthput.store.db import Store
 
-        if not store.exists():
-            raise StoreError(f"{store}: no results store here (give --store PATH)")
         db = Store(store, read_only=True)
         try:
             rid = db.resolve_run(run_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from truthput.errors import InputError
 from truthput.hardware.gpus import GPU

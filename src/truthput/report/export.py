@@ -13,10 +13,9 @@ import shlex
 from pathlib import Path
 from typing import Any, Iterable, Union
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from truthput.errors import StoreError
-from truthput.report.document import SCHEMA, Figure, ReportDocument
+from truthput.report.document import Figure, ReportDocument
 
 FIGURE_EXTRAS = ("lo", "hi", "read_via")
 

@@ -33,7 +33,6 @@ def interval_text(lo: float | None, hi: float | None, fmt: str = "{:.1f}") -> st
     """' (lo..hi)' when both bounds are numbers, else ''."""
     if lo is None or hi is None or lo != lo or hi != hi:
         return ""
-    from truthput.text import capped
 
     def one(x: float) -> str:
         return capped(x, fmt) if "+" in fmt else fmt.format(x)  # a signed format is a percentage

@@ -32,8 +32,6 @@ def export_variant_unit(
     from truthput.experiment.unit import consistency_warnings, guess_engine, parse_unit, render_unit, unwrap_shell
     from truthput.store.db import Store
 
-    if not store_path.exists():
-        raise StoreError(f"{store_path}: no results store here (give --store PATH)")
     db = Store(store_path, read_only=True)
     try:
         row = db.run(run_id)
