@@ -254,3 +254,22 @@ def test_stored_goodput_is_reported_and_plotted(store, tmp_path):
         assert g["slo"]["ttft_ms"] == 500.0 and g["good_tokens_per_s"]["source"] == "simulator"
     html = render_html(d_model)
     assert 'id="plot-goodput"' in html and "TTFT" in html
+
+
+def test_a_report_command_parses_the_stored_experiment_once(tmp_path, monkeypatch):
+    """`truthput report` with every file and the values reads the run's experiment text once (its
+    document, summary, roofline and design all take the one parse)."""
+    from typer.testing import CliRunner
+
+    import truthput.experiment.file as expfile
+    from truthput.cli import app
+
+    db = restore_quickstart_db(tmp_path / "q.db")
+    calls: list[str] = []
+    real = expfile.parse_experiment
+    monkeypatch.setattr(expfile, "parse_experiment", lambda text, where: (calls.append(where), real(text, where))[1])
+    res = CliRunner().invoke(app, ["report", "latest", "--store", str(db), "--md", str(tmp_path / "r.md"),
+                                   "--html", str(tmp_path / "r.html"), "--json", str(tmp_path / "r.json"),
+                                   "--values", str(tmp_path / "v.json")], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert len(calls) == 1, calls

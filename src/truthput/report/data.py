@@ -83,27 +83,10 @@ def load_summary_of(store: Store, run_id: str) -> LoadSummary:
 
 
 # ---- experiment -------------------------------------------------------------------------------
-def _experiment(run: RunRow) -> tuple[Any, str | None]:
-    """The stored experiment parsed again (None and why when it no longer parses)."""
-    from truthput.errors import TruthputError
-    from truthput.experiment.file import parse_experiment
-
-    try:
-        return parse_experiment(run.experiment_toml, f"{run.experiment_path or 'stored experiment'}"), None
-    except TruthputError as exc:
-        return None, str(exc)
-    except Exception as exc:  # a schema that changed since the run
-        return None, f"stored experiment no longer parses: {exc}"
-
-
 def _open_run(store: Store, run_id: str) -> tuple[str, RunRow, Any, str | None]:
-    """The run's whole id, its row and its experiment parsed again (the simulator's target applied)."""
+    """The run's whole id, its row and its experiment (the simulator's target applied)."""
     run_id = store.resolve_run(run_id)
-    run = store.run(run_id)
-    exp, exp_error = _experiment(run)
-    if exp is not None:
-        store.apply_sim_target(run_id, exp)
-    return run_id, run, exp, exp_error
+    return (run_id, store.run(run_id), *store.experiment(run_id))
 
 
 def _raw_toml(run: RunRow) -> dict[str, Any]:

@@ -107,15 +107,10 @@ def verdict_on_variant(db: Store, run_id: str, variant: str | None) -> tuple[str
 def write_winner_units(db: Store, store_path: Path, run_id: str, folder: Path,
                        summary: RunSummary | None = None) -> list[Path]:
     """Each variant the verdict names the winner, as a systemd unit, when the baseline came from one."""
-    from truthput.experiment.file import parse_experiment
-    from truthput.errors import TruthputError
     from truthput.report.data import run_summary
 
-    run = db.run(run_id)
-    try:
-        from_unit = parse_experiment(run.experiment_toml or "", "stored experiment").server.systemd_unit is not None
-    except TruthputError:
-        from_unit = False
+    exp = db.experiment(run_id)[0]
+    from_unit = exp is not None and exp.server.systemd_unit is not None
     winners = (summary or run_summary(db, run_id)).verdict.winners()
     if not winners or not from_unit:
         return []

@@ -27,6 +27,7 @@ from truthput.store.rows import EventRow, LogLine, RequestRow, RunRow, ScrapeRow
     VariantRow, from_row
 from truthput.measure.model import TrialResults
 from truthput.experiment.levels import Level, Rate, level_label, level_of
+from truthput.experiment.file import Experiment
 
 SCHEMA_VERSION = 3
 """3: trials have a `rate` column (an open loop's offered requests/s; 0 for a closed loop) and
@@ -159,6 +160,7 @@ class Store:
         self.path = str(path)
         self.read_only = read_only
         self._damaged: set[int] = set()
+        self._experiments: dict[str, tuple[Experiment | None, str | None]] = {}
         if read_only and not Path(self.path).exists():
             raise StoreError(f"{self.path}: no results store here (give --store PATH)")
         try:
@@ -493,6 +495,29 @@ class Store:
         why = str(exc).splitlines()[0][:160] if str(exc) else exc.__class__.__name__
         print(f"truthput: warning: {self.path}: trial {row['id']} of run {row['run_id']} ({row['variant']}, "
               f"level {row['concurrency']}) has unreadable results ({why}); left out", file=sys.stderr)
+
+    def experiment(self, run_id: str) -> tuple[Experiment | None, str | None]:
+        """The run's stored experiment, parsed once per open store, with the simulator's target it
+        ran on applied (None and why where it no longer parses: a `load` run's options, an older
+        schema)."""
+        from truthput.errors import TruthputError
+        from truthput.experiment.file import parse_experiment
+
+        run_id = self.resolve_run(run_id)
+        if run_id not in self._experiments:
+            run = self.run(run_id)
+            try:
+                exp: Experiment | None = parse_experiment(run.experiment_toml or "",
+                                                          run.experiment_path or "stored experiment")
+                why = None
+            except TruthputError as exc:
+                exp, why = None, str(exc)
+            except Exception as exc:  # a schema that changed since the run
+                exp, why = None, f"stored experiment no longer parses: {exc}"
+            if exp is not None:
+                self.apply_sim_target(run_id, exp)
+            self._experiments[run_id] = (exp, why)
+        return self._experiments[run_id]
 
     def apply_sim_target(self, run_id: str, exp: Any) -> None:
         """Apply the GPU and model a run was simulated on (`run --sim-gpu/--sim-model`, kept as the

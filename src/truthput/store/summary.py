@@ -12,8 +12,7 @@ import json
 from typing import Any
 
 from truthput.analyze.summary import SummaryInputs
-from truthput.errors import TruthputError
-from truthput.experiment.file import MeasureSection, parse_experiment
+from truthput.experiment.file import MeasureSection
 from truthput.store.db import Store
 
 
@@ -23,13 +22,8 @@ def run_design(store: Store, run_id: str) -> tuple[str, MeasureSection]:
     run = store.run(run_id)
     variants = store.variants(run.id)
     baseline = next((v.name for v in variants if v.is_baseline), variants[0].name if variants else "")
-    if run.is_load:
-        return baseline, MeasureSection()
-    try:
-        exp = parse_experiment(run.experiment_toml or "", run.experiment_path or "stored experiment")
-        return exp.experiment.baseline, exp.measure
-    except TruthputError:
-        return baseline, MeasureSection()
+    exp = None if run.is_load else store.experiment(run.id)[0]
+    return (exp.experiment.baseline, exp.measure) if exp is not None else (baseline, MeasureSection())
 
 
 def stored_guard_texts(store: Store, run_id: str) -> dict[str, list[str]]:
