@@ -91,6 +91,36 @@ def _failed(rec: RequestRecord, t: float, why: str) -> bool:
     return True
 
 
+_CUT = {
+    "bytes": "a response from {url} over {mib} MiB after {n} chunks: cut here to bound the client's memory",
+    "event": "an SSE event from {url} over {mib} MiB at chunk {n}: cut here to bound the client's memory",
+    "chunks": "more than {limit} chunks from {url}: the response is cut here to bound the client's memory",
+}
+
+
+def _cut(rec: RequestRecord, t: float, url: str, what: str) -> bool:
+    """The response was cut at `t` where it passed one of the client's memory bounds (`_CUT`)."""
+    mib = (MAX_RESPONSE_BYTES if what == "bytes" else MAX_EVENT_BYTES) >> 20
+    return _failed(rec, t, _CUT[what].format(url=url, mib=mib, n=len(rec.chunk_times), limit=MAX_CHUNKS_PER_RESPONSE))
+
+
+def _unfinished(rec: RequestRecord, url: str, pending: int) -> bool:
+    """The stream ended without [DONE] (a server that died mid-response)."""
+    return _failed(rec, rec.t_end, f"stream from {url} ended without [DONE] after {len(rec.chunk_times)} chunks"
+                   + (f" ({pending} bytes of an unfinished event)" if pending else ""))
+
+
+def _bad_event(rec: RequestRecord, t: float, url: str, payload: bytes, exc: Exception | None, err: Any) -> bool:
+    """The response failed at `t` on an event: data that is not a chunk (`exc`), or the server's
+    own error event (`err`)."""
+    n = len(rec.chunk_times)
+    if exc is not None:
+        return _failed(rec, t, f"malformed SSE data from {url} at chunk {n} ({_one_line(str(exc), 120)}): "
+                               f"{_one_line(payload[:120].decode('utf-8', 'replace'), 160)}")
+    msg = err.get("message", err) if isinstance(err, dict) else err
+    return _failed(rec, t, f"server error event from {url} after {n} chunks: {_one_line(str(msg), 200)}")
+
+
 def _spin(seconds: float) -> None:
     """Burn CPU for `seconds` (the test-only slow-client hook)."""
     end = time.perf_counter() + seconds
@@ -305,10 +335,7 @@ class StreamClient:
         async with session.post(url, data=payload, headers=self._headers) as resp:
             rec.http_status = resp.status
             if resp.status != 200:
-                text = (await resp.read()).decode("utf-8", "replace")
-                if self._handle_rejection(resp.status, text, asked_running, sent_options):
-                    return False
-                return _failed(rec, time.monotonic(), f"HTTP {resp.status} from {url}: {_one_line(text, 200)}")
+                return await self._refused(resp, rec, asked_running, sent_options)
 
             parser = SSEParser()
             feed = parser.feed_not_single
@@ -332,8 +359,7 @@ class StreamClient:
                 t = now()
                 received += len(data)
                 if received > MAX_RESPONSE_BYTES:
-                    return _failed(rec, t, f"a response from {url} over {MAX_RESPONSE_BYTES >> 20} MiB after "
-                                           f"{len(rec.chunk_times)} chunks: cut here to bound the client's memory")
+                    return _cut(rec, t, url, "bytes")
                 if spin:
                     _spin(spin)
                 # One read = one whole event is the usual case of a client that keeps up: take it
@@ -348,49 +374,35 @@ class StreamClient:
                         return _failed(rec, t, f"{exc}, from {url} after {len(rec.chunk_times)} chunks")
                 for payload in payloads:
                     if len(payload) > MAX_EVENT_BYTES:
-                        return _failed(rec, t, f"an SSE event from {url} over {MAX_EVENT_BYTES >> 20} MiB at chunk "
-                                               f"{len(rec.chunk_times)}: cut here to bound the client's memory")
+                        return _cut(rec, t, url, "event")
                     if payload == done_marker:
                         got_done = True
                         break
                     try:
                         obj = decode(payload)
                     except MalformedChunk as exc:
-                        return _failed(rec, t, f"malformed SSE data from {url} at chunk {len(rec.chunk_times)} "
-                                               f"({_one_line(str(exc), 120)}): "
-                                               f"{_one_line(payload[:120].decode('utf-8', 'replace'), 160)}")
+                        return _bad_event(rec, t, url, payload, exc, None)
                     if obj is None:
                         continue
-                    err = obj.error
-                    if err:
-                        msg = err.get("message", err) if isinstance(err, dict) else err
-                        return _failed(rec, t, f"server error event from {url} after {len(rec.chunk_times)} chunks: "
-                                               f"{_one_line(str(msg), 200)}")
+                    if obj.error:
+                        return _bad_event(rec, t, url, payload, None, obj.error)
                     timings = obj.timings
                     if timings is not None and timings.predicted_per_second is not None:
                         rec.server_decode_tps = timings.predicted_per_second
                     usage = obj.usage
                     ct = -1
                     if usage is not None:
-                        c = usage.completion_tokens
-                        if c is not None:
-                            ct = c
-                            rec.completion_tokens = c
-                        p = usage.prompt_tokens
-                        if p is not None:
-                            rec.prompt_tokens = p
+                        if usage.completion_tokens is not None:
+                            ct = rec.completion_tokens = usage.completion_tokens
+                        if usage.prompt_tokens is not None:
+                            rec.prompt_tokens = usage.prompt_tokens
                     choices = obj.choices
                     if not choices:
                         continue  # usage-only (final) chunk
                     choice = choices[0]
-                    if chat:
-                        delta = choice.delta
-                        piece = delta.text() if delta is not None else None
-                    else:
-                        piece = choice.text
-                    fr = choice.finish_reason
-                    if fr is not None:
-                        rec.finish_reason = fr
+                    piece = (choice.delta.text() if choice.delta is not None else None) if chat else choice.text
+                    if choice.finish_reason is not None:
+                        rec.finish_reason = choice.finish_reason
                     if ct >= 0:
                         saw_running_usage = True
                     if piece or ct > last_ct:
@@ -404,15 +416,20 @@ class StreamClient:
                         if ct > last_ct:
                             last_ct = ct
                 if len(rec.chunk_times) > MAX_CHUNKS_PER_RESPONSE:  # once per read, not per chunk
-                    return _failed(rec, t, f"more than {MAX_CHUNKS_PER_RESPONSE} chunks from {url}: the response is "
-                                           "cut here to bound the client's memory")
+                    return _cut(rec, t, url, "chunks")
             rec.t_end = now()
             if not got_done and _DONE not in parser.flush():
-                return _failed(rec, rec.t_end, f"stream from {url} ended without [DONE] after {len(rec.chunk_times)} "
-                               "chunks" + (f" ({parser.pending_bytes} bytes of an unfinished event)"
-                                           if parser.pending_bytes else ""))
+                return _unfinished(rec, url, parser.pending_bytes)
             self._learn_running_usage(saw_running_usage, bool(rec.chunk_times))
             return True
+
+    async def _refused(self, resp: Any, rec: RequestRecord, asked_running: bool, sent_options: bool) -> bool:
+        """A response other than 200: False to send again without an option the server refused, else
+        the request failed with the status and the start of the body."""
+        text = (await resp.read()).decode("utf-8", "replace")
+        if self._handle_rejection(resp.status, text, asked_running, sent_options):
+            return False
+        return _failed(rec, time.monotonic(), f"HTTP {resp.status} from {self.url}: {_one_line(text, 200)}")
 
     def _learn_running_usage(self, saw_running_usage: bool, had_chunks: bool) -> None:
         """Whether the server sends running usage counts, learnt from the first streams that show it."""

@@ -433,8 +433,8 @@ class OpenLoop:
         slots = asyncio.Semaphore(self.max_in_flight_cap) if self.max_in_flight_cap else None
         stop_arrivals = asyncio.Event()
         tasks: set[asyncio.Task[None]] = set()
-        offsets = self.arrival_offsets()
         client = self.client
+        loop = asyncio.get_running_loop()
 
         errors = [0, 0]  # failed, ok
         budget = max(ERROR_BUDGET_MIN, int(ERROR_BUDGET_PER_STREAM * max(1.0, self.rate)))
@@ -458,38 +458,15 @@ class OpenLoop:
                 stop_arrivals.set()
                 aborted.set()
 
-        async def arrivals() -> None:
-            t0 = time.monotonic()
-            t_next = next(offsets)
-            idx = 0
-            while not stop_arrivals.is_set():
-                if self.max_requests is not None and idx >= self.max_requests:
-                    return
-                delay = t0 + t_next - time.monotonic()
-                if delay > 0:
-                    try:
-                        await asyncio.wait_for(stop_arrivals.wait(), delay)
-                        return
-                    except asyncio.TimeoutError:
-                        pass
-                body = await bodies.get(idx)
-                if slots is not None:
-                    if slots.locked():
-                        self.delayed_arrivals += 1
-                    await slots.acquire()
-                self._in_flight += 1
-                if self._in_flight > self.max_in_flight:
-                    self.max_in_flight = self._in_flight
-                task = asyncio.get_running_loop().create_task(one(idx, body), name=f"truthput-stream-{idx}")
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                idx += 1
-                t_next = next(offsets)
+        def send(idx: int, body: dict[str, Any]) -> None:
+            task = loop.create_task(one(idx, body), name=f"truthput-stream-{idx}")
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
         probe = LagProbe()
         probe.start()
         t_start = time.monotonic()
-        arr = asyncio.get_running_loop().create_task(arrivals(), name="truthput-arrivals")
+        arr = loop.create_task(self._arrivals(bodies, slots, stop_arrivals, send), name="truthput-arrivals")
         t_ws: float | None = None
         t_we: float | None = None
         never_settled = False
@@ -522,22 +499,51 @@ class OpenLoop:
         await bodies.close()
         t_end = time.monotonic()
         selfcheck = await probe.stop()
-        if self.delayed_arrivals:
-            notes.append(f"{self.delayed_arrivals} arrivals waited for a free slot (max in flight "
-                         f"{self.max_in_flight_cap}): the server received less than the offered {self.rate:g} req/s")
-        if bodies.late:
-            notes.append(f"{bodies.late} request bodies were not prefetched in time")
-        if selfcheck.client_bound:
-            notes.append(f"client-bound: {selfcheck.reason}")
-        notes.extend(n for n in self.client.notes if n not in notes)
-        if stopped:
-            notes.append(f"load ended early: {stopped[0]}")
         return LoadResult(
             records=sorted(records, key=lambda r: r.idx), t_start=t_start, t_window_start=t_ws, t_window_end=t_we,
-            t_end=t_end, never_settled=never_settled, selfcheck=selfcheck, notes=notes,
+            t_end=t_end, never_settled=never_settled, selfcheck=selfcheck,
+            notes=notes + self._closing_notes(bodies.late, selfcheck, notes, stopped[0] if stopped else None),
             max_in_flight=self.max_in_flight, stopped_early=stopped[0] if stopped else None,
             model=self.client.model,
         )
+
+    async def _arrivals(self, bodies: BodyPrefetch, slots: asyncio.Semaphore | None, stop: asyncio.Event,
+                        send: Callable[[int, dict[str, Any]], None]) -> None:
+        """Send request k at its arrival offset (`arrival_offsets`; with a cap on requests in flight,
+        once a slot is free) until `stop` or the requests run out."""
+        t0 = time.monotonic()
+        for idx, t_next in enumerate(self.arrival_offsets()):
+            if stop.is_set() or (self.max_requests is not None and idx >= self.max_requests):
+                return
+            delay = t0 + t_next - time.monotonic()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                    return
+                except asyncio.TimeoutError:
+                    pass
+            body = await bodies.get(idx)
+            if slots is not None:
+                if slots.locked():
+                    self.delayed_arrivals += 1
+                await slots.acquire()
+            self._in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+            send(idx, body)
+
+    def _closing_notes(self, late: int, selfcheck: SelfCheck, said: list[str], stopped: str | None) -> list[str]:
+        """What the load's notes add as it ends: arrivals that waited for a slot, bodies built late,
+        a client-bound self-check, the client's own notes, an early end."""
+        out = []
+        if self.delayed_arrivals:
+            out.append(f"{self.delayed_arrivals} arrivals waited for a free slot (max in flight "
+                       f"{self.max_in_flight_cap}): the server received less than the offered {self.rate:g} req/s")
+        if late:
+            out.append(f"{late} request bodies were not prefetched in time")
+        if selfcheck.client_bound:
+            out.append(f"client-bound: {selfcheck.reason}")
+        out.extend(n for n in self.client.notes if n not in said and n not in out)
+        return out + ([f"load ended early: {stopped}"] if stopped else [])
 
 
 async def _timed(cb: Callback | None) -> float:
