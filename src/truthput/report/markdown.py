@@ -60,11 +60,19 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def render_markdown(doc: ReportDocument) -> str:
-    sim = doc.simulated
-    tag = ", simulated" if sim else ""
+    run = doc.run
+    tag = ", simulated" if doc.simulated else ""
+    lines = [*_head(doc), *_verdict(doc), *_variants(doc), *_cells(doc, tag), *_levels(doc, tag), *_roofline(doc),
+             *_speculation(doc, tag), *_audit(doc), *_claims_and_failures(doc)]
+    lines += ["", f"<sub>truthput report schema {md_text(doc.schema_)}; full figures with provenance: "
+                  f"`truthput report {md_text(run.id)} --json PATH`</sub>", ""]
+    return "\n".join(lines)
+
+
+def _head(doc: ReportDocument) -> list[str]:
     run = doc.run
     lines = [f"## truthput: {md_text(run.name)} (`{md_text(run.id)}`)", ""]
-    if sim:
+    if doc.simulated:
         lines += ["> **SIMULATED**: every figure below comes from the embedded simulator (a physics model), "
                   "not from a measurement of real hardware.", ""]
     hw, model = doc.experiment.hardware, doc.experiment.model
@@ -72,24 +80,29 @@ def render_markdown(doc: ReportDocument) -> str:
                  f"{md_text(hw.count) + ' × ' + md_text(hw.gpu) if hw else 'hardware not given'} · "
                  f"model {md_text((model.profile or model.path if model else None) or 'not given')} · "
                  f"seed {md_text(run.seed)} · truthput {md_text(run.versions.truthput)}")
-    lines += ["", "### Verdict", ""]
+    return lines
+
+
+def _verdict(doc: ReportDocument) -> list[str]:
+    lines = ["", "### Verdict", ""]
     lines += [f"- {md_text(line)}" for line in doc.verdict.lines] or ["- no verdict"]
     if doc.verdict.guard:
         lines.append("- output guard (greedy outputs vs baseline): " +
                      ", ".join(f"{md_text(k)}: {md_text(g.verdict)}" for k, g in doc.verdict.guard.items()))
-    for name, why in doc.verdict.failed.items():
-        lines.append(f"- **failed** {md_text(name)}: {md_text(why)}")
-    for w in doc.warnings:
-        lines.append(f"- **warning** {md_text(w)}")
-    for f in doc.flags:
-        lines.append(f"- **flagged** {md_text(f)}")
+    lines += [f"- **failed** {md_text(name)}: {md_text(why)}" for name, why in doc.verdict.failed.items()]
+    lines += [f"- **warning** {md_text(w)}" for w in doc.warnings]
+    return lines + [f"- **flagged** {md_text(f)}" for f in doc.flags]
 
-    lines += ["", "### Variants (argv diff vs the base command)", ""]
-    lines += _table(["variant", "diff"], [[md_text(v.name) + (" (baseline)" if v.baseline else ""),
+
+def _variants(doc: ReportDocument) -> list[str]:
+    return ["", "### Variants (argv diff vs the base command)", "",
+            *_table(["variant", "diff"], [[md_text(v.name) + (" (baseline)" if v.baseline else ""),
                                            "<br>".join(md_text(x) for x in v.diff_lines) or "(no change)"]
-                                          for v in doc.experiment.variants])
+                                          for v in doc.experiment.variants])]
 
-    lines += ["", f"### Throughput (output tok/s: {doc.headline.label}{tag})", ""]
+
+def _cells(doc: ReportDocument, tag: str) -> list[str]:
+    """The cell table, column by column (`report.columns.CELL_FIGURES` gives the figure columns)."""
     def tokps(c: CellRow) -> str:
         t = c.tokps
         if not c.ok or t is None:
@@ -117,61 +130,72 @@ def render_markdown(doc: ReportDocument) -> str:
         ("variant", lambda c: md_text(c.variant) + (" *" if c.baseline else "")),
         (row_header(doc.cells), row_level), ("tok/s", tokps), ("95% CI", interval), ("vs baseline (CI)", delta),
         *((f"{col.header} [{col.source}{tag}]", figures(col)) for col in CELL_FIGURES)]
-    lines += _table([h for h, _r in columns], [[render(c) for _h, render in columns] for c in doc.cells])
-    lines += ["", f"\\* baseline. tok/s = {md_text(doc.headline.definition)}; the interval is over server starts."]
+    return ["", f"### Throughput (output tok/s: {doc.headline.label}{tag})", "",
+            *_table([h for h, _r in columns], [[render(c) for _h, render in columns] for c in doc.cells]),
+            "", f"\\* baseline. tok/s = {md_text(doc.headline.definition)}; the interval is over server starts."]
 
-    if doc.latency:
-        cells = {(c.variant, c.level): c for c in doc.cells}
-        lines += ["", f"### Requests, latency and what the server saw (medians over trials{tag})", ""]
-        level_rows = []
-        for r in doc.latency:
-            cell = cells.get((r.variant, r.level))
-            level_rows.append([
-                md_text(r.variant), row_level(r), _num(r.requests_per_s, 1, "{:.2f}"), _num(r.prompt_tps),
-                _num(cell.tpot_p50 if cell else None, 1000), f"{_num(cell.e2e_p50 if cell else None, 1, '{:.2f}')} / "
-                f"{_num(cell.e2e_p90 if cell else None, 1, '{:.2f}')}", _num(r.kv_usage_max, 100, "{:.0f}%"),
-                f"{_num(r.waiting_mean)} / {_num(r.waiting_max, 1, '{:.0f}')}", _num(r.preemptions)])
-        lines += _table(["variant", row_header(doc.latency), "req/s [client clock]", "prompt tok/s [usage]",
-                         "TPOT p50 ms", "E2E p50 / p90 s", "KV-cache use max [server]", "waiting mean / max [server]",
-                         "preemptions per trial [server]"], level_rows)
 
+def _levels(doc: ReportDocument, tag: str) -> list[str]:
+    if not doc.latency:
+        return []
+    cells = {(c.variant, c.level): c for c in doc.cells}
+    rows = []
+    for r in doc.latency:
+        cell = cells.get((r.variant, r.level))
+        rows.append([
+            md_text(r.variant), row_level(r), _num(r.requests_per_s, 1, "{:.2f}"), _num(r.prompt_tps),
+            _num(cell.tpot_p50 if cell else None, 1000), f"{_num(cell.e2e_p50 if cell else None, 1, '{:.2f}')} / "
+            f"{_num(cell.e2e_p90 if cell else None, 1, '{:.2f}')}", _num(r.kv_usage_max, 100, "{:.0f}%"),
+            f"{_num(r.waiting_mean)} / {_num(r.waiting_max, 1, '{:.0f}')}", _num(r.preemptions)])
+    return ["", f"### Requests, latency and what the server saw (medians over trials{tag})", "",
+            *_table(["variant", row_header(doc.latency), "req/s [client clock]", "prompt tok/s [usage]",
+                     "TPOT p50 ms", "E2E p50 / p90 s", "KV-cache use max [server]", "waiting mean / max [server]",
+                     "preemptions per trial [server]"], rows)]
+
+
+def _roofline(doc: ReportDocument) -> list[str]:
     roof = doc.roofline
-    if roof.available:
-        lines += ["", f"### Roofline ({md_text(roof.gpu_count)} × {md_text(roof.gpu)}, "
-                      f"{md_text(roof.model)}; ceilings are model figures, not measurements)", ""]
-        lines += _table(["variant", row_header(roof.cells), "measured tok/s", "tightest ceiling", "% of it",
-                         "simulator overhead ms/step" if sim else "unexplained ms/step",
-                         "reading"],
-                        [[md_text(r.variant), row_level(r), _measured(r.measured),
-                          _num(r.tightest_ceiling), _num(r.pct_of_tightest, 1, "{:.0f}%"),
-                          _num(r.unexplained_ms), md_text(r.reading)] for r in roof.cells])
-        lines += [f"- {md_text(n)}" for n in roof.notes]
+    if not roof.available:
+        return []
+    lines = ["", f"### Roofline ({md_text(roof.gpu_count)} × {md_text(roof.gpu)}, "
+                 f"{md_text(roof.model)}; ceilings are model figures, not measurements)", ""]
+    lines += _table(["variant", row_header(roof.cells), "measured tok/s", "tightest ceiling", "% of it",
+                     "simulator overhead ms/step" if doc.simulated else "unexplained ms/step", "reading"],
+                    [[md_text(r.variant), row_level(r), _measured(r.measured),
+                      _num(r.tightest_ceiling), _num(r.pct_of_tightest, 1, "{:.0f}%"),
+                      _num(r.unexplained_ms), md_text(r.reading)] for r in roof.cells])
+    return lines + [f"- {md_text(n)}" for n in roof.notes]
 
-    if doc.spec_decode:
-        lines += ["", f"### Speculative decoding (server counter{tag})", ""]
-        lines += _table(["variant", row_header(doc.spec_decode), "k", "mean acceptance length", "per position"],
-                        [[md_text(s.variant), row_level(s), md_text(s.k),
-                          _num(s.mean_acceptance_length, 1, "{:.3f}"),
-                          ", ".join(_num(p, 1, "{:.3f}") for p in s.per_position)] for s in doc.spec_decode])
 
+def _speculation(doc: ReportDocument, tag: str) -> list[str]:
+    if not doc.spec_decode:
+        return []
+    return ["", f"### Speculative decoding (server counter{tag})", "",
+            *_table(["variant", row_header(doc.spec_decode), "k", "mean acceptance length", "per position"],
+                    [[md_text(s.variant), row_level(s), md_text(s.k), _num(s.mean_acceptance_length, 1, "{:.3f}"),
+                      ", ".join(_num(p, 1, "{:.3f}") for p in s.per_position)] for s in doc.spec_decode])]
+
+
+def _audit(doc: ReportDocument) -> list[str]:
     audit = [a for a in doc.audit if a.cause != "reference"]
-    if audit:
-        lines += ["", f"### Audit: other ways of counting vs {doc.audit_against}", ""]
-        lines += _table(["variant", row_header(audit), "method", "tok/s", "vs headline", "cause"],
-                        [[md_text(a.variant), row_level(a), md_text(a.method),
-                          "–" if a.tokps is None else f"{a.tokps:.1f}",
-                          "–" if a.error_pct_vs_counter is None else percent(a.error_pct_vs_counter),
-                          md_text(a.cause)] for a in audit])
+    if not audit:
+        return []
+    return ["", f"### Audit: other ways of counting vs {doc.audit_against}", "",
+            *_table(["variant", row_header(audit), "method", "tok/s", "vs headline", "cause"],
+                    [[md_text(a.variant), row_level(a), md_text(a.method),
+                      "–" if a.tokps is None else f"{a.tokps:.1f}",
+                      "–" if a.error_pct_vs_counter is None else percent(a.error_pct_vs_counter),
+                      md_text(a.cause)] for a in audit])]
 
+
+def _claims_and_failures(doc: ReportDocument) -> list[str]:
+    lines = []
     if doc.claims.results:
         lines += ["", "### Claims", ""]
         lines += _table(["claim", "verdict", "why"], [[md_text(c.text), md_text(c.verdict), md_text(c.reason)]
                                                      for c in doc.claims.results])
     if doc.failures:
         lines += ["", "### Failures", ""]
-        for fail in doc.failures:
-            lines.append(f"- **{md_text(fail.variant)}** {md_text(fail.kind)}: {md_text(fail.failure_class)} — "
-                         f"{md_text(fail.reason)}" + (f" (`{md_text(fail.line)}`)" if fail.line else ""))
-    lines += ["", f"<sub>truthput report schema {md_text(doc.schema_)}; full figures with provenance: "
-                  f"`truthput report {md_text(run.id)} --json PATH`</sub>", ""]
-    return "\n".join(lines)
+        lines += [f"- **{md_text(f.variant)}** {md_text(f.kind)}: {md_text(f.failure_class)} — {md_text(f.reason)}"
+                  + (f" (`{md_text(f.line)}`)" if f.line else "") for f in doc.failures]
+    return lines
