@@ -97,6 +97,14 @@ class Roofline:
         }
 
 
+def _check(tp: int, concurrency: int, context_len: int, spec_k: int, acceptance_length: float | None) -> None:
+    if tp < 1 or concurrency < 1 or context_len < 0 or spec_k < 0:
+        raise InputError(f"roofline: bad arguments tp={tp} concurrency={concurrency} context={context_len} "
+                         f"spec_k={spec_k}")
+    if acceptance_length is not None and not 1.0 <= acceptance_length <= spec_k + 1:
+        raise InputError(f"roofline: acceptance length {acceptance_length} outside [1, spec_k+1={spec_k + 1}]")
+
+
 def roofline(
     gpu: GPU,
     model: ModelProfile,
@@ -108,11 +116,7 @@ def roofline(
     acceptance_length: float | None = None,
 ) -> Roofline:
     """Per-step floors and throughput ceilings for `concurrency` streams each holding context_len tokens."""
-    if tp < 1 or concurrency < 1 or context_len < 0 or spec_k < 0:
-        raise InputError(f"roofline: bad arguments tp={tp} concurrency={concurrency} context={context_len} "
-                        f"spec_k={spec_k}")
-    if acceptance_length is not None and not 1.0 <= acceptance_length <= spec_k + 1:
-        raise InputError(f"roofline: acceptance length {acceptance_length} outside [1, spec_k+1={spec_k + 1}]")
+    _check(tp, concurrency, context_len, spec_k, acceptance_length)
     b = concurrency
     bw = gpu.mem_bw_Bps
     peak = compute_peak_flops(gpu, model)

@@ -435,37 +435,13 @@ def ratio_estimate(
     )
     nan = float("nan")
     se, df, method = nan, nan, ""
-    paired = (noise is not None and noise.paired and rounds_variant is not None and rounds_baseline is not None)
-    if paired:
-        common = sorted(set(v_rounds) & set(b_rounds))
-        d = np.array([lv[v_rounds.index(r)] - lb[b_rounds.index(r)] for r in common])
-        if d.size >= 2:
-            diff = float(d.mean())
-            assert noise is not None
-            if noise.pooled and noise.resid_sd_log is not None and noise.resid_df > 0:
-                se, df = noise.resid_sd_log * math.sqrt(2.0 / d.size), float(noise.resid_df)
-            else:
-                se, df = float(d.std(ddof=1)) / math.sqrt(d.size), float(d.size - 1)
-            method = (f"paired by round: mean of {d.size} same-round differences of per-start mean log values, "
-                      f"{df:.0f} df, ratio = exp(mean difference)")
-        else:
-            paired = False
-    if not paired and noise is not None and noise.df > 0 and noise.prior_weight > 0:
-        dv, db = nv - 1, nb - 1
-        s2v = float(lv.var(ddof=1)) if nv >= 2 else 0.0
-        s2b = float(lb.var(ddof=1)) if nb >= 2 else 0.0
-        if noise.pooled:
-            se, df = float(noise.sd_log or 0.0) * math.sqrt(1.0 / nv + 1.0 / nb), float(noise.df)
-            method = ("t on per-start mean log values with the between-start variance shared by the family's arms "
-                      f"({noise.df} df, per server start), ratio = exp(difference of means)")
-        else:
-            mv, fv = _moderated(s2v, dv, noise)
-            mb, fb = _moderated(s2b, db, noise)
-            a, b = mv / nv, mb / nb
-            se = math.sqrt(a + b)
-            df = min(float(noise.df), (a + b) ** 2 / (a**2 / fv + b**2 / fb)) if a + b > 0 else float(noise.df)
-            method = (f"moderated t: each arm's between-start variance shrunk toward the family's (prior weight "
-                      f"{noise.prior_weight:.2f}), Satterthwaite df = {df:.1f}, ratio = exp(difference of means)")
+    paired = None
+    if noise is not None and noise.paired and rounds_variant is not None and rounds_baseline is not None:
+        paired = _paired(lv, lb, v_rounds, b_rounds, noise)
+    if paired is not None:
+        diff, se, df, method = paired
+    elif noise is not None and noise.df > 0 and noise.prior_weight > 0:
+        se, df, method = _shared(lv, lb, noise)
     if not method:
         if nv < 2 or nb < 2:
             ratio = math.exp(diff)
@@ -499,6 +475,39 @@ def ratio_estimate(
         significant=bool(lo > 1.0 or hi < 1.0), level=level, df=df, se_log=se, diff_log=diff,
         **counts,  # type: ignore[arg-type]  # the four n_* counts
     )
+
+
+def _paired(lv: np.ndarray, lb: np.ndarray, v_rounds: list[int], b_rounds: list[int],
+            noise: SharedNoise) -> tuple[float, float, float, str] | None:
+    """(difference, its SE, df, method) from the differences between starts of the same round
+    (the family drifts in time); None with fewer than two rounds in common."""
+    common = sorted(set(v_rounds) & set(b_rounds))
+    d = np.array([lv[v_rounds.index(r)] - lb[b_rounds.index(r)] for r in common])
+    if d.size < 2:
+        return None
+    if noise.pooled and noise.resid_sd_log is not None and noise.resid_df > 0:
+        se, df = noise.resid_sd_log * math.sqrt(2.0 / d.size), float(noise.resid_df)
+    else:
+        se, df = float(d.std(ddof=1)) / math.sqrt(d.size), float(d.size - 1)
+    return float(d.mean()), se, df, (f"paired by round: mean of {d.size} same-round differences of per-start mean "
+                                     f"log values, {df:.0f} df, ratio = exp(mean difference)")
+
+
+def _shared(lv: np.ndarray, lb: np.ndarray, noise: SharedNoise) -> tuple[float, float, str]:
+    """(SE of the difference, df, method) with the family's between-start variance: pooled over its
+    arms, or each arm's shrunk toward it (moderated t)."""
+    nv, nb = lv.size, lb.size
+    if noise.pooled:
+        return (float(noise.sd_log or 0.0) * math.sqrt(1.0 / nv + 1.0 / nb), float(noise.df),
+                "t on per-start mean log values with the between-start variance shared by the family's arms "
+                f"({noise.df} df, per server start), ratio = exp(difference of means)")
+    mv, fv = _moderated(float(lv.var(ddof=1)) if nv >= 2 else 0.0, nv - 1, noise)
+    mb, fb = _moderated(float(lb.var(ddof=1)) if nb >= 2 else 0.0, nb - 1, noise)
+    a, b = mv / nv, mb / nb
+    df = min(float(noise.df), (a + b) ** 2 / (a**2 / fv + b**2 / fb)) if a + b > 0 else float(noise.df)
+    return math.sqrt(a + b), df, (f"moderated t: each arm's between-start variance shrunk toward the family's (prior "
+                                  f"weight {noise.prior_weight:.2f}), Satterthwaite df = {df:.1f}, ratio = exp("
+                                  "difference of means)")
 
 
 def at_level(est: RatioEstimate, level: float, correction: str) -> RatioEstimate:
