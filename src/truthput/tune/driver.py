@@ -27,12 +27,14 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from truthput.errors import InputError
 from truthput.experiment.argv import ServerArgv
 from truthput.experiment.engines import metric_family
-from truthput.experiment.file import Experiment, TuneSection, parse_experiment
+from truthput.analyze.summary import RunSummary
+from truthput.experiment.file import Experiment, TuneSection, VariantSection, parse_experiment
 from truthput.tune.screen import ScreenLoad, screen
 from truthput.experiment.levels import Level, Rate, is_rate
 from truthput.experiment.levels import level_label
@@ -290,10 +292,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Store, store
     space = Space.of(tune_cfg)
     base = ServerArgv.parse(exp.server.command, engine=metric_family(engine or exp.server.engine))
     baseline_name = exp.experiment.baseline
-    baseline_variant = next((v for v in exp.variant if v.name == baseline_name), None)
-    if baseline_variant is not None and (baseline_variant.set or baseline_variant.remove):
-        raise InputError(f"[tune]: the baseline variant {baseline_name!r} must be the command as it is (no set/remove): "
-                        "the space is applied to the command")
+    baseline_variant = _baseline_variant(exp)
     baseline_config = _config_of(space, base)
     name = tune_name(exp)
     level = objective_level(exp)
@@ -306,10 +305,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Store, store
             f"{len(real_study.trials)} measured on the server)")
     _check_energy_source(exp, engine, executor)
     evals, cpu = run_screen(exp, space, sim_study, say)
-    if tune_cfg.objective == "tokps_per_watt" and evals and not any(e.values for e in evals if e.ok):
-        gpu = exp.hardware.gpu if exp.hardware else "?"
-        raise InputError(f"[tune] objective = 'tokps_per_watt': the simulator has no power model for [hardware] gpu = "
-                        f"{gpu!r} (its profile gives no board_power_w, the board's power limit in watts)")
+    _check_power_model(exp, evals)
     search = SimFirst(space, tune_cfg)
     for e in evals:
         search.add_sim(e)
@@ -366,26 +362,53 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Store, store
                                 progress=progress, executor=executor)
             done_id, summary = ran.run_id, ran.summary
         summary = summary or run_summary(store, done_id)
-        trials = store.trial_results(done_id)
         secs = _server_seconds(store, done_id)
         starts_used += len(store.starts(done_id))
         server_s += sum(secs.values())
         names = {v.name: dict(v.tune_config) for v in round_exp.variant if v.tune_config}
-        names[baseline_name] = baseline_config
-        _add_round(search, real_study, space, tune_cfg, index, done_id, names, baseline_name,
-                   lambda vname, config: _real_evaluation(summary, trials, vname, config, level, secs.get(vname, 0.0),
-                                                          metric))
-        winner = next((cv.winner for cv in summary.verdict.per_concurrency if cv.metric == metric and cv.level == level),
-                      None)
-        rounds.append(RoundResult(index, done_id, list(cands.values()),
-                                  [ln for cv in summary.verdict.per_concurrency if cv.metric == metric for ln in cv.lines],
-                                  winner))
+        rounds.append(_record_round(store, search, real_study, space, tune_cfg, index, done_id,
+                                    {**names, baseline_name: baseline_config}, baseline_name, summary, secs,
+                                    list(cands.values()), level))
     chosen, line, chosen_run, chosen_variant = _choose(store, rounds, search, space, baseline_name, baseline_config,
                                                        level, tune_cfg)
     rho, n = search.rank_agreement()
     front = pareto_front(list(search.real.values()), tune_cfg) if tune_cfg.objective == "pareto" else []
     return TuneOutcome(name, len(evals), failed, cpu, rounds, search, chosen, line, chosen_run, chosen_variant,
                        server_s, starts_used, rho, n, front, stop_reason, level)
+
+
+def _record_round(store: Store, search: SimFirst, study: Any, space: Space, tune_cfg: TuneSection, index: int,
+                  run_id: str, names: dict[str, dict[str, Any]], baseline_name: str, summary: RunSummary,
+                  secs: dict[str, float], configs: list[dict[str, Any]], level: Level) -> RoundResult:
+    """A measured round into the search and the server study; what it decided on the objective."""
+    metric = objective_metric(tune_cfg)
+    trials = store.trial_results(run_id)
+    _add_round(search, study, space, tune_cfg, index, run_id, names, baseline_name,
+               lambda vname, config: _real_evaluation(summary, trials, vname, config, level, secs.get(vname, 0.0),
+                                                      metric))
+    winner = next((cv.winner for cv in summary.verdict.per_concurrency if cv.metric == metric and cv.level == level),
+                  None)
+    return RoundResult(index, run_id, configs,
+                       [ln for cv in summary.verdict.per_concurrency if cv.metric == metric for ln in cv.lines], winner)
+
+
+def _baseline_variant(exp: Experiment) -> VariantSection | None:
+    """The baseline's own [[variant]], if it has one: the command as it is (the space applies to it)."""
+    name = exp.experiment.baseline
+    variant = next((v for v in exp.variant if v.name == name), None)
+    if variant is not None and (variant.set or variant.remove):
+        raise InputError(f"[tune]: the baseline variant {name!r} must be the command as it is (no set/remove): "
+                         "the space is applied to the command")
+    return variant
+
+
+def _check_power_model(exp: Experiment, evals: Sequence[Evaluation]) -> None:
+    """tok/s per watt needs the simulator's power model of the experiment's GPU."""
+    assert exp.tune is not None
+    if exp.tune.objective == "tokps_per_watt" and evals and not any(e.values for e in evals if e.ok):
+        gpu = exp.hardware.gpu if exp.hardware else "?"
+        raise InputError(f"[tune] objective = 'tokps_per_watt': the simulator has no power model for [hardware] gpu = "
+                         f"{gpu!r} (its profile gives no board_power_w, the board's power limit in watts)")
 
 
 def _round_size(tune_cfg: TuneSection, starts_used: int, server_s: float, per_variant: int) -> tuple[int, str | None]:
