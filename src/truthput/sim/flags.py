@@ -204,7 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-logprobs", type=int, default=20, help="Accepted.")
     v.add_argument("--seed", type=int, default=0, help="Seeds every random choice of the sim.")
 
-    s = p.add_argument_group("simulator flags")
+    _simulator_flags(p.add_argument_group("simulator flags"))
+    return p
+
+
+def _simulator_flags(s: Any) -> None:
+    """The simulator's own flags (what it models, how it runs)."""
     s.add_argument("--sim-gpu", default=os.environ.get("TRUTHPUT_SIM_GPU"),
                    help="GPU from the catalog (env TRUTHPUT_SIM_GPU), e.g. 'RTX 3090'.")
     s.add_argument("--sim-model", default=os.environ.get("TRUTHPUT_SIM_MODEL"),
@@ -234,7 +239,6 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {DEFAULT_FRONTEND_CHUNK_US:g}); when a step's outputs take it longer than the "
                         "step, a stream's tokens wait and leave merged into fewer chunks, as vLLM's do under load. "
                         "0: every token in its own chunk.")
-    return p
 
 
 def _takes_value(action: argparse.Action) -> bool:

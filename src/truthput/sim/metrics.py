@@ -54,19 +54,34 @@ class SimMetrics:
     def __init__(self, model_name: str, max_model_len: int, spec_k: int, config: dict | None = None,
                  tool_parser: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        labels = ["model_name", "engine"]
-        lv = (model_name, "0")
-        r = self.registry
+        self._labels, self._lv = ["model_name", "engine"], (model_name, "0")
+        self._request_families(model_name, max_model_len)
+        self._other_families(model_name, config)
+        self.tool_parser_invocations: dict[tuple[str, str, str], Any] = {}
+        if tool_parser:
+            self._tool_parser_families(model_name)
+        self.spec_k = spec_k
+        if spec_k > 0:
+            self.spec_drafts = self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+            self.spec_draft_tokens = self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+            self.spec_accepted = self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                              "Accepted tokens per draft position.", self._labels + ["position"], registry=self.registry)
+            self.spec_accepted_per_pos = [per_pos.labels(*self._lv, str(i)) for i in range(spec_k)]
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=r).labels(*lv)
+    def _counter(self, name: str, doc: str) -> Any:
+        return Counter(name, doc, self._labels, registry=self.registry).labels(*self._lv)
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=r).labels(*lv)
+    def _gauge(self, name: str, doc: str) -> Any:
+        return Gauge(name, doc, self._labels, registry=self.registry).labels(*self._lv)
 
-        def hist(name: str, doc: str, buckets: list) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(*lv)
+    def _hist(self, name: str, doc: str, buckets: list) -> Any:
+        return Histogram(name, doc, self._labels, buckets=buckets, registry=self.registry).labels(*self._lv)
 
+    def _request_families(self, model_name: str, max_model_len: int) -> None:
+        """The families the simulator moves: tokens, requests, the queue, the latency histograms."""
+        counter, gauge, hist = self._counter, self._gauge, self._hist
+        labels, lv, r = self._labels, self._lv, self.registry
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
@@ -117,6 +132,11 @@ class SimMetrics:
         )
         for attr, name, doc, buckets in per_request:
             setattr(self, attr, hist(name, doc, buckets))
+
+    def _other_families(self, model_name: str, config: dict | None) -> None:
+        """The rest of vLLM 0.32's families, most at rest (the cache's sources, sleep, admission)."""
+        counter = self._counter
+        labels, lv, r = self._labels, self._lv, self.registry
         self.prompt_tokens_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens.")
         by_source = Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
                             labels + ["source"], registry=r)
@@ -150,26 +170,17 @@ class SimMetrics:
         if info:
             Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", ["engine", *sorted(info)],
                   registry=r).labels("0", *[str(info[k]) for k in sorted(info)]).set(1)
-        self.tool_parser_invocations: dict[tuple[str, str, str], Any] = {}
-        if tool_parser:
-            # vLLM registers it only with --tool-call-parser, every label set at 0 from the start
-            calls = Counter("vllm:tool_call_parser_invocations",
-                            "Total number of ToolParser invocations. Non-streaming increments once per choice; "
-                            "streaming increments once per delta.",
-                            ["model_name", "mode", "outcome", "request_type"], registry=r)
-            for mode in ("streaming", "non_streaming"):
-                for outcome in ("tool_call", "no_tool_call"):
-                    for kind in ("chat_completions", "responses", "other"):
-                        self.tool_parser_invocations[(mode, outcome, kind)] = calls.labels(model_name, mode, outcome,
-                                                                                          kind)
-        self.spec_k = spec_k
-        if spec_k > 0:
-            self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
-            self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
-            self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
-            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                              "Accepted tokens per draft position.", labels + ["position"], registry=r)
-            self.spec_accepted_per_pos = [per_pos.labels(*lv, str(i)) for i in range(spec_k)]
+
+    def _tool_parser_families(self, model_name: str) -> None:
+        """vLLM registers it only with --tool-call-parser, every label set at 0 from the start."""
+        calls = Counter("vllm:tool_call_parser_invocations",
+                        "Total number of ToolParser invocations. Non-streaming increments once per choice; "
+                        "streaming increments once per delta.",
+                        ["model_name", "mode", "outcome", "request_type"], registry=self.registry)
+        for mode in ("streaming", "non_streaming"):
+            for outcome in ("tool_call", "no_tool_call"):
+                for kind in ("chat_completions", "responses", "other"):
+                    self.tool_parser_invocations[(mode, outcome, kind)] = calls.labels(model_name, mode, outcome, kind)
 
     def expose_energy(self, meter: Any) -> None:
         """The modelled GPU energy (`truthput.sim.power`) as a counter read at each scrape; nothing
