@@ -204,6 +204,39 @@ def model_tokps(gpu: GPU, model: ModelProfile, point: CalibrationPoint, eff: Eff
     return point.concurrency * point.tokens_per_step() / step.total
 
 
+def _step_timeline(requests: list[list[tuple[float, float, float, float]]],
+                   ) -> tuple[list[float], list[tuple[int, list[tuple[float, float, float, float]]]]]:
+    """The engine's step times, and each request's first step on them (`observed_steps`: requests
+    in order of their first chunk, each where its chunk times best match the timeline so far)."""
+    import bisect
+    import statistics
+
+    timeline: list[float] = []
+    placed: list[tuple[int, list[tuple[float, float, float, float]]]] = []
+    for req in requests:
+        times = [c[0] for c in req]
+        gaps = [b - a for a, b in zip(timeline[-64:], timeline[-63:])]
+        typical = statistics.median(gaps) if gaps else 0.0
+        if not timeline:
+            s0 = 0
+        else:
+            lo = max(0, bisect.bisect_left(timeline, times[0] - 3 * typical) - 1)
+            hi = min(len(timeline), bisect.bisect_right(timeline, times[0] + 3 * typical) + 1)
+            best: tuple[float, int] | None = None
+            for cand in range(lo, hi):
+                dist = [abs(t - timeline[cand + j]) for j, t in enumerate(times) if cand + j < len(timeline)]
+                score = statistics.median(dist)
+                if best is None or score < best[0]:
+                    best = (score, cand)
+            if best is None or times[0] - timeline[-1] > 0.5 * typical:
+                s0 = len(timeline) if best is None or best[0] > 0.5 * typical else best[1]
+            else:
+                s0 = best[1]
+        timeline.extend(times[len(timeline) - s0:] if s0 + len(times) > len(timeline) else [])
+        placed.append((s0, req))
+    return timeline, placed
+
+
 def observed_steps(chunks: Sequence[tuple[float, int, float, float, float]], window: tuple[float, float],
                    sent: dict[int, float] | None = None, counter_cut: tuple[float, float] | None = None,
                    ) -> tuple[list[tuple[int, float, float]], float, Any, float]:
@@ -231,38 +264,12 @@ def observed_steps(chunks: Sequence[tuple[float, int, float, float, float]], win
     (median distance) the timeline built so far; chunks past its end extend it. Assumes no
     preemption in the window (a preempted request pauses and would be misplaced).
     """
-    import bisect
-    import statistics
-
     by_request: dict[int, list[tuple[float, float, float, float]]] = {}
     for t, rid, prompt, before, tokens in chunks:
         by_request.setdefault(rid, []).append((t, prompt, before, tokens))
     for req in by_request.values():
         req.sort(key=lambda c: (c[2], c[0]))  # token order: a lagging client's times may not be monotonic
-    requests = sorted(by_request.values(), key=lambda r: r[0][0])
-    timeline: list[float] = []
-    placed: list[tuple[int, list[tuple[float, float, float, float]]]] = []
-    for req in requests:
-        times = [c[0] for c in req]
-        gaps = [b - a for a, b in zip(timeline[-64:], timeline[-63:])]
-        typical = statistics.median(gaps) if gaps else 0.0
-        if not timeline:
-            s0 = 0
-        else:
-            lo = max(0, bisect.bisect_left(timeline, times[0] - 3 * typical) - 1)
-            hi = min(len(timeline), bisect.bisect_right(timeline, times[0] + 3 * typical) + 1)
-            best: tuple[float, int] | None = None
-            for cand in range(lo, hi):
-                dist = [abs(t - timeline[cand + j]) for j, t in enumerate(times) if cand + j < len(timeline)]
-                score = statistics.median(dist)
-                if best is None or score < best[0]:
-                    best = (score, cand)
-            if best is None or times[0] - timeline[-1] > 0.5 * typical:
-                s0 = len(timeline) if best is None or best[0] > 0.5 * typical else best[1]
-            else:
-                s0 = best[1]
-        timeline.extend(times[len(timeline) - s0:] if s0 + len(times) > len(timeline) else [])
-        placed.append((s0, req))
+    timeline, placed = _step_timeline(sorted(by_request.values(), key=lambda r: r[0][0]))
     decodes = [0] * len(timeline)
     context = [0.0] * len(timeline)
     prefill = [0.0] * len(timeline)
@@ -643,6 +650,19 @@ def _fit_rejecting_outliers(points, gpu, model, free, prior) -> CalibrationResul
     return result
 
 
+def _fit_candidates(points: list[CalibrationPoint], free: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The constants a fit of `points` may free, in priority order, and those it cannot (and why)."""
+    _check_points(points)
+    for name in free:
+        if name not in BOUNDS:
+            raise InputError(f"calibration: cannot fit {name!r}; choose from {', '.join(BOUNDS)}")
+    candidates = [n for n in PRIORITY if n in free]
+    if "tp_latency_s" in candidates and all(p.tp == 1 for p in points):
+        candidates.remove("tp_latency_s")
+        return candidates, {"tp_latency_s": "no point has TP > 1"}
+    return candidates, {}
+
+
 def _fit(
     points: Sequence[CalibrationPoint],
     gpu: GPU | str,
@@ -664,16 +684,8 @@ def _fit(
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     model = get_model(model) if isinstance(model, str) else model
     points = list(points)
-    _check_points(points)
-    for name in free:
-        if name not in BOUNDS:
-            raise InputError(f"calibration: cannot fit {name!r}; choose from {', '.join(BOUNDS)}")
     prior = _resolved(prior, gpu)
-    dropped: dict[str, str] = {}
-    candidates = [n for n in PRIORITY if n in free]
-    if "tp_latency_s" in candidates and all(p.tp == 1 for p in points):
-        candidates.remove("tp_latency_s")
-        dropped["tp_latency_s"] = "no point has TP > 1"
+    candidates, dropped = _fit_candidates(points, free)
     measured = np.log([p.measured_tokps or float("nan") for p in points])  # _check_points refused None
 
     def with_values(names: Sequence[str], x: Any) -> Efficiency:

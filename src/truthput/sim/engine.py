@@ -403,28 +403,8 @@ class SimEngine:
         self.total_accepted += accepted_total
         self.total_nodraft_emissions += nodraft
         for req in finished:
-            req.finish_reason = req.end_reason
-            self.running.remove(req)
-            self._free(req)
-            m.request_success[req.end_reason].inc()
-            m.e2e.observe(now - req.arrival)
-            if req.emitted > 1 and req.first_token_time is not None:
-                m.tpot.observe((now - req.first_token_time) / (req.emitted - 1))
-            m.request_generation_tokens.observe(req.emitted)
-            started = req.admit_time if req.admit_time is not None else req.arrival
-            if req.first_token_time is not None:
-                m.prefill_time.observe(max(0.0, req.first_token_time - started))
-                m.decode_time.observe(max(0.0, now - req.first_token_time))
-            m.inference_time.observe(max(0.0, now - started))
-            m.request_preemptions.observe(0)
-        # shrink blocks of running decodes to what their KV needs (rejected draft slots)
-        bs = self.limits.block_size
-        for req, d in decodes:
-            if d and req.finish_reason is None and req.blocks:  # a decode without a draft holds no spare slot
-                keep = -(-req.computed // bs)
-                if keep < req.blocks:
-                    self.free_blocks += req.blocks - keep
-                    req.blocks = keep
+            self._finish(req, now)
+        self._shrink_blocks(decodes)
         if self.stats_logger is not None:
             self.stats_logger.record_step(prompt_tokens, emitted_total, drafts, draft_tokens,
                                           accepted_total, per_pos)
@@ -432,6 +412,34 @@ class SimEngine:
         m.waiting.set(len(self.waiting))
         m.waiting_capacity.set(len(self.waiting))
         m.kv_usage.set(self.kv_usage)
+
+    def _finish(self, req: SimRequest, now: float) -> None:
+        """A request that emitted its last token: out of the batch, its blocks freed, its metrics."""
+        m = self.metrics
+        req.finish_reason = req.end_reason
+        self.running.remove(req)
+        self._free(req)
+        m.request_success[req.end_reason].inc()
+        m.e2e.observe(now - req.arrival)
+        if req.emitted > 1 and req.first_token_time is not None:
+            m.tpot.observe((now - req.first_token_time) / (req.emitted - 1))
+        m.request_generation_tokens.observe(req.emitted)
+        started = req.admit_time if req.admit_time is not None else req.arrival
+        if req.first_token_time is not None:
+            m.prefill_time.observe(max(0.0, req.first_token_time - started))
+            m.decode_time.observe(max(0.0, now - req.first_token_time))
+        m.inference_time.observe(max(0.0, now - started))
+        m.request_preemptions.observe(0)
+
+    def _shrink_blocks(self, decodes: list) -> None:
+        """Blocks of running decodes shrunk to what their KV needs (the slots of rejected drafts)."""
+        bs = self.limits.block_size
+        for req, d in decodes:
+            if d and req.finish_reason is None and req.blocks:  # a decode without a draft holds no spare slot
+                keep = -(-req.computed // bs)
+                if keep < req.blocks:
+                    self.free_blocks += req.blocks - keep
+                    req.blocks = keep
 
     def plan_step(self, now: float) -> tuple[list, list, float] | None:
         """The next step's work and its price in seconds, scheduled at `now`; None when there is

@@ -185,19 +185,7 @@ def calibration_points(store: Store, run_ids: list[str], gpu: str | None = None,
             else:
                 tail = edges
             spec_window = res.spec_decode.window if res.spec_decode is not None else None
-            acc = (spec_window.mean_acceptance_length.number()
-                   if spec_window is not None and spec_window.mean_acceptance_length is not None else None)
-            accepted = (spec_window.accepted_tokens.number()
-                        if spec_window is not None and spec_window.accepted_tokens is not None else None)
-            if k and accepted is not None and inside and inside > accepted:
-                # tokens per engine step, every step counted: each step emits one token of its own
-                # plus the drafts it accepted, so steps = generated - accepted. The mean acceptance
-                # length (1 + accepted / drafts) counts only the steps that drafted: above this
-                # wherever the proposer found nothing to propose (n-gram outside repeated text).
-                acc = inside / (inside - accepted)
-            if k and acc is None:
-                decoded = [c[4] for c in chunks if c[3] > 0]
-                acc = sum(decoded) / len(decoded) if decoded else None
+            acc = _tokens_per_step(spec_window, inside, chunks) if k else None
             drafted = draft_tokens_per_step(spec_window) if k else None
             lengths[t.variant] = (inp, outp)
             points.append(CalibrationPoint(
@@ -213,6 +201,25 @@ def calibration_points(store: Store, run_ids: list[str], gpu: str | None = None,
                 front_cpu_s=_front_cpu_s(res, window_s) if not run.simulated else None,
                 draft_tokens_per_step=drafted))
     return StorePoints(points, hw, lengths, sim_noise, skipped)
+
+
+def _tokens_per_step(spec_window: Any, inside: float | None, chunks: list[tuple[float, int, float, float, float]],
+                     ) -> float | None:
+    """Tokens a sequence emitted per engine step in the window, with speculation: generated /
+    (generated - accepted) from the counters, every step counted (each emits one token of its own
+    plus the drafts it accepted). The mean acceptance length (1 + accepted / drafts) counts only the
+    steps that drafted: above this wherever the proposer found nothing to propose (n-gram outside
+    repeated text); it stands where the counters give no accepted tokens, else the chunks' mean."""
+    acc = (spec_window.mean_acceptance_length.number()
+           if spec_window is not None and spec_window.mean_acceptance_length is not None else None)
+    accepted = (spec_window.accepted_tokens.number()
+                if spec_window is not None and spec_window.accepted_tokens is not None else None)
+    if accepted is not None and inside and inside > accepted:
+        return float(inside / (inside - accepted))
+    if acc is None:
+        decoded = [c[4] for c in chunks if c[3] > 0]
+        return sum(decoded) / len(decoded) if decoded else None
+    return float(acc)
 
 
 def ngram_counters_of_run(store: Store, run_id: str, variant: str | None):

@@ -218,6 +218,46 @@ def make_pricer(cfg: SimServeConfig, setup: SimSetup, metrics: SimMetrics | None
     return price
 
 
+def _asked_max_tokens(body: dict, chat: bool) -> tuple[int | None, str] | web.Response:
+    """(max_tokens, the key it came under), as vLLM's request model reads it (pydantic's lax mode:
+    a float that is a whole number, a string of an integer), or the 400 it answers."""
+    max_tokens = body.get("max_completion_tokens") if chat else None
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    if isinstance(max_tokens, float):
+        if not max_tokens.is_integer():
+            return _body_error("int_from_float", f"body.{name}",
+                               "Input should be a valid integer, got a number with a fractional part", repr(max_tokens))
+        max_tokens = int(max_tokens)
+    if isinstance(max_tokens, str):
+        if not re.fullmatch(r"\s*[+-]?\d+\s*", max_tokens):
+            return _body_error("int_parsing", f"body.{name}",
+                               "Input should be a valid integer, unable to parse string as an integer", max_tokens)
+        max_tokens = int(max_tokens)
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
+        return _body_error("int_type", f"body.{name}", "Input should be a valid integer", repr(max_tokens))
+    return max_tokens, name
+
+
+def _sampling_refused(body: dict) -> web.Response | None:
+    """vLLM's 400 for a temperature, top_p or n it refuses (None: they are fine)."""
+    temperature, top_p, n = body.get("temperature"), body.get("top_p"), body.get("n", 1)
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
+        return _body_error("float_type", "body.temperature", "Input should be a valid number", repr(temperature))
+    if temperature is not None and temperature < 0:
+        return _param_error("temperature", float(temperature), "must be non-negative")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))):
+        return _body_error("float_type", "body.top_p", "Input should be a valid number", repr(top_p))
+    if top_p is not None and not 0 < top_p <= 1:
+        return _param_error("top_p", float(top_p), "must be in (0, 1]")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        return _body_error("int_type", "body.n", "Input should be a valid integer >= 1", repr(n))
+    if n not in (1, None) and temperature is not None and float(temperature) == 0.0:
+        return _error(400, f"n must be 1 when using greedy sampling, got {n}.")
+    return None
+
+
 def _error(status: int, message: str, err_type: str = "BadRequestError", param: str | None = None) -> web.Response:
     body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
@@ -649,41 +689,15 @@ class SimServer:
         model = body.get("model")
         if model is not None and model not in (self.cfg.served_model_names or [self.model_name]):
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        max_tokens = body.get("max_completion_tokens") if chat else None
-        if max_tokens is None:
-            max_tokens = body.get("max_tokens")
-        name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-        if isinstance(max_tokens, float):
-            if not max_tokens.is_integer():
-                return _body_error("int_from_float", f"body.{name}",
-                                   "Input should be a valid integer, got a number with a fractional part",
-                                   repr(max_tokens))
-            max_tokens = int(max_tokens)
-        if isinstance(max_tokens, str):
-            # pydantic's lax mode, as vLLM's request model: a string of an integer is that integer
-            if not re.fullmatch(r"\s*[+-]?\d+\s*", max_tokens):
-                return _body_error("int_parsing", f"body.{name}",
-                                   "Input should be a valid integer, unable to parse string as an integer",
-                                   max_tokens)
-            max_tokens = int(max_tokens)
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
-            return _body_error("int_type", f"body.{name}", "Input should be a valid integer", repr(max_tokens))
-        temperature = body.get("temperature")
-        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
-            return _body_error("float_type", "body.temperature", "Input should be a valid number", repr(temperature))
-        if temperature is not None and temperature < 0:
-            return _param_error("temperature", float(temperature), "must be non-negative")
-        top_p = body.get("top_p")
-        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))):
-            return _body_error("float_type", "body.top_p", "Input should be a valid number", repr(top_p))
-        if top_p is not None and not 0 < top_p <= 1:
-            return _param_error("top_p", float(top_p), "must be in (0, 1]")
-        n = body.get("n", 1)
+        asked = _asked_max_tokens(body, chat)
+        if isinstance(asked, web.Response):
+            return asked
+        max_tokens, name = asked
+        refused = _sampling_refused(body)
+        if refused is not None:
+            return refused
+        temperature, n = body.get("temperature"), body.get("n", 1)
         greedy = temperature is not None and float(temperature) == 0.0
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            return _body_error("int_type", "body.n", "Input should be a valid integer >= 1", repr(n))
-        if n not in (1, None) and greedy:
-            return _error(400, f"n must be 1 when using greedy sampling, got {n}.")
         if prompt_tokens > self.max_model_len:
             return _error(400, f"This model's maximum context length is {self.max_model_len} tokens. However, your "
                                f"prompt contains at least {self.max_model_len + 1} input tokens, which exceeds this "
