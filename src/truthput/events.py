@@ -47,9 +47,13 @@ def _minutes(seconds: float) -> str:
 
 
 @dataclass(frozen=True)
-class StartLaunching:
+class _OfStart:
     variant: str
     start_index: int
+
+
+@dataclass(frozen=True)
+class StartLaunching(_OfStart):
     engine: str
 
     def text(self) -> str:
@@ -57,9 +61,7 @@ class StartLaunching:
 
 
 @dataclass(frozen=True)
-class StartReady:
-    variant: str
-    start_index: int
+class StartReady(_OfStart):
     ready_s: float
 
     def text(self) -> str:
@@ -67,9 +69,7 @@ class StartReady:
 
 
 @dataclass(frozen=True)
-class StartFailed:
-    variant: str
-    start_index: int
+class StartFailed(_OfStart):
     failure_class: str
     reason: str
 
@@ -78,12 +78,18 @@ class StartFailed:
 
 
 @dataclass(frozen=True)
-class TrialDone:
-    variant: str
-    start_index: int
+class _OfTrial(_OfStart):
     level: Level
     """Streams, or a `Rate` (open loop)."""
     trial_index: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.variant} start {self.start_index + 1} {level_label(self.level)} trial {self.trial_index + 1}"
+
+
+@dataclass(frozen=True)
+class TrialDone(_OfTrial):
     tokps: float | None
     source: str
     """How the headline was read ('server counter', 'usage placed in time: no counter')."""
@@ -93,26 +99,19 @@ class TrialDone:
     def text(self) -> str:
         sim = ", simulated" if self.simulated else ""
         shown = f"{self.tokps:.1f} tok/s [{self.source}{sim}]" if self.tokps is not None else "no throughput figure"
-        return (f"{self.variant} start {self.start_index + 1} {level_label(self.level)} trial {self.trial_index + 1}: "
-                f"{shown} {self.status}")
+        return f"{self.where}: {shown} {self.status}"
 
 
 @dataclass(frozen=True)
-class TrialStarting:
+class TrialStarting(_OfTrial):
     """A trial's load begins: the live display names the level and trial during a long window
     (nothing is printed for it on plain lines, where the finished trial says the same)."""
 
-    variant: str
-    start_index: int
-    level: Level
-    trial_index: int
     window_s: float | None
     """The timed window (None when trials count requests)."""
 
     def text(self) -> str:
-        window = f" ({self.window_s:g} s window)" if self.window_s else ""
-        return (f"{self.variant} start {self.start_index + 1} {level_label(self.level)} trial {self.trial_index + 1}"
-                f"{window}")
+        return self.where + (f" ({self.window_s:g} s window)" if self.window_s else "")
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,42 @@ class BodyPrefetch:
                 await self._task
 
 
-class ClosedLoop:
+class _Loop:
+    """What the closed and the open loop share: the client and the workload, how far the load goes
+    (a window's seconds or a number of requests), its lead before the window, the requests in
+    flight, the end of the window on request, and how a load's result is made."""
+
+    def __init__(self, kind: str, client: StreamClient, workload: Workload, duration_s: float | None,
+                 max_requests: int | None, lead_s: float) -> None:
+        _check_extent(kind, duration_s, max_requests)
+        self.client = client
+        self.workload = workload
+        self.duration_s = duration_s
+        self.max_requests = max_requests
+        self.lead_s = max(0.0, float(lead_s))
+        """Seconds the load runs before the window opens: a warm-up inside the trial's own load."""
+        self._in_flight = 0
+        self.max_in_flight = 0
+        self._end_window = asyncio.Event()
+
+    def end_window(self) -> None:
+        """End the timed window now (from the same event loop): a coordinator (worker processes)
+        decides when the window ends; no new requests are issued after it."""
+        self._end_window.set()
+
+    def _result(self, records: list[RequestRecord], t_start: float, window: tuple[float | None, float | None],
+                never_settled: bool, selfcheck: SelfCheck, notes: list[str], stopped: str | None) -> LoadResult:
+        """The load's result as it ends: what the self-check and the client noticed added to its notes."""
+        if selfcheck.client_bound:
+            notes.append(f"client-bound: {selfcheck.reason}")
+        notes.extend(n for n in self.client.notes if n not in notes)
+        return LoadResult(records=sorted(records, key=lambda r: r.idx), t_start=t_start, t_window_start=window[0],
+                          t_window_end=window[1], t_end=time.monotonic(), never_settled=never_settled,
+                          selfcheck=selfcheck, notes=notes, max_in_flight=self.max_in_flight, model=self.client.model,
+                          stopped_early=stopped)
+
+
+class ClosedLoop(_Loop):
     """Keeps exactly `concurrency` requests in flight; see module docstring for the window rules.
 
     Ends the window after `duration_s` (from the window start) or once `max_requests` have been
@@ -170,25 +205,16 @@ class ClosedLoop:
         self._consecutive = 0
         self._abort = asyncio.Event()
         self.stopped_early: str | None = None
-        self.lead_s = max(0.0, float(lead_s))
-        """Seconds the load runs with all N streams generating before the window opens: a warm-up
-        inside the trial's own load, so the batch need not ramp up twice."""
+        super().__init__("closed loop", client, workload, duration_s, max_requests, lead_s)
         self.drain = drain
         """False: requests still in flight when the window ends are cancelled (the client closes
         them, the server aborts them) instead of awaited -- for a warm-up, whose requests are
         never measured, so the next trial starts without waiting for a drain."""
-        _check_extent("closed loop", duration_s, max_requests)
-        self.client = client
-        self.workload = workload
         self.concurrency = concurrency
-        self.duration_s = duration_s
-        self.max_requests = max_requests
         self.settle_timeout_s = settle_timeout_s
         self._next_idx = 0
         self._stop = False
         self._streaming = 0
-        self._in_flight = 0
-        self.max_in_flight = 0
         self._settled = asyncio.Event()
         self._queued_completions = 0
         """Requests that ran to completion while another stream still waited for its first token."""
@@ -202,13 +228,7 @@ class ClosedLoop:
         # an exact-length prompt of 32k tokens costs ~0.1 s of tokenizer time, which would stall
         # the event loop and delay every stream's chunk timestamps if built inline.
         self.bodies = BodyPrefetch(workload, max(4 * concurrency, 32), max_requests)
-        self._end_window = asyncio.Event()
         self.inline_builds = 0
-
-    def end_window(self) -> None:
-        """End the timed window now (from the same event loop): a coordinator (worker processes)
-        decides when the window ends; no new requests are issued after it."""
-        self._end_window.set()
 
     def _on_first_token(self, _idx: int) -> None:
         self._streaming += 1
@@ -330,31 +350,14 @@ class ClosedLoop:
         for res in workers_done.result():
             if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
                 notes.append(f"stream worker failed: {type(res).__name__}: {res}")
-        t_end = time.monotonic()
         selfcheck = await probe.stop()
-        if selfcheck.client_bound:
-            notes.append(f"client-bound: {selfcheck.reason}")
-        notes.extend(n for n in self.client.notes if n not in notes)
-        records = sorted(self._records, key=lambda r: r.idx)
-        return LoadResult(
-            records=records,
-            t_start=t_start,
-            t_window_start=t_ws,
-            t_window_end=t_we,
-            t_end=t_end,
-            never_settled=never_settled,
-            selfcheck=selfcheck,
-            notes=notes,
-            max_in_flight=self.max_in_flight,
-            model=self.client.model,
-            stopped_early=self.stopped_early,
-        )
+        return self._result(self._records, t_start, (t_ws, t_we), never_settled, selfcheck, notes, self.stopped_early)
 
 
 # ---- open loop ---------------------------------------------------------------------------------
 
 
-class OpenLoop:
+class OpenLoop(_Loop):
     """Requests arrive at `rate` per second whatever the server does (open loop), with at most
     `max_in_flight` open at once.
 
@@ -388,24 +391,12 @@ class OpenLoop:
             raise InputError(f"open loop arrival {arrival!r}: expected 'poisson' or 'constant'")
         if max_in_flight is not None and max_in_flight < 1:
             raise InputError(f"open loop max_in_flight {max_in_flight}: must be >= 1")
-        _check_extent("open loop", duration_s, max_requests)
-        self.client = client
-        self.workload = workload
+        super().__init__("open loop", client, workload, duration_s, max_requests, lead_s)
         self.rate = rate
         self.arrival = arrival
         self.max_in_flight_cap = max_in_flight
-        self.duration_s = duration_s
-        self.max_requests = max_requests
         self.seed = seed
-        self.lead_s = max(0.0, float(lead_s))
         self.delayed_arrivals = 0
-        self.max_in_flight = 0
-        self._in_flight = 0
-        self._end_window = asyncio.Event()
-
-    def end_window(self) -> None:
-        """End the window (and the arrivals) now; see ClosedLoop.end_window."""
-        self._end_window.set()
 
     def arrival_offsets(self) -> Iterator[float]:
         """Seconds after the start at which requests 0, 1, ... arrive (deterministic per seed): what
@@ -497,15 +488,16 @@ class OpenLoop:
             await probe.stop()
             raise
         await bodies.close()
-        t_end = time.monotonic()
         selfcheck = await probe.stop()
-        return LoadResult(
-            records=sorted(records, key=lambda r: r.idx), t_start=t_start, t_window_start=t_ws, t_window_end=t_we,
-            t_end=t_end, never_settled=never_settled, selfcheck=selfcheck,
-            notes=notes + self._closing_notes(bodies.late, selfcheck, notes, stopped[0] if stopped else None),
-            max_in_flight=self.max_in_flight, stopped_early=stopped[0] if stopped else None,
-            model=self.client.model,
-        )
+        if self.delayed_arrivals:
+            notes.append(f"{self.delayed_arrivals} arrivals waited for a free slot (max in flight "
+                         f"{self.max_in_flight_cap}): the server received less than the offered {self.rate:g} req/s")
+        if bodies.late:
+            notes.append(f"{bodies.late} request bodies were not prefetched in time")
+        result = self._result(records, t_start, (t_ws, t_we), never_settled, selfcheck, notes,
+                              stopped[0] if stopped else None)
+        result.notes += [f"load ended early: {stopped[0]}"] if stopped else []
+        return result
 
     async def _arrivals(self, bodies: BodyPrefetch, slots: asyncio.Semaphore | None, stop: asyncio.Event,
                         send: Callable[[int, dict[str, Any]], None]) -> None:
@@ -530,20 +522,6 @@ class OpenLoop:
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
             send(idx, body)
-
-    def _closing_notes(self, late: int, selfcheck: SelfCheck, said: list[str], stopped: str | None) -> list[str]:
-        """What the load's notes add as it ends: arrivals that waited for a slot, bodies built late,
-        a client-bound self-check, the client's own notes, an early end."""
-        out = []
-        if self.delayed_arrivals:
-            out.append(f"{self.delayed_arrivals} arrivals waited for a free slot (max in flight "
-                       f"{self.max_in_flight_cap}): the server received less than the offered {self.rate:g} req/s")
-        if late:
-            out.append(f"{late} request bodies were not prefetched in time")
-        if selfcheck.client_bound:
-            out.append(f"client-bound: {selfcheck.reason}")
-        out.extend(n for n in self.client.notes if n not in said and n not in out)
-        return out + ([f"load ended early: {stopped}"] if stopped else [])
 
 
 async def _timed(cb: Callback | None) -> float:

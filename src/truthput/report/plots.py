@@ -212,29 +212,29 @@ def _line_per_variant(ax: Any, doc: ReportDocument, rows: Sequence[Any], value: 
     _level_axis(ax, rows)
 
 
-def per_stream(doc: ReportDocument) -> str | None:
-    cells = [c for c in doc.ok_cells if c.per_stream is not None and c.per_stream.value is not None]
-    if not cells:
+def _points(doc: ReportDocument, rows: Sequence[Any], value: Callable[[Any], Any], ylabel: str, title: str,
+            name: str) -> str | None:
+    """One figure of one value per variant over the levels (`rows` with a value; None: no plot)."""
+    if not rows:
         return None
     fig, (ax,) = _figure()
-    _line_per_variant(ax, doc, cells, lambda c: c.per_stream.value)
-    ax.set_ylabel("tok/s per stream")
-    ax.set_title(f"Per-stream decode speed vs concurrency (median)\n[usage, client clock{_tag(doc)}]")
+    _line_per_variant(ax, doc, rows, value)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{title}\n[usage, client clock{_tag(doc)}]")
     ax.legend(fontsize=8)
-    return _svg(fig, "per_stream")
+    return _svg(fig, name)
+
+
+def per_stream(doc: ReportDocument) -> str | None:
+    return _points(doc, [c for c in doc.ok_cells if c.per_stream is not None and c.per_stream.value is not None],
+                   lambda c: c.per_stream.value, "tok/s per stream",
+                   "Per-stream decode speed vs concurrency (median)", "per_stream")
 
 
 def goodput(doc: ReportDocument) -> str | None:
     rows = [r for r in doc.goodput or [] if r.good_tokens_per_s.value is not None]
-    if not rows:
-        return None
-    slo = rows[0].slo
-    fig, (ax,) = _figure()
-    _line_per_variant(ax, doc, rows, lambda r: r.good_tokens_per_s.value)
-    ax.set_ylabel("good tok/s")
-    ax.set_title(f"Goodput under SLO ({slo.text()})\n[usage, client clock{_tag(doc)}]")
-    ax.legend(fontsize=8)
-    return _svg(fig, "goodput")
+    return _points(doc, rows, lambda r: r.good_tokens_per_s.value, "good tok/s",
+                   f"Goodput under SLO ({rows[0].slo.text() if rows else ''})", "goodput")
 
 
 def latency_distributions(doc: ReportDocument) -> str | None:
