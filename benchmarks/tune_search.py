@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 from truthput.experiment.file import TuneSection, load_experiment
-from truthput.tune.screen import ScreenLoad, batch_lines, run_batch, screen, to_evaluation
+from truthput.load.virtual import VirtualLoad
+from truthput.tune.screen import batch_lines, run_batch, screen, to_evaluation
 from truthput.tune.search import Evaluation, SimFirst, objective_value
 from truthput.tune.space import Space
 
@@ -49,7 +50,7 @@ SPACE = {
     ],
     "level": 64,
 }
-LOAD = ScreenLoad(concurrency=64, input_tokens=1024, output_tokens=256, duration_s=240.0, warmup_s=20.0)
+LOAD = VirtualLoad(concurrency=64, input_tokens=1024, output_tokens=256, duration_s=240.0, warmup_s=20.0)
 HIDDEN_PER_SEQ_S = 0.0015  # the stand-in's extra CPU cost per running sequence per step
 HIDDEN_ACCEPTANCE = "0.7,0.3,0.2,0.1,0.1"  # the stand-in's acceptance per draft position
 REAL_NOISE = 0.03

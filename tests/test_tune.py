@@ -19,7 +19,8 @@ import pytest
 
 from truthput.experiment.argv import ServerArgv, speculative_settings, variant_argv
 from truthput.experiment.file import TuneSection, load_experiment
-from truthput.tune.screen import ScreenLoad, batch_lines, run_batch, screen
+from truthput.load.virtual import VirtualLoad
+from truthput.tune.screen import batch_lines, run_batch, screen
 from truthput.tune.search import Evaluation, SimFirst, spearman
 from truthput.tune.space import Space
 
@@ -74,7 +75,7 @@ def test_virtual_time_matches_the_real_time_simulator(tmp_path):
         real_per_w[variant] = 1.0 / energy["value"]
     exp, _ = load_experiment(path)
     _, space = _space([{"flag": "--spec-tokens", "values": ["off", 3]}])
-    load = ScreenLoad(concurrency=8, input_tokens=128, output_tokens=32, duration_s=60.0, warmup_s=5.0)
+    load = VirtualLoad(concurrency=8, input_tokens=128, output_tokens=32, duration_s=60.0, warmup_s=5.0)
     evals = screen(exp, space, [{"--spec-tokens": 3}, {"--spec-tokens": "off"}], load)
     virtual = {"original": evals[0].mean, "nospec": evals[1].mean}
     for name in ("original", "nospec"):
@@ -98,7 +99,7 @@ def test_virtual_time_is_a_thousand_times_faster_than_real_time_on_the_quickstar
     _, space = _space([{"flag": "--spec-tokens", "values": ["off", 1, 3]}])
     ratios = []
     for c in (1, 8):
-        load = ScreenLoad(concurrency=c, input_tokens=128, output_tokens=32, duration_s=120.0, warmup_s=5.0)
+        load = VirtualLoad(concurrency=c, input_tokens=128, output_tokens=32, duration_s=120.0, warmup_s=5.0)
         lines = batch_lines(exp, space, [{"--spec-tokens": v} for v in ("off", 1, 3)], load, 1, 0)
         for r in run_batch(lines, workers=1):
             ratios.append(r["virtual_s"] / r["cpu_s"])
@@ -113,7 +114,8 @@ def test_the_pricer_prices_every_shape_as_the_physics_does_and_a_virtual_ngram_s
     from truthput.sim import server as sim_server
     from truthput.sim.engine import StepShape
     from truthput.sim.flags import parse_serve_args
-    from truthput.sim.virtual import LoadSpec, run_start
+    from truthput.load.virtual import VirtualLoad
+    from truthput.sim.virtual import run_start
 
     cfg = parse_serve_args(["--model", "m", "--sim-gpu", "RTX 3090", "--sim-model", "llama-3.1-8b", "--max-model-len", "4096"])
     setup = sim_server.resolve_setup(cfg)
@@ -126,7 +128,7 @@ def test_the_pricer_prices_every_shape_as_the_physics_does_and_a_virtual_ngram_s
     argv = ["--model", "m", "--sim-gpu", "RTX 3090", "--sim-model", "llama-3.1-8b", "--max-model-len", "4096",
             "--speculative-config",
             '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}']
-    load = LoadSpec(concurrency=4, input_tokens=64, output_tokens=64, duration_s=5.0, warmup_s=1.0)
+    load = VirtualLoad(concurrency=4, input_tokens=64, output_tokens=64, duration_s=5.0, warmup_s=1.0)
     first, again = run_start(argv, load, 3), run_start(argv, load, 3)
     assert first.tokps == again.tokps and first.itl_s == again.itl_s
     nospec = run_start(argv[:-2], load, 3)
@@ -305,7 +307,7 @@ def test_the_virtual_open_loop_counts_goodput_against_known_truth():
     _, space = _space([{"flag": "--max-num-seqs", "values": [16]}])
     figures = {}
     for name, ttft_ms in (("met", 5000.0), ("never", 0.001)):
-        load = ScreenLoad(concurrency=0, input_tokens=64, output_tokens=32, duration_s=600.0, warmup_s=1.0, rate=2.0,
+        load = VirtualLoad(concurrency=0, input_tokens=64, output_tokens=32, duration_s=600.0, warmup_s=1.0, rate=2.0,
                           slo_ttft_ms=ttft_ms)
         (r,) = run_batch(batch_lines(exp, space, [{"--max-num-seqs": 16}], load, 1, 0), workers=1)
         figures[name] = r

@@ -18,6 +18,19 @@ def default_import_path(unit_path: Path) -> Path:
     return Path(unit_path.name.rsplit(".", 1)[0] + ".toml")
 
 
+def _write(path: Path | None, text: str, force: bool, other: str) -> bool:
+    """`text` to `path` (None: to stdout, and False); an existing file only with --force."""
+    from truthput.errors import InputError
+
+    if path is None:
+        typer.echo(text, nl=False)
+        return False
+    if path.exists() and not force:
+        raise InputError(f"{path}: already exists; use --force to overwrite{other}")
+    path.write_text(text, encoding="utf-8")
+    return True
+
+
 def register(app: typer.Typer) -> None:
     @app.command("import")
     def import_(
@@ -44,13 +57,9 @@ def register(app: typer.Typer) -> None:
         for warning in consistency_warnings(unit) + unit.notes():
             typer.echo(f"truthput: warning: {warning}", err=True)
         target = output or default_import_path(unit_file)
-        if str(target) == "-":
-            typer.echo(toml_text, nl=False)
-            return
-        if target.exists() and not force:
-            raise InputError(f"{target}: already exists; use --force to overwrite or -o to choose another file")
-        target.write_text(toml_text, encoding="utf-8")
-        typer.echo(f"wrote {target}: baseline = the unit's ExecStart=; add [[variant]] tables, then `truthput run {target}`")
+        if _write(None if str(target) == "-" else target, toml_text, force, " or -o to choose another file"):
+            typer.echo(f"wrote {target}: baseline = the unit's ExecStart=; add [[variant]] tables, then "
+                       f"`truthput run {target}`")
 
     @app.command("unit")
     def unit_(
@@ -65,7 +74,6 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Overwrite the output file if it exists."),
     ) -> None:
         """Write a measured variant back as a systemd unit with the original unit's sections."""
-        from truthput.errors import InputError
         from truthput.report.units import export_variant_unit, verdict_on_variant
         from truthput.store.db import Store
 
@@ -79,10 +87,5 @@ def register(app: typer.Typer) -> None:
         text, warnings = export_variant_unit(store, rid, variant, experiment_mode, description, template)
         for warning in said + warnings:
             typer.echo(f"truthput: warning: {warning}", err=True)
-        if output is None:
-            typer.echo(text, nl=False)
-            return
-        if output.exists() and not force:
-            raise InputError(f"{output}: already exists; use --force to overwrite")
-        output.write_text(text, encoding="utf-8")
-        typer.echo(f"wrote {output}")
+        if _write(output, text, force, ""):
+            typer.echo(f"wrote {output}")

@@ -28,34 +28,16 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from truthput.errors import InputError
+from truthput.load.virtual import VirtualLoad
 from truthput.sim import textgen
 from truthput.sim.engine import SimRequest
 from truthput.sim.power import PowerMeter
-
-
-@dataclass
-class LoadSpec:
-    """Fixed-length requests measured over a window: a closed loop of `concurrency` streams, or,
-    with `rate`, an open loop of that many arrivals per second."""
-
-    concurrency: int
-    input_tokens: int = 256
-    output_tokens: int = 256
-    duration_s: float = 30.0
-    warmup_s: float = 5.0
-    rate: float | None = None
-    arrival: str = "poisson"
-    max_in_flight: int | None = None
-    """Open loop: an arrival that finds this many requests open waits for one to finish."""
-    slo_ttft_ms: float | None = None
-    slo_itl_ms: float | None = None
-    slo_e2e_ms: float | None = None
 
 
 @dataclass
@@ -126,7 +108,7 @@ class _WindowMetrics(_NoMetrics):
 class _Requests:
     """Builds the load's requests as the HTTP front builds them, numbered, from a seeded RNG."""
 
-    def __init__(self, server: Any, load: LoadSpec, seed: int) -> None:
+    def __init__(self, server: Any, load: VirtualLoad, seed: int) -> None:
         self.server = server
         self.load = load
         self.seed = seed
@@ -221,7 +203,7 @@ class _Window:
         return (e1 - e0) / self.duration_s
 
 
-def _measure(server: Any, load: LoadSpec, seed: int, power: PowerMeter | None = None) -> StartFigures:
+def _measure(server: Any, load: VirtualLoad, seed: int, power: PowerMeter | None = None) -> StartFigures:
     """Drive the engine step by step on a virtual clock: a step planned at `now` ends at `now + dt`,
     its tokens go out then, and each stream whose request finished sends its next one at once."""
     if load.rate is not None:
@@ -278,7 +260,7 @@ def arrival_times(rate: float, arrival: str, seed: int, until: float) -> list[fl
     return out
 
 
-def _measure_open(server: Any, load: LoadSpec, seed: int, power: PowerMeter | None = None) -> StartFigures:
+def _measure_open(server: Any, load: VirtualLoad, seed: int, power: PowerMeter | None = None) -> StartFigures:
     """An open loop on the virtual clock: requests arrive on their schedule whatever the server does
     (one arriving during a step waits for the next), the engine steps while it has work, and the
     clock jumps to the next arrival when it has none. The window opens as an open-loop trial's
@@ -335,7 +317,7 @@ def _measure_open(server: Any, load: LoadSpec, seed: int, power: PowerMeter | No
                         tokps_per_w=window.tokps_per_w())
 
 
-def _meets(req: SimRequest, first_tokens: int, load: LoadSpec) -> bool:
+def _meets(req: SimRequest, first_tokens: int, load: VirtualLoad) -> bool:
     """The client's rule for a good request (see `truthput.load.goodput`): TTFT within its target,
     the mean gap per token after the first chunk's within the ITL target, and arrival to last token
     within the end-to-end target."""
@@ -352,7 +334,7 @@ def _meets(req: SimRequest, first_tokens: int, load: LoadSpec) -> bool:
     return True
 
 
-def run_start(argv: list[str], load: LoadSpec, seed: int) -> StartFigures:
+def run_start(argv: list[str], load: VirtualLoad, seed: int) -> StartFigures:
     """One server start of `argv` (sim serve flags, `--seed` replaced by `seed`) under `load`, in
     virtual time. Raises StartupFailure or InputError as `sim serve` would refuse to start."""
     from truthput.sim.flags import parse_serve_args
@@ -385,7 +367,7 @@ def evaluate(config: dict) -> dict:
 
     _prepare()  # before the clock starts: the first line's CPU is its own, not the process's start-up
 
-    load = LoadSpec(**{f.name: config[f.name] for f in fields(LoadSpec) if config.get(f.name) is not None})
+    load = VirtualLoad.of_line(config)
     starts = int(config.get("starts", 1))
     seed0 = int(config.get("seed", 0))
     out: dict[str, Any] = {"id": config.get("id"), "source": "simulator"}

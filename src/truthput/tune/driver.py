@@ -35,7 +35,7 @@ from truthput.experiment.argv import ServerArgv
 from truthput.experiment.engines import metric_family
 from truthput.analyze.summary import RunSummary
 from truthput.experiment.file import Experiment, TuneSection, VariantSection, parse_experiment
-from truthput.tune.screen import ScreenLoad, screen
+from truthput.tune.screen import screen, screen_load
 from truthput.experiment.levels import Level, Rate, is_rate
 from truthput.experiment.levels import level_label
 from truthput.tune.search import (Evaluation, SimFirst, objective_figure, objective_metric, objective_value,
@@ -161,7 +161,7 @@ def run_screen(exp: Experiment, space: Space, study: Any, say: Callable[[str], N
     done = _load_evaluations(study)
     seen = {space.key(e.config) for e in done}
     sim_exp = screening_experiment(exp)
-    load = ScreenLoad.of(exp, objective_level(exp))
+    load = screen_load(exp, objective_level(exp))
     def cpu_s() -> float:
         # the batches run in `sim batch` subprocesses: their CPU is counted once each has exited
         t = os.times()
@@ -296,7 +296,6 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Store, store
     baseline_config = _config_of(space, base)
     name = tune_name(exp)
     level = objective_level(exp)
-    metric = objective_metric(tune_cfg)
     storage = optuna.storages.RDBStorage(f"sqlite:///{study_storage_path(store_path)}")
     sim_study = _study(storage, f"{name}/simulator", tune_cfg, tune_cfg.seed)
     real_study = _study(storage, f"{name}/server", tune_cfg, tune_cfg.seed)
@@ -311,7 +310,7 @@ async def tune(exp: Experiment, text: str, path: str | None, store: Store, store
         search.add_sim(e)
     # the baseline on the simulator too (it may lie outside the space): a pair for the correction
     # and for the rank agreement, never a candidate
-    search.add_sim(screen(screening_experiment(exp), space, [baseline_config], ScreenLoad.of(exp, level), starts=tune_cfg.screen_starts,
+    search.add_sim(screen(screening_experiment(exp), space, [baseline_config], screen_load(exp, level), starts=tune_cfg.screen_starts,
                           seed=tune_cfg.seed, figure=screen_field(tune_cfg))[0])
     search.incumbent = space.key(baseline_config)
     # the server's measurements are read back from the rounds' runs (the results store is the record;

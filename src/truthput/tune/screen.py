@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from truthput.engines.factory import sim_argv, sim_requirements
@@ -22,6 +21,7 @@ from truthput.experiment.argv import ServerArgv, variant_argv
 from truthput.experiment.engines import metric_family
 from truthput.experiment.file import Experiment
 from truthput.experiment.levels import Level, is_rate
+from truthput.load.virtual import VirtualLoad
 from truthput.tune.search import Evaluation
 from truthput.tune.space import Space
 
@@ -35,51 +35,22 @@ def mean_length(value: Any, what: str) -> int:
     return max(1, int(round(_as_dist(value, what).expected)))
 
 
-@dataclass
-class ScreenLoad:
+def screen_load(exp: Experiment, level: Level) -> VirtualLoad:
     """The load every configuration is screened under (virtual seconds): the experiment's own
     warm-up and window, so the screen predicts what a trial will measure. A closed loop of
     `concurrency` streams, or with `rate` an open loop whose goodput is counted against the SLOs."""
-
-    concurrency: int
-    input_tokens: int
-    output_tokens: int
-    duration_s: float
-    warmup_s: float
-    rate: float | None = None
-    arrival: str = "poisson"
-    max_in_flight: int | None = None
-    slo_ttft_ms: float | None = None
-    slo_itl_ms: float | None = None
-    slo_e2e_ms: float | None = None
-
-    @classmethod
-    def of(cls, exp: Experiment, level: Level) -> "ScreenLoad":
-        wl = exp.workload
-        rate = float(level) if is_rate(level) else None
-        slo = exp.slo
-        return cls(concurrency=0 if rate is not None else int(level),
-                   input_tokens=mean_length(wl.input_tokens, "input_tokens"),
-                   output_tokens=mean_length(wl.output_tokens, "output_tokens"),
-                   duration_s=float(wl.duration_s or 30.0), warmup_s=wl.warmup_s, rate=rate,
-                   arrival=wl.arrival, max_in_flight=wl.max_in_flight,
-                   slo_ttft_ms=slo.ttft_ms if slo and rate is not None else None,
-                   slo_itl_ms=slo.itl_ms if slo and rate is not None else None,
-                   slo_e2e_ms=slo.e2e_ms if slo and rate is not None else None)
-
-    def line(self) -> dict[str, Any]:
-        """The load's fields of a `sim batch` line."""
-        out: dict[str, Any] = {"concurrency": self.concurrency, "input_tokens": self.input_tokens,
-                               "output_tokens": self.output_tokens, "duration_s": self.duration_s,
-                               "warmup_s": self.warmup_s}
-        if self.rate is not None:
-            out.update(rate=self.rate, arrival=self.arrival, max_in_flight=self.max_in_flight,
-                       slo_ttft_ms=self.slo_ttft_ms, slo_itl_ms=self.slo_itl_ms,
-                       slo_e2e_ms=self.slo_e2e_ms)
-        return out
+    wl = exp.workload
+    rate = float(level) if is_rate(level) else None
+    slo = exp.slo if rate is not None else None
+    return VirtualLoad(concurrency=0 if rate is not None else int(level),
+                       input_tokens=mean_length(wl.input_tokens, "input_tokens"),
+                       output_tokens=mean_length(wl.output_tokens, "output_tokens"),
+                       duration_s=float(wl.duration_s or 30.0), warmup_s=wl.warmup_s, rate=rate, arrival=wl.arrival,
+                       max_in_flight=wl.max_in_flight, slo_ttft_ms=slo.ttft_ms if slo else None,
+                       slo_itl_ms=slo.itl_ms if slo else None, slo_e2e_ms=slo.e2e_ms if slo else None)
 
 
-def batch_lines(exp: Experiment, space: Space, configs: Sequence[dict[str, Any]], load: ScreenLoad,
+def batch_lines(exp: Experiment, space: Space, configs: Sequence[dict[str, Any]], load: VirtualLoad,
                 starts: int, seed: int, extra_argv: Sequence[str] = ()) -> list[dict[str, Any]]:
     """One `sim batch` line per configuration: its `sim serve` argv and the load."""
     sim_requirements(exp)
@@ -132,7 +103,7 @@ def to_evaluation(config: dict[str, Any], result: dict[str, Any], source: str = 
                       itl_p99_s=result.get("itl_p99_s"), starts=len(values))
 
 
-def screen(exp: Experiment, space: Space, configs: Sequence[dict[str, Any]], load: ScreenLoad, starts: int = 1,
+def screen(exp: Experiment, space: Space, configs: Sequence[dict[str, Any]], load: VirtualLoad, starts: int = 1,
            seed: int = 0, extra_argv: Sequence[str] = (), workers: int | None = None,
            figure: str = "tokps") -> list[Evaluation]:
     """Each configuration on the simulator in virtual time, scored on the result field `figure`."""
