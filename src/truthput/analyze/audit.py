@@ -22,8 +22,6 @@ from truthput.analyze.rows import LevelRow, clean
 from truthput.measure.model import Check, MethodRow, TrialResults
 from truthput.experiment.levels import Level, level_json
 
-CAUSE_ORDER = ("reference", "agrees", "unit", "window", "definition", "missing data")
-
 
 class AuditEntry(LevelRow):
     """One counting method in one cell: its tok/s (mean over the cell's trials), its error vs each

@@ -32,7 +32,6 @@ FailureKind = Literal[
 ]
 FAILURE_KINDS: tuple[str, ...] = FailureKind.__args__  # type: ignore[attr-defined]
 
-Phase = Literal["startup", "load", "teardown"]
 # Phases the runner reports: "startup" (spawn -> ready), "load" (a trial is running; "trial" is
 # accepted as an alias), "teardown" (after the runner asked the server to stop).
 _LOAD_PHASES = {"load", "trial", "running", "warmup"}

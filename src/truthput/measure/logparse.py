@@ -24,7 +24,6 @@ _THROUGHPUT = re.compile(
 )
 _RUNNING = re.compile(r"Running: (\d+) reqs")
 _WAITING = re.compile(r"(?:Waiting|Pending): (\d+) reqs")
-_PREEMPT = re.compile(r"Preemptions: (\d+)")
 _KV = re.compile(r"(GPU|CPU) KV cache usage: " + _NUM + "%")
 _SGLANG = re.compile(r"Decode batch\..*?#running-req: (\d+).*?gen throughput \(token/s\): " + _NUM)
 _SPEC = re.compile(r"SpecDecoding metrics: (?P<body>.*)")

@@ -12,8 +12,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping
 
-PHASES = ("pre", "window_start", "window_end", "post")
-
 
 @dataclass(slots=True)
 class Scrape:

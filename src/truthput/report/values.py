@@ -9,17 +9,42 @@ variant, concurrency, rate, round, trial, value; the baseline and design are the
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field, ValidationError
+
+from truthput.analyze.rows import DocModel, LevelRow
 from truthput.analyze.values import StartValues
 from truthput.errors import InputError
 from truthput.experiment.file import MeasureSection
 from truthput.experiment.levels import level_from_json, level_json
 
 CSV_COLUMNS = ["metric", "variant", "concurrency", "rate", "round", "trial", "value"]
+
+
+class StartEntry(LevelRow):
+    """One server start's values of one verdict metric at one level (a trial's figure each)."""
+
+    metric: str
+    variant: str
+    round: int
+    """The round of starts it belongs to: round k runs every variant once."""
+    values: list[float]
+
+
+class ValuesFile(DocModel):
+    """The values file (JSON): what `truthput decide` recomputes the verdict from."""
+
+    schema_: str = Field("truthput-values/1", alias="schema")
+    baseline: str | None = None
+    simulated: bool = False
+    measure: MeasureSection = Field(default_factory=MeasureSection)
+    """The run's design (`[measure]`): looks, margin, confidence."""
+    starts: list[StartEntry]
+
+    model_config = {"populate_by_name": True}
 
 
 def write_values(path: Path, values: Sequence[StartValues], baseline: str, measure: MeasureSection,
@@ -35,11 +60,10 @@ def write_values(path: Path, values: Sequence[StartValues], baseline: str, measu
                     w.writerow([v.metric, v.variant, lv["concurrency"] if lv["concurrency"] is not None else "",
                                 lv["rate"] if lv["rate"] is not None else "", v.round, i, repr(x)])
         return
-    doc = {"schema": "truthput-values/1", "baseline": baseline, "simulated": simulated,
-           "measure": measure.model_dump(mode="json", exclude_unset=True),
-           "starts": [{"metric": v.metric, "variant": v.variant, **level_json(v.level), "round": v.round,
-                       "values": list(v.values)} for v in values]}
-    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    doc = ValuesFile(baseline=baseline, simulated=simulated, measure=measure,
+                     starts=[StartEntry(metric=v.metric, variant=v.variant, **level_json(v.level),
+                                        round=v.round, values=list(v.values)) for v in values])
+    path.write_text(doc.model_dump_json(by_alias=True, indent=1) + "\n", encoding="utf-8")
 
 
 def read_values(path: Path) -> tuple[list[StartValues], str | None, MeasureSection | None, bool]:
@@ -52,13 +76,13 @@ def read_values(path: Path) -> tuple[list[StartValues], str | None, MeasureSecti
     if path.suffix.lower() == ".csv":
         return check_starts(path, _read_csv(path, text)), None, None, False
     try:
-        doc = json.loads(text)
-        starts = [StartValues(str(s["metric"]), str(s["variant"]), level_from_json(s), int(s["round"]),
-                              tuple(float(x) for x in s["values"])) for s in doc["starts"]]
-        measure = MeasureSection.model_validate(doc.get("measure") or {})
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{path}: not a truthput values file ({exc.__class__.__name__}: {exc})") from None
-    return check_starts(path, starts), doc.get("baseline"), measure, bool(doc.get("simulated"))
+        doc = ValuesFile.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise InputError(f"{path}: not a truthput values file ({where}: {first['msg']})") from None
+    starts = [StartValues(s.metric, s.variant, s.key, s.round, tuple(s.values)) for s in doc.starts]
+    return check_starts(path, starts), doc.baseline, doc.measure, doc.simulated
 
 
 def check_starts(path: Path, starts: list[StartValues], look: int | None = None) -> list[StartValues]:
