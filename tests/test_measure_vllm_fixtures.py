@@ -40,7 +40,8 @@ def test_every_vllm_name_we_read_exists_in_real_metrics(run):
     p = scrape(f"{run}_metrics_pre.txt", "pre", 0.0)
     assert p.ok, p.error
     names = metric_names("vllm")
-    for field in ("emitted_tokens", "prompt_tokens", "running", "waiting", "kv_usage", "preemptions"):
+    for field in ("emitted_tokens", "prompt_tokens", "running", "waiting", "kv_usage", "preemptions",
+                  "prefix_cache_queries", "prefix_cache_hits"):
         assert p.first_present(names.candidates(field)), field
     for field in ("ttft_hist", "itl_hist", "tpot_hist", "e2e_hist"):
         assert histogram(p, names.candidates(field)[0]) is not None, field
@@ -124,3 +125,22 @@ def test_real_sse_stream_counting_methods(name, chat):
     # counting chunks with text never over-counts here, and words are fewer than tokens
     assert int(text_chunks(table).sum()) <= 24
     assert int(words_per_chunk(table).sum()) < 24
+
+
+def test_the_window_prefix_cache_hit_rate_is_the_servers_cached_over_looked_up_tokens():
+    """Real vLLM 0.32 /metrics text at the window's edges, the post scrape's hits set to a known
+    count: the hit rate is hits' rise / queries' rise (259 / (518 - 86)); an engine without the
+    counters says so instead of a figure."""
+    from truthput.measure.trial import _prefix_cache, _Scrapes
+
+    need("nospec_metrics_pre.txt", "nospec_metrics_post.txt")
+    post = (FIX / "nospec_metrics_post.txt").read_text().replace(
+        'vllm:prefix_cache_hits_total{engine="0",model_name="/tmp/tiny_model"} 0.0',
+        'vllm:prefix_cache_hits_total{engine="0",model_name="/tmp/tiny_model"} 259.0')
+    sc = _Scrapes([Scrape("window_start", 0.0, (FIX / "nospec_metrics_pre.txt").read_text()),
+                   Scrape("window_end", 5.0, post)])
+    fig = _prefix_cache(sc, metric_names("vllm"), sc.all[0], sc.all[1], False)
+    assert fig.value == pytest.approx(259 / (518 - 86)) and fig.source == "server_counter"
+    assert "259 of 432 prompt tokens" in (fig.note or "")
+    unexposed = _prefix_cache(sc, metric_names("llamacpp"), sc.all[0], sc.all[1], False)
+    assert unexposed.value is None and "not exposed" in (unexposed.note or "")

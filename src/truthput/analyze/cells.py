@@ -230,6 +230,17 @@ class Cell:
         known = [v for v in vals if v is not None]
         return sum(known) / len(known) if known else None
 
+    def prefix_cache_hit_rate(self) -> tuple[float | None, str]:
+        """(median over the cell's ok trials of the window's prefix-cache hit rate, what it is or
+        why there is none)."""
+        figs = [t.results.server_samples.prefix_cache_hit_rate for t in self.trials if t.status == "ok"]
+        known = [v for f in figs if f is not None and (v := f.number()) is not None]
+        notes = [f.note for f in figs if f is not None and f.note]
+        if not known:
+            return None, notes[0] if notes else "no trial measured it"
+        said = "median over trials of the window's cached / looked-up prompt tokens (the server's counters)"
+        return median(known), said + next((n[n.index(";"):] for n in notes if "simulator" in n), "")
+
     def median_over_trials(self, metric: str, q: str) -> float | None:
         """Median over the cell's ok trials of each trial's client-clock latency quantile."""
         vals = []

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError
 
 from truthput.analyze.rows import DocModel, FlagRef, flag_refs
+from truthput.measure.model import Figure
 from truthput.load.records import RequestRecord
 from truthput.measure.model import TrialResults
 
@@ -68,6 +69,8 @@ class LoadRow(DocModel):
     """What the client noticed (a closed connection resent, ...)."""
     integrity: str | None = None
     """The integrity check's message where it failed (the counter's delta against the client's tokens)."""
+    prefix_cache: Figure | None = None
+    """The server's prefix-cache hit rate over the window (cached / looked-up prompt tokens, its counters)."""
 
     @property
     def said(self) -> TrialFlags:
@@ -167,7 +170,7 @@ def load_row(level: float, mode: str, results: TrialResults, records: Sequence[R
         level=level, mode=mode, counter_tps=res.throughput.counter_window.number(),
         headline_tps=tps, headline_source=h.source, simulated=res.simulated,
         flags=said.headline, per_stream_flags=said.per_stream, counter_set_aside=said.counter_set_aside,
-        client_notes=list(res.client.notes),
+        client_notes=list(res.client.notes), prefix_cache=res.server_samples.prefix_cache_hit_rate,
         integrity=res.integrity.message if res.integrity.holds is False else None,
         status=status, error=error,
         requests=len(records), failed=sum(1 for r in records if r.status != "ok"),

@@ -55,6 +55,9 @@ class CellRow(LevelRow):
     e2e_p99: Figure | None = None
     completion_tokens: Figure | None = None
     """Mean completion tokens per request (usage), over the cell's trials."""
+    prefix_cache_hit_rate: Figure | None = None
+    """The server's prefix-cache hit rate over the window (its counters: cached / looked-up prompt
+    tokens), median over the cell's trials; null with why where the engine exposes none."""
 
     @property
     def ok(self) -> bool:
@@ -118,6 +121,9 @@ def cell_rows(summary: RunSummary, simulated: bool) -> list[CellRow]:
                                     flags=flag_refs(cell.flags_on("per stream")))
             row.completion_tokens = figure(cell.completion_tokens_mean(), "tokens", "usage", simulated,
                                            note="mean usage.completion_tokens of the ok requests, over trials")
+            hit, why = cell.prefix_cache_hit_rate()
+            row.prefix_cache_hit_rate = figure(hit, "fraction", "server_counter", simulated,
+                                               note=why)
             row.ttft_p50 = figure(cell.ttft_p50, "s", "client_clock", simulated)
             row.itl_p50 = figure(cell.itl_p50, "s", "client_clock", simulated)
             for name in ("ttft", "itl", "tpot", "e2e"):

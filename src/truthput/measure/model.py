@@ -335,6 +335,9 @@ class ServerSamples(Section):
     kv_usage_max: Figure | None = None
     preemptions: Figure | None = None
     """Requests the server preempted between the window's first and last scrape (its counter's delta)."""
+    prefix_cache_hit_rate: Figure | None = None
+    """The share of the prompt tokens the server looked up in its prefix cache over the window that
+    it found cached (its hits / queries counters); null with why where the engine exposes none."""
     note: str = ""
 
 

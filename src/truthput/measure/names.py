@@ -34,6 +34,10 @@ class EngineMetricNames:
     itl_hist: str | None = None
     tpot_hist: str | None = None
     e2e_hist: str | None = None
+    prefix_cache_queries: str | None = None
+    """Prompt tokens the server looked up in its prefix cache (a counter)."""
+    prefix_cache_hits: str | None = None
+    """Of those, the tokens it found cached (a counter)."""
     aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
     counter_moves: str = "per_step"
     """When the emitted-token counter rises: "per_step" (vLLM, SGLang: every decode step adds the
@@ -72,6 +76,8 @@ _VLLM = EngineMetricNames(
     itl_hist="vllm:inter_token_latency_seconds",
     tpot_hist="vllm:request_time_per_output_token_seconds",
     e2e_hist="vllm:e2e_request_latency_seconds",
+    prefix_cache_queries="vllm:prefix_cache_queries_total",
+    prefix_cache_hits="vllm:prefix_cache_hits_total",
     aliases={
         "kv_usage": ("vllm:gpu_cache_usage_perc",),
         "itl_hist": ("vllm:time_per_output_token_seconds",),

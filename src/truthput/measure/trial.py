@@ -687,6 +687,25 @@ def _latency(records: Sequence[RequestRecord], sc: _Scrapes, names: EngineMetric
     return lat
 
 
+def _prefix_cache(sc: _Scrapes, names: EngineMetricNames, ws_s: ParsedScrape | None, we_s: ParsedScrape | None,
+                  simulated: bool) -> Figure:
+    """The window's prefix-cache hit rate, from the server's counters: hits / queries (prompt tokens)."""
+    queries = sc.first_name(names.candidates("prefix_cache_queries"))
+    hits = sc.first_name(names.candidates("prefix_cache_hits"))
+    if queries is None or hits is None:
+        return figure(None, "fraction", "server_counter", "not exposed: the server's /metrics has no prefix-cache "
+                      "counters", window="window")
+    q, h = sc.delta(queries, ws_s, we_s), sc.delta(hits, ws_s, we_s)
+    if q.value is None or h.value is None:
+        return figure(None, "fraction", "server_counter", q.note or h.note, window="window")
+    if q.value <= 0:
+        return figure(None, "fraction", "server_counter", "no prompt token was looked up in the window", window="window")
+    said = f"{h.value:.0f} of {q.value:.0f} prompt tokens looked up in the window were cached ({hits} / {queries})"
+    return figure(h.value / q.value, "fraction", "server_counter",
+                  said + ("; the simulator models no prefix cache yet: it computes every prompt" if simulated else ""),
+                  window="window")
+
+
 def _server_samples(sc: _Scrapes, names: EngineMetricNames, win: tuple[float, float] | None) -> ServerSamples:
     """Running and waiting requests as the server reported them at the scrapes inside the window."""
     running = sc.first_name(names.candidates("running"))
@@ -901,6 +920,7 @@ def measure_trial(
     open_loop: bool = False,
     model: str | None = None,
     slots: Sequence[SlotsRead] = (),
+    simulated: bool = False,
 ) -> TrialResults:
     """All figures of one trial, built once, section by section (see the module docstring).
 
@@ -964,6 +984,7 @@ def measure_trial(
     result.per_stream = _per_stream(records, counter_tps)
     result.latency = _latency(records, sc, names, counts, ws_s, we_s)
     result.server_samples = _server_samples(sc, names, win)
+    result.server_samples.prefix_cache_hit_rate = _prefix_cache(sc, names, ws_s, we_s, simulated)
     energy = _simulated_energy(sc, ws_s, we_s, d_win)
     if energy is not None:
         result.telemetry = {"energy_per_token_j": energy}

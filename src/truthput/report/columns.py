@@ -24,8 +24,9 @@ class FigureColumn:
     """The `CellRow` figures it shows, joined by " / "."""
     scale: float = 1.0
     fmt: str = "{:.1f}"
-    terminal: bool = True
-    """Shown in the terminal's table too (its width is short: the others are in the reports)."""
+    terminal: str = "column"
+    """How the terminal, whose width is short, shows it: "column" in its table, "line" under it
+    (where the server gave it), "none" (the reports have it)."""
 
     def figures(self, row: CellRow) -> list[Figure | None]:
         return [getattr(row, k) for k in self.keys]
@@ -34,6 +35,10 @@ class FigureColumn:
         """The figures as text: "35.2 / 80.1", `missing` for each one the row lacks."""
         return " / ".join(missing if f is None or f.value is None else self.fmt.format(f.value * self.scale)
                           for f in self.figures(row))
+
+    def shown(self, row: CellRow) -> bool:
+        """Whether the row has any of the column's figures."""
+        return any(f is not None and f.value is not None for f in self.figures(row))
 
     def flags(self, row: CellRow) -> list[FlagRef]:
         return [flag for f in self.figures(row) if f is not None for flag in f.flags or []]
@@ -47,6 +52,7 @@ class FigureColumn:
 CELL_FIGURES = (
     FigureColumn("tok/s per stream", "usage", ("per_stream",)),
     FigureColumn("TTFT p50 / p99 ms", "client clock", ("ttft_p50", "ttft_p99"), 1000.0),
-    FigureColumn("ITL p50 / p99 ms", "client clock", ("itl_p50", "itl_p99"), 1000.0, terminal=False),
+    FigureColumn("ITL p50 / p99 ms", "client clock", ("itl_p50", "itl_p99"), 1000.0, terminal="none"),
     FigureColumn("tokens per request", "usage", ("completion_tokens",)),
+    FigureColumn("prefix-cache hits %", "server counter", ("prefix_cache_hit_rate",), 100.0, "{:.0f}", terminal="line"),
 )

@@ -91,6 +91,9 @@ def print_summary(summary: LoadSummary, store: str | None = None, con: Any = Non
             con.print(Text(f"{where}: no server counter figure: {row.counter_missing}", style="yellow"))
         if row.client_tokens is None:
             con.print(Text(f"{where}: the server sent no usage counts: client tokens unknown", style="yellow"))
+        if row.prefix_cache is not None and row.prefix_cache.value is not None:
+            con.print(Text(f"{where}: prefix cache [server counter]: {100 * row.prefix_cache.value:.0f}% of the "
+                           f"prompt tokens looked up were cached ({row.prefix_cache.note})", style="dim"))
     if summary.sweep is not None:
         sw = summary.sweep
         if sw.saturation_level is None:

@@ -184,7 +184,8 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
     results = measure_trial(result.records, scrapes, logs,
                             (window[0], window[1]) if window[0] is not None and window[1] is not None else None,
                             level, engine=setup.engine, speculative=setup.speculative, tokenizer=setup.tokenizer,
-                            names=setup.names, open_loop=setup.open_loop, model=result.model, slots=slot_reads)
+                            names=setup.names, open_loop=setup.open_loop, model=result.model, slots=slot_reads,
+                            simulated=setup.simulated)
     results.simulated = setup.simulated
     results.client = ClientCheck(
         selfcheck=SelfCheckFigures.model_validate(dataclasses.asdict(result.selfcheck)) if result.selfcheck else None,
