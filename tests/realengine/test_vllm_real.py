@@ -338,8 +338,9 @@ def test_sequential_rule_on_real_vllm_stops_within_max_starts_and_says_why(tiny_
     again = subprocess.run([*truthput_argv, "decide", str(values)], capture_output=True, text=True, timeout=120,
                            cwd=REPO)
     assert again.returncode == 0, again.stderr[-2000:]
-    decision = comp["line"].split("; rests on flagged figures")[0]  # the flags live in the store, not the values
-    assert decision in again.stdout.splitlines(), (decision, again.stdout)
+    # the decision as the values alone make it (the flags, the guard and the prompts live in the store)
+    assert any(line.strip().startswith(comp.statement) for line in again.stdout.splitlines()), \
+        (comp.statement, again.stdout)
 
 
 def test_the_fidelity_protocol_short_on_the_real_run(real_run, tiny_model, truthput_argv, tmp_path):

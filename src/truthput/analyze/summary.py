@@ -18,7 +18,7 @@ from typing import Any
 from truthput.analyze.cells import Cell, HeadlineBasis, TrialLike, build_cells, headline_basis, metric_groups
 from truthput.analyze.guard import GuardResult, compare_outputs
 from truthput.analyze.values import StartValues, decide, start_values, stopping_rule
-from truthput.analyze.verdict import ComparisonVerdict, FlaggedArm, Verdict
+from truthput.analyze.verdict import Caution, ComparisonVerdict, FlaggedArm, Verdict
 from truthput.experiment.file import MeasureSection
 from truthput.experiment.levels import Level
 
@@ -180,6 +180,8 @@ class SummaryInputs:
     """Start id -> where a cluster executor ran it (empty: this machine)."""
     record: str | None = None
     """The summary the run stored when it ended (JSON), if any."""
+    prompt_source: str = "synthetic"
+    """Where the run's prompts came from (`[workload] prompt_source`)."""
     compares: bool = True
     """False for a `truthput load` run: one server measured, nothing compared, so no verdict."""
 
@@ -196,7 +198,7 @@ def summary_of(given: SummaryInputs, *, fresh: bool = False) -> RunSummary:
     if record is not None:
         return record.summary(build_cells(given.trials, given.variants, given.baseline, record.failed))
     return summarize(given.trials, given.variants, given.failed, given.baseline, given.measure, given.simulated,
-                     given.guard_texts, placements=given.placements or None)
+                     given.guard_texts, placements=given.placements or None, prompt_source=given.prompt_source)
 
 
 def _stored_adapter() -> Any:
@@ -216,6 +218,34 @@ def _mark_flagged(verdict: Verdict, cells: list[Cell], baseline: str) -> None:
                 cell = by_key.get((name, cv.level))
                 if cell is not None:
                     comp.flagged += [FlaggedArm(name, f.code) for f in cell.flags_on("tok/s")]
+
+
+SYNTHETIC_TEXT = ("speculation judged on text truthput generated ({source}): how much of a draft is accepted "
+                  "depends on the text, so this speed-up may not carry over to real prompts; measure it on real "
+                  "text: prompt_source = \"sharegpt\" (the bundled sample), a JSONL of your own prompts, or a trace")
+
+
+def _speculates(cell: Cell | None) -> int:
+    """The draft length the cell's trials ran with (0: no speculation), as their counters say."""
+    ks = [t.results.spec_decode.k or 0 for t in cell.trials if t.results.spec_decode is not None] if cell else []
+    return max(ks, default=0)
+
+
+def _caution_generated_text(verdict: Verdict, cells: list[Cell], baseline: str, prompt_source: str) -> None:
+    """A comparison whose arms speculate differently, measured on generated text, says its outcome
+    may not carry over (`synthetic_text`); whichever arm speculates."""
+    from truthput.load.workload import is_generated_text
+
+    if not is_generated_text(prompt_source):
+        return
+    by_key = {c.key: c for c in cells}
+    said = SYNTHETIC_TEXT.format(source=prompt_source)
+    for cv in verdict.per_concurrency:
+        for comp in cv.comparisons:
+            if _speculates(by_key.get((comp.variant, cv.level))) != _speculates(by_key.get((baseline, cv.level))):
+                comp.cautions.append(Caution("synthetic_text", said))
+    if any(c.cautions for c in verdict.comparisons()):
+        verdict.notes.append(f"!synthetic_text: {said}")
 
 
 def _block_by_node(cells: list[Cell], values: dict[Any, Any], extra: dict[Any, Any],
@@ -238,7 +268,8 @@ def _block_by_node(cells: list[Cell], values: dict[Any, Any], extra: dict[Any, A
 def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapping[str, str], baseline: str,
               measure: MeasureSection, simulated: bool,
               guard_texts: Mapping[str, list[str]] | None = None,
-              placements: Mapping[int, Mapping[str, Any]] | None = None) -> RunSummary:
+              placements: Mapping[int, Mapping[str, Any]] | None = None,
+              prompt_source: str = "synthetic") -> RunSummary:
     """Cells, verdict and guard of a run from its trials (`failed`: variant -> why it failed).
     `placements` (start id -> where a cluster executor ran it): the verdict says how many nodes
     and hardware classes it rests on, and with several nodes the node is taken as a block."""
@@ -275,6 +306,7 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
     groups = {"tok/s": (values, rounds), **extra}
     verdict = decide(groups, baseline, m, look=look, failed=failed, guard=guard, simulated=simulated)
     _mark_flagged(verdict, cells, baseline)
+    _caution_generated_text(verdict, cells, baseline, prompt_source)
     verdict.notes += [f"{c.variant} {c.label}: not compared on tok/s: "
                       + ("its requests did other work than the baseline's" if c.wrong == ["unequal_work"]
                          else "its figure is known to be wrong")

@@ -47,6 +47,16 @@ class FlaggedArm:
     """The flag's code (`!stale_counter`, `!load_not_reached`, ...: see the flags)."""
 
 
+@dataclass(frozen=True)
+class Caution:
+    """Why a comparison's outcome may not carry over to the user's server (not a flag on a figure:
+    the figures are right, what they measured may not be the user's case); the verdict's notes say
+    why once."""
+
+    code: str
+    reason: str
+
+
 @dataclass
 class ComparisonVerdict:
     """One variant against the baseline at one load level: the decision and what it rests on. Its
@@ -83,6 +93,8 @@ class ComparisonVerdict:
     beyond_reach_at: int | None = None
     """Not decided, and beyond reach: this many starts per arm (max_starts) would most likely not
     decide it either (the stopping rule's futility stop)."""
+    cautions: list[Caution] = field(default_factory=list)
+    """Why its outcome may not carry over (e.g. `synthetic_text`: speculation judged on made-up text)."""
 
     @property
     def decided(self) -> bool:
@@ -109,7 +121,7 @@ class ComparisonVerdict:
         if self.flagged:
             said = ", ".join(dict.fromkeys(f"{f.variant} {self.level_label}: {f.code}" for f in self.flagged))
             out += f"; rests on flagged figures ({said}: see the flags)"
-        return out
+        return out + "".join(f"; !{c.code} (see the notes)" for c in self.cautions)
 
 
 @dataclass

@@ -380,8 +380,17 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 
+GENERATED_SOURCES = ("synthetic", "shared-prefix", "multi-turn", "tool-call")
+"""Prompt sources whose text truthput generates (word salad of English words): no user's text."""
+
+
+def is_generated_text(source: str) -> bool:
+    """Whether the prompts of `source` are text truthput made up rather than people's text."""
+    return source in GENERATED_SOURCES
+
+
 def _source_kind(source: str) -> str:
-    if source in ("synthetic", "shared-prefix", "multi-turn", "tool-call"):
+    if source in GENERATED_SOURCES:
         return source
     if source == "sharegpt" or source.startswith("sharegpt:"):
         return "sharegpt"
