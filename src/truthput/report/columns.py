@@ -9,7 +9,7 @@ row by position.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from truthput.analyze.rows import Figure, FlagRef
 from truthput.analyze.tables import CellRow
@@ -27,6 +27,12 @@ class FigureColumn:
     terminal: str = "column"
     """How the terminal, whose width is short, shows it: "column" in its table, "line" under it
     (where the server gave it), "none" (the reports have it)."""
+    brief: str | None = None
+    """The terminal's header where its column shows the first figure alone."""
+
+    def for_terminal(self) -> FigureColumn:
+        """The column as the terminal's table shows it (its first figure alone, where it is brief)."""
+        return self if self.brief is None else replace(self, header=self.brief, keys=self.keys[:1])
 
     def figures(self, row: CellRow) -> list[Figure | None]:
         return [getattr(row, k) for k in self.keys]
@@ -51,7 +57,7 @@ class FigureColumn:
 
 CELL_FIGURES = (
     FigureColumn("tok/s per stream", "usage", ("per_stream",)),
-    FigureColumn("TTFT p50 / p99 ms", "client clock", ("ttft_p50", "ttft_p99"), 1000.0),
+    FigureColumn("TTFT p50 / p99 ms", "client clock", ("ttft_p50", "ttft_p99"), 1000.0, brief="TTFT p50 ms"),
     FigureColumn("ITL p50 / p99 ms", "client clock", ("itl_p50", "itl_p99"), 1000.0, terminal="none"),
     FigureColumn("tokens per request", "usage", ("completion_tokens",)),
     FigureColumn("prefix-cache hits %", "server counter", ("prefix_cache_hit_rate",), 100.0, "{:.0f}", terminal="line"),

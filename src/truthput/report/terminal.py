@@ -104,13 +104,15 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
         ("variant", lambda c: c.variant + (" *" if c.baseline else "")),
         (level_header(c.key for c in rows), lambda c: level_cell(c.key)),
         (Text(f"output tok/s (95% CI)\n[{basis.label}{tag}]"), tokps),
-        *((Text(f"{col.header}\n[{col.source}{tag}]"), figures(col)) for col in CELL_FIGURES if col.terminal == "column"),
+        *((Text(f"{col.header}\n[{col.source}{tag}]"), figures(col))
+          for col in (c.for_terminal() for c in CELL_FIGURES) if col.terminal == "column"),
         (Text(f"vs baseline\n({level} CI, as the verdict)\n[ratio of headline figures]"), delta_text),
         ("starts x trials", lambda c: "-" if not c.n_starts else f"{c.n_starts} x {(c.n_trials or 0) / c.n_starts:g}"),
     ]
     t = Table(title=Text(f"run {run_id} ({run.status})"))
     for header, _render in columns:
-        t.add_column(header, justify="left" if header == "variant" or header == "starts x trials" else "right")
+        t.add_column(header, justify="left" if header in ("variant", "starts x trials") else "right",
+                     no_wrap=header == "variant")  # a name and its baseline mark stay on one line
     con.print(fit_numbers(t, [[render(c) for _h, render in columns] for c in rows], con.width))
     for col in CELL_FIGURES:  # a line under the table where it has no room for the column
         said = [f"{c.variant} {level_label(c.key)} {col.text(c)}" for c in rows if col.shown(c)]
