@@ -338,7 +338,12 @@ def test_the_verdict_says_each_levels_decision_first_and_keeps_diagnostics_behin
     after = short[short.index("Verdict") + 1:]
     decisions = after[:len(levels)]
     assert all(("winner" in ln or "beat" in ln) for ln in decisions), decisions
-    assert all(ln.startswith("    ") for ln in after[len(levels):len(levels) + len(verdict.comparison_lines())])
+    # then the run's own lines (its notes: here why speculation on generated text is cautioned), then
+    # the comparisons, each indented under them
+    rest = after[len(levels):]
+    first = next(i for i, ln in enumerate(rest) if ln.startswith("    "))
+    assert "!synthetic_text" in " ".join(rest[:first]) and not any(ln.startswith("    ") for ln in rest[:first])
+    assert len([ln for ln in rest if ln.startswith("    ")]) == len(verdict.comparison_lines())
     assert not any(": noise: " in ln for ln in short)
     assert any("--verbose shows them" in ln for ln in short)
     assert any(": noise: " in ln for ln in outputs[True])
