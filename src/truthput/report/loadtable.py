@@ -33,6 +33,10 @@ def print_summary(summary: LoadSummary, store: str | None = None, con: Any = Non
         con.print("[bold yellow]SIMULATED[/bold yellow]: the server is the truthput simulator (a physics model); "
                   "no figure below is a measurement of real hardware.")
     rows = summary.levels
+    if not rows:  # nothing measured: say so, not an empty table
+        con.print(Text(f"{title or 'truthput load ' + summary.url}: no level was measured (the load ended before its "
+                       "first trial finished: see the error the command printed)", style="bold red"))
+        return
     basis = headline_basis(r.headline_source for r in rows if r.headline_tps is not None)
     t = Table(title=Text(title or f"truthput load {summary.url}" + (f"  (run {summary.run_id})" if summary.run_id
                                                                      else "")))

@@ -71,12 +71,12 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     sim = bool(run.simulated)
     # a narrow terminal's headers leave the tag to the SIMULATED line above the table
     tag = ", simulated" if sim and con.width >= NARROW else ""
+    if run.is_load:  # load's own view, which says SIMULATED itself
+        _print_load_run(store, run_id, run.status, con)
+        return
     if sim:
         con.print("[bold yellow]SIMULATED[/bold yellow]: every figure below comes from the embedded simulator "
                   "(a physics model), not from a measurement of real hardware.")
-    if run.is_load:
-        _print_load_run(store, run_id, run.status, con)
-        return
     summary = summary or run_summary(store, run_id)
     rows = cell_rows(summary, sim)
     nothing = summary.measured_nothing()
