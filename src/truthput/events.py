@@ -51,13 +51,17 @@ class _OfStart:
     variant: str
     start_index: int
 
+    @property
+    def who(self) -> str:
+        return f"{self.variant} start {self.start_index + 1}"
+
 
 @dataclass(frozen=True)
 class StartLaunching(_OfStart):
     engine: str
 
     def text(self) -> str:
-        return f"{self.variant} start {self.start_index + 1}: launching {self.engine} server"
+        return f"{self.who}: launching {self.engine} server"
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class StartReady(_OfStart):
     ready_s: float
 
     def text(self) -> str:
-        return f"{self.variant} start {self.start_index + 1}: ready in {self.ready_s:.1f} s"
+        return f"{self.who}: ready in {self.ready_s:.1f} s"
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,7 @@ class _OfTrial(_OfStart):
 
     @property
     def where(self) -> str:
-        return f"{self.variant} start {self.start_index + 1} {level_label(self.level)} trial {self.trial_index + 1}"
+        return f"{self.who} {level_label(self.level)} trial {self.trial_index + 1}"
 
 
 @dataclass(frozen=True)

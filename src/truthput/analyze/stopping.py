@@ -554,14 +554,8 @@ def simulate_rule(
         decided=decided_all / n, coverage=covered_all / n)
 
 
-def fixed_design_starts_from_sd(
-    sd_log_variant: float,
-    sd_log_baseline: float,
-    target_rel_halfwidth: float,
-    confidence: float = 0.95,
-    n_comparisons: int = 1,
-    max_n: int = 10_000,
-) -> int:
+def fixed_design_starts_from_sd(sd_log_variant: float, sd_log_baseline: float, target_rel_halfwidth: float,
+                                confidence: float = 0.95, n_comparisons: int = 1, max_n: int = 10_000) -> int:
     """Starts per arm a fixed (non-sequential) design needs for a Welch interval on the log
     ratio of relative half-width <= target, given per-start SDs of mean log tok/s."""
     from scipy import special

@@ -9,6 +9,7 @@ from statistics import mean
 from typing import Protocol
 
 from truthput.analyze.rows import Figure, LevelRow, figure
+from truthput.analyze.tables import StoredTrialLike
 from truthput.experiment.levels import Level, level_json
 
 
@@ -27,15 +28,6 @@ class TelemetrySample(Protocol):
     def power_w(self) -> float | None: ...
     @property
     def sm_clock_mhz(self) -> float | None: ...
-
-
-class TrialPlace(Protocol):
-    @property
-    def id(self) -> int: ...
-    @property
-    def variant(self) -> str: ...
-    @property
-    def level(self) -> Level: ...
 
 
 class TelemetryEntry(LevelRow):
@@ -60,7 +52,7 @@ def _over(xs: Sequence[float | None], fn: Callable[[list[float]], float]) -> flo
     return fn(vals) if vals else None
 
 
-def telemetry_rows(trials: Sequence[TrialPlace], samples: Iterable[TelemetrySample]) -> list[TelemetryEntry]:
+def telemetry_rows(trials: Sequence[StoredTrialLike], samples: Iterable[TelemetrySample]) -> list[TelemetryEntry]:
     """The cells in the trials' order, GPUs in order within each; samples of unknown trials are left out."""
     by_id = {t.id: t for t in trials}
     order = list(dict.fromkeys((t.variant, t.level) for t in trials))

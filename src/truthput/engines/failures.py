@@ -75,8 +75,7 @@ def _p(kind: FailureKind, pattern: str, specificity: int, label: str) -> _Patter
 # Ordered by nothing: the highest specificity across the whole log wins, then the earliest line.
 PATTERNS: tuple[_Pattern, ...] = (
     # Out of memory: GPU (CUDA/HIP), torch, vLLM's CPU backend NUMA check, host allocator.
-    _p("oom", r"CUDA out of memory", 90, "GPU out of memory"),
-    _p("oom", r"HIP out of memory", 90, "GPU out of memory"),
+    _p("oom", r"(CUDA|HIP) out of memory", 90, "GPU out of memory"),
     _p("oom", r"torch(\.cuda)?\.OutOfMemoryError", 85, "out of memory"),
     _p("oom", r"\bOutOfMemoryError\b", 80, "out of memory"),
     _p("oom", r"Available memory on node .* is less than requested memory for kv", 90,
@@ -98,18 +97,16 @@ PATTERNS: tuple[_Pattern, ...] = (
     # KV cache cannot hold one request of max_model_len.
     _p("kv_too_small", r"To serve at least one request with the model's max seq len", 95,
        "KV cache too small for max-model-len"),
-    _p("kv_too_small", r"larger than the available KV cache memory", 90,
-       "KV cache too small for max-model-len"),
-    _p("kv_too_small", r"max seq len .* is larger than the maximum number of tokens that can be stored in KV cache",
+    _p("kv_too_small", r"larger than the available KV cache memory"
+       r"|max seq len .* is larger than the maximum number of tokens that can be stored in KV cache",
        90, "KV cache too small for max-model-len"),
     # Invalid configuration: pydantic validation, vLLM's max_model_len check, argparse.
     _p("invalid_config", r"is greater than the derived max_model_len", 95,
        "max-model-len above the model's"),
     _p("invalid_config", r"unrecognized arguments", 90, "unrecognized command-line arguments"),
-    _p("invalid_config", r"error: argument", 90, "invalid command-line argument"),
+    _p("invalid_config", r"error: argument|error: invalid argument|error while handling argument", 90,
+       "invalid command-line argument"),  # the last two: llama.cpp
     _p("invalid_config", r"invalid choice", 85, "invalid command-line choice"),
-    _p("invalid_config", r"error: invalid argument", 90, "invalid command-line argument"),  # llama.cpp
-    _p("invalid_config", r"error while handling argument", 90, "invalid command-line argument"),  # llama.cpp
     # A model file that is missing, truncated or not a model (llama.cpp's GGUF loader).
     _p("bad_model", r"failed to open GGUF file", 92, "model file cannot be opened"),
     _p("bad_model", r"invalid magic characters", 92, "not a GGUF model file"),
@@ -120,8 +117,7 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("invalid_config", r"\d+ validation errors? for \w+", 50, "invalid configuration"),
     _p("invalid_config", r"\bValidationError\b", 40, "invalid configuration"),
     # Port already bound.
-    _p("port_in_use", r"Address already in use", 95, "port already in use"),
-    _p("port_in_use", r"\[Errno 98\]|errno 98", 95, "port already in use"),
+    _p("port_in_use", r"Address already in use|\[Errno 98\]|errno 98", 95, "port already in use"),
     _p("port_in_use", r"couldn't bind HTTP server socket", 90, "port already in use"),  # llama.cpp
     # vLLM's engine-core process died (killed, segfault): the API server notices and shuts down,
     # exiting with code 0 (tests/fixtures/vllm/fail_engine_killed_under_load.log). Least specific:

@@ -274,17 +274,9 @@ def activation_peak_bytes(model: ModelProfile, tp: int, max_num_batched_tokens: 
     return max_num_batched_tokens * per_token
 
 
-def memory_plan(
-    gpu: GPU,
-    model: ModelProfile,
-    tp: int,
-    gpu_memory_utilization: float,
-    max_num_seqs: int,
-    max_model_len: int,
-    spec_k: int = 0,
-    kv_dtype_bytes: float = 2.0,
-    max_num_batched_tokens: int = 8192,
-) -> MemoryPlan:
+def memory_plan(gpu: GPU, model: ModelProfile, tp: int, gpu_memory_utilization: float, max_num_seqs: int,
+                max_model_len: int, spec_k: int = 0, kv_dtype_bytes: float = 2.0,
+                max_num_batched_tokens: int = 8192) -> MemoryPlan:
     """Per-GPU start-up budget: util x memory - weights - activations - sampler - other = KV cache."""
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise InputError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1] (physics)")

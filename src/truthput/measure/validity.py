@@ -168,6 +168,21 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
             break
 
 
+def _out_of_bounds(counter: Figure, rise: float, seconds: float, bounds: tuple[float, float], own: float,
+                   said: tuple[str, str]) -> bool:
+    """Flag a counter that rose by less than the lower bound (stale) or more than the upper bound
+    (foreign traffic) of what truthput's own requests explain between two scrapes; `said` tells
+    each bound's basis."""
+    where = f"between scrapes {seconds:.2f} s apart the counter rose {rise:g} while"
+    if rise < bounds[0]:
+        add_flag(counter, "stale_counter", f"{where} {said[0]}: /metrics is behind what was served")
+        return True
+    if rise > bounds[1]:
+        flag_foreign(counter, rise, own, seconds, f"{where} {said[1]}")
+        return True
+    return False
+
+
 FINISH_EDGE_S = 0.25
 """A request that ended this close to a scrape may fall on either side of it (the server adds its
 tokens as it releases the request; the scrape itself takes a few milliseconds)."""
@@ -194,15 +209,9 @@ def _check_whole_requests(results: TrialResults, intervals: Sequence[tuple[float
             continue
         sure = float(tokens[(ends > t_from + e) & (ends <= t_to - e)].sum())
         may = float(tokens[(ends > t_from - e) & (ends <= t_to + e)].sum())
-        if rise < sure:
-            add_flag(counter, "stale_counter",
-                     f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while requests that "
-                     f"ended between them carried {sure:g} tokens (usage): /metrics is behind what was served")
-            break
-        if rise > may:
-            flag_foreign(counter, rise, may, t_to - t_from,
-                         f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while every request "
-                         f"that may have ended between them carried {may:g} tokens")
+        if _out_of_bounds(counter, rise, t_to - t_from, (sure, may), may,
+                          (f"requests that ended between them carried {sure:g} tokens (usage)",
+                           f"every request that may have ended between them carried {may:g} tokens")):
             break
 
 
@@ -237,16 +246,9 @@ def _check_request_spans(results: TrialResults, intervals: Sequence[tuple[float,
         slack = edge_tokens + PLACED_SHARE * est
         low = max(float(tokens[(first > t_from + e) & (ends <= t_to - e)].sum()), est - slack)
         high = min(float(tokens[(ends > t_from - e) & (first <= t_to + e)].sum()), est + slack)
-        if rise < low:
-            add_flag(counter, "stale_counter",
-                     f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while the requests' "
-                     f"final usage placed on their chunks puts {est:.0f} tokens between them (at least {low:.0f}): "
-                     "/metrics is behind what was served")
-            break
-        if rise > high:
-            flag_foreign(counter, rise, est, t_to - t_from,
-                         f"between scrapes {t_to - t_from:.2f} s apart the counter rose {rise:g} while the requests' "
-                         f"final usage placed on their chunks puts {est:.0f} tokens between them (at most {high:.0f})")
+        placed_text = f"the requests' final usage placed on their chunks puts {est:.0f} tokens between them"
+        if _out_of_bounds(counter, rise, t_to - t_from, (low, high), est,
+                          (f"{placed_text} (at least {low:.0f})", f"{placed_text} (at most {high:.0f})")):
             break
 
 

@@ -13,6 +13,7 @@ They are merged into one dict; the same key given two different values is a `Inp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -370,41 +371,8 @@ def parse_serve_args(argv: list[str]) -> SimServeConfig:
         raise InputError(f"--noise must be >= 0, got {ns.noise}")
     if not 0 <= ns.port <= 65535:
         raise InputError(f"--port {ns.port}: expected 0..65535 (0 = any free port)")
-    return SimServeConfig(
-        model=model,
-        served_model_name=served,
-        host=ns.host,
-        allow_remote=ns.allow_remote,
-        port=ns.port,
-        tensor_parallel_size=ns.tensor_parallel_size,
-        pipeline_parallel_size=ns.pipeline_parallel_size,
-        gpu_memory_utilization=ns.gpu_memory_utilization,
-        max_model_len=ns.max_model_len,
-        max_num_seqs=ns.max_num_seqs,
-        max_num_batched_tokens=ns.max_num_batched_tokens,
-        kv_cache_dtype=ns.kv_cache_dtype,
-        dtype=ns.dtype,
-        quantization=ns.quantization,
-        enable_prefix_caching=ns.enable_prefix_caching,
-        enforce_eager=ns.enforce_eager,
-        block_size=ns.block_size,
-        speculative=spec,
-        sim_gpu=ns.sim_gpu,
-        sim_model=ns.sim_model,
-        sim_profile=ns.sim_profile,
-        sim_acceptance=ns.sim_acceptance,
-        sim_repetition=ns.sim_repetition,
-        sim_copy_span=ns.sim_copy_span,
-        noise=ns.noise,
-        seed=ns.seed,
-        startup_s=ns.sim_startup_s,
-        disable_log_stats=ns.disable_log_stats,
-        tokenizer=ns.tokenizer,
-        tool_call_parser=ns.tool_call_parser,
-        enable_auto_tool_choice=ns.enable_auto_tool_choice,
-        served_model_names=served_names,
-        access_log=not ns.disable_uvicorn_access_log,
-        frontend_chunk_s=ns.sim_frontend_chunk_us / 1e6,
-        ignored=ignored,
-        argv=list(argv),
-    )
+    own = dict(model=model, served_model_name=served, speculative=spec, startup_s=ns.sim_startup_s,
+               served_model_names=served_names, access_log=not ns.disable_uvicorn_access_log,
+               frontend_chunk_s=ns.sim_frontend_chunk_us / 1e6, ignored=ignored, argv=list(argv))
+    as_parsed = {f.name: getattr(ns, f.name) for f in dataclasses.fields(SimServeConfig) if hasattr(ns, f.name)}
+    return SimServeConfig(**{**as_parsed, **own})

@@ -654,13 +654,20 @@ class SimServer:
                                "Input should be a valid dictionary or object to extract fields from", what)
         return body
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def _required(self, request: web.Request, name: str) -> tuple[dict[str, Any], Any] | web.Response:
+        """The request's JSON body and its field `name`, or vLLM's 400 when either is missing."""
         body = await self._json(request)
         if isinstance(body, web.Response):
             return body
-        prompt = body.get("prompt")
-        if prompt is None:
-            return _body_error("missing", "body.prompt", "Field required", f"<dict of {len(body)} items>")
+        if body.get(name) is None:
+            return _body_error("missing", f"body.{name}", "Field required", f"<dict of {len(body)} items>")
+        return body, body[name]
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        got = await self._required(request, "prompt")
+        if isinstance(got, web.Response):
+            return got
+        body, prompt = got
         if isinstance(prompt, str):
             prompts = [Prompt(self.count_text(prompt), prompt, prompt)]
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
@@ -672,12 +679,10 @@ class SimServer:
         return await self._generate(request, body, prompts, chat=False)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._json(request)
-        if isinstance(body, web.Response):
-            return body
-        messages = body.get("messages")
-        if messages is None:
-            return _body_error("missing", "body.messages", "Field required", f"<dict of {len(body)} items>")
+        got = await self._required(request, "messages")
+        if isinstance(got, web.Response):
+            return got
+        body, messages = got
         if not isinstance(messages, list) or not messages:
             return _error(400, "'messages' must be a non-empty list", param="messages")
         return await self._generate(request, body, [Prompt(self.count_chat(messages), textgen.chat_key_text(messages),
