@@ -47,3 +47,16 @@ def test_llamacpp_draft_model_speculation_counters_move():
     accepted = post.total(names.spec_accepted) - pre.total(names.spec_accepted)
     assert drafts > 0
     assert accepted <= draft_tokens <= 3 * drafts  # --spec-draft-n-max 3
+
+
+def test_llamacpp_hit_rate_is_its_cached_tokens_over_cached_plus_computed():
+    """llama.cpp counts no lookups: the prompt tokens it took from a slot's cache
+    (`prompt_tokens_cached_total`) over those plus the ones it computed (`prompt_tokens_total`,
+    which leaves the cached out), in the recorded run 350 / (350 + 168 - 86)."""
+    from truthput.measure.trial import _prefix_cache, _Scrapes
+
+    sc = _Scrapes([Scrape("window_start", 0.0, (FIX / "plain_metrics_pre.txt").read_text()),
+                   Scrape("window_end", 5.0, (FIX / "plain_metrics_post.txt").read_text())])
+    fig = _prefix_cache(sc, metric_names("llamacpp"), sc.all[0], sc.all[1])
+    assert fig.value == pytest.approx(350 / (350 + 168 - 86)) and fig.source == "server_counter"
+    assert "350 of 432 prompt tokens" in (fig.note or "")

@@ -139,8 +139,8 @@ def test_the_window_prefix_cache_hit_rate_is_the_servers_cached_over_looked_up_t
         'vllm:prefix_cache_hits_total{engine="0",model_name="/tmp/tiny_model"} 259.0')
     sc = _Scrapes([Scrape("window_start", 0.0, (FIX / "nospec_metrics_pre.txt").read_text()),
                    Scrape("window_end", 5.0, post)])
-    fig = _prefix_cache(sc, metric_names("vllm"), sc.all[0], sc.all[1], False)
+    fig = _prefix_cache(sc, metric_names("vllm"), sc.all[0], sc.all[1])
     assert fig.value == pytest.approx(259 / (518 - 86)) and fig.source == "server_counter"
     assert "259 of 432 prompt tokens" in (fig.note or "")
-    unexposed = _prefix_cache(sc, metric_names("llamacpp"), sc.all[0], sc.all[1], False)
+    unexposed = _prefix_cache(sc, metric_names("llamacpp"), sc.all[0], sc.all[1])
     assert unexposed.value is None and "not exposed" in (unexposed.note or "")

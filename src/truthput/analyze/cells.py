@@ -239,7 +239,7 @@ class Cell:
         if not known:
             return None, notes[0] if notes else "no trial measured it"
         said = "median over trials of the window's cached / looked-up prompt tokens (the server's counters)"
-        return median(known), said + next((n[n.index(";"):] for n in notes if "simulator" in n), "")
+        return median(known), said
 
     def median_over_trials(self, metric: str, q: str) -> float | None:
         """Median over the cell's ok trials of each trial's client-clock latency quantile."""

@@ -20,7 +20,7 @@ from truthput.analyze.guard import GuardResult, compare_outputs
 from truthput.analyze.values import StartValues, decide, start_values, stopping_rule
 from truthput.analyze.verdict import Caution, ComparisonVerdict, FlaggedArm, Verdict
 from truthput.experiment.file import MeasureSection
-from truthput.experiment.levels import Level
+from truthput.experiment.levels import Level, level_label
 
 SUMMARY_SCHEMA = 3
 """The version of `StoredSummary` a run keeps in `runs.summary_json`; a stored summary of another
@@ -184,6 +184,8 @@ class SummaryInputs:
     """Where the run's prompts came from (`[workload] prompt_source`)."""
     compares: bool = True
     """False for a `truthput load` run: one server measured, nothing compared, so no verdict."""
+    cache_changes: dict[str, list[str]] = field(default_factory=dict)
+    """Variant -> the settings it changes that set what the prefix cache holds (`experiment.cache`)."""
 
 
 def summary_of(given: SummaryInputs, *, fresh: bool = False) -> RunSummary:
@@ -198,7 +200,8 @@ def summary_of(given: SummaryInputs, *, fresh: bool = False) -> RunSummary:
     if record is not None:
         return record.summary(build_cells(given.trials, given.variants, given.baseline, record.failed))
     return summarize(given.trials, given.variants, given.failed, given.baseline, given.measure, given.simulated,
-                     given.guard_texts, placements=given.placements or None, prompt_source=given.prompt_source)
+                     given.guard_texts, placements=given.placements or None, prompt_source=given.prompt_source,
+                     cache_changes=given.cache_changes)
 
 
 def _stored_adapter() -> Any:
@@ -248,6 +251,64 @@ def _caution_generated_text(verdict: Verdict, cells: list[Cell], baseline: str, 
         verdict.notes.append(f"!synthetic_text: {said}")
 
 
+CACHE_STATE_POINTS = 0.03
+"""Prefix-cache hit rates of two arms further apart than this (and than three standard errors of
+their per-start means, with two starts or more an arm) are different cache states."""
+
+
+def start_hit_rates(cell: Cell | None) -> list[float]:
+    """The cell's prefix-cache hit rate per server start (the mean of its ok trials' windows)."""
+    by_start: dict[tuple[int, int], list[float]] = {}
+    for t in cell.trials if cell is not None else []:
+        fig = t.results.server_samples.prefix_cache_hit_rate
+        v = fig.number() if fig is not None and t.status == "ok" else None
+        if v is not None:
+            by_start.setdefault((t.start_index, int(getattr(t, "start_id", None) or -1)), []).append(v)
+    return [sum(v) / len(v) for v in by_start.values()]
+
+
+def cache_state_differs(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two arms' per-start hit rates differ beyond what their spread allows."""
+    if not a or not b:
+        return False
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    if abs(ma - mb) <= CACHE_STATE_POINTS:
+        return False
+    if len(a) < 2 or len(b) < 2:
+        return True
+
+    def var(x: Sequence[float], m: float) -> float:
+        return sum((v - m) ** 2 for v in x) / (len(x) - 1)
+
+    return bool(abs(ma - mb) > 3 * (var(a, ma) / len(a) + var(b, mb) / len(b)) ** 0.5)
+
+
+def _caution_cache_state(verdict: Verdict, cells: list[Cell], baseline: str,
+                         changes: Mapping[str, list[str]]) -> None:
+    """A comparison whose arms ran at different prefix-cache hit rates says so (`cache_state_differs`):
+    part of the effect where the variant changes what the cache holds (the settings named), a doubt
+    where it does not. Symmetric in the arms: the same test whichever is the baseline."""
+    by_key = {c.key: c for c in cells}
+    said_any = []
+    for cv in verdict.per_concurrency:
+        base = start_hit_rates(by_key.get((baseline, cv.level)))
+        for comp in cv.comparisons:
+            mine = start_hit_rates(by_key.get((comp.variant, cv.level)))
+            if not cache_state_differs(base, mine):
+                continue
+            rates = (f"prefix-cache hit rate {baseline} {sum(base) / len(base):.0%}, "
+                     f"{comp.variant} {sum(mine) / len(mine):.0%}")
+            named = changes.get(comp.variant) or []
+            said = (f"the arms ran at different cache states ({rates}): part of the effect, since {comp.variant} "
+                    f"changes {', '.join(named)}, which sets what the prefix cache holds" if named else
+                    f"the arms ran at different cache states ({rates}) though {comp.variant} changes nothing the "
+                    "cache depends on: part of the difference may be the cache's, not the setting's (a warm-up, "
+                    "a re-sent row, another client); [workload] cache = \"reset\" starts each window cold")
+            comp.cautions.append(Caution("cache_state_differs", said))
+            said_any.append(f"{comp.variant} {level_label(cv.level)}: {said}")
+    verdict.notes += [f"!cache_state_differs: {s}" for s in dict.fromkeys(said_any)]
+
+
 def _block_by_node(cells: list[Cell], values: dict[Any, Any], extra: dict[Any, Any],
                    placements: Mapping[int, Mapping[str, Any]]) -> Any:
     from truthput.analyze.blocks import NodeBlocks, remove_node_effects
@@ -269,7 +330,7 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
               measure: MeasureSection, simulated: bool,
               guard_texts: Mapping[str, list[str]] | None = None,
               placements: Mapping[int, Mapping[str, Any]] | None = None,
-              prompt_source: str = "synthetic") -> RunSummary:
+              prompt_source: str = "synthetic", cache_changes: Mapping[str, list[str]] | None = None) -> RunSummary:
     """Cells, verdict and guard of a run from its trials (`failed`: variant -> why it failed).
     `placements` (start id -> where a cluster executor ran it): the verdict says how many nodes
     and hardware classes it rests on, and with several nodes the node is taken as a block."""
@@ -307,6 +368,7 @@ def summarize(trials: Sequence[TrialLike], variants: Sequence[str], failed: Mapp
     verdict = decide(groups, baseline, m, look=look, failed=failed, guard=guard, simulated=simulated)
     _mark_flagged(verdict, cells, baseline)
     _caution_generated_text(verdict, cells, baseline, prompt_source)
+    _caution_cache_state(verdict, cells, baseline, cache_changes or {})
     verdict.notes += [f"{c.variant} {c.label}: not compared on tok/s: "
                       + ("its requests did other work than the baseline's" if c.wrong == ["unequal_work"]
                          else "its figure is known to be wrong")

@@ -73,6 +73,8 @@ def load(
     suffixes: int = typer.Option(16, "--suffixes", help="shared-prefix: suffixes per prefix"),
     prefix_tokens: int = typer.Option(256, "--prefix-tokens", help="shared-prefix: tokens per prefix"),
     turns: int = typer.Option(3, "--turns", help="multi-turn: user turns per conversation"),
+    cache: str = typer.Option("as-is", "--cache", help="The prefix cache at each window: as-is, warm (the workload's "
+                              "shared text sent first) or reset (emptied before every window, and checked)"),
     thinking: Optional[str] = typer.Option(None, "--thinking", help="on|off: chat_template_kwargs.enable_thinking"),
     slo_ttft_ms: Optional[float] = typer.Option(None, "--slo-ttft-ms", help="Goodput target: time to first token"),
     slo_itl_ms: Optional[float] = typer.Option(None, "--slo-itl-ms", help="Goodput target: mean inter-token latency"),
@@ -102,7 +104,7 @@ def load(
 
     opts = _options(url, concurrency, rate, arrival, max_in_flight, sweep, sweep_max, requests, duration, seed,
                     model, api_key_env, SLO(slo_ttft_ms, slo_itl_ms, slo_e2e_ms), workers, tokenizer, engine, name, sample_interval,
-                    _workload_spec(workload, input_tokens, output_tokens, max_tokens, ignore_eos, temperature, top_p,
+                    cache, _workload_spec(workload, input_tokens, output_tokens, max_tokens, ignore_eos, temperature, top_p,
                                    seed, endpoint, prefixes, suffixes, prefix_tokens, turns, thinking))
     spec = opts.workload
     tok = load_tokenizer(tokenizer)
@@ -213,7 +215,7 @@ def _workload_spec(workload: str, input_tokens: str, output_tokens: str, max_tok
 def _options(url: str, concurrency: str, rate: str | None, arrival: str, max_in_flight: int | None, sweep: bool,
              sweep_max: Any, requests: int | None, duration: float | None, seed: int, model: str | None,
              api_key_env: str | None, slo: Any, workers: int,
-             tokenizer: str | None, engine: str, name: str, sample_interval: float, spec: Any) -> Any:
+             tokenizer: str | None, engine: str, name: str, sample_interval: float, cache: str, spec: Any) -> Any:
     from truthput.run.load import LoadOptions
 
     return LoadOptions(
@@ -221,7 +223,7 @@ def _options(url: str, concurrency: str, rate: str | None, arrival: str, max_in_
         rate=_numbers(rate, "rate", float) if rate else [], arrival=arrival, max_in_flight=max_in_flight,
         sweep=sweep, sweep_max=sweep_max, requests=requests, duration_s=duration, workload=spec, seed=seed,
         model=model, api_key_env=api_key_env, slo=slo, workers=workers,
-        tokenizer_path=tokenizer, engine=engine, name=name, sample_interval_s=sample_interval,
+        tokenizer_path=tokenizer, engine=engine, name=name, sample_interval_s=sample_interval, cache=cache,
     )
 
 

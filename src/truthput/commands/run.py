@@ -230,12 +230,13 @@ def plan(
                  else ""))
     for line in starts_forecast(exp, p, store, learned[0] / max(1, len(p.order)) if learned else None):
         con.print(line, markup=False)
-    from truthput.run.plan import address_warnings, max_num_seqs_warnings, vocabulary_lines
+    from truthput.run.plan import address_warnings, max_num_seqs_warnings, rows_warnings, vocabulary_lines
 
     for line in vocabulary_lines(exp, p.engine):
         con.print(("warning: " if line.startswith("flags not checked") else "") + line, markup=False,
                   style="yellow" if line.startswith("flags not checked") else None)
-    for line in [*max_num_seqs_warnings(exp, p), *address_warnings(exp), *external_traffic(exp, p)]:
+    for line in [*max_num_seqs_warnings(exp, p), *address_warnings(exp), *external_traffic(exp, p),
+                 *rows_warnings(exp, p)]:
         con.print("warning: " + line, markup=False, style="yellow")
     if len(p.variants) == 1:
         con.print("note: one variant, nothing to compare: a run measures it alone (figures, no verdict); "

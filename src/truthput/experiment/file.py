@@ -232,6 +232,10 @@ class WorkloadSection(_Strict):
     """completions or chat."""
     prompt_source: str = "synthetic"
     """synthetic, jsonl:PATH, sharegpt[:PATH], shared-prefix, multi-turn or tool-call."""
+    cache: Literal["as-is", "warm", "reset"] = "as-is"
+    """The prefix cache at each window: as-is (each start a fresh server: cold, then what the workload
+    shares), warm (the workload's shared text sent before every window) or reset (emptied before every
+    window, and checked)."""
     input_tokens: int | dict[str, Any] = 256
     """Prompt length in tokens: a number, or a distribution table (kind = uniform/normal/histogram)."""
     output_tokens: int | dict[str, Any] = 256

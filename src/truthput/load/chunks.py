@@ -27,9 +27,15 @@ MAX_TOKENS_FIELD = 2**31
 TokenCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS_FIELD)]
 
 
+class PromptDetails(msgspec.Struct):
+    cached_tokens: Optional[TokenCount] = None
+
+
 class Usage(msgspec.Struct):
     completion_tokens: Optional[TokenCount] = None
     prompt_tokens: Optional[TokenCount] = None
+    prompt_tokens_details: Optional[PromptDetails] = None
+    """vLLM with --enable-prompt-tokens-details, SGLang: the prompt tokens served from the cache."""
 
 
 class FunctionDelta(msgspec.Struct):
@@ -73,6 +79,10 @@ class Timings(msgspec.Struct):
     predicted_n: Optional[TokenCount] = None
     predicted_ms: Optional[float] = None
     predicted_per_second: Optional[float] = None
+    prompt_n: Optional[TokenCount] = None
+    """Prompt tokens it computed for the request."""
+    cache_n: Optional[TokenCount] = None
+    """Prompt tokens it took from the slot's cache instead."""
 
 
 class Chunk(msgspec.Struct):

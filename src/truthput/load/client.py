@@ -387,8 +387,11 @@ class StreamClient:
                     if obj.error:
                         return _bad_event(rec, t, url, payload, None, obj.error)
                     timings = obj.timings
-                    if timings is not None and timings.predicted_per_second is not None:
-                        rec.server_decode_tps = timings.predicted_per_second
+                    if timings is not None:
+                        if timings.predicted_per_second is not None:
+                            rec.server_decode_tps = timings.predicted_per_second
+                        if timings.cache_n is not None:
+                            rec.cached_tokens = timings.cache_n
                     usage = obj.usage
                     ct = -1
                     if usage is not None:
@@ -396,6 +399,9 @@ class StreamClient:
                             ct = rec.completion_tokens = usage.completion_tokens
                         if usage.prompt_tokens is not None:
                             rec.prompt_tokens = usage.prompt_tokens
+                        details = usage.prompt_tokens_details
+                        if details is not None and details.cached_tokens is not None:
+                            rec.cached_tokens = details.cached_tokens
                     choices = obj.choices
                     if not choices:
                         continue  # usage-only (final) chunk

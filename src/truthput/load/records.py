@@ -52,6 +52,10 @@ class RequestRecord:
     server_decode_tps: float | None = None
     """The server's own per-request decode rate where it reports one (llama.cpp's
     `timings.predicted_per_second`: tokens / decode time, no prompt processing or queueing)."""
+    cached_tokens: int | None = None
+    """Prompt tokens the server served from its prefix cache for this request, where its answer says
+    (llama.cpp's `timings.cache_n`; `usage.prompt_tokens_details.cached_tokens` of vLLM with
+    --enable-prompt-tokens-details, SGLang)."""
 
     @property
     def text(self) -> str:

@@ -174,10 +174,24 @@ class WorkloadSpec:
     thinking: bool | None = None  # chat_template_kwargs.enable_thinking; None: not sent
 
 
-class Workload:
-    """Deterministic request bodies: `body(i)` is the same for the same (spec, seed, i)."""
+ROW_SOURCES = ("jsonl", "sharegpt")
+"""Prompt sources that are the user's rows (a file of prompts): each row is sent once, in one
+seeded order per run (`Workload.row_of`), unless the run needs more rows than the file has."""
 
-    def __init__(self, spec: WorkloadSpec, seed: int, tokenizer: Any = None) -> None:
+
+class Workload:
+    """Deterministic request bodies: `body(i)` is the same for the same (spec, seed, i, rows_from).
+
+    A row source (`ROW_SOURCES`) is read as the user's traffic arrives: request i sends the row at
+    position `rows_from + i` of one seeded order of the file's rows (`order_seed`, one per run; None:
+    the file's own order), so
+    a run's trials, levels and starts go on through the file instead of starting again at row 0;
+    a warm-up (`backward`) takes rows from the order's end, which no window reaches before the
+    file is used up. Position >= the file's rows wraps: the row is sent again (`truthput.load.rows`
+    counts it)."""
+
+    def __init__(self, spec: WorkloadSpec, seed: int, tokenizer: Any = None, *, order_seed: int | None = None,
+                 rows_from: int = 0, backward: bool = False) -> None:
         if spec.endpoint not in ("completions", "chat"):
             raise InputError(f"workload endpoint {spec.endpoint!r}: expected 'completions' or 'chat'")
         self.spec = spec
@@ -188,6 +202,7 @@ class Workload:
         self._rows: list[dict[str, Any]] | None = None
         self._pairs: list[tuple[str, str]] | None = None
         self.kind = _source_kind(spec.prompt_source)
+        self.rows_from, self.backward = rows_from, backward
         if self.kind == "jsonl":
             self._rows = _load_jsonl(Path(spec.prompt_source))
         elif self.kind == "sharegpt":
@@ -199,6 +214,10 @@ class Workload:
             if spec.prefixes < 1 or spec.suffixes < 1 or spec.prefix_tokens < 1:
                 raise InputError(f"workload shared-prefix: prefixes ({spec.prefixes}), suffixes ({spec.suffixes}) "
                                 f"and prefix_tokens ({spec.prefix_tokens}) must be >= 1")
+        self.n_rows = len(self._rows or self._pairs or ())
+        self._order = list(range(self.n_rows))
+        if order_seed is not None:  # None: the file's own order
+            random.Random(f"truthput:rows:{order_seed}").shuffle(self._order)
         if self.kind == "multi-turn" and spec.turns < 1:
             raise InputError(f"workload multi-turn turns {spec.turns}: must be >= 1")
         if spec.tool_choice not in ("auto", "required", "none"):
@@ -210,6 +229,21 @@ class Workload:
             self._special = len(tokenizer.encode("the", add_special_tokens=True).ids) - len(
                 tokenizer.encode("the", add_special_tokens=False).ids
             )
+
+    def position(self, i: int) -> int | None:
+        """Request i's place in the run's order of rows (None: not a row source); >= n_rows: sent again."""
+        if not self.n_rows:
+            return None
+        return self.n_rows - 1 - i if self.backward else self.rows_from + i
+
+    def row_of(self, i: int) -> int | None:
+        """The file row (0-based) request i sends (None: not a row source)."""
+        pos = self.position(i)
+        return None if pos is None else self.row_at(pos)
+
+    def row_at(self, position: int) -> int:
+        """The file row at a place in the run's order (wrapping past the end)."""
+        return self._order[position % self.n_rows]
 
     def _rng(self, i: int, stream: str) -> random.Random:
         return random.Random(f"truthput:{self.seed}:{i}:{stream}")
@@ -277,6 +311,24 @@ class Workload:
             return self.text(rng, self.spec.prefix_tokens)
         return self._exact_prompt(rng, self.spec.prefix_tokens, special=False)
 
+    def shared_texts(self) -> list[str]:
+        """The text this workload's requests share by design, once each (what `cache = "warm"`
+        sends before a window): the shared-prefix workload's prefixes; none for the others."""
+        if self.kind == "shared-prefix":
+            return [self.shared_prefix(p) for p in range(self.spec.prefixes)]
+        return []
+
+    def sharing(self) -> str:
+        """What the workload shares by design, in words (said beside the server's hit rate)."""
+        spec = self.spec
+        return {
+            "shared-prefix": f"{spec.prefixes} prefixes of {spec.prefix_tokens} tokens, each shared by every "
+                             f"{spec.prefixes}th request",
+            "multi-turn": f"conversations of {spec.turns} turns: each turn carries the earlier turns as history",
+            "jsonl": "the user's rows, each sent once: only what the rows themselves share",
+            "sharegpt": "the user's rows, each sent once: only what the rows themselves share",
+        }.get(self.kind, "nothing: every prompt begins with its own random words")
+
     def asked(self, i: int) -> tuple[int | None, int | None]:
         """(prompt tokens, completion tokens) request i asked for: the prompt's only where truthput
         built it to a length from one draw (the synthetic workload); the completion's where the
@@ -294,7 +346,7 @@ class Workload:
         kind = self.kind
         if kind == "jsonl":
             assert self._rows is not None
-            row = self._rows[i % len(self._rows)]
+            row = self._rows[self.row_of(i) or 0]
             if "max_tokens" in row:
                 n_out = int(row["max_tokens"])
             if chat:
@@ -305,7 +357,7 @@ class Workload:
                 body["prompt"] = row["prompt"]
         elif kind == "sharegpt":
             assert self._pairs is not None
-            prompt, reply = self._pairs[i % len(self._pairs)]
+            prompt, reply = self._pairs[self.row_of(i) or 0]
             n_out = self.count_tokens(reply)
             if chat:
                 body["messages"] = [{"role": "user", "content": prompt}]

@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from truthput.load.rows import RowUse
+
 RESULTS_SCHEMA = 2
 """Version of the stored trial-results document (1: the untyped dict of truthput 0.1)."""
 
@@ -338,6 +340,10 @@ class ServerSamples(Section):
     prefix_cache_hit_rate: Figure | None = None
     """The share of the prompt tokens the server looked up in its prefix cache over the window that
     it found cached (its hits / queries counters); null with why where the engine exposes none."""
+    prefix_cache_per_request: Figure | None = None
+    """The same share from the requests' own answers (llama.cpp's `timings.cache_n`, vLLM's
+    `usage.prompt_tokens_details.cached_tokens`) over the requests that ended in the window; None
+    where no answer says."""
     note: str = ""
 
 
@@ -410,6 +416,11 @@ class TrialResults(Section):
     telemetry: dict[str, Any] | None = None
     load: LoadLevel | None = None
     goodput: Goodput | None = None
+    cache: str | None = None
+    """What was done to the server's prefix cache before this window (`[workload] cache`: reset and
+    checked, or primed); None: as it was."""
+    rows: RowUse | None = None
+    """The user's rows the trial sent (a file of prompts), and how many the server had been sent before."""
 
     def headline(self) -> Figure:
         """The figure this trial is judged by, with its provenance.

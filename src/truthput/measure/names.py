@@ -38,6 +38,9 @@ class EngineMetricNames:
     """Prompt tokens the server looked up in its prefix cache (a counter)."""
     prefix_cache_hits: str | None = None
     """Of those, the tokens it found cached (a counter)."""
+    prefix_cache_computed: str | None = None
+    """Prompt tokens it computed, not found cached (a counter), for an engine that counts no
+    lookups: the tokens looked up are these plus the hits (llama.cpp)."""
     aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
     counter_moves: str = "per_step"
     """When the emitted-token counter rises: "per_step" (vLLM, SGLang: every decode step adds the
@@ -109,6 +112,8 @@ _LLAMACPP = EngineMetricNames(
     spec_accepted_per_pos="llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
     running="llamacpp:requests_processing",
     waiting="llamacpp:requests_deferred",
+    prefix_cache_hits="llamacpp:prompt_tokens_cached_total",
+    prefix_cache_computed="llamacpp:prompt_tokens_total",
     counter_moves="per_request",
 )
 

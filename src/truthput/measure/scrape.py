@@ -66,6 +66,18 @@ async def idle_rate(base_url: str, emitted_names: tuple[str, ...], seconds: floa
     return (vb - va) / (second.t_mono - first.t_mono)
 
 
+async def server_started(base_url: str) -> float | None:
+    """When the server's process started (`process_start_time_seconds`, Unix seconds), from one
+    scrape: which server a `load` measured, so the next one knows whether it is the same server."""
+    import aiohttp
+
+    from truthput.measure.prom import parse_scrape, sum_samples
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        scrape = await scrape_metrics(session, base_url, "pre")
+    return None if scrape.error else sum_samples(parse_scrape(scrape), "process_start_time_seconds")
+
+
 def counter_value(scrape: Scrape, emitted_names: tuple[str, ...]) -> float | None:
     """The emitted-token counter a scrape shows (its first name present), None when unreadable."""
     from truthput.measure.prom import parse_scrape

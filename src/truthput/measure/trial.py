@@ -687,11 +687,21 @@ def _latency(records: Sequence[RequestRecord], sc: _Scrapes, names: EngineMetric
     return lat
 
 
-def _prefix_cache(sc: _Scrapes, names: EngineMetricNames, ws_s: ParsedScrape | None, we_s: ParsedScrape | None,
-                  simulated: bool) -> Figure:
-    """The window's prefix-cache hit rate, from the server's counters: hits / queries (prompt tokens)."""
+def _prefix_cache(sc: _Scrapes, names: EngineMetricNames, ws_s: ParsedScrape | None,
+                  we_s: ParsedScrape | None) -> Figure:
+    """The window's prefix-cache hit rate, from the server's counters: hits / queries (prompt tokens;
+    an engine that counts no lookups: hits / (hits + computed))."""
     queries = sc.first_name(names.candidates("prefix_cache_queries"))
     hits = sc.first_name(names.candidates("prefix_cache_hits"))
+    computed = sc.first_name(names.candidates("prefix_cache_computed"))
+    if hits is not None and queries is None and computed is not None:
+        h, c = sc.delta(hits, ws_s, we_s), sc.delta(computed, ws_s, we_s)
+        if h.value is None or c.value is None or h.value + c.value <= 0:
+            return figure(None, "fraction", "server_counter", h.note or c.note or "no prompt token in the window",
+                          window="window")
+        return figure(h.value / (h.value + c.value), "fraction", "server_counter",
+                      f"{h.value:.0f} of {h.value + c.value:.0f} prompt tokens in the window were cached ({hits} / "
+                      f"({hits} + {computed}), added as each request ends)", window="window")
     if queries is None or hits is None:
         return figure(None, "fraction", "server_counter", "not exposed: the server's /metrics has no prefix-cache "
                       "counters", window="window")
@@ -699,10 +709,29 @@ def _prefix_cache(sc: _Scrapes, names: EngineMetricNames, ws_s: ParsedScrape | N
     if q.value is None or h.value is None:
         return figure(None, "fraction", "server_counter", q.note or h.note, window="window")
     if q.value <= 0:
+        prompts = sc.first_name(names.candidates("prompt_tokens"))
+        served = sc.delta(prompts, ws_s, we_s).value if prompts is not None else None
+        if served:  # vLLM counts no lookup with prefix caching off: every prompt token was computed
+            return figure(0.0, "fraction", "server_counter",
+                          f"none of the {served:.0f} prompt tokens in the window was looked up in the prefix cache "
+                          f"({queries} did not move: prefix caching is off), so none was cached", window="window")
         return figure(None, "fraction", "server_counter", "no prompt token was looked up in the window", window="window")
     said = f"{h.value:.0f} of {q.value:.0f} prompt tokens looked up in the window were cached ({hits} / {queries})"
-    return figure(h.value / q.value, "fraction", "server_counter",
-                  said + ("; the simulator models no prefix cache yet: it computes every prompt" if simulated else ""),
+    return figure(h.value / q.value, "fraction", "server_counter", said, window="window")
+
+
+def _prefix_cache_per_request(records: Sequence[RequestRecord], win: tuple[float, float] | None) -> Figure | None:
+    """The window's hit rate from each request's own answer: cached / prompt tokens of the ok
+    requests that ended in it and said both (None: no answer said)."""
+    said = [r for r in records if r.status == "ok" and r.cached_tokens is not None and r.prompt_tokens
+            and (win is None or win[0] <= r.t_end <= win[1])]
+    if not said:
+        return None
+    cached = sum(r.cached_tokens or 0 for r in said)
+    prompt = sum(r.prompt_tokens or 0 for r in said)
+    return figure(cached / prompt, "fraction", "usage",
+                  f"{cached} of {prompt} prompt tokens of the {len(said)} requests that ended in the window were "
+                  "cached, as each answer says (timings.cache_n / usage.prompt_tokens_details.cached_tokens)",
                   window="window")
 
 
@@ -984,7 +1013,11 @@ def measure_trial(
     result.per_stream = _per_stream(records, counter_tps)
     result.latency = _latency(records, sc, names, counts, ws_s, we_s)
     result.server_samples = _server_samples(sc, names, win)
-    result.server_samples.prefix_cache_hit_rate = _prefix_cache(sc, names, ws_s, we_s, simulated)
+    samples = result.server_samples
+    samples.prefix_cache_hit_rate = _prefix_cache(sc, names, ws_s, we_s)
+    samples.prefix_cache_per_request = _prefix_cache_per_request(records, win)
+    if samples.prefix_cache_hit_rate.value is None and samples.prefix_cache_per_request is not None:
+        samples.prefix_cache_hit_rate = samples.prefix_cache_per_request  # no counters: the answers' own
     energy = _simulated_energy(sc, ws_s, we_s, d_win)
     if energy is not None:
         result.telemetry = {"energy_per_token_j": energy}

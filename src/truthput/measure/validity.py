@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from truthput.load.records import RequestRecord
+from truthput.load.rows import RowUse
 from truthput.measure.model import Figure, Flag, TrialResults
 
 PER_TOKEN_ENGINES = frozenset({"vllm", "sglang", "llamacpp"})
@@ -392,3 +393,18 @@ def check_work(results: TrialResults, records: Sequence[RequestRecord],
 def _span(values: Sequence[int]) -> str:
     """`97-100`, or `128` where all are equal (values sorted)."""
     return f"{values[0]}" if values[0] == values[-1] else f"{values[0]}-{values[-1]}"
+
+
+def check_rows(results: TrialResults, use: RowUse | None) -> None:
+    """A trial that sent one of the user's rows again to the same server (the file ran out) is
+    measured partly on the server's prefix cache: `workload_repeats` on its throughput figures
+    (uncertain: the figure is the server's, the traffic is not the user's), with the window's
+    prefix-cache hit rate where the server counts it."""
+    results.rows = use
+    if use is None or not use.repeats:
+        return
+    rate = results.server_samples.prefix_cache_hit_rate
+    hits = rate.number() if rate is not None else None
+    said = use.said() + (f"; the window's prefix-cache hit rate was {hits:.0%}" if hits is not None else "")
+    for fig in (results.throughput.counter_window, results.throughput.usage_window):
+        add_flag(fig, "workload_repeats", said)

@@ -22,6 +22,7 @@ from truthput.errors import InputError
 from truthput.store.db import Store
 from truthput.load.client import ClientConfig, StreamClient
 from truthput.load.goodput import SLO, goodput
+from truthput.load.rows import RowLedger
 from truthput.load.schedule import ClosedLoop, LoadResult, OpenLoop, Sweep
 from truthput.load.workers import TrialLoad, WorkerPool
 from truthput.load.workload import Distribution, Workload, WorkloadSpec
@@ -55,6 +56,8 @@ class LoadOptions:
     name: str = "load"
     test_chunk_spin_s: float = 0.0
     sample_interval_s: float = 0.5
+    cache: str = "as-is"
+    """The prefix cache at each level's window: as-is, warm or reset (`engines.cache.CACHE_POLICIES`)."""
 
     def __post_init__(self) -> None:
         if self.requests is None and self.duration_s is None:
@@ -67,6 +70,10 @@ class LoadOptions:
             raise InputError(f"--duration {self.duration_s}: expected a finite number of seconds > 0")
         if any(not 0 < r < float("inf") for r in self.rate):
             raise InputError(f"--rate {self.rate}: every rate must be > 0 requests/s")
+        from truthput.engines.cache import CACHE_POLICIES
+
+        if self.cache not in CACHE_POLICIES:
+            raise InputError(f"--cache {self.cache}: expected one of {', '.join(CACHE_POLICIES)}")
         if not 0 <= self.sample_interval_s < float("inf"):
             raise InputError(f"--sample-interval {self.sample_interval_s}: must be a number of seconds >= 0")
 
@@ -86,7 +93,7 @@ class LoadOptions:
             "arrival": self.arrival, "max_in_flight": self.max_in_flight, "sweep": self.sweep,
             "requests": self.requests, "duration_s": self.duration_s, "seed": self.seed, "model": self.model,
             "api_key_env": self.api_key_env, **{f"slo_{k}": v for k, v in self.slo.targets().items()},
-            "workers": self.workers, "tokenizer": self.tokenizer_path,
+            "workers": self.workers, "tokenizer": self.tokenizer_path, "cache": self.cache,
         }
         wrows: dict[str, Any] = {
             "endpoint": wl.endpoint, "prompt_source": wl.prompt_source, "ignore_eos": wl.ignore_eos,
@@ -231,6 +238,7 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
                 say("warning: " + said)
                 if store is not None and run_id is not None:
                     store.event(run_id, "other_traffic", said)
+            ledger = await _row_ledger(opts, store, tokenizer)
             levels = _levels(opts)
             if opts.sweep:
                 start = float(opts.rate[0]) if opts.rate else float(opts.concurrency[0])
@@ -246,8 +254,13 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
                     level = levels[k]
                 else:
                     break
-                out = await _one_trial(opts, base, client, pool, level, k, names, tokenizer, simulated)
-                other = traffic_between(outcomes[-1].trial if outcomes else None, out.trial, names)
+                cache = await _cache_before(opts, base, names, tokenizer, k)
+                out = await _one_trial(opts, base, client, pool, level, k, names, tokenizer, simulated, ledger)
+                out.trial.results.cache = cache
+                if cache:
+                    say(cache)
+                # a reset's probes or a priming are truthput's own traffic between the two trials
+                other = None if cache else traffic_between(outcomes[-1].trial if outcomes else None, out.trial, names)
                 if other is not None:
                     out.trial.results.warnings.append(other)
                     say("warning: " + other)
@@ -272,6 +285,61 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
     return LoadRun(run_id=run_id, outcomes=outcomes, summary=summary, simulated=simulated)
 
 
+async def _cache_before(opts: LoadOptions, base: str, names: Any, tokenizer: Any, k: int) -> str | None:
+    """`--cache reset`: the prefix cache emptied (and checked) before every level's window; `--cache
+    warm`: the level's shared text sent before it. What was done, or None."""
+    from truthput.engines.cache import prime_cache, reset_cache
+
+    if opts.cache == "reset":
+        return await reset_cache(base, opts.engine, opts.model, names.candidates("prefix_cache_hits"))
+    if opts.cache == "warm":
+        texts = Workload(opts.workload, seed=_level_seed(opts, k), tokenizer=tokenizer).shared_texts()
+        return await prime_cache(base, texts, opts.model) if texts else \
+            "--cache warm: nothing to prime (this workload shares no text by design)"
+    return None
+
+
+async def _row_ledger(opts: LoadOptions, store: Store | None, tokenizer: Any) -> RowLedger:
+    """The user's rows this server has been sent by earlier `load`s (the same URL, file and
+    order, and the same server process where its /metrics says when it started): this load goes on
+    after them, so a second load on one server sends new rows as the user's traffic would."""
+    from truthput.load.client import api_root
+    from truthput.measure.scrape import server_started
+
+    workload = Workload(opts.workload, seed=opts.seed, tokenizer=tokenizer, order_seed=opts.seed)
+    if not workload.n_rows:
+        return RowLedger()
+    started = await server_started(api_root(opts.url))
+    reach = 0
+    for run in (store.runs() if store is not None else []):
+        said = _stored_options(run.experiment_toml) if run.is_load else {}
+        if said.get("url") != opts.url or said.get("seed", 0) != opts.seed:
+            continue
+        for kept in store.trial_results(run.id):  # type: ignore[union-attr]
+            used = kept.results.rows
+            if (used is not None and used.source == opts.workload.prompt_source and used.rows == workload.n_rows
+                    and (started is None or used.server in (None, started))):
+                reach = max(reach, used.reach)
+    ledger = RowLedger.continuing(reach, workload)
+    ledger.server = started
+    return ledger
+
+
+def _stored_options(toml_text: str) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        said = tomllib.loads(toml_text).get("load")
+    except tomllib.TOMLDecodeError:
+        return {}
+    return said if isinstance(said, dict) else {}
+
+
+def _level_seed(opts: LoadOptions, k: int) -> int:
+    """The workload seed of the k-th level (its synthetic text, its shared prefixes)."""
+    return opts.seed * 1_000_003 + k
+
+
 def _levels(opts: LoadOptions) -> list[float]:
     return [float(r) for r in opts.rate] if opts.rate else [float(c) for c in opts.concurrency]
 
@@ -282,11 +350,12 @@ level it cannot take still has its answered requests measured (the table shows t
 
 
 async def _one_trial(opts: LoadOptions, base: str, client: StreamClient, pool: WorkerPool | None,
-                     level: float, k: int, names: Any, tokenizer: Any, simulated: bool) -> TrialOutcome:
+                     level: float, k: int, names: Any, tokenizer: Any, simulated: bool,
+                     ledger: RowLedger) -> TrialOutcome:
     from truthput.run.trial import TrialSetup, run_trial
 
-    seed = opts.seed * 1_000_003 + k
-    workload = Workload(opts.workload, seed=seed, tokenizer=tokenizer)
+    seed = _level_seed(opts, k)
+    workload = Workload(opts.workload, seed=seed, tokenizer=tokenizer, order_seed=opts.seed, rows_from=ledger.reach)
 
     async def drive(window_start: Any, window_end: Any) -> LoadResult:
         if pool is not None:
@@ -306,8 +375,10 @@ async def _one_trial(opts: LoadOptions, base: str, client: StreamClient, pool: W
 
     setup = TrialSetup(base_url=base, names=names, engine=opts.engine, tokenizer=tokenizer, simulated=simulated,
                        error_threshold=ALL_FAILED, sample_interval_s=opts.sample_interval_s, open_loop=bool(opts.rate),
-                       workload=workload)
+                       workload=workload, rows=ledger)
     trial = await run_trial(setup, drive, concurrency)
+    if trial.results.rows is not None:
+        trial.results.rows.server = ledger.server
     res = trial.results
     window = trial.window
     res.load = LoadLevel(mode=opts.mode, level=level, unit="req/s" if opts.rate else "streams",

@@ -128,6 +128,10 @@ async def execute(exp: Experiment, exp_text: str, exp_path: str | None, store: S
                    simulated=plan.engine in SIMULATED_KINDS or bool(store.run(run_id).simulated))
     if resume:
         ctx.guard_texts = stored_guard_texts(store, run_id)
+        for kept in store.trial_results(run_id):  # the next rounds go on through the user's rows
+            if kept.results.rows is not None:
+                ctx.rows_reached[kept.start_index] = max(ctx.rows_reached.get(kept.start_index, 0),
+                                                         kept.results.rows.reach)
     if pinned or exp.server.cpus:
         where = (f"client on core(s) {cpu_string(pinned) if pinned else 'any'}, servers on "
                  f"{cpu_string(exp.server.cpus) if exp.server.cpus else 'all of the host'}")

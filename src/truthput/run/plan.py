@@ -18,6 +18,7 @@ from truthput.experiment.argv import ServerArgv, argv_diff, int_flag, speculativ
 from truthput.experiment.engines import metric_family
 from truthput.experiment.file import Experiment
 from truthput.experiment.levels import Level
+from truthput.text import plural
 
 if TYPE_CHECKING:
     from truthput.measure.names import EngineMetricNames
@@ -129,6 +130,51 @@ def max_num_seqs_warnings(exp: Experiment, plan: Plan) -> list[str]:
                 out.append(f"{v.name}: concurrency {top} is above its --max-num-seqs {cap}: {top - cap} streams "
                            "will wait in the server's queue")
     return out
+
+
+def workload_of(exp: Experiment, seed: int, tokenizer: Any = None, rows_from: int = 0, backward: bool = False) -> Any:
+    """The `load.workload.Workload` of one trial (or warm-up) of the experiment: its seed, and where
+    it begins in the run's order of the user's rows."""
+    from truthput.load.workload import Workload, WorkloadSpec
+
+    wl = exp.workload
+    spec = WorkloadSpec(input_tokens=wl.input_tokens, output_tokens=wl.output_tokens, ignore_eos=wl.ignore_eos,
+                        temperature=wl.temperature, top_p=wl.top_p, seed=wl.seed, prompt_source=wl.prompt_source,
+                        endpoint=wl.endpoint, extra_body=dict(wl.extra_body))
+    return Workload(spec, seed=seed, tokenizer=tokenizer, order_seed=exp.experiment.seed, rows_from=rows_from,
+                    backward=backward)
+
+
+ROW_SECONDS_WARN = 1.0
+"""`plan` warns where the user's file lasts one server's timed windows only while a request takes
+longer than this."""
+
+
+def rows_warnings(exp: Experiment, plan: Plan) -> list[str]:
+    """Whether the user's file has rows enough for each to reach one server once: the rows a start
+    sends (exact where trials count requests or arrive at a rate; where streams run timed windows,
+    how long a request must take for the file to last) against the rows the file has. Later rounds
+    go on through the file and begin again at its end on fresh servers, which no cache has seen.
+    Trials that do send a row again to the same server are flagged `workload_repeats`."""
+    wl, m = exp.workload, exp.measure
+    n = workload_of(exp, 0).n_rows
+    if not n:
+        return []
+    where = f"{wl.prompt_source} has {n} rows"
+    flagged = "rows will be sent again to the same server (those trials are flagged workload_repeats)"
+    if wl.requests is not None:
+        need = len(plan.levels) * m.repeats * wl.requests
+        return [f"{where}, but each start sends {need} ({plural(len(plan.levels), 'level')} x "
+                f"{plural(m.repeats, 'trial')} x {plural(wl.requests, 'request')}): {flagged}"] if need > n else []
+    window = (wl.duration_s or 0.0) + wl.warmup_s
+    if wl.mode == "open":
+        need = int(sum(float(r) for r in plan.levels) * window * m.repeats)
+        return [f"{where}, but at the planned rates each start sends about {need}: {flagged}"] if need > n else []
+    stream_s = sum(int(c) for c in plan.levels) * window * m.repeats  # stream-seconds one start drives
+    if stream_s / n <= ROW_SECONDS_WARN:
+        return []
+    return [f"{where}: timed windows take as many as the server answers, and it lasts a start ({stream_s:.0f} "
+            f"stream-seconds) only while a request takes at least {stream_s / n:.1f} s; else {flagged}"]
 
 
 def checks_vllm_flags(kind: str) -> bool:

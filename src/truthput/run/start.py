@@ -21,6 +21,7 @@ from truthput.experiment.file import Experiment
 from truthput.experiment.levels import Level, is_rate
 from truthput.load.client import StreamClient
 from truthput.load.goodput import SLO
+from truthput.load.rows import RowLedger
 from truthput.run.plan import Plan, VariantPlan, metric_names_for
 from truthput.run.sink import TrialSink
 from truthput.store.db import TrialKey
@@ -45,6 +46,13 @@ class RunState:
     crashes: dict[str, int] = field(default_factory=dict)
     """Starts per variant whose server crashed under load."""
     simulated: bool = False
+    rows_reached: dict[int, int] = field(default_factory=dict)
+    """Per start index, the furthest place in the run's order of the user's rows that any of its
+    arms reached: the next round's arms begin after it (`rows_from`), so each row is sent once."""
+
+    def rows_from(self, start_index: int) -> int:
+        """Where the arms of this round begin in the run's order of rows: after every earlier round's."""
+        return max((reach for s, reach in self.rows_reached.items() if s < start_index), default=0)
 
 
 @dataclass
@@ -63,6 +71,8 @@ class StartContext:
     """The server's processes recorded so far (pid -> identity)."""
     last_trial: Any = None
     """The trial just before, when nothing of truthput's ran since (for `traffic_between`)."""
+    rows: RowLedger = field(default_factory=RowLedger)
+    """The user's rows this start's server has been sent (a row source)."""
 
     @property
     def exp(self) -> Experiment:
@@ -92,14 +102,10 @@ def _flush_logs(ctx: StartContext) -> None:
         ctx.log_seq = ctx.sink.add_logs(ctx.start_id, ctx.log_seq, lines)
 
 
-def _workload(exp: Experiment, seed: int, tokenizer: Any = None) -> Any:
-    from truthput.load.workload import Workload, WorkloadSpec
+def _workload(exp: Experiment, seed: int, tokenizer: Any = None, rows_from: int = 0, backward: bool = False) -> Any:
+    from truthput.run.plan import workload_of
 
-    wl = exp.workload
-    spec = WorkloadSpec(input_tokens=wl.input_tokens, output_tokens=wl.output_tokens, ignore_eos=wl.ignore_eos,
-                        temperature=wl.temperature, top_p=wl.top_p, seed=wl.seed, prompt_source=wl.prompt_source,
-                        endpoint=wl.endpoint, extra_body=dict(wl.extra_body))
-    return Workload(spec, seed=seed, tokenizer=tokenizer)
+    return workload_of(exp, seed, tokenizer, rows_from, backward)
 
 
 def experiment_tokenizer(exp: Experiment) -> Any:
@@ -133,7 +139,8 @@ def _loop(ctx: StartContext, client: StreamClient, level: Level, workload: Any, 
 
 
 async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp: VariantPlan, start_index: int,
-                     level: Level, trial_index: int, tokenizer: Any, lead_s: float = 0.0) -> Any:
+                     level: Level, trial_index: int, tokenizer: Any, lead_s: float = 0.0,
+                     cache: str | None = None) -> Any:
     from truthput.measure.model import LoadLevel
     from truthput.run.trial import TrialSetup, commit, run_trial, traffic_between
 
@@ -141,7 +148,9 @@ async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp
     wl = exp.workload
     seed = (exp.experiment.seed * 1_000_003 + start_index * 10_007
             + _level_seed(level, ctx.plan.levels.index(level)) * 101 + trial_index)
-    workload = _workload(exp, seed, tokenizer)
+    workload = _workload(exp, seed, tokenizer, rows_from=ctx.rows.reach)
+    if wl.cache == "warm":
+        cache = await _prime(ctx, engine, workload)
     loop = _loop(ctx, client, level, workload, duration_s=wl.duration_s,
                  max_requests=wl.requests, seed=seed, lead_s=lead_s)
 
@@ -157,8 +166,10 @@ async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp
         engine=metric_family(ctx.plan.engine), speculative=vp.speculative, tokenizer=tokenizer,
         simulated=ctx.run.simulated, sample_gpu=not ctx.run.simulated, error_threshold=exp.measure.request_error_threshold,
         log_lines=logs, crashed=engine.crashed, server_pgids={engine.pid} if engine.pid else set(),
-        open_loop=is_rate(level), workload=workload)
+        open_loop=is_rate(level), workload=workload, rows=ctx.rows)
     trial = await run_trial(setup, lambda ws, we: loop.run(on_window_start=ws, on_window_end=we), in_flight)
+    trial.results.cache = cache
+    ctx.run.rows_reached[start_index] = max(ctx.run.rows_reached.get(start_index, 0), ctx.rows.reach)
     if is_rate(level):
         trial.results.load = LoadLevel(mode="open", level=float(level), unit="req/s", arrival=wl.arrival,
                                        max_in_flight_seen=trial.load.max_in_flight)
@@ -183,9 +194,32 @@ async def _warmup(ctx: StartContext, client: StreamClient, level: Level, tokeniz
     wl = ctx.exp.workload
     if wl.warmup_s <= 0:
         return
-    workload = _workload(ctx.exp, 999_999 + _level_seed(level, ctx.plan.levels.index(level)), tokenizer)
-    await _loop(ctx, client, level, workload, duration_s=wl.warmup_s, max_requests=None, seed=999_999,
-                drain=False).run()
+    # the user's rows from the end of the run's order, which no window reaches before the file runs out
+    workload = _workload(ctx.exp, 999_999 + _level_seed(level, ctx.plan.levels.index(level)), tokenizer,
+                         backward=True)
+    result = await _loop(ctx, client, level, workload, duration_s=wl.warmup_s, max_requests=None, seed=999_999,
+                         drain=False).run()
+    ctx.rows.record(workload, (r.idx for r in result.records))
+
+
+async def _reset(ctx: StartContext, engine: Engine) -> str:
+    """`cache = "reset"`: the server's prefix cache emptied before the window, and checked."""
+    from truthput.engines.cache import reset_cache
+
+    ctx.last_trial = None  # the check's probes are truthput's traffic between two trials
+    return await reset_cache(engine.base_url, metric_family(ctx.plan.engine), ctx.exp.workload.model,
+                             metric_names_for(ctx.exp, ctx.plan.engine).candidates("prefix_cache_hits"))
+
+
+async def _prime(ctx: StartContext, engine: Engine, workload: Any) -> str:
+    """`cache = "warm"`: the trial's shared text sent once before its window."""
+    from truthput.engines.cache import prime_cache
+
+    texts = workload.shared_texts()
+    if not texts:
+        return "cache = \"warm\": nothing to prime (this workload shares no text by design)"
+    ctx.last_trial = None
+    return await prime_cache(engine.base_url, texts, ctx.exp.workload.model)
 
 
 async def _engine_version(kind: str, launched: list[str]) -> str | None:
@@ -237,8 +271,14 @@ async def run_start(ctx: StartContext, vp: VariantPlan, start_index: int, done: 
     need_guard = exp.measure.output_guard and vp.name not in ctx.run.guard_texts
     if not todo and not need_guard:
         return
+    ctx.rows = RowLedger(reach=ctx.run.rows_from(start_index))
     seed = exp.experiment.seed * 7919 + start_index * 131 + vp.position
-    engine, launched = make_engine(exp, ctx.plan.engine, vp.argv, vp.env, seed, log_sink=_log_sink(ctx),
+    env = vp.env
+    if exp.workload.cache == "reset" and metric_family(ctx.plan.engine) == "vllm":
+        from truthput.engines.cache import DEV_MODE_ENV
+
+        env = {**DEV_MODE_ENV, **env}  # vLLM serves /reset_prefix_cache only in dev mode
+    engine, launched = make_engine(exp, ctx.plan.engine, vp.argv, env, seed, log_sink=_log_sink(ctx),
                                    run_id=ctx.run_id, variant=vp.name, start_index=start_index)
     ctx.start_id = start_id = store.begin_start(ctx.run_id, vp.name, start_index, launched, engine.port)
     if ctx.placement:
@@ -341,8 +381,9 @@ async def _trials(ctx: StartContext, engine: Engine, vp: VariantPlan, start_inde
                 await _warmup(ctx, client, c, tokenizer)
             for i, t in enumerate(trials):
                 ctx.emit(TrialStarting(vp.name, start_index, c, t, wl.duration_s))
+                cache = await _reset(ctx, engine) if wl.cache == "reset" else None
                 trial = await _run_trial(ctx, engine, client, vp, start_index, c, t, tokenizer,
-                                         lead_s=lead if i == 0 else 0.0)
+                                         lead_s=lead if i == 0 else 0.0, cache=cache)
                 _record_descendants(ctx, engine)
                 h = headline(trial.results)
                 ctx.emit(TrialDone(vp.name, start_index, c, t, h.number(), source_label(h.source),

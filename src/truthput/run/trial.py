@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from truthput.engines.base import StartOutcome
+from truthput.load.rows import RowLedger
 from truthput.load.schedule import LoadResult
 from truthput.measure.model import ClientCheck, Figure, SelfCheckFigures, TrialResults
 from truthput.measure.names import EngineMetricNames
@@ -62,6 +63,9 @@ class TrialSetup:
     """Requests arrive at a rate: a queue in the server is what is measured, not a load not reached."""
     workload: Any = None
     """The trial's `load.workload.Workload`: what each request asked for, to check the work done against."""
+    rows: RowLedger | None = None
+    """The rows of the user's file this server has been sent (a row source): the trial's are added,
+    and a row sent again is flagged (`workload_repeats`)."""
 
 
 @dataclass
@@ -201,6 +205,10 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
         spec = setup.workload.spec
         check_work(results, result.records, setup.workload.asked, spec.ignore_eos,
                    exact_prompts=setup.workload.tokenizer is not None, chat=spec.endpoint == "chat")
+    if setup.rows is not None and setup.workload is not None:
+        from truthput.measure.validity import check_rows
+
+        check_rows(results, setup.rows.record(setup.workload, (r.idx for r in result.records)))
     _telemetry(run, telemetry, setup, gpu)
     _interference(run, setup, host, telemetry)
     _failure_rule(run, setup)

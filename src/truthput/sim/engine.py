@@ -23,10 +23,12 @@ import asyncio
 import contextlib
 import random
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Callable, NamedTuple
 
 from truthput.sim.logs import StatsLogger
 from truthput.sim.metrics import SimMetrics
+from truthput.sim.prefixcache import PrefixCache
 from truthput.sim.speculation import DEFAULT_LOOKUP, NgramProposer, accepted_prefix
 from truthput.sim.textgen import TokenStream
 
@@ -75,10 +77,12 @@ class SimRequest:
 
     __slots__ = ("rid", "prompt_tokens", "max_new", "end_reason", "stream", "emitted", "computed",
                  "prefill_target", "blocks", "arrival", "first_token_time", "last_token_time",
-                 "finish_reason", "waiter", "prompt_counted", "admit_seq", "admit_time", "proposer", "draft")
+                 "finish_reason", "waiter", "prompt_counted", "admit_seq", "admit_time", "proposer", "draft",
+                 "prefix_ids", "block_hashes", "cached_blocks", "held", "cache_hit_tokens")
 
     def __init__(self, rid: str, prompt_tokens: int, max_new: int, end_reason: str,
-                 stream: TokenStream, arrival: float) -> None:
+                 stream: TokenStream, arrival: float,
+                 prefix_ids: Callable[[], Sequence[int]] | None = None) -> None:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
         self.max_new = max_new
@@ -98,6 +102,14 @@ class SimRequest:
         self.admit_time: float | None = None
         self.proposer: NgramProposer | None = None
         self.draft: list[int] = []
+        self.prefix_ids = prefix_ids
+        """The prompt's ids for the prefix cache's hashes (None: a prompt no other shares)."""
+        self.block_hashes: list[int] | None = None
+        self.cached_blocks = 0
+        """Prompt blocks the last admission found in the prefix cache."""
+        self.held: list[int] = []
+        """Hashes of the cached blocks this request holds."""
+        self.cache_hit_tokens = 0
 
     def _wake(self) -> None:
         w = self.waiter
@@ -126,7 +138,7 @@ class SimEngine:
     def __init__(self, limits: EngineLimits, pricer: StepPricer, metrics: SimMetrics,
                  stats_logger: StatsLogger | None, *, spec_k: int = 0, spec_method: str | None = None,
                  acceptance: list[float] | None = None, seed: int = 0, jitter: float = 0.0,
-                 lookup: tuple[int, int] = DEFAULT_LOOKUP) -> None:
+                 lookup: tuple[int, int] = DEFAULT_LOOKUP, cache: PrefixCache | None = None) -> None:
         self.limits = limits
         self.pricer = pricer
         self.metrics = metrics
@@ -141,6 +153,8 @@ class SimEngine:
         self.jitter = jitter
         self.total_blocks = max(0, limits.kv_capacity_tokens // limits.block_size)
         self.free_blocks = self.total_blocks
+        """Blocks no request holds, the prefix cache's unheld cached blocks among them."""
+        self.cache = cache or PrefixCache(limits.block_size, limits.block_size, enabled=False)
         self.running: list[SimRequest] = []
         self.waiting: list[SimRequest] = []
         self._wake = asyncio.Event()
@@ -194,8 +208,10 @@ class SimEngine:
 
     # ---------------------------------------------------------------- internals
     def _free(self, req: SimRequest) -> None:
-        self.free_blocks += req.blocks
+        # its own blocks come back; a cached block only when no other request holds it
+        self.free_blocks += req.blocks - len(req.held) + self.cache.release(req.held)
         req.blocks = 0
+        req.held = []
 
     def _grow(self, req: SimRequest, tokens: int) -> bool:
         """Make req hold blocks for `tokens` KV slots; False when blocks ran out."""
@@ -204,6 +220,7 @@ class SimEngine:
             return True
         if need > self.free_blocks:
             return False
+        self.cache.evict(need - (self.free_blocks - len(self.cache.free)))
         self.free_blocks -= need
         req.blocks += need
         return True
@@ -249,6 +266,47 @@ class SimEngine:
         while n < draft_len and rnd() < acc[n]:
             n += 1
         return n
+
+    def _take_cached(self, req: SimRequest) -> None:
+        """A request about to be admitted holds the cached blocks its prompt begins with and skips
+        their prefill."""
+        cache = self.cache
+        req.cached_blocks = 0
+        if not cache.enabled or req.prefix_ids is None:
+            return
+        if req.block_hashes is None:
+            req.block_hashes = cache.hashes(req.prefix_ids())
+        n = cache.cached(req.block_hashes, req.prompt_tokens)
+        if n:
+            self.free_blocks -= cache.take(req.block_hashes[:n])
+            req.held = list(req.block_hashes[:n])
+            req.blocks = n
+            req.computed = n * self.limits.block_size
+            req.cached_blocks = n
+
+    def _count_lookup(self, req: SimRequest) -> None:
+        """The prefix cache's counters, as vLLM counts at scheduling: the prompt looked up, its hits."""
+        if not self.cache.enabled:
+            return
+        hit = req.cached_blocks * self.limits.block_size
+        req.cache_hit_tokens = hit
+        self.metrics.prefix_cache_queries.inc(req.prefill_target)
+        if hit:
+            self.metrics.prefix_cache_hits.inc(hit)
+        if self.stats_logger is not None:
+            self.stats_logger.record_lookup(req.prefill_target, hit)
+
+    def _cache_prompt(self, req: SimRequest) -> None:
+        """A prompt's full blocks, computed, are cached for the requests after it."""
+        if self.cache.enabled and req.block_hashes:
+            most = req.prompt_tokens // self.limits.block_size
+            req.held += self.cache.add(req.block_hashes[len(req.held):most])
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's /reset_prefix_cache: False while requests run (it refuses, and says so)."""
+        if self.running or self.waiting:
+            return False
+        return self.cache.reset()
 
     def _schedule(self) -> tuple[list, list, StepShape]:
         """Pick this step's work: decodes (req, draft_len), prefills (req, chunk)."""
@@ -299,9 +357,14 @@ class SimEngine:
         # admit waiting requests
         while self.waiting and budget > 0 and len(self.running) < lim.max_num_seqs:
             req = self.waiting[0]
+            if req.computed == 0:
+                self._take_cached(req)
             chunk = min(req.prefill_target - req.computed, budget)
             if not self._grow(req, req.computed + chunk):
+                self._free(req)
+                req.computed = req.cached_blocks = 0
                 break
+            self._count_lookup(req)
             self.waiting.pop(0)
             self._admit_counter += 1
             req.admit_seq = self._admit_counter
@@ -367,9 +430,13 @@ class SimEngine:
             if not req.prompt_counted:
                 req.prompt_counted = True
                 prompt_tokens += req.prompt_tokens
+                hit = min(req.cache_hit_tokens, req.prompt_tokens)
                 m.request_prompt_tokens.observe(req.prompt_tokens)
-                m.prompt_by_source["local_compute"].inc(req.prompt_tokens)  # no prefix cache is simulated
-                m.prefill_kv_computed.observe(req.prompt_tokens)
+                m.prompt_by_source["local_compute"].inc(req.prompt_tokens - hit)
+                if hit:
+                    m.prompt_by_source["local_cache_hit"].inc(hit)
+                m.prefill_kv_computed.observe(req.prompt_tokens - hit)
+                self._cache_prompt(req)
             req.emitted += 1
             emitted_total += 1
             nodraft += 1
@@ -389,7 +456,6 @@ class SimEngine:
             m.generation_tokens.inc(emitted_total)
         if prompt_tokens:
             m.prompt_tokens.inc(prompt_tokens)
-            m.prefix_cache_queries.inc(prompt_tokens)
         if drafts:
             m.spec_drafts.inc(drafts)
             m.spec_draft_tokens.inc(draft_tokens)

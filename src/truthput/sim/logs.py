@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
@@ -77,6 +78,10 @@ class IntervalStats:
     accepted_per_pos: list[int] = field(default_factory=list)
 
 
+PREFIX_WINDOW_REQUESTS = 1000
+"""vLLM's log line gives the prefix-cache hit rate over its last this many requests."""
+
+
 class StatsLogger:
     """Accumulates per-step counts and prints vLLM's two lines every interval.
 
@@ -99,6 +104,18 @@ class StatsLogger:
         self.last_prompt_tps = 0.0
         self.last_gen_tps = 0.0
         self.history: list[tuple[float, float, int]] = []
+        self.lookups: deque[tuple[int, int]] = deque(maxlen=PREFIX_WINDOW_REQUESTS)
+        """(prompt tokens looked up, hit) of the last requests: the log line's rolling hit rate."""
+
+    def record_lookup(self, queries: int, hits: int) -> None:
+        self.lookups.append((queries, hits))
+
+    def prefix_hit_rate(self) -> float | None:
+        """The rolling hit rate vLLM's log line prints (None: prefix caching off)."""
+        if not self.prefix_caching:
+            return None
+        q = sum(a for a, _ in self.lookups)
+        return sum(b for _, b in self.lookups) / q if q else 0.0
 
     def record_step(self, prompt_tokens: int, generation_tokens: int, drafts: int = 0,
                     draft_tokens: int = 0, accepted: int = 0,
@@ -126,7 +143,7 @@ class StatsLogger:
         if any((prompt_tps, gen_tps, self.last_prompt_tps, self.last_gen_tps)):
             lines.append(vllm_prefix("INFO", _LOC_STATS)
                          + throughput_line(0, prompt_tps, gen_tps, running, waiting, kv_usage,
-                                           0.0 if self.prefix_caching else None))
+                                           self.prefix_hit_rate()))
             sp = self.spec
             if sp.drafts:
                 lines.append(vllm_prefix("INFO", _LOC_SPEC)

@@ -495,15 +495,22 @@ class SimServer:
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/load", self.load)
+        if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":  # vLLM serves its cache routes only in dev mode
+            app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         return app
 
     def make_engine(self, stats_logger: StatsLogger | None = None) -> SimEngine:
         """This server's engine (not started: the real-time loop or the virtual-time driver runs it)."""
         cfg = self.cfg
+        from truthput.sim.prefixcache import PrefixCache
+
+        # without the model's tokenizer words stand in for tokens (0.75 words a token, as the workload)
+        per_block = cfg.block_size if self.tokenizer is not None else max(1, round(cfg.block_size * 0.75))
         return SimEngine(self._limits, self.pricer, self.metrics, stats_logger,
                          spec_k=cfg.spec_k, spec_method=cfg.spec_method,
                          acceptance=cfg.sim_acceptance, seed=cfg.seed,
-                         jitter=cfg.noise / 3.0, lookup=lookup_window(cfg.speculative))
+                         jitter=cfg.noise / 3.0, lookup=lookup_window(cfg.speculative),
+                         cache=PrefixCache(cfg.block_size, per_block, enabled=cfg.enable_prefix_caching))
 
     def engine_start(self) -> None:
         """Start the engine loop on the running event loop (the HTTP front is separate)."""
@@ -615,6 +622,11 @@ class SimServer:
             return _body_error("list_type", "body.tokens", "Input should be a valid list of integers", repr(ids))
         text = self.tokenizer.decode(ids) if self.tokenizer is not None else " ".join("tok" for _ in ids)
         return web.json_response({"prompt": text})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's dev-mode route: `{"success": false}` (HTTP 200) while requests hold blocks."""
+        done = self.engine.reset_prefix_cache() if self.engine is not None else False
+        return web.json_response({"success": done})
 
     async def load(self, request: web.Request) -> web.Response:
         eng = self.engine
@@ -762,7 +774,8 @@ class SimServer:
                     if found is not None:
                         max_new, reason = found[0], "stop"
                         shape.stop, shape.cut = found[1], found[2]
-                req = SimRequest(uuid.uuid4().hex, p.tokens, max_new, reason, stream, loop.time())
+                req = SimRequest(uuid.uuid4().hex, p.tokens, max_new, reason, stream, loop.time(),
+                                 prefix_ids=functools.partial(self._ids_of, p))
                 self._shaping[req.rid] = shape
                 reqs.append(req)
         assert self.engine is not None

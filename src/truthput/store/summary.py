@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from truthput.analyze.summary import SummaryInputs
+from truthput.experiment.cache import cache_changes
 from truthput.experiment.file import MeasureSection
 from truthput.store.db import Store
 
@@ -43,8 +44,12 @@ def summary_inputs(store: Store, run_id: str, guard_texts: dict[str, list[str]] 
     baseline, measure = run_design(store, run_id)
     placements: dict[int, dict[str, Any]] = {int(s.id): s.info["placement"] for s in store.starts(run_id)
                                              if s.info.get("placement")}
+    variants = store.variants(run_id)
+    base = next((v for v in variants if v.name == baseline), None)
+    changes = {v.name: cache_changes(v.diff.get("diff") or {}, v.env, base.env if base else {}) for v in variants
+               if v.name != baseline}
     return SummaryInputs(
-        trials=store.trial_results(run_id), variants=[v.name for v in store.variants(run_id)],
+        trials=store.trial_results(run_id), variants=[v.name for v in variants], cache_changes=changes,
         failed=store.failed_variants(run_id), baseline=baseline, measure=measure, simulated=bool(run.simulated),
         guard_texts=stored_guard_texts(store, run_id) if guard_texts is None else guard_texts,
         placements=placements, record=run.summary_json, compares=not run.is_load,

@@ -5,7 +5,7 @@ to the driver, which commits them to the one results store and folds the outcome
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from truthput.experiment.file import Experiment
@@ -29,6 +29,7 @@ class StartJob:
     crashes: dict[str, int]
     simulated: bool
     placement: dict[str, Any] | None = None
+    rows_reached: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -39,6 +40,7 @@ class NodeOutcome:
     crash_added: bool
     guard_texts: dict[str, list[str]]
     simulated: bool
+    rows_reached: dict[int, int] = field(default_factory=dict)
 
 
 async def run_start_on_node(job: StartJob, send: Callable[[tuple[str, Any]], None]) -> NodeOutcome:
@@ -49,7 +51,7 @@ async def run_start_on_node(job: StartJob, send: Callable[[tuple[str, Any]], Non
 
     run = RunState(exp=job.exp, plan=job.plan, run_id=job.run_id, emit=lambda ev: send(("event", ev)),
                    guard_texts=dict(job.guard_texts), failed=dict(job.failed), crashes=dict(job.crashes),
-                   simulated=job.simulated)
+                   simulated=job.simulated, rows_reached=dict(job.rows_reached))
     ctx = StartContext(run, RecordingStore(lambda op: send(("op", op))), placement=job.placement)
     pinned = pin_client(job.exp.workload.client_cpus)
     try:
@@ -60,7 +62,7 @@ async def run_start_on_node(job: StartJob, send: Callable[[tuple[str, Any]], Non
     return NodeOutcome(failed={k: v for k, v in run.failed.items() if k not in job.failed},
                        crash_added=run.crashes.get(job.variant, 0) > job.crashes.get(job.variant, 0),
                        guard_texts={k: v for k, v in run.guard_texts.items() if k not in job.guard_texts},
-                       simulated=run.simulated)
+                       simulated=run.simulated, rows_reached=run.rows_reached)
 
 
 def apply_outcome(ctx: RunState, variant: str, out: NodeOutcome) -> None:
@@ -71,5 +73,7 @@ def apply_outcome(ctx: RunState, variant: str, out: NodeOutcome) -> None:
             ctx.failed[variant] = f"crash_under_load in {ctx.crashes[variant]} starts"
     ctx.failed.update(out.failed)
     ctx.guard_texts.update(out.guard_texts)
+    for start, reach in out.rows_reached.items():
+        ctx.rows_reached[start] = max(ctx.rows_reached.get(start, 0), reach)
     if out.simulated and not ctx.simulated:
         ctx.simulated = True

@@ -306,7 +306,7 @@ class RayExecutor:
         payload = StartJob(exp=ctx.exp, plan=ctx.plan, run_id=ctx.run_id, variant=job.variant,
                            start_index=job.start_index, done=done, guard_texts=dict(ctx.guard_texts),
                            failed=dict(ctx.failed), crashes=dict(ctx.crashes), simulated=ctx.simulated,
-                           placement=placement)
+                           placement=placement, rows_reached=dict(ctx.rows_reached))
 
         def take(msgs: list[tuple[str, Any]]) -> None:
             for kind, item in msgs:
