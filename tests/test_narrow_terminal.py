@@ -35,7 +35,7 @@ def test_no_figure_is_cut_at_80_or_100_columns(store, width):
     assert len(wide) >= 20
     narrow = _table(store, width)
     assert max(len(line) for line in narrow.splitlines()) <= width
-    words = narrow.split()
+    words = {w.rstrip(",;") for w in narrow.split()}  # a figure ends a list item: "2.75,"
     missing = [f for f in wide if f not in words]
     assert not missing, (missing, narrow)
 

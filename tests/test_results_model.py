@@ -73,8 +73,8 @@ def _comparable(doc: dict) -> dict:
             # and prompt tokens each, finish reasons) are newer than the recording
             return {k: strip(v) for k, v in x.items() if not (is_figure and k in ("window", "flags"))
                     and not (k == "slack" and "usage_arrived" in x)
-                    and not (k in ("completion_tokens_mean", "prompt_tokens_mean", "finish_reasons")
-                             and "failed_mid_stream" in x)}
+                    and not (k in ("completion_tokens_mean", "prompt_tokens_mean", "finish_reasons",
+                                   "completion_tokens_sd", "prompt_tokens_sd") and "failed_mid_stream" in x)}
         if isinstance(x, list):
             return [strip(v) for v in x]
         return x

@@ -48,6 +48,9 @@ def test_rows_go_on_through_one_seeded_order_and_a_warm_up_takes_them_from_its_e
     later = Workload(spec(path), seed=99, order_seed=7, rows_from=4)
     assert [later.row_of(i) for i in range(6)] == rows[4:]
     assert later.body(0)["prompt"] == first.body(4)["prompt"]
+    lanes = [Workload(spec(path), seed=s, order_seed=7, rows_from=2, lane=j, lanes=3) for s, j in ((4, 0), (5, 2))]
+    assert [lanes[0].row_of(i) for i in range(3)] == [rows[2], rows[5], rows[8]]  # lanes of one stretch ...
+    assert [lanes[1].row_of(i) for i in range(2)] == [rows[4], rows[7]]  # ... share no row
     warm = Workload(spec(path), seed=5, order_seed=7, backward=True)
     assert [warm.row_of(i) for i in range(3)] == rows[::-1][:3]
     assert Workload(spec(path), seed=1, order_seed=8).row_of(0) is not None
@@ -181,7 +184,7 @@ def test_a_second_load_on_one_server_sends_new_rows_and_a_third_that_must_resend
 
 
 # ---- `truthput run`: the arms of a round get the same rows, the next round new ones -------------
-def test_a_runs_rounds_go_on_through_the_rows_and_both_arms_of_a_round_start_at_the_same_row(tmp_path: Path) -> None:
+def test_a_runs_rounds_go_on_through_the_rows_and_both_arms_of_a_round_send_the_same_rows(tmp_path: Path) -> None:
     from simhelpers import run_experiment
     from truthput.experiment.file import parse_experiment
 
@@ -198,8 +201,8 @@ set = { "--max-num-seqs" = 2 }
                                         progress=lambda m: None))
     used = {(t.variant, t.start_index, t.trial_index): t.results.rows for t in store.trial_results(run_id)}
     assert len(used) == 8 and all(u is not None and u.repeats == 0 for u in used.values())
-    for arm in ("base", "fewer"):
-        assert (used[(arm, 0, 0)].first, used[(arm, 0, 1)].first) == (0, 6)  # each trial goes on after the last
+    for arm in ("base", "fewer"):  # each trial its own lane of the round's rows: places 0, 2, 4, ... and 1, 3, 5, ...
+        assert [(u.first, u.last) for u in (used[(arm, 0, 0)], used[(arm, 0, 1)])] == [(0, 10), (1, 11)]
     round_two = max(u.reach for (v, s, t), u in used.items() if s == 0)
     assert round_two == 12 and {used[(a, 1, 0)].first for a in ("base", "fewer")} == {round_two}
     hits = [t.results.server_samples.prefix_cache_hit_rate.value for t in store.trial_results(run_id)]

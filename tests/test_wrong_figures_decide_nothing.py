@@ -98,7 +98,7 @@ def test_a_variant_whose_requests_were_cut_short_is_flagged_unequal_work_and_not
                   simulated=False)
     cut = next(c for c in s.cells if c.variant == "shared")
     (flag,) = [f for f in cut.flags if f.code == "unequal_work"]
-    assert "got 12 completion tokens each against the baseline's 40" in flag.reason, flag.reason
+    assert "got 12 completion tokens each against quiet's 40" in flag.reason, flag.reason
     assert cut.wrong == ["unequal_work"]
     assert not s.verdict.comparisons() and not s.verdict.winners()
     assert any("shared c=4: not compared on tok/s: its requests did other work" in n for n in s.verdict.notes)
@@ -107,6 +107,12 @@ def test_a_variant_whose_requests_were_cut_short_is_flagged_unequal_work_and_not
     same += [Trial("shared", t.start_index, t.results) for t in same]
     s2 = summarize(same, ["quiet", "shared"], {}, "quiet", MeasureSection(starts=3, sequential=False), simulated=False)
     assert not any(f.code == "unequal_work" for c in s2.cells for f in c.flags)
+    # the arms swapped: the baseline is the one cut short, and it is still flagged, and nothing compared
+    s3 = summarize(trials, ["shared", "quiet"], {}, "shared", MeasureSection(starts=3, sequential=False),
+                   simulated=False)
+    cut = next(c for c in s3.cells if c.variant == "shared")
+    assert cut.wrong == ["unequal_work"] and not s3.verdict.comparisons()
+    assert not any(f.code == "unequal_work" for c in s3.cells if c.variant == "quiet" for f in c.flags)
 
 
 def test_writing_a_configuration_the_verdict_decided_slower_than_another_is_warned_both_ways():

@@ -6,10 +6,15 @@ Each vLLM start takes ~21-50 s on 2 cores, so the folder is marked slow.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,3 +83,42 @@ def vllm_env(tmp_path_factory) -> dict[str, str]:
 def truthput_argv() -> list[str]:
     """How to run the CLI: the venv's console script, else `python -m truthput`."""
     return [str(TRUTHPUT)] if TRUTHPUT.exists() else [sys.executable, "-m", "truthput"]
+
+
+@contextlib.contextmanager
+def vllm_process(model: Path, env: dict[str, str], log_dir: Path, *extra_argv: str) -> Iterator[str]:
+    """A real vLLM server (the tiny model, prefix caching on as vLLM's default) on the host's last
+    core, the clients on the others; its base URL once /health answers, stopped on exit."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    cores = sorted(os.sched_getaffinity(0))
+    argv = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", "tiny", "--max-model-len", "1024", "--dtype", "bfloat16", "--enforce-eager",
+            "--port", str(port), "--host", "127.0.0.1", *extra_argv]
+    if len(cores) >= 2:
+        argv = ["taskset", "-c", str(cores[-1]), *argv]
+    log = open(log_dir / "server.log", "wb")
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, f"vLLM exited {proc.returncode}: see {log.name}"
+            assert time.monotonic() < deadline, "vLLM did not answer /health within 240 s"
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait(10)
+        log.close()

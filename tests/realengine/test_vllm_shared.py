@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import threading
@@ -24,53 +23,18 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, VLLM_PY
+from .conftest import REPO, vllm_process
 from .test_vllm_real import counter, scrape
 
 OTHER_MAX_TOKENS = 8
 """The other client's requests: short, so that one finishing beside a window edge moves little."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model, vllm_env, tmp_path_factory):
     """One vLLM server on the host's last core for the module (the clients on the others)."""
-    port = _free_port()
-    cores = sorted(os.sched_getaffinity(0))
-    argv = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
-            "--served-model-name", "tiny", "--max-model-len", "1024", "--dtype", "bfloat16", "--enforce-eager",
-            "--port", str(port), "--host", "127.0.0.1"]
-    if len(cores) >= 2:
-        argv = ["taskset", "-c", str(cores[-1]), *argv]
-    log = open(tmp_path_factory.mktemp("vllm_log") / "server.log", "wb")
-    proc = subprocess.Popen(argv, env={**os.environ, **vllm_env}, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, f"vLLM exited {proc.returncode}: see {log.name}"
-            assert time.monotonic() < deadline, "vLLM did not answer /health within 240 s"
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
+    with vllm_process(tiny_model, vllm_env, tmp_path_factory.mktemp("vllm_log")) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait(10)
-        log.close()
 
 
 class OtherClient(threading.Thread):

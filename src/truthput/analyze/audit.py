@@ -54,6 +54,12 @@ class IntegrityRow:
     identity_unchecked: int = 0
     spec_checks_failed: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    prefix_cache_hit_rate: float | None = None
+    """The server's prefix-cache hit rate over the windows (its counters), mean over the cell's trials."""
+    cache: list[str] = field(default_factory=list)
+    """What was done to the cache before the windows (`[workload] cache`: reset and checked, primed)."""
+    flags: list[str] = field(default_factory=list)
+    """The flags on the cell's headline figures ("code: reason", once each), whatever check raised them."""
 
     def to_dict(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
@@ -131,8 +137,16 @@ def integrity_rows(trials: Sequence[TrialLike]) -> list[IntegrityRow]:
             spec_checks_failed=[c.message for c in checks if c.ok is False],
             # work other than asked is said once per cell (its warnings), not once per trial here
             warnings=sorted({w for r in results for w in r.warnings if w not in r.requests.work_notes}),
+            prefix_cache_hit_rate=_mean_hit_rate(results), cache=sorted({r.cache for r in results if r.cache}),
+            flags=list(dict.fromkeys(f"{f.code}: {f.reason}" for r in results for f in r.headline().flags)),
         ))
     return rows
+
+
+def _mean_hit_rate(results: Sequence[TrialResults]) -> float | None:
+    rates = [v for r in results if (f := r.server_samples.prefix_cache_hit_rate) is not None
+             and (v := f.number()) is not None]
+    return mean(rates) if rates else None
 
 
 @dataclass

@@ -241,6 +241,11 @@ class Cell:
         said = "median over trials of the window's cached / looked-up prompt tokens (the server's counters)"
         return median(known), said
 
+    def spec_acceptance(self) -> tuple[float | None, float | None]:
+        """(acceptance rate, mean acceptance length) of the cell's speculation: the means over its ok
+        trials of each window's counters (None where no trial speculated)."""
+        return spec_means([t.results for t in self.trials if t.status == "ok"])
+
     def median_over_trials(self, metric: str, q: str) -> float | None:
         """Median over the cell's ok trials of each trial's client-clock latency quantile."""
         vals = []
@@ -252,6 +257,22 @@ class Cell:
             if v is not None:
                 vals.append(v)
         return median(vals) if vals else None
+
+
+def spec_means(results: Iterable[TrialResults]) -> tuple[float | None, float | None]:
+    """The mean acceptance rate and mean acceptance length (1 + accepted / drafts) over trials'
+    spec-decode windows (the whole trial's where the window had none); None where none has it."""
+    rate: list[float] = []
+    length: list[float] = []
+    for r in results:
+        w = r.spec_decode.best_interval() if r.spec_decode is not None else None
+        if w is None:
+            continue
+        if w.acceptance_rate is not None and w.acceptance_rate.value is not None:
+            rate.append(float(w.acceptance_rate.value))
+        if w.mean_acceptance_length is not None and w.mean_acceptance_length.value is not None:
+            length.append(float(w.mean_acceptance_length.value))
+    return (sum(rate) / len(rate) if rate else None, sum(length) / len(length) if length else None)
 
 
 def _replicate(t: TrialLike) -> tuple[int, int]:
@@ -378,41 +399,71 @@ UNEQUAL_WORK = 0.05
 or another prompt length, than the baseline's at the same level did other work: not compared."""
 
 
-def _work(cell: Cell) -> tuple[float | None, float | None, Counter[str]]:
-    """(median completion tokens per request, median prompt tokens per request, finish reasons)
-    over the cell's ok trials (None where the trials' streams carried no usage)."""
-    ok = [t for t in cell.trials if t.status == "ok"]
-    reasons: Counter[str] = Counter()
-    for t in ok:
-        reasons.update(t.results.requests.finish_reasons)
-    return (_median(t.results.requests.completion_tokens_mean for t in ok),
-            _median(t.results.requests.prompt_tokens_mean for t in ok), reasons)
+@dataclass(frozen=True)
+class _Work:
+    """What a cell's ok requests did, per request: the medians over its trials of their mean
+    completion and prompt tokens (usage), the standard error of those means (the requests' own
+    spread: a workload of the user's rows asks each its own length), and how they ended."""
+
+    done: float | None
+    prompt: float | None
+    done_se: float
+    prompt_se: float
+    reasons: Counter[str]
+
+    @classmethod
+    def of(cls, c: Cell) -> _Work:
+        ok = [t for t in c.trials if t.status == "ok"]
+        reasons: Counter[str] = Counter()
+        for t in ok:
+            reasons.update(t.results.requests.finish_reasons)
+        n = sum(t.results.requests.ok for t in ok) or 1
+
+        def se(sds: Iterable[float | None]) -> float:
+            known = [x for x in sds if x is not None]
+            return math.sqrt(sum(x * x for x in known) / len(known) / n) if known else 0.0
+
+        reqs = [t.results.requests for t in ok]
+        return cls(_median(r.completion_tokens_mean for r in reqs), _median(r.prompt_tokens_mean for r in reqs),
+                   se(r.completion_tokens_sd for r in reqs), se(r.prompt_tokens_sd for r in reqs), reasons)
+
+
+def _differs(a: float, b: float, se: float) -> bool:
+    """Two means of work per request further apart than UNEQUAL_WORK of the reference and than three
+    standard errors of their difference (requests of the user's rows differ in length by design)."""
+    return abs(a - b) > max(UNEQUAL_WORK * b, 3 * se)
 
 
 def flag_unequal_work(cells: list[Cell], baseline: str) -> None:
-    """Flag `unequal_work` on a variant's cell whose requests did other work than the baseline's at
-    the same level (fewer completion tokens each: a context limit or a stop cut them; or another
-    prompt length): tok/s over other work is not the same quantity, so it is never compared."""
+    """Flag `unequal_work` on a cell of either arm whose requests did other work than the other
+    arm's at the same level (fewer completion tokens each: a context limit or a stop cut them; or
+    another prompt length): tok/s over other work is not the same quantity, so it is never compared.
+    The same test whichever arm is the baseline: the cell that did less is the one flagged."""
     base = {c.level: c for c in cells if c.variant == baseline and c.per_start}
     for cell in cells:
         ref = base.get(cell.level)
         if ref is None or cell is ref or not cell.per_start:
             continue
-        (done, prompt, reasons), (ref_done, ref_prompt, ref_reasons) = _work(cell), _work(ref)
-        said = []
-        if done is not None and ref_done and done < (1 - UNEQUAL_WORK) * ref_done:
-            said.append(f"its requests got {done:.0f} completion tokens each against the baseline's {ref_done:.0f}")
-        if prompt is not None and ref_prompt and abs(prompt - ref_prompt) > UNEQUAL_WORK * ref_prompt:
-            said.append(f"its prompts were {prompt:.0f} tokens as the server counted them against {ref_prompt:.0f}")
-        if not said:
-            continue
-        ends = ", ".join(f"{k} {n}" for k, n in reasons.most_common())
-        ref_ends = ", ".join(f"{k} {n}" for k, n in ref_reasons.most_common())
-        ok = sum(1 for t in cell.trials if t.status == "ok")
-        cell.flags.append(CellFlag("tok/s", "unequal_work",
-                                   "; ".join(said) + f" (finish_reason: {ends or 'unknown'}; baseline: "
-                                   f"{ref_ends or 'unknown'}): less or other work per request, so its tok/s is "
-                                   "not the same quantity as the baseline's and is not compared", ok, ok))
+        mine, theirs = _Work.of(cell), _Work.of(ref)
+        for less, more, a, b in ((cell, ref, mine, theirs), (ref, cell, theirs, mine)):
+            said = []
+            if a.done is not None and b.done and a.done < b.done and _differs(
+                    a.done, b.done, math.hypot(a.done_se, b.done_se)):
+                said.append(f"its requests got {a.done:.0f} completion tokens each against {more.variant}'s "
+                            f"{b.done:.0f}")
+            if less is cell and a.prompt is not None and b.prompt and _differs(
+                    a.prompt, b.prompt, math.hypot(a.prompt_se, b.prompt_se)):
+                said.append(f"its prompts were {a.prompt:.0f} tokens as the server counted them against "
+                            f"{more.variant}'s {b.prompt:.0f}")
+            if not said or any(f.code == "unequal_work" for f in less.flags):
+                continue
+            ends = ", ".join(f"{k} {n}" for k, n in a.reasons.most_common())
+            other_ends = ", ".join(f"{k} {n}" for k, n in b.reasons.most_common())
+            ok = sum(1 for t in less.trials if t.status == "ok")
+            less.flags.append(CellFlag("tok/s", "unequal_work",
+                                       "; ".join(said) + f" (finish_reason: {ends or 'unknown'}; {more.variant}: "
+                                       f"{other_ends or 'unknown'}): less or other work per request, so its tok/s "
+                                       f"is not the same quantity as {more.variant}'s and is not compared", ok, ok))
 
 
 def metric_groups(cells: Iterable[Cell], metric: str) -> tuple[dict[tuple[str, Level], list[list[float]]],

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, ValidationError
 
+from truthput.analyze.cells import spec_means
 from truthput.analyze.rows import DocModel, FlagRef, flag_refs
 from truthput.measure.model import Figure
 from truthput.load.records import RequestRecord
@@ -71,6 +72,10 @@ class LoadRow(DocModel):
     """The integrity check's message where it failed (the counter's delta against the client's tokens)."""
     prefix_cache: Figure | None = None
     """The server's prefix-cache hit rate over the window (cached / looked-up prompt tokens, its counters)."""
+    acceptance: Figure | None = None
+    """Speculation: accepted / drafted tokens over the window (its counters); None without speculation."""
+    acceptance_length: Figure | None = None
+    """Speculation: tokens a step emits, 1 + accepted / drafts over the window; None without speculation."""
 
     @property
     def said(self) -> TrialFlags:
@@ -171,6 +176,7 @@ def load_row(level: float, mode: str, results: TrialResults, records: Sequence[R
         headline_tps=tps, headline_source=h.source, simulated=res.simulated,
         flags=said.headline, per_stream_flags=said.per_stream, counter_set_aside=said.counter_set_aside,
         client_notes=list(res.client.notes), prefix_cache=res.server_samples.prefix_cache_hit_rate,
+        **_speculation(res),
         integrity=res.integrity.message if res.integrity.holds is False else None,
         status=status, error=error,
         requests=len(records), failed=sum(1 for r in records if r.status != "ok"),
@@ -193,3 +199,12 @@ def load_row(level: float, mode: str, results: TrialResults, records: Sequence[R
               "finish_reasons": dict(res.requests.finish_reasons)},
         warnings=said.warnings,
     )
+
+
+def _speculation(res: TrialResults) -> dict[str, Figure]:
+    """The window's acceptance figures where the trial speculated (absent otherwise)."""
+    rate, length = spec_means([res])
+    if rate is None and length is None:
+        return {}
+    return {"acceptance": Figure(value=rate, unit="ratio", source="server_counter", window="window"),
+            "acceptance_length": Figure(value=length, unit="tokens/step", source="server_counter", window="window")}

@@ -11,7 +11,7 @@ from statistics import mean
 
 from pydantic import Field
 
-from truthput.analyze.cells import TrialLike, group_trials
+from truthput.analyze.cells import TrialLike, group_trials, spec_means
 from truthput.analyze.rows import Figure, LevelRow, figure
 from truthput.experiment.levels import level_json
 
@@ -36,25 +36,18 @@ def spec_decode_rows(trials: Sequence[TrialLike], simulated: bool) -> list[SpecD
         if not blocks:
             continue
         pos: dict[int, list[float]] = {}
-        mal: list[float] = []
-        rate: list[float] = []
         for b in blocks:
             w = b.best_interval()
-            if w is None:
-                continue
-            for p in w.per_position_acceptance:
+            for p in w.per_position_acceptance if w is not None else []:
                 if p.value is not None:
                     pos.setdefault(int(p.extra("position", 0)), []).append(float(p.value))
-            if w.mean_acceptance_length is not None and w.mean_acceptance_length.value is not None:
-                mal.append(float(w.mean_acceptance_length.value))
-            if w.acceptance_rate is not None and w.acceptance_rate.value is not None:
-                rate.append(float(w.acceptance_rate.value))
+        rate, mal = spec_means(t.results for t in ts if t.status == "ok")
         out.append(SpecDecodeRow(
             variant=variant, **level_json(level), k=blocks[0].k, method=blocks[0].method, note=blocks[0].note,
             n_trials=len(blocks),
             per_position=[figure(mean(v), "ratio", "server_counter", simulated, position=p, n_trials=len(v))
                           for p, v in sorted(pos.items())],
-            mean_acceptance_length=figure(mean(mal) if mal else None, "tokens/step", "server_counter", simulated,
+            mean_acceptance_length=figure(mal, "tokens/step", "server_counter", simulated,
                                           note="1 + accepted / drafts over the window, mean over trials"),
-            acceptance_rate=figure(mean(rate) if rate else None, "ratio", "server_counter", simulated)))
+            acceptance_rate=figure(rate, "ratio", "server_counter", simulated)))
     return out

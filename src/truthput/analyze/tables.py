@@ -58,6 +58,11 @@ class CellRow(LevelRow):
     prefix_cache_hit_rate: Figure | None = None
     """The server's prefix-cache hit rate over the window (its counters: cached / looked-up prompt
     tokens), median over the cell's trials; null with why where the engine exposes none."""
+    acceptance_rate: Figure | None = None
+    """Speculation: the share of drafted tokens the model accepted (server counters), mean over the
+    cell's trials; null where the cell did not speculate."""
+    mean_acceptance_length: Figure | None = None
+    """Speculation: tokens a step emits, 1 + accepted / drafts (server counters), mean over trials."""
 
     @property
     def ok(self) -> bool:
@@ -124,6 +129,11 @@ def cell_rows(summary: RunSummary, simulated: bool) -> list[CellRow]:
             hit, why = cell.prefix_cache_hit_rate()
             row.prefix_cache_hit_rate = figure(hit, "fraction", "server_counter", simulated,
                                                note=why)
+            rate, length = cell.spec_acceptance()
+            row.acceptance_rate = figure(rate, "ratio", "server_counter", simulated,
+                                         note="accepted / drafted tokens over the window, mean over trials")
+            row.mean_acceptance_length = figure(length, "tokens/step", "server_counter", simulated,
+                                                note="1 + accepted / drafts over the window, mean over trials")
             row.ttft_p50 = figure(cell.ttft_p50, "s", "client_clock", simulated)
             row.itl_p50 = figure(cell.itl_p50, "s", "client_clock", simulated)
             for name in ("ttft", "itl", "tpot", "e2e"):

@@ -45,6 +45,9 @@ def register(app: typer.Typer) -> None:
             head = f"{c.variant} {level_label(c.level)}: counter == usage identity held in {c.identity_held}/{c.trials} trial(s)"
             if c.identity_unchecked:
                 head += f", {c.identity_unchecked} unchecked (no counter)"
+            if c.prefix_cache_hit_rate is not None:
+                head += f"; prefix-cache hits {c.prefix_cache_hit_rate:.0%} [server counter]"
+            head += "".join(f"; {said}" for said in c.cache)
             console.print(head, markup=False)
-            for line in c.identity_failed + c.spec_checks_failed + c.warnings:
+            for line in c.identity_failed + c.spec_checks_failed + c.flags + c.warnings:
                 console.print(f"  ! {line}", markup=False)

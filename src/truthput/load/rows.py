@@ -28,8 +28,10 @@ class RowUse(BaseModel):
     """Rows the file has."""
     first: int
     """The trial's first place in the run's seeded order of rows (0 = the order's first row)."""
+    last: int = -1
+    """Its last place (its lane's places are `lanes` apart); -1: none sent."""
     sent: int
-    """Requests the trial sent, from `first` on (its lead-in included)."""
+    """Requests the trial sent (its lead-in included)."""
     repeats: int = 0
     """Of those, rows this server had already been sent (a warm-up, an earlier trial or load)."""
     server: float | None = None
@@ -38,13 +40,13 @@ class RowUse(BaseModel):
 
     @property
     def reach(self) -> int:
-        """The next unused place in the order after this trial."""
-        return self.first + self.sent
+        """The first place in the order after this trial's last."""
+        return max(self.last, self.first + self.sent - 1) + 1
 
     def said(self) -> str:
         return (f"{self.repeats} of the {self.sent} requests re-sent a row of {self.source} this server had "
-                f"already been sent (the file has {self.rows} rows; the run needed rows {self.first + 1}.."
-                f"{self.first + self.sent} of its order): its prefix cache may serve them, which the user's "
+                f"already been sent (the file has {self.rows} rows; the run needed places {self.first + 1}.."
+                f"{self.reach} of its order): its prefix cache may serve them, which the user's "
                 "traffic, where each prompt arrives once, would not see")
 
 
@@ -74,8 +76,8 @@ class RowLedger:
                 repeats += 1
             elif row is not None:
                 self.sent.add(row)
-        first = workload.position(idx[0]) or 0
+        first, last = workload.position(idx[0]) or 0, workload.position(idx[-1]) or 0
         if not workload.backward:
-            self.reach = max(self.reach, workload.rows_from + idx[-1] + 1)
-        return RowUse(source=workload.spec.prompt_source, rows=workload.n_rows, first=first, sent=len(idx),
-                      repeats=repeats)
+            self.reach = max(self.reach, last + 1)
+        return RowUse(source=workload.spec.prompt_source, rows=workload.n_rows, first=first, last=last,
+                      sent=len(idx), repeats=repeats)

@@ -180,18 +180,19 @@ seeded order per run (`Workload.row_of`), unless the run needs more rows than th
 
 
 class Workload:
-    """Deterministic request bodies: `body(i)` is the same for the same (spec, seed, i, rows_from).
+    """Deterministic request bodies: `body(i)` is the same for the same (spec, seed, i, rows).
 
-    A row source (`ROW_SOURCES`) is read as the user's traffic arrives: request i sends the row at
-    position `rows_from + i` of one seeded order of the file's rows (`order_seed`, one per run; None:
-    the file's own order), so
-    a run's trials, levels and starts go on through the file instead of starting again at row 0;
-    a warm-up (`backward`) takes rows from the order's end, which no window reaches before the
-    file is used up. Position >= the file's rows wraps: the row is sent again (`truthput.load.rows`
-    counts it)."""
+    A row source (`ROW_SOURCES`) is read as the user's traffic arrives: one seeded order of the
+    file's rows per run (`order_seed`; None: the file's own order), request i sending the row at
+    place `rows_from + lane + lanes * i` of it. A run's round of starts begins after the places
+    earlier rounds used (`rows_from`), and each of a start's trials has its own lane of that
+    stretch, so every arm's trial j sends the same rows in the same order whatever its speed, and
+    no two trials of one server share a row. A warm-up (`backward`) takes rows from the order's
+    end, which no window reaches before the file is used up. A place past the file's rows wraps:
+    the row is sent again (`truthput.load.rows` counts it)."""
 
     def __init__(self, spec: WorkloadSpec, seed: int, tokenizer: Any = None, *, order_seed: int | None = None,
-                 rows_from: int = 0, backward: bool = False) -> None:
+                 rows_from: int = 0, lane: int = 0, lanes: int = 1, backward: bool = False) -> None:
         if spec.endpoint not in ("completions", "chat"):
             raise InputError(f"workload endpoint {spec.endpoint!r}: expected 'completions' or 'chat'")
         self.spec = spec
@@ -202,7 +203,9 @@ class Workload:
         self._rows: list[dict[str, Any]] | None = None
         self._pairs: list[tuple[str, str]] | None = None
         self.kind = _source_kind(spec.prompt_source)
-        self.rows_from, self.backward = rows_from, backward
+        if not 0 <= lane < lanes:
+            raise ValueError(f"lane {lane} of {lanes}")
+        self.rows_from, self.lane, self.lanes, self.backward = rows_from, lane, lanes, backward
         if self.kind == "jsonl":
             self._rows = _load_jsonl(Path(spec.prompt_source))
         elif self.kind == "sharegpt":
@@ -230,11 +233,21 @@ class Workload:
                 tokenizer.encode("the", add_special_tokens=False).ids
             )
 
+    @classmethod
+    def of_experiment(cls, exp: Any, seed: int, tokenizer: Any = None, **rows: Any) -> Workload:
+        """The workload of an experiment's `[workload]` (`experiment.file.Experiment`), the run's
+        order of rows seeded by its `[experiment] seed`."""
+        wl = exp.workload
+        spec = WorkloadSpec(input_tokens=wl.input_tokens, output_tokens=wl.output_tokens, ignore_eos=wl.ignore_eos,
+                            temperature=wl.temperature, top_p=wl.top_p, seed=wl.seed, prompt_source=wl.prompt_source,
+                            endpoint=wl.endpoint, extra_body=dict(wl.extra_body))
+        return cls(spec, seed=seed, tokenizer=tokenizer, order_seed=exp.experiment.seed, **rows)
+
     def position(self, i: int) -> int | None:
         """Request i's place in the run's order of rows (None: not a row source); >= n_rows: sent again."""
         if not self.n_rows:
             return None
-        return self.n_rows - 1 - i if self.backward else self.rows_from + i
+        return self.n_rows - 1 - i if self.backward else self.rows_from + self.lane + self.lanes * i
 
     def row_of(self, i: int) -> int | None:
         """The file row (0-based) request i sends (None: not a row source)."""

@@ -128,6 +128,11 @@ class Requests(Section):
     """Mean usage.completion_tokens of the ok requests (the work each did; None without usage)."""
     prompt_tokens_mean: float | None = None
     """Mean usage.prompt_tokens of the ok requests: the prompt as the server counted it."""
+    completion_tokens_sd: float | None = None
+    """The spread (standard deviation) of the ok requests' usage.completion_tokens: a workload of
+    the user's rows asks each for its own length."""
+    prompt_tokens_sd: float | None = None
+    """The spread of the ok requests' usage.prompt_tokens."""
     prompt_tokens_asked_mean: float | None = None
     """Mean prompt length the ok requests were built to (None where the workload does not set one)."""
     completion_tokens_asked_mean: float | None = None

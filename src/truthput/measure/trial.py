@@ -264,6 +264,8 @@ def _requests(records: Sequence[RequestRecord], continuous: int) -> Requests:
     return Requests(
         completion_tokens_mean=sum(done) / len(done) if done else None,
         prompt_tokens_mean=sum(prompts) / len(prompts) if prompts else None,
+        completion_tokens_sd=float(np.std(done)) if done else None,
+        prompt_tokens_sd=float(np.std(prompts)) if prompts else None,
         finish_reasons=dict(Counter(r.finish_reason or "unknown" for r in ok)),
         total=len(records),
         ok=len(ok),

@@ -29,6 +29,8 @@ class FigureColumn:
     (where the server gave it), "none" (the reports have it)."""
     brief: str | None = None
     """The terminal's header where its column shows the first figure alone."""
+    second: tuple[float, str] | None = None
+    """(scale, format) of the figures after the first, where they differ from its."""
 
     def for_terminal(self) -> FigureColumn:
         """The column as the terminal's table shows it (its first figure alone, where it is brief)."""
@@ -37,10 +39,16 @@ class FigureColumn:
     def figures(self, row: CellRow) -> list[Figure | None]:
         return [getattr(row, k) for k in self.keys]
 
+    def scale_of(self, i: int) -> float:
+        return self.second[0] if i and self.second else self.scale
+
+    def fmt_of(self, i: int) -> str:
+        return self.second[1] if i and self.second else self.fmt
+
     def text(self, row: CellRow, missing: str = "-") -> str:
         """The figures as text: "35.2 / 80.1", `missing` for each one the row lacks."""
-        return " / ".join(missing if f is None or f.value is None else self.fmt.format(f.value * self.scale)
-                          for f in self.figures(row))
+        return " / ".join(missing if f is None or f.value is None else self.fmt_of(i).format(f.value * self.scale_of(i))
+                          for i, f in enumerate(self.figures(row)))
 
     def shown(self, row: CellRow) -> bool:
         """Whether the row has any of the column's figures."""
@@ -49,10 +57,9 @@ class FigureColumn:
     def flags(self, row: CellRow) -> list[FlagRef]:
         return [flag for f in self.figures(row) if f is not None for flag in f.flags or []]
 
-    @property
-    def percent_fmt(self) -> str:
-        """The format as jinja's `format` filter takes it ("%.1f")."""
-        return self.fmt.replace("{:", "%").replace("}", "")
+    def percent_fmt(self, i: int = 0) -> str:
+        """The i-th figure's format as jinja's `format` filter takes it ("%.1f")."""
+        return self.fmt_of(i).replace("{:", "%").replace("}", "")
 
 
 CELL_FIGURES = (
@@ -61,4 +68,6 @@ CELL_FIGURES = (
     FigureColumn("ITL p50 / p99 ms", "client clock", ("itl_p50", "itl_p99"), 1000.0, terminal="none"),
     FigureColumn("tokens per request", "usage", ("completion_tokens",)),
     FigureColumn("prefix-cache hits %", "server counter", ("prefix_cache_hit_rate",), 100.0, "{:.0f}", terminal="line"),
+    FigureColumn("drafts accepted % / tokens a step", "server counter", ("acceptance_rate", "mean_acceptance_length"),
+                 100.0, "{:.0f}", terminal="line", second=(1.0, "{:.2f}")),
 )

@@ -145,6 +145,7 @@ def _experiment_block(store: Store, run_id: str, run: RunRow, exp: Any, exp_erro
         variants=variants,
         hardware=hardware, model=model,
         workload=clean(exp.workload.model_dump() if exp else raw.get("workload")),
+        workload_shares=workload_shares(exp),
         measure=clean(exp.measure.model_dump() if exp else raw.get("measure")),
         slo=slo)
 
@@ -343,3 +344,16 @@ def roofline_lines(roof: RooflineDoc) -> list[str]:
                    f"{r.measured_step_ms.value or 0.0:.1f} ms/step; {r.reading}")
     out += [f"  note: {n}" for n in roof.notes]
     return out
+
+
+def workload_shares(exp: Any) -> str | None:
+    """What the experiment's workload shares by design (None: no experiment, or a file that is gone)."""
+    if exp is None:
+        return None
+    from truthput.errors import InputError
+    from truthput.load.workload import Workload
+
+    try:
+        return Workload.of_experiment(exp, 0).sharing()
+    except InputError:
+        return None

@@ -84,6 +84,8 @@ class ExperimentInfo(DocModel):
     hardware: HardwareSection | None = None
     model: ModelSection | None = None
     workload: dict[str, Any] | None = None
+    workload_shares: str | None = None
+    """What the workload's prompts share by design (said beside the server's prefix-cache hits)."""
     measure: dict[str, Any] | None = None
     slo: Slo | None = None
 

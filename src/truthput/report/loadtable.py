@@ -98,6 +98,10 @@ def print_summary(summary: LoadSummary, store: str | None = None, con: Any = Non
         if row.prefix_cache is not None and row.prefix_cache.value is not None:
             con.print(Text(f"{where}: prefix cache [server counter]: {100 * row.prefix_cache.value:.0f}% of the "
                            f"prompt tokens looked up were cached ({row.prefix_cache.note})", style="dim"))
+        if row.acceptance is not None and row.acceptance.value is not None:
+            length = row.acceptance_length.value if row.acceptance_length is not None else None
+            con.print(Text(f"{where}: speculation [server counter]: {100 * row.acceptance.value:.0f}% of the drafted "
+                           f"tokens accepted, {_f(length, '{:.2f}')} tokens a step", style="dim"))
     if summary.sweep is not None:
         sw = summary.sweep
         if sw.saturation_level is None:

@@ -132,7 +132,9 @@ def _cells(doc: ReportDocument, tag: str) -> list[str]:
         *((f"{col.header} [{col.source}{tag}]", figures(col)) for col in CELL_FIGURES)]
     return ["", f"### Throughput (output tok/s: {doc.headline.label}{tag})", "",
             *_table([h for h, _r in columns], [[render(c) for _h, render in columns] for c in doc.cells]),
-            "", f"\\* baseline. tok/s = {md_text(doc.headline.definition)}; the interval is over server starts."]
+            "", f"\\* baseline. tok/s = {md_text(doc.headline.definition)}; the interval is over server starts."
+            + (f" Prefix-cache hits beside what the workload shares by design: "
+               f"{md_text(doc.experiment.workload_shares)}." if doc.experiment.workload_shares else "")]
 
 
 def _levels(doc: ReportDocument, tag: str) -> list[str]:

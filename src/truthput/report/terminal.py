@@ -116,8 +116,10 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     con.print(fit_numbers(t, [[render(c) for _h, render in columns] for c in rows], con.width))
     for col in CELL_FIGURES:  # a line under the table where it has no room for the column
         said = [f"{c.variant} {level_label(c.key)} {col.text(c)}" for c in rows if col.shown(c)]
-        if col.terminal == "line" and said and not sim:
-            con.print(Text(f"{col.header} [{col.source}]: " + ", ".join(said), style="dim"))
+        if col.terminal == "line" and said:
+            shares = _workload_shares(store, run_id) if "prefix_cache_hit_rate" in col.keys else None
+            con.print(Text(f"{col.header} [{col.source}{tag}]: " + ", ".join(said)
+                           + (f" (the workload shares by design: {shares})" if shares else ""), style="dim"))
     for line in summary.flag_lines():
         con.print(Text("! flagged", style="bold red") + Text(f" {line}"))
     noisy = [(c.variant, c.label, w) for c in summary.cells for w in c.noise]
@@ -212,6 +214,11 @@ def print_audit_matrix(audit: Audit, console: Any = None) -> None:
                                                                    Text(f": {failed[0]}") if failed else Text("")))
     if spec_failed:
         con.print(Text("spec-decode checks failed", style="red") + Text(f": {spec_failed[0]}"))
+    hits = [f"{r.variant} {level_label(r.level)} {r.prefix_cache_hit_rate:.0%}" for r in integ
+            if r.prefix_cache_hit_rate is not None]
+    if hits:
+        con.print(Text(f"prefix-cache hits [server counter{', simulated' if sim else ''}]: " + ", ".join(hits)
+                       + "".join(f"; {c}" for c in sorted({c for r in integ for c in r.cache}))))
     warnings = sorted({w for r in integ for w in r.warnings})
     for w in warnings[:5]:
         con.print(Text("warning", style="yellow") + Text(f": {w}"))
@@ -241,3 +248,10 @@ def render_audit(rows: Sequence[AuditEntry], title: str, simulated: bool = False
             cause.append(" !" + ",".join(r.flags), style="bold red")
         table.add_row(Text(r.variant), level_cell(r.key), Text(r.method), tok, err, cause, str(r.n_trials))
     return table
+
+
+def _workload_shares(store: Store, run_id: str) -> str | None:
+    """What the run's workload shares by design, from its stored experiment."""
+    from truthput.report.data import workload_shares
+
+    return workload_shares(store.experiment(run_id)[0])

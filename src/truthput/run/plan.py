@@ -132,17 +132,12 @@ def max_num_seqs_warnings(exp: Experiment, plan: Plan) -> list[str]:
     return out
 
 
-def workload_of(exp: Experiment, seed: int, tokenizer: Any = None, rows_from: int = 0, backward: bool = False) -> Any:
-    """The `load.workload.Workload` of one trial (or warm-up) of the experiment: its seed, and where
-    it begins in the run's order of the user's rows."""
-    from truthput.load.workload import Workload, WorkloadSpec
+def workload_of(exp: Experiment, seed: int, tokenizer: Any = None, **rows: Any) -> Any:
+    """The `load.workload.Workload` of one trial (or warm-up) of the experiment: its seed, and which
+    of the run's order of the user's rows it sends (`rows`: rows_from, lane, lanes, backward)."""
+    from truthput.load.workload import Workload
 
-    wl = exp.workload
-    spec = WorkloadSpec(input_tokens=wl.input_tokens, output_tokens=wl.output_tokens, ignore_eos=wl.ignore_eos,
-                        temperature=wl.temperature, top_p=wl.top_p, seed=wl.seed, prompt_source=wl.prompt_source,
-                        endpoint=wl.endpoint, extra_body=dict(wl.extra_body))
-    return Workload(spec, seed=seed, tokenizer=tokenizer, order_seed=exp.experiment.seed, rows_from=rows_from,
-                    backward=backward)
+    return Workload.of_experiment(exp, seed, tokenizer, **rows)
 
 
 ROW_SECONDS_WARN = 1.0

@@ -102,10 +102,10 @@ def _flush_logs(ctx: StartContext) -> None:
         ctx.log_seq = ctx.sink.add_logs(ctx.start_id, ctx.log_seq, lines)
 
 
-def _workload(exp: Experiment, seed: int, tokenizer: Any = None, rows_from: int = 0, backward: bool = False) -> Any:
+def _workload(exp: Experiment, seed: int, tokenizer: Any = None, **rows: Any) -> Any:
     from truthput.run.plan import workload_of
 
-    return workload_of(exp, seed, tokenizer, rows_from, backward)
+    return workload_of(exp, seed, tokenizer, **rows)
 
 
 def experiment_tokenizer(exp: Experiment) -> Any:
@@ -148,7 +148,11 @@ async def _run_trial(ctx: StartContext, engine: Engine, client: StreamClient, vp
     wl = exp.workload
     seed = (exp.experiment.seed * 1_000_003 + start_index * 10_007
             + _level_seed(level, ctx.plan.levels.index(level)) * 101 + trial_index)
-    workload = _workload(exp, seed, tokenizer, rows_from=ctx.rows.reach)
+    # the user's rows: this round's stretch of the run's order, this trial's own lane of it
+    plan = ctx.plan
+    workload = _workload(exp, seed, tokenizer, rows_from=ctx.run.rows_from(start_index),
+                         lane=plan.levels.index(level) * plan.repeats + trial_index,
+                         lanes=len(plan.levels) * plan.repeats)
     if wl.cache == "warm":
         cache = await _prime(ctx, engine, workload)
     loop = _loop(ctx, client, level, workload, duration_s=wl.duration_s,
