@@ -83,6 +83,7 @@ name = "t2"
 
 [workload]
 concurrency = [2]
+{workload}
 """
 
 LLAMA_CASES = {
@@ -93,7 +94,10 @@ LLAMA_CASES = {
     "llama.cpp a value its --help does not list": ("", 'set = { "--spec-type" = "ngram-simpel" }',
                                                    "--spec-type ngram-simpel: llama-server b11434 takes one of none,"),
     "llama.cpp a baseline value its --help does not list": (', "-fa", "yes"', "", "[server].command: -fa yes"),
+    "llama.cpp cache reset without --slot-save-path": ("", 'set = { "-t" = 2 }',
+                                                        'cache = "reset" needs --slot-save-path DIR'),
 }
+LLAMA_WORKLOAD = {"llama.cpp cache reset without --slot-save-path": 'cache = "reset"'}
 
 
 @pytest.mark.parametrize("case", list(LLAMA_CASES))
@@ -106,7 +110,7 @@ def test_plan_and_run_refuse_llama_cpp_flags_the_server_would_refuse(case, tmp_p
     server.chmod(0o755)
     extra, variant, expected = LLAMA_CASES[case]
     exp = tmp_path / "e.toml"
-    exp.write_text(LLAMA.format(server=server, extra=extra, variant=variant))
+    exp.write_text(LLAMA.format(server=server, extra=extra, variant=variant, workload=LLAMA_WORKLOAD.get(case, "")))
     said = {}
     for command in ("plan", "run"):
         out = subprocess.run([sys.executable, "-m", "truthput", command, str(exp),

@@ -416,3 +416,18 @@ def test_plan_says_when_the_file_is_too_short_for_each_row_to_reach_a_server_onc
     (line,) = said("duration_s = 30")  # 4 streams x 30 s x 2 trials: the file lasts while a request takes >= 10 s
     assert "at least 10.0 s" in line
     assert said("duration_s = 3") == []
+
+
+def test_a_variant_with_a_kv_cache_too_small_for_the_shared_prefixes_names_it_as_part_of_the_effect(
+        tmp_path: Path) -> None:
+    """16 shared prefixes of 256 tokens (4,096 tokens to keep) against a KV cache of 80 blocks of 16
+    (1,280 tokens): the small cache evicts each prefix before it comes round again."""
+    text = _ab_text("""
+[[variant]]
+name = "small"
+set = { "--num-gpu-blocks-override" = 80 }
+""").replace('"8192"', '"1024"').replace("requests = 16\n", "requests = 48\nprefixes = 16\n")
+    inputs = _inputs(tmp_path, text)
+    rate, said, _ = _cache_cautions(inputs)
+    assert rate["base"] > 0.4 and rate["small"] < 0.1, rate  # each prefix comes round 3 times: the first misses
+    assert "part of the effect" in said["small"] and "--num-gpu-blocks-override" in said["small"]

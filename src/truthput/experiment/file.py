@@ -232,6 +232,14 @@ class WorkloadSection(_Strict):
     """completions or chat."""
     prompt_source: str = "synthetic"
     """synthetic, jsonl:PATH, sharegpt[:PATH], shared-prefix, multi-turn or tool-call."""
+    prefixes: int = Field(4, ge=1)
+    """shared-prefix: how many shared prefixes (request i uses prefix i % prefixes)."""
+    suffixes: int = Field(16, ge=1)
+    """shared-prefix: suffixes per prefix."""
+    prefix_tokens: int = Field(256, ge=1)
+    """shared-prefix: tokens of each shared prefix."""
+    turns: int = Field(3, ge=1)
+    """multi-turn: user turns per conversation."""
     cache: Literal["as-is", "warm", "reset"] = "as-is"
     """The prefix cache at each window: as-is (each start a fresh server: cold, then what the workload
     shares), warm (the workload's shared text sent before every window) or reset (emptied before every

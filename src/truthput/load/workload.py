@@ -240,7 +240,8 @@ class Workload:
         wl = exp.workload
         spec = WorkloadSpec(input_tokens=wl.input_tokens, output_tokens=wl.output_tokens, ignore_eos=wl.ignore_eos,
                             temperature=wl.temperature, top_p=wl.top_p, seed=wl.seed, prompt_source=wl.prompt_source,
-                            endpoint=wl.endpoint, extra_body=dict(wl.extra_body))
+                            endpoint=wl.endpoint, extra_body=dict(wl.extra_body), prefixes=wl.prefixes,
+                            suffixes=wl.suffixes, prefix_tokens=wl.prefix_tokens, turns=wl.turns)
         return cls(spec, seed=seed, tokenizer=tokenizer, order_seed=exp.experiment.seed, **rows)
 
     def position(self, i: int) -> int | None:
@@ -334,7 +335,7 @@ class Workload:
     def sharing(self) -> str:
         """What the workload shares by design, in words (said beside the server's hit rate)."""
         spec = self.spec
-        return {
+        return f"{spec.prompt_source}: " + {
             "shared-prefix": f"{spec.prefixes} prefixes of {spec.prefix_tokens} tokens, each shared by every "
                              f"{spec.prefixes}th request",
             "multi-turn": f"conversations of {spec.turns} turns: each turn carries the earlier turns as history",

@@ -334,6 +334,9 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
         if checks_vllm and vocab is not None:
             check_speculative_keys(f"[[variant]] {v.name!r}", spec, vocab)
         _check_variant_argv(exp, v.name, argv)
+        if llama and exp.workload.cache == "reset" and not argv.has("--slot-save-path"):
+            raise InputError(f"[[variant]] {v.name!r}: [workload] cache = \"reset\" needs --slot-save-path DIR in "
+                             "its llama-server command (llama-server erases its slots only then)")
         diff = argv_diff(base, argv)
         variants.append(VariantPlan(
             name=v.name, position=pos, is_baseline=(v.name == exp.experiment.baseline), argv=argv,

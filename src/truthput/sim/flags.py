@@ -32,8 +32,7 @@ _SPEC_INT_KEYS = {"num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_
                   "draft_tensor_parallel_size", "max_model_len"}
 #: Flags the parser knows but whose effect the simulator does not model; listed at start-up.
 NOT_MODELLED = frozenset({
-    "--data-parallel-size", "-dp", "--dtype", "--quantization", "-q", "--enable-prefix-caching",
-    "--no-enable-prefix-caching", "--enforce-eager", "--no-enforce-eager", "--swap-space",
+    "--data-parallel-size", "-dp", "--dtype", "--quantization", "-q", "--enforce-eager", "--no-enforce-eager", "--swap-space",
     "--cpu-offload-gb", "--reasoning-parser",
     "--chat-template", "--default-chat-template-kwargs", "--trust-remote-code",
     "--revision", "--download-dir", "--load-format", "--uvicorn-log-level", "--api-key",
@@ -75,6 +74,7 @@ class SimServeConfig:
     tokenizer: str | None = None
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    num_gpu_blocks_override: int | None = None
     served_model_names: list[str] = field(default_factory=list)
     access_log: bool = True
     frontend_chunk_s: float = 0.0
@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--enforce-eager", action=bo, default=False,
                    help="Disable CUDA graphs (accepted; not modelled).")
     v.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (default 16).")
+    v.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                   help="KV cache blocks, instead of what the memory left holds (vLLM's profiling result).")
     v.add_argument("--swap-space", type=float, default=4, help="CPU swap space GiB (accepted).")
     v.add_argument("--cpu-offload-gb", type=float, default=0, help="Accepted; not modelled.")
     v.add_argument("--speculative-config", default=None,
@@ -360,7 +362,8 @@ def parse_serve_args(argv: list[str]) -> SimServeConfig:
                       ("--pipeline-parallel-size", ns.pipeline_parallel_size),
                       ("--max-num-seqs", ns.max_num_seqs),
                       ("--max-num-batched-tokens", ns.max_num_batched_tokens),
-                      ("--block-size", ns.block_size)):
+                      ("--block-size", ns.block_size),
+                      ("--num-gpu-blocks-override", ns.num_gpu_blocks_override or 1)):
         if val < 1:
             raise InputError(f"{name} must be >= 1, got {val}")
     if not 0.0 < ns.gpu_memory_utilization <= 1.0:

@@ -136,8 +136,19 @@ def resolve_setup(cfg: SimServeConfig, eff=None) -> SimSetup:
         lines.append("RuntimeError: Engine core initialization failed. See root cause above. "
                      "Failed core proc(s): {}")
         raise StartupFailure(lines)
+    capacity = plan.kv_capacity_tokens
+    if cfg.num_gpu_blocks_override is not None:  # vLLM: the blocks given, whatever the memory holds
+        capacity = cfg.num_gpu_blocks_override * cfg.block_size
+        if capacity < max_len:
+            raise StartupFailure([
+                vllm_prefix("ERROR", "core.py:700") + "EngineCore failed to start.",
+                f"ValueError: To serve at least one request with the model's max seq len ({max_len}), "
+                f"({max_len / capacity:.2f}x the KV cache) is needed, which is larger than the available KV cache "
+                f"memory ({capacity} tokens in {cfg.num_gpu_blocks_override} blocks). Try increasing "
+                "`num_gpu_blocks_override` or decreasing `max_model_len` when initializing the engine.",
+                "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"])
     return SimSetup(gpu=gpu, model=model, eff=eff, profile_meta=meta, max_model_len=max_len,
-                    kv_capacity_tokens=plan.kv_capacity_tokens, plan=plan, bw_factor=bw_factor)
+                    kv_capacity_tokens=capacity, plan=plan, bw_factor=bw_factor)
 
 
 def _cache_config(cfg: SimServeConfig, setup: SimSetup) -> dict[str, Any]:
@@ -155,7 +166,7 @@ def _cache_config(cfg: SimServeConfig, setup: SimSetup) -> dict[str, Any]:
         "kv_offloading_backend": "native", "kv_offloading_size": None, "kv_sharing_fast_prefill": False,
         "mamba_block_size": None, "mamba_cache_dtype": "auto", "mamba_cache_mode": "none",
         "mamba_page_size_padded": None, "mamba_ssm_cache_dtype": "float32", "num_cpu_blocks": None,
-        "num_gpu_blocks": blocks, "num_gpu_blocks_override": None, "prefix_cache_retention_interval": 0,
+        "num_gpu_blocks": blocks, "num_gpu_blocks_override": cfg.num_gpu_blocks_override, "prefix_cache_retention_interval": 0,
         "prefix_caching_hash_algo": "sha256", "prefix_match_unit": None, "replayssm_buffer_len": 16,
         "skip_page_size_padded": None, "sliding_window": None, "swa_bounded_replay": True,
         "use_kda_recoverssm": False, "use_replayssm": False, "user_specified_block_size": False,
