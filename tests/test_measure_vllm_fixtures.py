@@ -142,5 +142,14 @@ def test_the_window_prefix_cache_hit_rate_is_the_servers_cached_over_looked_up_t
     fig = _prefix_cache(sc, metric_names("vllm"), sc.all[0], sc.all[1])
     assert fig.value == pytest.approx(259 / (518 - 86)) and fig.source == "server_counter"
     assert "259 of 432 prompt tokens" in (fig.note or "")
+    assert "connector" not in (fig.note or "")  # no KV connector's tier was asked
+    tiered = post.replace('vllm:external_prefix_cache_queries_total{engine="0",model_name="/tmp/tiny_model"} 0.0',
+                          'vllm:external_prefix_cache_queries_total{engine="0",model_name="/tmp/tiny_model"} 173.0')
+    tiered = tiered.replace('vllm:external_prefix_cache_hits_total{engine="0",model_name="/tmp/tiny_model"} 0.0',
+                            'vllm:external_prefix_cache_hits_total{engine="0",model_name="/tmp/tiny_model"} 160.0')
+    sc2 = _Scrapes([Scrape("window_start", 0.0, (FIX / "nospec_metrics_pre.txt").read_text()),
+                    Scrape("window_end", 5.0, tiered)])
+    said = _prefix_cache(sc2, metric_names("vllm"), sc2.all[0], sc2.all[1]).note or ""
+    assert "a KV connector's tier found 160 of the 173 it was asked for" in said
     unexposed = _prefix_cache(sc, metric_names("llamacpp"), sc.all[0], sc.all[1])
     assert unexposed.value is None and "not exposed" in (unexposed.note or "")

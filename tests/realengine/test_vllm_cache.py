@@ -79,10 +79,15 @@ def test_the_users_rows_reach_one_server_once_and_a_row_sent_again_is_flagged(se
     assert reset["prefix_cache"]["value"] < 0.05, reset["prefix_cache"]
 
 
-def test_the_simulators_hit_rate_on_shared_prefixes_is_real_vllms_within_5_points(
-        server, tiny_model, truthput_argv, tmp_path):
-    args = ("--workload", "shared-prefix", "--prefix-tokens", "128", "--input-tokens", "64",
-            "--tokenizer", str(tiny_model))
+SHARING = {
+    "shared-prefix": ("--workload", "shared-prefix", "--prefix-tokens", "128", "--input-tokens", "64"),
+    "multi-turn": ("--workload", "multi-turn", "--endpoint", "chat", "--turns", "4", "--input-tokens", "64"),
+}
+
+
+@pytest.mark.parametrize("workload", list(SHARING))
+def test_the_simulators_hit_rate_is_real_vllms_within_5_points(server, tiny_model, truthput_argv, tmp_path, workload):
+    args = (*SHARING[workload], "--tokenizer", str(tiny_model))
     real = _load(truthput_argv, server, tmp_path / "real.db", *args)["levels"][0]["prefix_cache"]["value"]
     import socket
 
@@ -103,3 +108,21 @@ def test_the_simulators_hit_rate_on_shared_prefixes_is_real_vllms_within_5_point
         sim.wait(30)
     assert real > 0.3  # the workload shares by design
     assert simulated["prefix_cache"]["value"] == pytest.approx(real, abs=0.05), (simulated["prefix_cache"], real)
+
+
+def test_a_mooncake_slice_replays_on_schedule_with_the_hits_its_hash_ids_imply(server, tiny_model, truthput_argv,
+                                                                                tmp_path):
+    """The bundled Mooncake-format sample (60 requests, 6 shared 512-token blocks) at its recorded
+    times on real vLLM: every request sent on schedule, and the server's hits what the hash ids imply."""
+    from truthput.load.trace import TraceOptions
+    from truthput.load.workload import Workload, WorkloadSpec
+
+    sample = REPO / "src" / "truthput" / "load" / "data" / "traces" / "mooncake_sample.jsonl"
+    row = _load(truthput_argv, server, tmp_path / "trace.db", "--workload", f"trace:{sample}",
+                "--tokenizer", str(tiny_model))["levels"][0]
+    replay = row["replay"]
+    assert replay["sent"] == replay["scheduled"] == 60 and row["failed"] == 0
+    assert replay["lateness_p99_ms"] <= 20, replay
+    implied = Workload(WorkloadSpec(input_tokens=1, output_tokens=1, prompt_source=f"trace:{sample}",
+                                    trace=TraceOptions()), seed=0).trace.shared_share()
+    assert row["prefix_cache"]["value"] == pytest.approx(implied, abs=0.08), (row["prefix_cache"], implied)

@@ -246,6 +246,12 @@ class Cell:
         trials of each window's counters (None where no trial speculated)."""
         return spec_means([t.results for t in self.trials if t.status == "ok"])
 
+    def replay_lateness_p99(self) -> float | None:
+        """A trace's replay: the median over the cell's ok trials of their sends' p99 lateness (s)."""
+        late = [t.results.replay.lateness_p99_ms for t in self.trials
+                if t.status == "ok" and t.results.replay is not None and t.results.replay.lateness_p99_ms is not None]
+        return median(late) / 1000 if late else None
+
     def median_over_trials(self, metric: str, q: str) -> float | None:
         """Median over the cell's ok trials of each trial's client-clock latency quantile."""
         vals = []

@@ -72,6 +72,8 @@ class LoadRow(DocModel):
     """The integrity check's message where it failed (the counter's delta against the client's tokens)."""
     prefix_cache: Figure | None = None
     """The server's prefix-cache hit rate over the window (cached / looked-up prompt tokens, its counters)."""
+    replay: dict[str, Any] | None = None
+    """A trace's replay: its fidelity (`measure.model.Replay`: lateness p50/p99/max ms, rates, not sent)."""
     acceptance: Figure | None = None
     """Speculation: accepted / drafted tokens over the window (its counters); None without speculation."""
     acceptance_length: Figure | None = None
@@ -176,7 +178,7 @@ def load_row(level: float, mode: str, results: TrialResults, records: Sequence[R
         headline_tps=tps, headline_source=h.source, simulated=res.simulated,
         flags=said.headline, per_stream_flags=said.per_stream, counter_set_aside=said.counter_set_aside,
         client_notes=list(res.client.notes), prefix_cache=res.server_samples.prefix_cache_hit_rate,
-        **_speculation(res),
+        **_speculation(res), replay=res.replay.model_dump() if res.replay is not None else None,
         integrity=res.integrity.message if res.integrity.holds is False else None,
         status=status, error=error,
         requests=len(records), failed=sum(1 for r in records if r.status != "ok"),

@@ -63,6 +63,9 @@ class CellRow(LevelRow):
     cell's trials; null where the cell did not speculate."""
     mean_acceptance_length: Figure | None = None
     """Speculation: tokens a step emits, 1 + accepted / drafts (server counters), mean over trials."""
+    replay_late_p99: Figure | None = None
+    """A trace's replay: how late its sends left against their schedule, p99 (client clock), median
+    over the cell's trials; null where the load was not a replay."""
 
     @property
     def ok(self) -> bool:
@@ -129,6 +132,8 @@ def cell_rows(summary: RunSummary, simulated: bool) -> list[CellRow]:
             hit, why = cell.prefix_cache_hit_rate()
             row.prefix_cache_hit_rate = figure(hit, "fraction", "server_counter", simulated,
                                                note=why)
+            row.replay_late_p99 = figure(cell.replay_lateness_p99(), "s", "client_clock", simulated,
+                                         note="each send's lateness against the trace's schedule, p99")
             rate, length = cell.spec_acceptance()
             row.acceptance_rate = figure(rate, "ratio", "server_counter", simulated,
                                          note="accepted / drafted tokens over the window, mean over trials")

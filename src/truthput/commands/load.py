@@ -68,11 +68,20 @@ def load(
     model: Optional[str] = typer.Option(None, "--model", help="Model id (default: the first of GET /v1/models)"),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="NAME of the env var holding the API key"),
     workload: str = typer.Option("synthetic", "--workload",
-                                 help="synthetic | jsonl:PATH | sharegpt[:PATH] | shared-prefix | multi-turn | tool-call"),
+                                 help="synthetic | jsonl:PATH | sharegpt[:PATH] | shared-prefix | multi-turn | tool-call "
+                                      "| trace:PATH (Mooncake, Azure, BurstGPT or your own timestamped JSONL, replayed "
+                                      "at its recorded times)"),
     prefixes: int = typer.Option(4, "--prefixes", help="shared-prefix: number of shared prefixes"),
     suffixes: int = typer.Option(16, "--suffixes", help="shared-prefix: suffixes per prefix"),
     prefix_tokens: int = typer.Option(256, "--prefix-tokens", help="shared-prefix: tokens per prefix"),
     turns: int = typer.Option(3, "--turns", help="multi-turn: user turns per conversation"),
+    speedup: float = typer.Option(1.0, "--speedup", help="trace:PATH: the recorded gaps divided by this"),
+    max_gap: Optional[float] = typer.Option(None, "--max-gap", help="trace:PATH: each recorded gap at most this many s"),
+    trace_start: float = typer.Option(0.0, "--trace-start", help="trace:PATH: replay from this many s into the trace"),
+    trace_duration: Optional[float] = typer.Option(None, "--trace-duration",
+                                                   help="trace:PATH: replay this many s of the trace's own time"),
+    block_tokens: Optional[int] = typer.Option(None, "--block-tokens",
+                                               help="trace:PATH: prompt tokens per hash id (Mooncake's: 512)"),
     cache: str = typer.Option("as-is", "--cache", help="The prefix cache at each window: as-is, warm (the workload's "
                               "shared text sent first) or reset (emptied before every window, and checked)"),
     thinking: Optional[str] = typer.Option(None, "--thinking", help="on|off: chat_template_kwargs.enable_thinking"),
@@ -105,7 +114,8 @@ def load(
     opts = _options(url, concurrency, rate, arrival, max_in_flight, sweep, sweep_max, requests, duration, seed,
                     model, api_key_env, SLO(slo_ttft_ms, slo_itl_ms, slo_e2e_ms), workers, tokenizer, engine, name, sample_interval,
                     cache, _workload_spec(workload, input_tokens, output_tokens, max_tokens, ignore_eos, temperature, top_p,
-                                   seed, endpoint, prefixes, suffixes, prefix_tokens, turns, thinking))
+                                   seed, endpoint, prefixes, suffixes, prefix_tokens, turns, thinking,
+                                   (speedup, max_gap, trace_start, trace_duration, block_tokens)))
     spec = opts.workload
     tok = load_tokenizer(tokenizer)
     # Build one body now: a bad workload is a one-line error before any process starts.
@@ -191,9 +201,11 @@ def _drive(opts: Any, db: Any, tok: Any, executor: str, workers: int, address: s
 
 def _workload_spec(workload: str, input_tokens: str, output_tokens: str, max_tokens: int | None,
                    ignore_eos: bool, temperature: float | None, top_p: float | None, seed: int, endpoint: str,
-                   prefixes: Any, suffixes: Any, prefix_tokens: Any, turns: Any, thinking: str | None) -> Any:
+                   prefixes: Any, suffixes: Any, prefix_tokens: Any, turns: Any, thinking: str | None,
+                   trace: tuple[Any, ...] = (1.0, None, 0.0, None, None)) -> Any:
     """The request shape the options describe, checked (a bad one is one line, before any start)."""
     from truthput.errors import InputError
+    from truthput.load.trace import TraceOptions
     from truthput.load.workload import WorkloadSpec
 
     if endpoint not in ("completions", "chat"):
@@ -209,6 +221,7 @@ def _workload_spec(workload: str, input_tokens: str, output_tokens: str, max_tok
         ignore_eos=ignore_eos, temperature=temperature, top_p=top_p, seed=seed, prompt_source=source,
         endpoint=endpoint, prefixes=prefixes, suffixes=suffixes, prefix_tokens=prefix_tokens, turns=turns,
         thinking=None if thinking is None else thinking == "on",
+        trace=TraceOptions(*trace) if source.startswith("trace:") else None,
     )
 
 

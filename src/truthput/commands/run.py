@@ -210,7 +210,14 @@ def plan(
     con.print(f"order of server starts: {' '.join(f'{n}#{i + 1}' for n, i in p.order)}")
     for line in placed:
         con.print(line, markup=False, highlight=False)
-    if wl.mode == "open":
+    if wl.replays_trace:
+        from truthput.load.workload import Workload
+
+        replay = Workload.of_experiment(exp, 0).trace
+        window = f"its {len(replay.requests)} requests over {replay.offsets[-1]:.1f} s"
+        levels = (f"the {replay.format} trace {wl.prompt_source[len('trace:'):]} replayed at its recorded times"
+                  + (f" x{wl.trace.speedup:g}" if wl.trace.speedup != 1 else "") + f" ({level_label(p.levels[0])})")
+    elif wl.mode == "open":
         cap = f", at most {wl.max_in_flight} in flight" if wl.max_in_flight else ""
         levels = f"an open loop ({wl.arrival} arrivals{cap}) at {', '.join(level_label(x) for x in p.levels)}"
     else:

@@ -214,6 +214,21 @@ MAX_CONCURRENCY = 8192
 1.9 GB); spread larger loads over `truthput load --workers`."""
 
 
+class TraceSection(_Strict):
+    """How `prompt_source = "trace:PATH"` is replayed (`[workload.trace]`)."""
+
+    speedup: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """The recorded gaps between requests divided by this."""
+    max_gap_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Each recorded gap at most this long (an idle night need not be waited out)."""
+    start_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """The slice of the trace replayed: from this many seconds after its first request ..."""
+    duration_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """... for this many seconds of the trace's own time (None: to its end)."""
+    block_tokens: int | None = Field(None, ge=1)
+    """Prompt tokens per hash id (default: the format's; Mooncake's 512)."""
+
+
 class WorkloadSection(_Strict):
     """The load each trial drives."""
 
@@ -240,6 +255,8 @@ class WorkloadSection(_Strict):
     """shared-prefix: tokens of each shared prefix."""
     turns: int = Field(3, ge=1)
     """multi-turn: user turns per conversation."""
+    trace: TraceSection = Field(default_factory=TraceSection)
+    """prompt_source = "trace:PATH": the replay's speed-up, gap cap, slice and block size."""
     cache: Literal["as-is", "warm", "reset"] = "as-is"
     """The prefix cache at each window: as-is (each start a fresh server: cold, then what the workload
     shares), warm (the workload's shared text sent before every window) or reset (emptied before every
@@ -299,9 +316,14 @@ class WorkloadSection(_Strict):
         return self
 
     @property
+    def replays_trace(self) -> bool:
+        """Requests sent at a trace's recorded times (its own rate: one open-loop level)."""
+        return self.prompt_source.startswith("trace:")
+
+    @property
     def mode(self) -> str:
-        """"open" (requests arrive at a rate) or "closed" (a fixed number of streams)."""
-        return "open" if self.rates is not None else "closed"
+        """"open" (requests arrive at a rate, or at a trace's times) or "closed" (a fixed number of streams)."""
+        return "open" if self.rates is not None or self.replays_trace else "closed"
 
     @property
     def levels(self) -> list[Level]:

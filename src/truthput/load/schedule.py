@@ -46,6 +46,10 @@ class LoadResult:
     selfcheck: SelfCheck
     notes: list[str] = field(default_factory=list)
     max_in_flight: int = 0  # client-side count, for the "exactly N" claim
+    lateness: list[float] = field(default_factory=list)
+    """A replay's sends (open loop): seconds each request left after its scheduled moment."""
+    scheduled: int = 0
+    """A replay: the requests its schedule holds (those not sent were cut off by the stop)."""
     stopped_early: str | None = None
     """Why the load was ended before its window or requests ran out (the error budget), or None."""
     model: str | None = None
@@ -384,9 +388,14 @@ class OpenLoop(_Loop):
         max_requests: int | None = None,
         seed: int = 0,
         lead_s: float = 0.0,
+        offsets: list[float] | None = None,
     ) -> None:
         if not rate > 0:
             raise InputError(f"open loop rate {rate}: must be > 0 requests/s")
+        self.offsets = offsets
+        """A trace's replay: each request's send time after the first (`rate` is then its mean)."""
+        if offsets is not None:
+            max_requests, duration_s = len(offsets), None
         if arrival not in ("poisson", "constant"):
             raise InputError(f"open loop arrival {arrival!r}: expected 'poisson' or 'constant'")
         if max_in_flight is not None and max_in_flight < 1:
@@ -397,12 +406,16 @@ class OpenLoop(_Loop):
         self.max_in_flight_cap = max_in_flight
         self.seed = seed
         self.delayed_arrivals = 0
+        self.lateness: list[float] = []
 
     def arrival_offsets(self) -> Iterator[float]:
         """Seconds after the start at which requests 0, 1, ... arrive (deterministic per seed): what
         `run` sends on."""
         import random
 
+        if self.offsets is not None:
+            yield from self.offsets
+            return
         rng = random.Random(f"truthput-arrivals:{self.seed}")
         t = 0.0
         for k in itertools.count():
@@ -497,6 +510,7 @@ class OpenLoop(_Loop):
         result = self._result(records, t_start, (t_ws, t_we), never_settled, selfcheck, notes,
                               stopped[0] if stopped else None)
         result.notes += [f"load ended early: {stopped[0]}"] if stopped else []
+        result.lateness, result.scheduled = list(self.lateness), len(self.offsets or ())
         return result
 
     async def _arrivals(self, bodies: BodyPrefetch, slots: asyncio.Semaphore | None, stop: asyncio.Event,
@@ -521,6 +535,7 @@ class OpenLoop(_Loop):
                 await slots.acquire()
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
+            self.lateness.append(max(0.0, time.monotonic() - (t0 + t_next)))
             send(idx, body)
 
 

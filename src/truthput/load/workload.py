@@ -34,6 +34,7 @@ Prompt sources (`WorkloadSpec.prompt_source`):
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,6 +173,7 @@ class WorkloadSpec:
     turns: int = 3  # multi-turn: user turns per conversation
     tool_choice: str = "auto"  # tool-call: "auto", "required" or "none"
     thinking: bool | None = None  # chat_template_kwargs.enable_thinking; None: not sent
+    trace: Any = None  # trace:PATH: its `load.trace.TraceOptions` (None: replayed as recorded)
 
 
 ROW_SOURCES = ("jsonl", "sharegpt")
@@ -206,6 +208,15 @@ class Workload:
         if not 0 <= lane < lanes:
             raise ValueError(f"lane {lane} of {lanes}")
         self.rows_from, self.lane, self.lanes, self.backward = rows_from, lane, lanes, backward
+        self.trace: Any = None  # a `load.trace.Trace` where the source is one
+        self._blocks: dict[tuple[int, int], str] = {}
+        if self.kind == "trace":
+            from truthput.load.trace import TraceOptions
+
+            self.trace = cached_trace(spec.prompt_source[len("trace:"):]).replayed(spec.trace or TraceOptions())
+            chat_only = any(r.body and "prompt" not in r.body for r in self.trace.requests)
+            if chat_only and spec.endpoint != "chat":
+                raise InputError(f"trace {self.trace.path}: its requests are chat messages: use the chat endpoint")
         if self.kind == "jsonl":
             self._rows = _load_jsonl(Path(spec.prompt_source))
         elif self.kind == "sharegpt":
@@ -241,7 +252,8 @@ class Workload:
         spec = WorkloadSpec(input_tokens=wl.input_tokens, output_tokens=wl.output_tokens, ignore_eos=wl.ignore_eos,
                             temperature=wl.temperature, top_p=wl.top_p, seed=wl.seed, prompt_source=wl.prompt_source,
                             endpoint=wl.endpoint, extra_body=dict(wl.extra_body), prefixes=wl.prefixes,
-                            suffixes=wl.suffixes, prefix_tokens=wl.prefix_tokens, turns=wl.turns)
+                            suffixes=wl.suffixes, prefix_tokens=wl.prefix_tokens, turns=wl.turns,
+                            trace=_trace_options(wl.trace) if wl.prompt_source.startswith("trace:") else None)
         return cls(spec, seed=seed, tokenizer=tokenizer, order_seed=exp.experiment.seed, **rows)
 
     def position(self, i: int) -> int | None:
@@ -264,7 +276,36 @@ class Workload:
 
     def lengths(self, i: int) -> tuple[int, int]:
         """(input tokens, output tokens) requested for request i."""
+        if self.trace is not None:
+            r = self.trace.requests[i % len(self.trace.requests)]
+            return (r.input_tokens or self.input_dist.draw(self._rng(i, "in")),
+                    r.output_tokens or self.output_dist.draw(self._rng(i, "out")))
         return self.input_dist.draw(self._rng(i, "in")), self.output_dist.draw(self._rng(i, "out"))
+
+    def trace_offsets(self) -> list[float] | None:
+        """A trace's replay: each request's send time after the first (None: not a trace)."""
+        return self.trace.offsets if self.trace is not None else None
+
+    def _trace_prompt(self, i: int, n_tokens: int, hash_ids: tuple[int, ...]) -> str:
+        """Request i's prompt of n tokens: one text per hash id at the trace's block size (the same id,
+        the same text, so the server's cache sees the trace's sharing; text of this trial's seed, so two
+        trials of one server share nothing), the rest its own."""
+        if not hash_ids:
+            return self.prompt(i, n_tokens)
+        assert self.trace is not None
+        bt = self.trace.block_tokens
+        parts = []
+        for k, h in enumerate(hash_ids):
+            size = min(bt, n_tokens - k * bt)
+            if size <= 0:
+                break
+            key = (h, size)
+            if key not in self._blocks:
+                rng = random.Random(f"truthput:{self.seed}:hash:{h}")
+                self._blocks[key] = self.text(rng, size) if self.tokenizer is None else \
+                    self._exact_prompt(rng, size, special=False)
+            parts.append(self._blocks[key])
+        return " ".join(parts)
 
     def prompt(self, i: int, n_tokens: int) -> str:
         """Synthetic prompt for request i: exactly n tokens with a tokenizer, else ~n (words)."""
@@ -348,6 +389,9 @@ class Workload:
         built it to a length from one draw (the synthetic workload); the completion's where the
         output length is a setting (under `ignore_eos`, what each request should get)."""
         n_in, n_out = self.lengths(i)
+        if self.trace is not None:  # the recorded lengths, where truthput makes the text
+            r = self.trace.requests[i % len(self.trace.requests)]
+            return (None, n_out) if r.body is not None else (n_in, n_out)
         return (n_in if self.kind == "synthetic" else None,
                 n_out if self.kind in ("synthetic", "shared-prefix", "multi-turn", "tool-call") else None)
 
@@ -358,7 +402,18 @@ class Workload:
         body: dict[str, Any] = {}
         chat = spec.endpoint == "chat"
         kind = self.kind
-        if kind == "jsonl":
+        if kind == "trace":
+            assert self.trace is not None
+            r = self.trace.requests[i % len(self.trace.requests)]
+            if r.body is not None:
+                body = dict(r.body)
+                if chat and "messages" not in body:
+                    body["messages"] = [{"role": "user", "content": body.pop("prompt")}]
+                n_out = int(body.pop("max_tokens", n_out))
+            else:
+                text = self._trace_prompt(i, n_in, r.hash_ids)
+                body["messages" if chat else "prompt"] = [{"role": "user", "content": text}] if chat else text
+        elif kind == "jsonl":
             assert self._rows is not None
             row = self._rows[self.row_of(i) or 0]
             if "max_tokens" in row:
@@ -451,13 +506,47 @@ GENERATED_SOURCES = ("synthetic", "shared-prefix", "multi-turn", "tool-call")
 
 
 def is_generated_text(source: str) -> bool:
-    """Whether the prompts of `source` are text truthput made up rather than people's text."""
+    """Whether the prompts of `source` are text truthput made up rather than people's text (a trace
+    of lengths and hash ids is given text made up here; a trace of the user's own requests is not)."""
+    if source.startswith("trace:"):
+        try:
+            return bool(cached_trace(source[len("trace:"):]).format != "jsonl")
+        except InputError:
+            return True
     return source in GENERATED_SOURCES
+
+
+def _trace_options(section: Any) -> Any:
+    """`[workload.trace]` as the replay's `load.trace.TraceOptions`."""
+    from truthput.load.trace import TraceOptions
+
+    return TraceOptions(speedup=section.speedup, max_gap_s=section.max_gap_s, start_s=section.start_s,
+                        duration_s=section.duration_s, block_tokens=section.block_tokens)
+
+
+@functools.lru_cache(maxsize=8)
+def _trace_at(path: str, mtime_ns: int) -> Any:
+    from truthput.load.trace import read_trace
+
+    return read_trace(path)
+
+
+def cached_trace(path: str) -> Any:
+    """The trace in `path` (`load.trace.Trace`), read once while the file is unchanged."""
+    try:
+        mtime = Path(path).stat().st_mtime_ns
+    except OSError as exc:
+        raise InputError(f"trace {path}: cannot read ({exc.strerror})") from None
+    return _trace_at(path, mtime)
 
 
 def _source_kind(source: str) -> str:
     if source in GENERATED_SOURCES:
         return source
+    if source.startswith("trace:"):
+        if not source[len("trace:"):]:
+            raise InputError("prompt_source trace:PATH: the path is missing")
+        return "trace"
     if source == "sharegpt" or source.startswith("sharegpt:"):
         return "sharegpt"
     if source.startswith("jsonl:"):
@@ -500,19 +589,15 @@ def load_sharegpt(path: Path) -> list[tuple[str, str]]:
 
 
 def _load_jsonl(path: Path) -> list[dict[str, Any]]:
+    from truthput.load.trace import json_objects
+
     try:
-        lines = path.read_bytes().splitlines()
+        raw = path.read_bytes()
     except OSError as exc:
         raise InputError(f"workload prompt_source {path}: cannot read ({exc.strerror})") from None
     rows: list[dict[str, Any]] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise InputError(f"workload prompt_source {path}:{n}: not JSON ({exc})") from None
-        if not isinstance(row, dict) or not ("prompt" in row or "messages" in row):
+    for n, row in json_objects(raw, f"workload prompt_source {path}"):
+        if not ("prompt" in row or "messages" in row):
             raise InputError(f"workload prompt_source {path}:{n}: expected an object with 'prompt' or 'messages'")
         rows.append(row)
     if not rows:

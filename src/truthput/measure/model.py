@@ -161,7 +161,7 @@ class Integrity(Section):
 
 
 COUNT_WRONG_FLAGS = frozenset({"stale_counter", "counter_reset", "foreign_traffic", "counter_exceeds_usage"})
-NOT_COMPARED_FLAGS = COUNT_WRONG_FLAGS | {"unequal_work"}
+NOT_COMPARED_FLAGS = COUNT_WRONG_FLAGS | {"unequal_work", "replay_behind"}
 """Flags on a headline that keep its cell out of every tok/s comparison: a count known to be wrong,
 or a variant whose requests did other work than the baseline's (`unequal_work`: fewer tokens
 each, another prompt), whose tok/s is not the same quantity."""
@@ -327,6 +327,21 @@ class ClientCheck(Section):
     token_total: int | None = None
 
 
+class Replay(Section):
+    """How faithfully a trace was replayed: each send against its scheduled moment (client clock)."""
+
+    scheduled: int = 0
+    """Requests the replayed slice holds."""
+    sent: int = 0
+    lateness_p50_ms: float | None = None
+    lateness_p99_ms: float | None = None
+    lateness_max_ms: float | None = None
+    requested_rate: float | None = None
+    """Requests per second the schedule asks for (first to last arrival)."""
+    achieved_rate: float | None = None
+    """Requests per second sent (first to last send)."""
+
+
 class ServerSamples(Section):
     """/metrics sampled during the window: what the server itself saw of the load."""
 
@@ -421,6 +436,8 @@ class TrialResults(Section):
     telemetry: dict[str, Any] | None = None
     load: LoadLevel | None = None
     goodput: Goodput | None = None
+    replay: Replay | None = None
+    """A trace's replay: its fidelity (None: not a replay)."""
     cache: str | None = None
     """What was done to the server's prefix cache before this window (`[workload] cache`: reset and
     checked, or primed); None: as it was."""

@@ -38,6 +38,9 @@ class EngineMetricNames:
     """Prompt tokens the server looked up in its prefix cache (a counter)."""
     prefix_cache_hits: str | None = None
     """Of those, the tokens it found cached (a counter)."""
+    external_cache_queries: str | None = None
+    """Prompt tokens looked up in a KV connector's tier (vLLM's external prefix cache), a counter."""
+    external_cache_hits: str | None = None
     prefix_cache_computed: str | None = None
     """Prompt tokens it computed, not found cached (a counter), for an engine that counts no
     lookups: the tokens looked up are these plus the hits (llama.cpp)."""
@@ -81,6 +84,8 @@ _VLLM = EngineMetricNames(
     e2e_hist="vllm:e2e_request_latency_seconds",
     prefix_cache_queries="vllm:prefix_cache_queries_total",
     prefix_cache_hits="vllm:prefix_cache_hits_total",
+    external_cache_queries="vllm:external_prefix_cache_queries_total",
+    external_cache_hits="vllm:external_prefix_cache_hits_total",
     aliases={
         "kv_usage": ("vllm:gpu_cache_usage_perc",),
         "itl_hist": ("vllm:time_per_output_token_seconds",),

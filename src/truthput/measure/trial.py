@@ -719,6 +719,11 @@ def _prefix_cache(sc: _Scrapes, names: EngineMetricNames, ws_s: ParsedScrape | N
                           f"({queries} did not move: prefix caching is off), so none was cached", window="window")
         return figure(None, "fraction", "server_counter", "no prompt token was looked up in the window", window="window")
     said = f"{h.value:.0f} of {q.value:.0f} prompt tokens looked up in the window were cached ({hits} / {queries})"
+    ext_q, ext_h = (sc.first_name(names.candidates(f)) for f in ("external_cache_queries", "external_cache_hits"))
+    if ext_q is not None and ext_h is not None:
+        eq, eh = sc.delta(ext_q, ws_s, we_s).value, sc.delta(ext_h, ws_s, we_s).value
+        if eq and eh is not None:
+            said += f"; a KV connector's tier found {eh:.0f} of the {eq:.0f} it was asked for ({ext_h} / {ext_q})"
     return figure(h.value / q.value, "fraction", "server_counter", said, window="window")
 
 

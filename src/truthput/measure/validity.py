@@ -408,3 +408,35 @@ def check_rows(results: TrialResults, use: RowUse | None) -> None:
     said = use.said() + (f"; the window's prefix-cache hit rate was {hits:.0%}" if hits is not None else "")
     for fig in (results.throughput.counter_window, results.throughput.usage_window):
         add_flag(fig, "workload_repeats", said)
+
+
+REPLAY_LATE_S = 0.05
+"""A replay whose sends' p99 lateness is beyond this (or that left requests unsent) did not offer
+the trace's load: `replay_behind`, and its rate-dependent figures are not compared."""
+
+
+def check_replay(results: TrialResults, lateness: Sequence[float], scheduled: int,
+                 offsets: Sequence[float], send_times: Sequence[float]) -> None:
+    """The replay's fidelity (`results.replay`), and `replay_behind` on its throughput where it fell
+    behind its schedule, with the cause where the client knows it."""
+    from truthput.load.trace import lateness_figures
+    from truthput.measure.model import Replay
+
+    p50, p99, worst = lateness_figures(lateness)
+    span = offsets[-1] - offsets[0] if len(offsets) > 1 else 0.0
+    sent_span = max(send_times) - min(send_times) if len(send_times) > 1 else 0.0
+    replay = Replay(scheduled=scheduled, sent=len(lateness), lateness_p50_ms=1000 * p50, lateness_p99_ms=1000 * p99,
+                    lateness_max_ms=1000 * worst, requested_rate=(len(offsets) - 1) / span if span > 0 else None,
+                    achieved_rate=(len(send_times) - 1) / sent_span if sent_span > 0 else None)
+    results.replay = replay
+    unsent = scheduled - len(lateness)
+    if p99 <= REPLAY_LATE_S and not unsent:
+        return
+    lag = results.client.selfcheck.loop_lag_p99_ms if results.client.selfcheck is not None else None
+    cause = (f"the client's event loop lagged {lag:.0f} ms at p99 (its CPU)" if lag is not None and lag > 20 else
+             "the cause is not known to the client (a cap on requests in flight, or the host)")
+    said = (f"the replay fell behind its schedule: sends {1000 * p99:.0f} ms late at p99 (worst {1000 * worst:.0f} ms)"
+            + (f", {unsent} of {scheduled} requests not sent" if unsent else "")
+            + f"; {cause}: the server was not offered the trace's load, so figures that depend on it are not compared")
+    for fig in (results.throughput.counter_window, results.throughput.usage_window):
+        add_flag(fig, "replay_behind", said)

@@ -68,6 +68,13 @@ CELL_FIGURES = (
     FigureColumn("ITL p50 / p99 ms", "client clock", ("itl_p50", "itl_p99"), 1000.0, terminal="none"),
     FigureColumn("tokens per request", "usage", ("completion_tokens",)),
     FigureColumn("prefix-cache hits %", "server counter", ("prefix_cache_hit_rate",), 100.0, "{:.0f}", terminal="line"),
+    FigureColumn("replay late p99 ms", "client clock", ("replay_late_p99",), 1000.0, terminal="line"),
     FigureColumn("drafts accepted % / tokens a step", "server counter", ("acceptance_rate", "mean_acceptance_length"),
                  100.0, "{:.0f}", terminal="line", second=(1.0, "{:.2f}")),
 )
+
+
+def shown_columns(rows: list[CellRow]) -> list[FigureColumn]:
+    """The figure columns some row has a figure or a flag for (a run without speculation or a replay
+    gets no empty column for them; a flag is never hidden with its column)."""
+    return [col for col in CELL_FIGURES if any(col.shown(r) or col.flags(r) for r in rows)]

@@ -12,7 +12,7 @@ from typing import Any
 
 from truthput.analyze.cells import source_label
 from truthput.experiment.levels import row_header, row_level
-from truthput.report.columns import CELL_FIGURES
+from truthput.report.columns import shown_columns
 from truthput.report.document import ReportDocument
 
 SECTIONS = (
@@ -108,5 +108,5 @@ def render_html(doc: ReportDocument, plots: dict[str, str | None] | None = None)
     page: str = template.render(doc=doc, plots={k: safe_svg(v) for k, v in plots.items()}, sections=SECTIONS,
                            plot_sections=[(k, title, caption.replace("{headline}", doc.headline.label))
                                           for k, title, caption in PLOT_SECTIONS], absent=absent, level_header=row_header(doc.cells),
-                           level_cell=row_level, source_label=source_label, cell_figures=CELL_FIGURES)
+                           level_cell=row_level, source_label=source_label, cell_figures=shown_columns(doc.cells))
     return page

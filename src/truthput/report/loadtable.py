@@ -98,6 +98,12 @@ def print_summary(summary: LoadSummary, store: str | None = None, con: Any = Non
         if row.prefix_cache is not None and row.prefix_cache.value is not None:
             con.print(Text(f"{where}: prefix cache [server counter]: {100 * row.prefix_cache.value:.0f}% of the "
                            f"prompt tokens looked up were cached ({row.prefix_cache.note})", style="dim"))
+        if row.replay is not None:
+            r = row.replay
+            con.print(Text(f"{where}: trace replay [client clock]: {r['sent']} of {r['scheduled']} requests sent, "
+                           f"late p50 {_f(r['lateness_p50_ms'])} / p99 {_f(r['lateness_p99_ms'])} / max "
+                           f"{_f(r['lateness_max_ms'])} ms; {_f(r['achieved_rate'], '{:.2f}')} req/s of the "
+                           f"{_f(r['requested_rate'], '{:.2f}')} scheduled", style="dim"))
         if row.acceptance is not None and row.acceptance.value is not None:
             length = row.acceptance_length.value if row.acceptance_length is not None else None
             con.print(Text(f"{where}: speculation [server counter]: {100 * row.acceptance.value:.0f}% of the drafted "

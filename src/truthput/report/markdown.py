@@ -13,7 +13,7 @@ from typing import Any
 from truthput.text import capped, percent
 from truthput.analyze.cells import source_label
 from truthput.experiment.levels import row_header, row_level
-from truthput.report.columns import CELL_FIGURES, FigureColumn
+from truthput.report.columns import FigureColumn, shown_columns
 from truthput.report.document import CellRow, Figure, ReportDocument
 
 
@@ -129,7 +129,7 @@ def _cells(doc: ReportDocument, tag: str) -> list[str]:
     columns: list[tuple[str, Callable[[CellRow], str]]] = [
         ("variant", lambda c: md_text(c.variant) + (" *" if c.baseline else "")),
         (row_header(doc.cells), row_level), ("tok/s", tokps), ("95% CI", interval), ("vs baseline (CI)", delta),
-        *((f"{col.header} [{col.source}{tag}]", figures(col)) for col in CELL_FIGURES)]
+        *((f"{col.header} [{col.source}{tag}]", figures(col)) for col in shown_columns(doc.cells))]
     return ["", f"### Throughput (output tok/s: {doc.headline.label}{tag})", "",
             *_table([h for h, _r in columns], [[render(c) for _h, render in columns] for c in doc.cells]),
             "", f"\\* baseline. tok/s = {md_text(doc.headline.definition)}; the interval is over server starts."

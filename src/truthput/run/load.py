@@ -60,6 +60,13 @@ class LoadOptions:
     """The prefix cache at each level's window: as-is, warm or reset (`engines.cache.CACHE_POLICIES`)."""
 
     def __post_init__(self) -> None:
+        if self.workload.prompt_source.startswith("trace:"):  # one level: the trace's own times
+            from truthput.load.workload import cached_trace
+            from truthput.load.trace import TraceOptions
+
+            replay = cached_trace(self.workload.prompt_source[len("trace:"):]).replayed(
+                self.workload.trace or TraceOptions())
+            self.rate, self.concurrency, self.requests = [round(replay.rate, 4)], [1], len(replay.requests)
         if self.requests is None and self.duration_s is None:
             raise InputError("truthput load: give --requests N or --duration SECONDS")
         if self.workers < 1:
@@ -366,7 +373,7 @@ async def _one_trial(opts: LoadOptions, base: str, client: StreamClient, pool: W
         if opts.rate:
             return await OpenLoop(client, workload, level, opts.arrival, opts.max_in_flight,
                                   duration_s=opts.duration_s, max_requests=opts.requests,
-                                  seed=seed).run(window_start, window_end)
+                                  seed=seed, offsets=workload.trace_offsets()).run(window_start, window_end)
         return await ClosedLoop(client, workload, int(level), duration_s=opts.duration_s,
                                 max_requests=opts.requests).run(window_start, window_end)
 

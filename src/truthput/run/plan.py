@@ -17,7 +17,7 @@ from truthput.experiment.flagcheck import (check_llamacpp_values, check_speculat
 from truthput.experiment.argv import ServerArgv, argv_diff, int_flag, speculative_settings, variant_argv, whole_number
 from truthput.experiment.engines import metric_family
 from truthput.experiment.file import Experiment
-from truthput.experiment.levels import Level
+from truthput.experiment.levels import Level, Rate
 from truthput.text import plural
 
 if TYPE_CHECKING:
@@ -138,6 +138,18 @@ def workload_of(exp: Experiment, seed: int, tokenizer: Any = None, **rows: Any) 
     from truthput.load.workload import Workload
 
     return Workload.of_experiment(exp, seed, tokenizer, **rows)
+
+
+def _check_trace(exp: Experiment, replay: Any) -> None:
+    """A trace's requests must fit every variant's context (--max-model-len where it is set)."""
+    from truthput.load.trace import context_check
+
+    base = ServerArgv.parse(exp.server.command)
+    context_check(replay, int_flag(base, ["--max-model-len"], "[server].command")
+                  if base.has("--max-model-len") else None)
+    if exp.workload.rates is not None or "concurrency" in exp.workload.model_fields_set:
+        raise InputError("[workload] prompt_source = \"trace:...\" replays the trace's own arrival times: drop "
+                         "rates / concurrency (the replay's speed is [workload.trace] speedup)")
 
 
 ROW_SECONDS_WARN = 1.0
@@ -348,8 +360,13 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     wl = exp.workload
     # a trial is its window plus ramp-up, drain and scrapes (~3 s); a start is load + readiness
     restart_s = {"sim": 1.5 + exp.sim.startup_s, "external": 0.0}.get(kind, 60.0)
-    cost = estimate_plan_time(len(variants), len(wl.levels), exp.measure.starts, exp.measure.repeats,
-                              restart_s=restart_s, trial_s=(wl.duration_s or 30.0) + 3.0, warmup_s=wl.warmup_s,
+    levels, trial_s = wl.levels, (wl.duration_s or 30.0) + 3.0
+    if wl.replays_trace:  # one level: the trace's own rate over the slice replayed, its span a trial
+        replay = workload_of(exp, 0).trace
+        _check_trace(exp, replay)
+        levels, trial_s = [Rate(round(replay.rate, 4))], replay.offsets[-1] + 3.0
+    cost = estimate_plan_time(len(variants), len(levels), exp.measure.starts, exp.measure.repeats,
+                              restart_s=restart_s, trial_s=trial_s, warmup_s=wl.warmup_s,
                               max_starts=exp.measure.planned_max_starts)
-    return Plan(engine=kind, variants=variants, order=order, levels=wl.levels,
+    return Plan(engine=kind, variants=variants, order=order, levels=levels,
                 repeats=exp.measure.repeats, estimate_s=cost.total_s, max_estimate_s=cost.max_total_s)

@@ -133,7 +133,7 @@ def _loop(ctx: StartContext, client: StreamClient, level: Level, workload: Any, 
     wl = ctx.exp.workload
     if is_rate(level):
         return OpenLoop(client, workload, float(level), wl.arrival, wl.max_in_flight, duration_s=duration_s,
-                        max_requests=max_requests, seed=seed, lead_s=lead_s)
+                        max_requests=max_requests, seed=seed, lead_s=lead_s, offsets=workload.trace_offsets())
     return ClosedLoop(client, workload, int(level), duration_s=duration_s, max_requests=max_requests,
                       lead_s=lead_s, drain=drain)
 

@@ -205,6 +205,11 @@ async def run_trial(setup: TrialSetup, drive: Drive, concurrency: int | Callable
         spec = setup.workload.spec
         check_work(results, result.records, setup.workload.asked, spec.ignore_eos,
                    exact_prompts=setup.workload.tokenizer is not None, chat=spec.endpoint == "chat")
+    offsets = setup.workload.trace_offsets() if setup.workload is not None else None
+    if offsets:
+        from truthput.measure.validity import check_replay
+
+        check_replay(results, result.lateness, result.scheduled, offsets, [r.t_start for r in result.records])
     if setup.rows is not None and setup.workload is not None:
         from truthput.measure.validity import check_rows
 
