@@ -431,3 +431,18 @@ set = { "--num-gpu-blocks-override" = 80 }
     rate, said, _ = _cache_cautions(inputs)
     assert rate["base"] > 0.4 and rate["small"] < 0.1, rate  # each prefix comes round 3 times: the first misses
     assert "part of the effect" in said["small"] and "--num-gpu-blocks-override" in said["small"]
+
+
+def test_a_second_load_of_made_up_text_on_one_server_meets_nothing_of_the_first_in_the_cache(tmp_path: Path) -> None:
+    """The same options twice (the same --seed): the text truthput makes is other for each load of the
+    URL in the store, so the second finds none of the first's prompts cached; without the store
+    (nothing known of earlier loads) it is the same text, and the cache serves it."""
+    async def go(store):
+        async with running_sim(SIM) as srv:
+            o = LoadOptions(url=f"http://127.0.0.1:{srv.port}", concurrency=[4], requests=12,
+                            workload=WorkloadSpec(input_tokens=256, output_tokens=8))
+            return [(await run_load(o, store)).outcomes[0].results.server_samples.prefix_cache_hit_rate.value
+                    for _ in range(2)]
+
+    assert asyncio.run(go(Store(tmp_path / "t.db"))) == [0.0, 0.0]
+    assert asyncio.run(go(None))[1] > 0.9

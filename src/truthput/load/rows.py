@@ -58,6 +58,8 @@ class RowLedger:
     sent: set[int] = field(default_factory=set)
     server: float | None = None
     """The server's process start time, where its /metrics gives it (`truthput load`)."""
+    loads_before: int = 0
+    """`truthput load`: the earlier loads of this URL in the store (the text it makes is other for each)."""
 
     @classmethod
     def continuing(cls, reach: int, workload: Workload) -> RowLedger:

@@ -261,7 +261,7 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
                     level = levels[k]
                 else:
                     break
-                cache = await _cache_before(opts, base, names, tokenizer, k)
+                cache = await _cache_before(opts, base, names, tokenizer, k, ledger)
                 out = await _one_trial(opts, base, client, pool, level, k, names, tokenizer, simulated, ledger)
                 out.trial.results.cache = cache
                 if cache:
@@ -292,7 +292,8 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
     return LoadRun(run_id=run_id, outcomes=outcomes, summary=summary, simulated=simulated)
 
 
-async def _cache_before(opts: LoadOptions, base: str, names: Any, tokenizer: Any, k: int) -> str | None:
+async def _cache_before(opts: LoadOptions, base: str, names: Any, tokenizer: Any, k: int,
+                        ledger: RowLedger) -> str | None:
     """`--cache reset`: the prefix cache emptied (and checked) before every level's window; `--cache
     warm`: the level's shared text sent before it. What was done, or None."""
     from truthput.engines.cache import prime_cache, reset_cache
@@ -300,7 +301,8 @@ async def _cache_before(opts: LoadOptions, base: str, names: Any, tokenizer: Any
     if opts.cache == "reset":
         return await reset_cache(base, opts.engine, opts.model, names.candidates("prefix_cache_hits"))
     if opts.cache == "warm":
-        texts = Workload(opts.workload, seed=_level_seed(opts, k), tokenizer=tokenizer).shared_texts()
+        texts = Workload(opts.workload, seed=_level_seed(opts, k, ledger.loads_before),
+                         tokenizer=tokenizer).shared_texts()
         return await prime_cache(base, texts, opts.model) if texts else \
             "--cache warm: nothing to prime (this workload shares no text by design)"
     return None
@@ -314,13 +316,14 @@ async def _row_ledger(opts: LoadOptions, store: Store | None, tokenizer: Any) ->
     from truthput.measure.scrape import server_started
 
     workload = Workload(opts.workload, seed=opts.seed, tokenizer=tokenizer, order_seed=opts.seed)
-    if not workload.n_rows:
-        return RowLedger()
+    earlier = [run for run in (store.runs() if store is not None else [])
+               if run.is_load and _stored_options(run.experiment_toml).get("url") == opts.url]
+    if not workload.n_rows:  # text made here: each load's own, so no load meets an earlier one's in the cache
+        return RowLedger(loads_before=len(earlier))
     started = await server_started(api_root(opts.url))
     reach = 0
-    for run in (store.runs() if store is not None else []):
-        said = _stored_options(run.experiment_toml) if run.is_load else {}
-        if said.get("url") != opts.url or said.get("seed", 0) != opts.seed:
+    for run in earlier:
+        if _stored_options(run.experiment_toml).get("seed", 0) != opts.seed:
             continue
         for kept in store.trial_results(run.id):  # type: ignore[union-attr]
             used = kept.results.rows
@@ -342,9 +345,10 @@ def _stored_options(toml_text: str) -> dict[str, Any]:
     return said if isinstance(said, dict) else {}
 
 
-def _level_seed(opts: LoadOptions, k: int) -> int:
-    """The workload seed of the k-th level (its synthetic text, its shared prefixes)."""
-    return opts.seed * 1_000_003 + k
+def _level_seed(opts: LoadOptions, k: int, loads_before: int = 0) -> int:
+    """The workload seed of the k-th level (its synthetic text, its shared prefixes), other for each
+    earlier `load` of the same URL in the store: text made here never repeats an earlier load's."""
+    return opts.seed * 1_000_003 + k + loads_before * 7_919
 
 
 def _levels(opts: LoadOptions) -> list[float]:
@@ -362,7 +366,7 @@ async def _one_trial(opts: LoadOptions, base: str, client: StreamClient, pool: W
     from truthput.run.trial import TrialSetup, run_trial
 
     seed = _level_seed(opts, k)
-    workload = Workload(opts.workload, seed=seed, tokenizer=tokenizer, order_seed=opts.seed, rows_from=ledger.reach)
+    workload = Workload(opts.workload, seed=_level_seed(opts, k, ledger.loads_before), tokenizer=tokenizer, order_seed=opts.seed, rows_from=ledger.reach)
 
     async def drive(window_start: Any, window_end: Any) -> LoadResult:
         if pool is not None:
