@@ -136,10 +136,10 @@ def test_a_replay_held_back_by_a_cap_on_requests_in_flight_is_flagged_and_not_co
     from truthput.run.load import LoadOptions, run_load
 
     spec = WorkloadSpec(input_tokens=1, output_tokens=1, prompt_source=f"trace:{SAMPLES / 'azure_sample.csv'}",
-                        trace=TraceOptions(speedup=8))
+                        trace=TraceOptions(speedup=8, duration_s=4))
 
     async def go():
-        async with running_sim(["--sim-gpu", "RTX 3090", "--sim-model", "llama-3.1-8b", "--max-model-len", "4096",
+        async with running_sim(["--sim-gpu", "H100 SXM", "--sim-model", "llama-3.1-8b", "--max-model-len", "4096",
                                 "--sim-startup-s", "0", "--noise", "0"]) as srv:
             return await run_load(LoadOptions(url=f"http://127.0.0.1:{srv.port}", workload=spec, max_in_flight=1), None)
 
@@ -158,14 +158,15 @@ def test_an_ab_on_a_trace_slice_feeds_both_arms_the_same_requests_and_shows_fide
 
     text = (Path(__file__).resolve().parents[1] / "examples" / "trace.toml").read_text()
     text = text.replace("src/truthput/load/data/traces/mooncake_sample.jsonl", str(SAMPLES / "mooncake_sample.jsonl"))
-    text = text.replace("speedup = 2 ", "speedup = 4 ").replace("[measure]\n", "[measure]\nrepeats = 1\n")
+    text = text.replace("speedup = 2 ", "speedup = 4\nduration_s = 12 ").replace("[measure]\n", "[measure]\nrepeats = 1\n")
+    n = len(Workload.of_experiment(parse_experiment(text, "trace.toml"), 0).trace.requests)
     store = Store(tmp_path / "t.db")
     run_id = asyncio.run(run_experiment(parse_experiment(text, "trace.toml"), text, "trace.toml", store,
                                         progress=lambda m: None))
     trials = store.trial_results(run_id)
     assert len(trials) == 4 and all(t.status == "ok" for t in trials)
     for t in trials:  # every arm, every start: the whole slice, on schedule
-        assert t.results.replay.sent == t.results.replay.scheduled == 60
+        assert t.results.replay.sent == t.results.replay.scheduled == n
         assert t.results.replay.lateness_p99_ms < 50
     bodies = {}
     for t in trials:  # the same requests to both arms of a round

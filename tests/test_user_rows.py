@@ -387,6 +387,7 @@ def test_a_run_with_cache_reset_empties_the_cache_before_every_window_and_warm_p
 name = "fewer"
 set = { "--max-num-seqs" = 2 }
 """).replace('prompt_source = "shared-prefix"', 'prompt_source = "shared-prefix"\ncache = "reset"')
+    text = text.replace("starts = 2", "starts = 1")
     inputs = _inputs(tmp_path / "reset", text)
     assert all(t.results.cache and "checked" in t.results.cache for t in inputs.trials)
     cold, _, _ = _cache_cautions(inputs)
@@ -426,10 +427,10 @@ def test_a_variant_with_a_kv_cache_too_small_for_the_shared_prefixes_names_it_as
 [[variant]]
 name = "small"
 set = { "--num-gpu-blocks-override" = 80 }
-""").replace('"8192"', '"1024"').replace("requests = 16\n", "requests = 48\nprefixes = 16\n")
-    inputs = _inputs(tmp_path, text)
+""").replace('"8192"', '"1024"').replace("requests = 16\n", "requests = 32\nprefixes = 16\n")
+    inputs = _inputs(tmp_path, text.replace('gpu = "RTX 3090"', 'gpu = "H100 SXM"'))
     rate, said, _ = _cache_cautions(inputs)
-    assert rate["base"] > 0.4 and rate["small"] < 0.1, rate  # each prefix comes round 3 times: the first misses
+    assert rate["base"] > 0.3 and rate["small"] < 0.1, rate  # each prefix comes round twice: the first misses
     assert "part of the effect" in said["small"] and "--num-gpu-blocks-override" in said["small"]
 
 
