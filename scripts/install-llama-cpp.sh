@@ -81,10 +81,25 @@ cmake -S "$ROOT/src" -B "$BUILD" "${GENERATOR[@]}" $EXTRA_ARGS \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >"$ROOT/configure.log" 2>&1 \
     || { tail -n 30 "$ROOT/configure.log" >&2; die "cmake configure failed (log: $ROOT/configure.log)"; }
 
-say "building llama-server with $JOBS jobs (about 13 CPU-minutes)"
+LIMIT="${LLAMA_CPP_BUILD_LIMIT_S:-5400}"
+say "building llama-server with $JOBS jobs (about 13 CPU-minutes; a line every 30 s; stopped after $LIMIT s)"
 start=$(date +%s)
-cmake --build "$BUILD" --target llama-server -j "$JOBS" >"$ROOT/build.log" 2>&1 \
-    || { tail -n 30 "$ROOT/build.log" >&2; die "build failed (log: $ROOT/build.log)"; }
+timeout "$LIMIT" cmake --build "$BUILD" --target llama-server -j "$JOBS" >"$ROOT/build.log" 2>&1 &
+build=$!
+# a heartbeat, so slow can be told from hung: elapsed time and the build's last [step/steps]
+while kill -0 "$build" 2>/dev/null; do
+    for _ in $(seq 30); do kill -0 "$build" 2>/dev/null || break; sleep 1; done
+    kill -0 "$build" 2>/dev/null || break
+    step="$(grep -o '\[[0-9]*/[0-9]*\]' "$ROOT/build.log" 2>/dev/null | tail -n 1 || true)"
+    say "building: $(( $(date +%s) - start )) s elapsed, step ${step:-[starting]}"
+done
+status=0
+wait "$build" || status=$?
+if [ "$status" -eq 124 ]; then
+    die "the build ran past its limit of $LIMIT s (LLAMA_CPP_BUILD_LIMIT_S; log: $ROOT/build.log)"
+elif [ "$status" -ne 0 ]; then
+    tail -n 30 "$ROOT/build.log" >&2; die "build failed (log: $ROOT/build.log)"
+fi
 say "built in $(( $(date +%s) - start )) s"
 "$BIN" --version >/dev/null 2>&1 || die "the built $BIN does not run"
 echo "$BIN"

@@ -135,7 +135,7 @@ def test_load_names_other_traffic_before_any_load_and_between_trials(tmp_path):
     run, said = _load_beside(tmp_path, 150.0)
     before = [s for s in said if "serving other traffic" in s]
     assert before, said
-    rate = float(re.search(r"rose at ([\d.]+) tok/s", before[0]).group(1))
+    rate = float(re.search(r"rose by \d+ \(([\d.]+) tok/s\)", before[0]).group(1))
     assert rate == pytest.approx(150.0, rel=0.2), before
     events = Store(tmp_path / "l.db", read_only=True).conn.execute(
         "SELECT message FROM events WHERE kind='other_traffic'").fetchall()
@@ -184,7 +184,8 @@ def test_plan_and_run_watch_a_server_they_did_not_start_before_any_load(tmp_path
         exp = _external_experiment(tmp_path, server.url)
         plan = CliRunner().invoke(app, ["plan", str(exp), "--store", str(tmp_path / "none.db")])
         assert plan.exit_code == 0, plan.output
-        said = re.search(r"serving other traffic: its token counter rose at ([\d.]+) tok/s", " ".join(plan.output.split()))
+        said = re.search(r"serving other traffic: over [\d.]+ s before any load from truthput its token counter rose by \d+ "
+                          r"\(([\d.]+) tok/s\)", " ".join(plan.output.split()))
         assert said and float(said.group(1)) == pytest.approx(400, rel=0.15), plan.output
         run = CliRunner().invoke(app, ["run", str(exp), "--store", str(tmp_path / "r.db"), "--no-reports"])
         from truthput.store.db import Store
@@ -192,6 +193,14 @@ def test_plan_and_run_watch_a_server_they_did_not_start_before_any_load(tmp_path
         db = Store(tmp_path / "r.db")
         events = [e.message for e in db.events(db.resolve_run("latest")) if e.kind == "other_traffic"]
         assert len(events) == 2 and all("serving other traffic" in e for e in events), (events, run.output[-2000:])
+        db.close()
+        # said in every view of the stored run, not only as the run went (issue 62)
+        md = tmp_path / "r.md"
+        for args in (["report", "latest", "--md", str(md)], ["report", "latest"], ["audit", "latest"]):
+            out = CliRunner().invoke(app, [*args, "--store", str(tmp_path / "r.db")], env={"COLUMNS": "200"})
+            assert out.exit_code == 0, out.output
+            assert "serving other traffic" in " ".join(out.output.split()) or (
+                args[2:3] == ["--md"] and "serving other traffic" in md.read_text()), (args, out.output[-1500:])
     finally:
         asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)

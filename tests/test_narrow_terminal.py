@@ -1,10 +1,15 @@
 """The terminal's run table at 80 and 100 columns cuts no figure: every number and interval of the
 wide table (the recorded quickstart run) stands whole in the narrow one; labels may wrap or
-shorten. A negative control: rich's own layout, without truthput's, does cut them at 80."""
+shorten. A negative control: rich's own layout, without truthput's, does cut them at 80. And every
+command's output at COLUMNS=80 (issue 62): no table body cut, every `!flag` of the same command at
+160 columns whole, no word broken into a new fragment."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from rich.console import Console
@@ -50,3 +55,36 @@ def test_without_the_layout_rich_cuts_figures_at_80_columns(store, monkeypatch):
     wide = FIGURE.findall(_table(store, 250))
     words = _table(store, 80).split()
     assert [f for f in wide if f not in words]
+
+
+COMMANDS = [["runs"], ["report", "latest"], ["report", "latest", "--verbose"], ["audit", "latest"]]
+
+
+def _run(args: list[str], store: str, columns: int) -> str:
+    # a terminal of that width (rich reads COLUMNS there; TERM=dumb: no escape codes to strip)
+    env = dict(os.environ, COLUMNS=str(columns), TTY_COMPATIBLE="1", TERM="dumb")
+    out = subprocess.run([sys.executable, "-m", "truthput", *args, "--store", store], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-600:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a))
+def test_at_80_columns_no_figure_or_flag_is_cut(args, tmp_path):
+    store = str(restore_quickstart_db(tmp_path / "q.db"))
+    wide, narrow = _run(args, store, 160), _run(args, store, 80)
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    cut, in_body = [], False
+    for line in narrow.splitlines():  # a table's body: from the rule under its header to its end
+        if line.strip() and set(line.strip()) <= set("─━┡┩╇┼├┤╋ "):
+            in_body = True
+        elif not line.strip() or line.lstrip().startswith("└"):
+            in_body = False
+        elif in_body and "…" in line:
+            cut.append(line)
+    assert not cut, cut  # only a header label may be shortened
+    for flag in set(re.findall(r"!([a-z_]+)", wide)):
+        assert re.search(rf"!{flag}\b", narrow), flag
+    words = lambda text: {w for w in re.findall(r"[A-Za-z_]{6,}", text)}  # noqa: E731
+    broken = {w for w in words(narrow) - words(wide) if not any(w in x for x in words(wide))}
+    assert not broken, broken  # no word split mid-way into a new fragment

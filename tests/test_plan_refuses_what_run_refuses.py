@@ -31,6 +31,10 @@ VARIANT_SETS = {
 def _edit(text: str, case: str, port: int) -> tuple[str, list[str]]:
     if case == "engine typo":
         return text, ["--engine", "vlm"]
+    if case == "engine typo in the file":
+        return text.replace('engine = "sim"', 'engine = "vlm"', 1), []
+    if case == "arrival typo":
+        return text.replace("[workload]\n", '[workload]\narrival = "poison"\n', 1), []
     if case == "port in use":
         return text.replace("[server]\n", f"[server]\nport = {port}\n", 1), []
     if case == "baseline flag typo":
@@ -38,7 +42,10 @@ def _edit(text: str, case: str, port: int) -> tuple[str, list[str]]:
     return text.replace(VARIANT, f"set = {{ {VARIANT_SETS[case]} }}", 1), []
 
 
-CASES = ["engine typo", "port in use", "baseline flag typo", *VARIANT_SETS]
+CASES = ["engine typo", "engine typo in the file", "arrival typo", "port in use", "baseline flag typo", *VARIANT_SETS]
+SAYS = {"engine typo": "did you mean 'vllm'?", "engine typo in the file": "did you mean 'vllm'?",
+        "arrival typo": "did you mean 'poisson'?"}
+"""What the line must say (a typo: the nearest word), where a case has more to say than refusing alike."""
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -61,6 +68,7 @@ def test_plan_and_run_refuse_the_same_way(case, tmp_path):
             assert len(lines) == 1, out.stderr
             said[command] = lines[0]
         assert said["plan"] == said["run"], said
+        assert SAYS.get(case, "") in said["plan"], said
         assert not (tmp_path / "r.db").exists(), "run opened a store for an experiment it refuses"
     finally:
         listener.close()
@@ -72,7 +80,7 @@ baseline = "t1"
 
 [server]
 engine = "llamacpp"
-command = ["{server}", "-m", "/models/m.gguf", "--metrics", "-c", "2048", "-np", "2", "-ngl", "0"{extra}]
+command = ["{server}", "-m", "/models/m.gguf", {args}, "-ngl", "0"{extra}]
 
 [[variant]]
 name = "t1"
@@ -96,8 +104,27 @@ LLAMA_CASES = {
     "llama.cpp a baseline value its --help does not list": (', "-fa", "yes"', "", "[server].command: -fa yes"),
     "llama.cpp cache reset without --slot-save-path": ("", 'set = { "-t" = 2 }',
                                                         'cache = "reset" needs --slot-save-path DIR'),
+    # llama-server b11434 exits "error: invalid argument: --ctx-size=2048" on the = form of any flag
+    "llama.cpp the = form in the baseline": (', "--threads=2"', 'set = { "-t" = 3 }',
+                                            "--threads=2: llama-server b11434 takes no --flag=value form"),
+    "llama.cpp the = form of a flag a variant changes": (', "--ctx-size=4096"', 'set = { "--ctx-size" = 1024 }',
+                                                         "--ctx-size=4096: llama-server b11434 takes no"),
+    # without --metrics /metrics answers 501: no counter
+    "llama.cpp a baseline without --metrics": ("", 'set = { "-t" = 2 }', "llama-server needs --metrics"),
+    # -c over -np slots (no unified KV with -np set): 1024 / 4 = 256 a slot; prompt 128 + 256 output
+    "llama.cpp a slot smaller than a request": ("", 'set = { "-t" = 2 }',
+                                                "-c 1024 over -np 4 slots is 256 tokens a slot, fewer than a request's "
+                                                "128 prompt + 256 output tokens: every request would stop short"),
+    "llama.cpp a variant with more slots than the context holds": (
+        "", 'set = { "-np" = 16 }', "[[variant]] 't2': -c 2048 over -np 16 slots is 128 tokens a slot"),
+    "llama.cpp a per-slot limit below the prompt": (
+        "", 'set = { "--kv-unified-per-slot" = 200 }', "200 tokens a slot, fewer than a request's 256 prompt + 256 "
+        "output tokens: every request would be refused HTTP 400"),
 }
-LLAMA_WORKLOAD = {"llama.cpp cache reset without --slot-save-path": 'cache = "reset"'}
+LLAMA_WORKLOAD = {"llama.cpp cache reset without --slot-save-path": 'cache = "reset"',
+                  "llama.cpp a slot smaller than a request": "input_tokens = 128\noutput_tokens = 256"}
+LLAMA_ARGS = {"llama.cpp a baseline without --metrics": '"-c", "2048", "-np", "2"',
+              "llama.cpp a slot smaller than a request": '"--metrics", "-c", "1024", "-np", "4"'}
 
 
 @pytest.mark.parametrize("case", list(LLAMA_CASES))
@@ -110,7 +137,8 @@ def test_plan_and_run_refuse_llama_cpp_flags_the_server_would_refuse(case, tmp_p
     server.chmod(0o755)
     extra, variant, expected = LLAMA_CASES[case]
     exp = tmp_path / "e.toml"
-    exp.write_text(LLAMA.format(server=server, extra=extra, variant=variant, workload=LLAMA_WORKLOAD.get(case, "")))
+    exp.write_text(LLAMA.format(server=server, extra=extra, variant=variant, workload=LLAMA_WORKLOAD.get(case, ""),
+                                args=LLAMA_ARGS.get(case, '"--metrics", "-c", "2048", "-np", "2"')))
     said = {}
     for command in ("plan", "run"):
         out = subprocess.run([sys.executable, "-m", "truthput", command, str(exp),
@@ -134,3 +162,24 @@ def test_the_bundled_llama_cpp_vocabulary_is_the_built_servers():
     out = subprocess.run([sys.executable, str(root / "scripts" / "make_llamacpp_flags.py"), str(binary), "--check"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("env_file", ["EnvironmentFile=/etc/vllm.env\n", ""])
+def test_a_unit_whose_port_and_host_are_variables_is_planned(tmp_path, env_file):
+    """truthput sets --host and --port on every start itself: an imported unit's `--port ${PORT}` (set in an
+    EnvironmentFile truthput does not read) is never run, so it is no reason to refuse the experiment."""
+    program = tmp_path / "vllm"
+    program.write_text("#!/bin/sh\nexit 1\n")
+    program.chmod(0o755)
+    unit = tmp_path / "v.service"
+    unit.write_text(f"[Service]\n{env_file}ExecStart={program} serve /models/m --port ${{PORT}} "
+                    "--host ${HOST} --max-num-seqs 8\n")
+    run = [sys.executable, "-m", "truthput"]
+    made = subprocess.run([*run, "import", str(unit), "-o", str(tmp_path / "v.toml")], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    with open(tmp_path / "v.toml", "a") as fh:
+        fh.write('\n[[variant]]\nname = "s16"\nset = { "--max-num-seqs" = 16 }\n')
+    plan = subprocess.run([*run, "plan", str(tmp_path / "v.toml")], capture_output=True, text=True, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert "+ --max-num-seqs 16" in plan.stdout or "--max-num-seqs 8 -> 16" in plan.stdout

@@ -65,6 +65,8 @@ SKIPPED = {
     "truthput import your.service -o exp.toml": "your.service stands for the user's unit; the Usage block "
         "imports examples/seed.service as written",
     "truthput tune EXP.toml": "EXP.toml stands for an experiment with a [tune] section (examples/tune.toml is run)",
+    "truthput trace LOG": "LOG stands for the user's server log; tests/test_trace_convert.py runs the command on a "
+        "real vLLM 0.32 request log",
     "truthput tune": "a command named in prose",
     "truthput plan": "a command named in prose",
     "truthput load": "a command named in prose",

@@ -14,7 +14,7 @@ from truthput.analyze.cells import spec_means
 from truthput.analyze.rows import DocModel, FlagRef, flag_refs
 from truthput.measure.model import Figure
 from truthput.load.records import RequestRecord
-from truthput.measure.model import TrialResults
+from truthput.measure.model import Replay, TrialResults
 
 LOAD_SUMMARY_SCHEMA = 1
 """The version of `LoadSummary` a `truthput load` run keeps in `runs.summary_json` (and `load --json`
@@ -72,7 +72,7 @@ class LoadRow(DocModel):
     """The integrity check's message where it failed (the counter's delta against the client's tokens)."""
     prefix_cache: Figure | None = None
     """The server's prefix-cache hit rate over the window (cached / looked-up prompt tokens, its counters)."""
-    replay: dict[str, Any] | None = None
+    replay: Replay | None = None
     """A trace's replay: its fidelity (`measure.model.Replay`: lateness p50/p99/max ms, rates, not sent)."""
     acceptance: Figure | None = None
     """Speculation: accepted / drafted tokens over the window (its counters); None without speculation."""
@@ -109,6 +109,8 @@ class LoadSummary(DocModel):
     """Latency targets were set, so each row has goodput."""
     levels: list[LoadRow]
     sweep: LoadSweep | None = None
+    before_load: list[str] = Field(default_factory=list)
+    """What the server did before any load of truthput's (another client's traffic), said in every view."""
 
     model_config = ConfigDict(populate_by_name=True)
 
@@ -178,7 +180,7 @@ def load_row(level: float, mode: str, results: TrialResults, records: Sequence[R
         headline_tps=tps, headline_source=h.source, simulated=res.simulated,
         flags=said.headline, per_stream_flags=said.per_stream, counter_set_aside=said.counter_set_aside,
         client_notes=list(res.client.notes), prefix_cache=res.server_samples.prefix_cache_hit_rate,
-        **_speculation(res), replay=res.replay.model_dump() if res.replay is not None else None,
+        **_speculation(res), replay=res.replay,
         integrity=res.integrity.message if res.integrity.holds is False else None,
         status=status, error=error,
         requests=len(records), failed=sum(1 for r in records if r.status != "ok"),

@@ -40,6 +40,8 @@ class RunSummary:
     """The per-start values the verdict was decided from (`truthput decide` recomputes it)."""
     origin: str = "computed from the trials (truthput.analyze.summary)"
     """Where this summary's verdict comes from: computed now, or the run's stored record."""
+    before_load: list[str] = field(default_factory=list)
+    """What a server truthput does not own did before any load (another client's traffic), per start."""
 
     def comparison(self, variant: str, level: Level, metric: str = "tok/s") -> ComparisonVerdict | None:
         """The verdict's comparison of `variant` with the baseline at `level` on `metric`."""
@@ -86,8 +88,8 @@ class RunSummary:
         return [f"{c.variant} {c.label}: {f.text()}" for c in self.cells for f in c.flags]
 
     def warnings(self) -> list[str]:
-        """Every trial warning of the run (each names its trial)."""
-        return [w for c in self.cells for w in c.warnings]
+        """What the server did before the load, then every trial warning of the run (each names its trial)."""
+        return [*self.before_load, *(w for c in self.cells for w in c.warnings)]
 
     def measured_nothing(self) -> list[str] | None:
         """Where no cell has a figure: one paragraph (why, per variant, and what to try) in place of
@@ -186,9 +188,18 @@ class SummaryInputs:
     """False for a `truthput load` run: one server measured, nothing compared, so no verdict."""
     cache_changes: dict[str, list[str]] = field(default_factory=dict)
     """Variant -> the settings it changes that set what the prefix cache holds (`experiment.cache`)."""
+    before_load: list[str] = field(default_factory=list)
+    """Another client's traffic seen before any load (the run's `other_traffic` events)."""
 
 
 def summary_of(given: SummaryInputs, *, fresh: bool = False) -> RunSummary:
+    """The one summary of a stored run (`_summary_of`), with what the server did before the load."""
+    summary = _summary_of(given, fresh=fresh)
+    summary.before_load = list(given.before_load)
+    return summary
+
+
+def _summary_of(given: SummaryInputs, *, fresh: bool = False) -> RunSummary:
     """The one summary of a stored run: the decision it stored when it ended, where it has one of
     the current schema, with its cells rebuilt from the trials; else decided from the trials now
     (`fresh`: always, as the run loop does at each look). A `load` run's cells, and no verdict."""

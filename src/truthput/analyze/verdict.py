@@ -173,6 +173,8 @@ class Verdict:
     """What the run rests on (cells left out and why, the nodes it ran on)."""
     family: int = 0
     """How many comparisons were decided together."""
+    nothing: str | None = None
+    """Why no comparison was made, where none was (one variant, the baseline failed, no figure)."""
 
     def comparisons(self) -> list[ComparisonVerdict]:
         return [c for cv in self.per_concurrency for c in cv.comparisons]
@@ -194,7 +196,7 @@ class Verdict:
         out, where it was placed)."""
         tag = "simulated: " if self.simulated else ""
         out = [f"{tag}{variant}: failed, no measurements ({why})" for variant, why in self.failed.items()]
-        return out + [f"{tag}{n}" for n in self.notes]
+        return out + [f"{tag}{n}" for n in self.notes] + ([f"{tag}{self.nothing}"] if self.nothing else [])
 
     def comparison_lines(self) -> list[str]:
         return [c.line for cv in self.per_concurrency for c in cv.comparisons]
@@ -333,7 +335,23 @@ def make_verdict(
         out.append(_level_verdict(mkey, conc, group, comps, baseline, noise_note, confidence, tag))
     return Verdict(per_concurrency=out, failed=failed, method_notes=_method_notes(family, min_effect, stopping_rule, look,
                                                                               simulated),
-                   simulated=simulated, confidence=confidence, notes=notes, family=family)
+                   simulated=simulated, confidence=confidence, notes=notes, family=family,
+                   nothing=None if raw else _why_nothing(by_metric, baseline, failed))
+
+
+def _why_nothing(by_metric: Mapping[str, tuple[Cells, Rounds | None]], baseline: str, failed: Mapping[str, str]) -> str:
+    """One sentence: why a run compared nothing."""
+    measured = {v for mcells, _r in by_metric.values() for (v, _c), data in mcells.items() if _positive(data)}
+    named = {v for mcells, _r in by_metric.values() for (v, _c) in mcells} | set(failed)
+    if not named:
+        return "nothing decided: no start of any variant has a measured figure"
+    if baseline in failed:
+        return f"nothing decided: the baseline {baseline} failed, so no variant has anything to be compared with"
+    if baseline not in measured:
+        return f"nothing decided: the baseline {baseline} has no measured figure"
+    if len(named) == 1:
+        return f"nothing compared: one variant ({baseline}) was measured; add a [[variant]] that changes a flag to compare"
+    return "nothing decided: no variant other than the baseline has a measured figure"
 
 
 def _up_to_round(by_metric: Mapping[str, tuple[Cells, Rounds | None]], look: int,

@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
             simulated = bool(run.simulated)
             audit = audit_of(db.trial_results(rid), simulated)
             rows, checks = audit.rows, audit.integrity
+            before = [e.message for e in db.events(rid) if e.kind == "other_traffic"]
         finally:
             db.close()
         if not rows:
@@ -40,7 +41,9 @@ def register(app: typer.Typer) -> None:
             return
         title = f"audit of run {rid}: every counting method vs {audit.against}" + (" -- SIMULATED: no figure here is a measurement" if simulated else "")
         console = make_console()
-        console.print(render_audit(rows, title, simulated))
+        for said in before:
+            console.print(f"warning: before the load: {said}", markup=False, style="yellow")
+        console.print(render_audit(rows, title, simulated, console.width))
         for c in checks:
             head = f"{c.variant} {level_label(c.level)}: counter == usage identity held in {c.identity_held}/{c.trials} trial(s)"
             if c.identity_unchecked:

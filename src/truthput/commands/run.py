@@ -184,11 +184,6 @@ def plan(
     simulate_on(exp, engine, sim_gpu, sim_model)
     p = checked_plan(exp, engine, experiment)
     con = make_console()
-    if len(p.variants) < 2:
-        con.print(f"{experiment}: one variant ({p.variants[0].name if p.variants else 'none'}): nothing to compare. "
-                  "Add a [[variant]] that changes a flag, or measure this one server with `truthput load URL`.",
-                  markup=False, highlight=False)
-        return
     placer = make_executor(executor, address)
     placed = placer.prepare(exp, p)
     con.print(f"[bold]{exp.experiment.name}[/bold]: engine {p.engine}"

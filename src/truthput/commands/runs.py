@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
         from rich.text import Text
 
-        from truthput.report.console import make_console
+        from truthput.report.console import NARROW, make_console
         from truthput.store.db import Store
 
         from truthput.analyze.summary import StoredSummary
@@ -48,6 +48,17 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(listed, indent=2))
             return
+        con = make_console()
+        if con.width < NARROW:  # a table of seven columns would break its words: a block per run
+            con.print(Text(f"runs in {store}", style="bold"))
+            for r in listed:
+                engine = r["engine"] + (" (simulated)" if r["simulated"] and r["engine"] != "sim" else "")
+                con.print(Text(f"{r['id']}  {r['status']}  {r['created_at'][:16].replace('T', ' ')}  {engine}",
+                               style="bold"))
+                con.print(Text(f"  {r['name']}: {', '.join(r['variants'])}"))
+                if r["verdict"]:
+                    con.print(Text(f"  {r['verdict']}"))
+            return
         t = Table(title=f"runs in {store}")
         # an id is what a user copies into the next command: never cut (the other columns wrap)
         t.add_column("id", no_wrap=True, min_width=max((len(r["id"]) for r in listed), default=2))
@@ -57,4 +68,4 @@ def register(app: typer.Typer) -> None:
             engine = r["engine"] + (" (simulated)" if r["simulated"] and r["engine"] != "sim" else "")
             t.add_row(*(Text(str(x)) for x in (r["id"], r["name"], r["status"], r["created_at"][:16].replace("T", " "), engine,
                                               ", ".join(r["variants"]), r["verdict"] or "")))
-        make_console().print(t)
+        con.print(t)

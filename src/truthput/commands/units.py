@@ -18,7 +18,7 @@ def default_import_path(unit_path: Path) -> Path:
     return Path(unit_path.name.rsplit(".", 1)[0] + ".toml")
 
 
-def _write(path: Path | None, text: str, force: bool, other: str) -> bool:
+def write_or_print(path: Path | None, text: str, force: bool, other: str) -> bool:
     """`text` to `path` (None: to stdout, and False); an existing file only with --force."""
     from truthput.errors import InputError
 
@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
 
         toml_text = import_unit(str(unit_file))
         unit = parse_unit(read_server_definition(str(unit_file)), str(unit_file))
-        unknown = unit.unresolved_variables()
+        unknown = [v for v in unit.unresolved_variables() if v not in unit.address_variables()]
         if unknown and not unit.environment_files():
             # nothing the unit or script says gives them a value: refuse to guess what the server runs
             said = ", ".join(f"${v}" for v in unknown)
@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         for warning in consistency_warnings(unit) + unit.notes():
             typer.echo(f"truthput: warning: {warning}", err=True)
         target = output or default_import_path(unit_file)
-        if _write(None if str(target) == "-" else target, toml_text, force, " or -o to choose another file"):
+        if write_or_print(None if str(target) == "-" else target, toml_text, force, " or -o to choose another file"):
             typer.echo(f"wrote {target}: baseline = the unit's ExecStart=; add [[variant]] tables, then "
                        f"`truthput run {target}`")
 
@@ -87,5 +87,5 @@ def register(app: typer.Typer) -> None:
         text, warnings = export_variant_unit(store, rid, variant, experiment_mode, description, template)
         for warning in said + warnings:
             typer.echo(f"truthput: warning: {warning}", err=True)
-        if _write(output, text, force, ""):
+        if write_or_print(output, text, force, ""):
             typer.echo(f"wrote {output}")

@@ -656,6 +656,14 @@ def format_validation_error(path: str, exc: ValidationError) -> str:
         got = err.get("input")
         if kind not in ("extra_forbidden", "missing", "value_error") and not isinstance(got, (dict, list)):
             msg = f"{msg} (got {got!r})"
+        if kind in ("literal_error", "enum") and isinstance(got, str):
+            import difflib
+            import re
+
+            choices = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+            near = difflib.get_close_matches(got, choices, n=1, cutoff=0.6)
+            if near:
+                msg = f"{msg}: did you mean {near[0]!r}?"
         lines.append(f"{path}: {loc}: {msg}")
     return "; ".join(lines)
 

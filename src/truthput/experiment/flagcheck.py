@@ -287,6 +287,47 @@ def check_vllm_values(where: str, flags: Iterable[tuple[str, Any]], vocab: VllmV
                 raise InputError(f"{where}: {spelling} {v!r}: {vocab.program} expects {what}") from None
 
 
+def check_llamacpp_argv(where: str, argv: Any, request_tokens: tuple[int, int] | None) -> None:
+    """What llama-server refuses or cannot measure, from the whole command (`argv`, a ServerArgv):
+    the `--flag=value` form (it exits `invalid argument: --ctx-size=2048`), no `--metrics` (its
+    /metrics answers 501: no server counter), and a context a slot cannot fit one request in
+    (`request_tokens`: the largest prompt and output tokens the workload asks, where known) — `-c`
+    is split over `-np` slots unless the KV cache is unified (llama-server's default only with
+    `-np` unset): a prompt longer than its slot is refused HTTP 400, a longer output cut."""
+    build, _known = llamacpp_flags()
+    for f in argv.flags:
+        if "=" in f.spelling and f.spelling.startswith("-"):
+            head = f.spelling.split("=", 1)[0]
+            raise InputError(f"{where}: {head}={f.value}: llama-server {build} takes no --flag=value form (it exits "
+                             f"'invalid argument'): write {head} {f.value}")
+    if not argv.has("--metrics"):
+        raise InputError(f"{where}: llama-server needs --metrics for truthput to read its token counter (without it "
+                         "/metrics answers 501 and only usage is left): add --metrics to the command")
+    ctx, slots = _llama_int(argv, "--ctx-size"), _llama_int(argv, "--parallel")
+    per_slot = _llama_int(argv, "--kv-unified-per-slot")
+    if per_slot is None and ctx:
+        unified = argv.has("--kv-unified") or (not slots or slots < 0) and not argv.has("--no-kv-unified")
+        per_slot = ctx if unified or not slots or slots < 0 else ctx // slots
+    if per_slot is None or request_tokens is None:
+        return
+    prompt, output = request_tokens
+    if prompt + output > per_slot:
+        split = f"-c {ctx} over -np {slots} slots is {per_slot} tokens a slot" if ctx and per_slot < ctx else \
+            f"{per_slot} tokens a slot"
+        what = "every request would be refused HTTP 400 (exceeds the available context size)" if prompt >= per_slot \
+            else "every request would stop short of its output tokens (unequal work)"
+        raise InputError(f"{where}: {split}, fewer than a request's {prompt} prompt + {output} output tokens: {what}; "
+                         "raise -c, lower -np, or add --kv-unified")
+
+
+def _llama_int(argv: Any, name: str) -> int | None:
+    raw = argv.get(name)
+    try:
+        return int(str(raw[-1] if isinstance(raw, list) else raw)) if raw is not None else None
+    except ValueError:
+        return None
+
+
 MEASUREMENT_NEEDS = {"llamacpp": {"--metrics": "without it llama-server answers /metrics with 501, so there is no "
                                                "server counter and only usage is left"}}
 """Per engine, flags a measurement needs, which a variant may not remove."""

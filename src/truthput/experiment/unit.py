@@ -152,6 +152,23 @@ class Unit:
         return sorted({ref for ref in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", value.replace("$$", ""))
                        if ref not in env})
 
+    def address_variables(self) -> set[str]:
+        """The $VARs ExecStart= uses only as the value of --host or --port: truthput sets both on
+        every start itself, so such a variable needs no value here."""
+        try:
+            words = split_words(self.exec_start_value(), self.where)
+        except InputError:
+            return set()
+        pattern = r"\$\{?([A-Za-z_][A-Za-z0-9_]*)"
+        address: set[str] = set()
+        other: set[str] = set()
+        for i, word in enumerate(words):
+            refs = set(re.findall(pattern, word.replace("$$", "")))
+            head = word.split("=", 1)[0]
+            is_address = (head in ("--host", "--port") and "=" in word) or (i > 0 and words[i - 1] in ("--host", "--port"))
+            (address if is_address else other).update(refs)
+        return address - other
+
     def notes(self) -> list[str]:
         """What truthput could not resolve from the unit alone (shown by `truthput import`)."""
         notes = [
@@ -166,9 +183,12 @@ class Unit:
             for m in re.finditer(r"%(.)", word.replace("%%", "")):
                 if self._specifier_value(m.group(1)) is None:
                     notes.append(f"{self.where}: ExecStart= specifier %{m.group(1)} is kept literally (not known here)")
-        env = self.environment()
+        env, address = self.environment(), self.address_variables()
         for ref in sorted(set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", value.replace("$$", "")))):
-            if ref not in env:
+            if ref in address and ref not in env:
+                notes.append(f"{self.where}: ExecStart= uses ${ref} for the server's address, which truthput sets on "
+                             "every start itself")
+            elif ref not in env:
                 notes.append(f"{self.where}: ExecStart= uses ${ref}, which no Environment= line sets; kept literally")
         return notes
 

@@ -1,6 +1,6 @@
 """Model profiles: the shape figures the physics needs (layers, heads, bytes of weights).
 
-A profile comes either from a named entry below (public config.json shapes, written down so the
+A profile comes either from a named entry of models.toml (public config.json shapes, written down so the
 roofline works without downloading anything) or from a model directory: config.json for the shape
 and the safetensors HEADERS for exact stored bytes (dtype x shape per tensor; weights are never
 loaded, so a 50 GB checkpoint is profiled in milliseconds).
@@ -69,41 +69,21 @@ def _named(name: str, *, layers: int, hidden: int, intermediate: int, heads: int
         name=name, params=params, active_params=params, layers=layers,
         attn_layers=layers if attn_layers is None else attn_layers, hidden=hidden,
         intermediate=intermediate, heads=heads, kv_heads=kv_heads, head_dim=head_dim, vocab=vocab,
-        bits_per_weight=bits, weight_bytes=weight_bytes, mtp_params=mtp_params,
+        bits_per_weight=bits, weight_bytes=weight_bytes, mtp_params=float(mtp_params),
         max_position_embeddings=max_pos, source=f"named profile: {note}", tied_embeddings=tied,
     )
 
 
-# Qwen3.5/3.6-27B: 64 layers in a 3:1 pattern (48 Gated DeltaNet linear-attention layers, 16 gated
-# full-attention layers), hidden 5120, SwiGLU 17408, 24 query heads, 4 KV heads, head_dim 256,
-# vocab 248320, untied LM head, one MTP layer. Shape from public Qwen3.5-27B training configs
-# (e.g. THUDM/slime scripts/models/qwen3.5-27B.sh); the 3.6 checkpoint shares it (assumption).
-# MTP params: one full decoder layer (gated q, k, v, o + MLP) + the 2h->h fusion projection,
-# ~0.42e9, sharing the main embeddings and LM head. weight_bytes = 18.6e9 as the seed reports.
-_QWEN36_MTP = 5120 * (24 * 256 * 2 + 4 * 256 * 2) + 24 * 256 * 5120 + 3 * 5120 * 17408 + 2 * 5120 * 5120
+def _load_named() -> dict[str, ModelProfile]:
+    """The named profiles of models.toml (beside this file)."""
+    import tomllib
 
-_NAMED: dict[str, ModelProfile] = {
-    p.name: p
-    for p in (
-        _named("qwen3.6-27b-5.5bit", layers=64, attn_layers=16, hidden=5120, intermediate=17408,
-               heads=24, kv_heads=4, head_dim=256, vocab=248320, max_pos=262144, bits=5.5,
-               params=18.6e9 * 8 / 5.5, weight_bytes=18.6e9, mtp_params=float(_QWEN36_MTP),
-               note="Qwen3.6-27B (hybrid 48 linear + 16 full attention, MTP head), 5.5 bits/weight "
-                    "compressed-tensors as in the seed; shape from public Qwen3.5-27B configs"),
-        _named("llama-3.1-8b", layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8,
-               head_dim=128, vocab=128256, max_pos=131072,
-               note="meta-llama/Llama-3.1-8B config.json, bf16"),
-        _named("llama-3.1-70b", layers=80, hidden=8192, intermediate=28672, heads=64, kv_heads=8,
-               head_dim=128, vocab=128256, max_pos=131072,
-               note="meta-llama/Llama-3.1-70B config.json, bf16"),
-        _named("qwen2.5-32b", layers=64, hidden=5120, intermediate=27648, heads=40, kv_heads=8,
-               head_dim=128, vocab=152064, max_pos=32768,
-               note="Qwen/Qwen2.5-32B config.json, bf16 (q/k/v biases ignored)"),
-        _named("qwen2.5-7b", layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4,
-               head_dim=128, vocab=152064, max_pos=32768,
-               note="Qwen/Qwen2.5-7B config.json, bf16 (q/k/v biases ignored)"),
-    )
-}
+    with Path(__file__).with_name("models.toml").open("rb") as fh:
+        entries = tomllib.load(fh)["model"]
+    return {e["name"]: _named(**e) for e in entries}
+
+
+_NAMED: dict[str, ModelProfile] = _load_named()
 
 _DTYPE_BYTES = {
     "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,

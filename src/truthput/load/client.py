@@ -386,22 +386,7 @@ class StreamClient:
                         continue
                     if obj.error:
                         return _bad_event(rec, t, url, payload, None, obj.error)
-                    timings = obj.timings
-                    if timings is not None:
-                        if timings.predicted_per_second is not None:
-                            rec.server_decode_tps = timings.predicted_per_second
-                        if timings.cache_n is not None:
-                            rec.cached_tokens = timings.cache_n
-                    usage = obj.usage
-                    ct = -1
-                    if usage is not None:
-                        if usage.completion_tokens is not None:
-                            ct = rec.completion_tokens = usage.completion_tokens
-                        if usage.prompt_tokens is not None:
-                            rec.prompt_tokens = usage.prompt_tokens
-                        details = usage.prompt_tokens_details
-                        if details is not None and details.cached_tokens is not None:
-                            rec.cached_tokens = details.cached_tokens
+                    ct = take_counts(rec, obj) if obj.usage is not None or obj.timings is not None else -1
                     choices = obj.choices
                     if not choices:
                         continue  # usage-only (final) chunk
@@ -445,3 +430,24 @@ class StreamClient:
             self.continuous_usage_supported = False
             self._note(f"{self.url} ignored stream_options.continuous_usage_stats (no running usage in chunks); "
                        "per-chunk token counts are unavailable")
+
+
+def take_counts(rec: RequestRecord, obj: Any) -> int:
+    """A chunk's usage and llama.cpp timings onto the record; its running completion count, or -1."""
+    timings = obj.timings
+    if timings is not None:
+        if timings.predicted_per_second is not None:
+            rec.server_decode_tps = timings.predicted_per_second
+        if timings.cache_n is not None:
+            rec.cached_tokens = timings.cache_n
+    usage = obj.usage
+    ct = -1
+    if usage is not None:
+        if usage.completion_tokens is not None:
+            ct = rec.completion_tokens = usage.completion_tokens
+        if usage.prompt_tokens is not None:
+            rec.prompt_tokens = usage.prompt_tokens
+        details = usage.prompt_tokens_details
+        if details is not None and details.cached_tokens is not None:
+            rec.cached_tokens = details.cached_tokens
+    return ct

@@ -218,7 +218,7 @@ class Workload:
             if chat_only and spec.endpoint != "chat":
                 raise InputError(f"trace {self.trace.path}: its requests are chat messages: use the chat endpoint")
         if self.kind == "jsonl":
-            self._rows = _load_jsonl(Path(spec.prompt_source))
+            self._rows = _load_jsonl(Path(spec.prompt_source.removeprefix("jsonl:")))
         elif self.kind == "sharegpt":
             _, _, path = spec.prompt_source.partition(":")
             self._pairs = load_sharegpt(Path(path) if path else SHAREGPT_SAMPLE)
@@ -376,6 +376,12 @@ class Workload:
     def sharing(self) -> str:
         """What the workload shares by design, in words (said beside the server's hit rate)."""
         spec = self.spec
+        if self.trace is not None:
+            share = self.trace.shared_share()
+            return f"{spec.prompt_source}: " + (
+                "the recorded requests' own text, each sent once: only what they themselves share" if share is None
+                else f"{100 * share:.0f}% of the prompt tokens are in {self.trace.block_tokens}-token blocks an earlier "
+                     "request of the replayed slice had (its hash ids): what a cache that keeps everything would serve")
         return f"{spec.prompt_source}: " + {
             "shared-prefix": f"{spec.prefixes} prefixes of {spec.prefix_tokens} tokens, each shared by every "
                              f"{spec.prefixes}th request",
@@ -549,9 +555,9 @@ def _source_kind(source: str) -> str:
         return "trace"
     if source == "sharegpt" or source.startswith("sharegpt:"):
         return "sharegpt"
-    if source.startswith("jsonl:"):
-        raise InputError(f"workload prompt_source {source!r}: give the JSONL path without 'jsonl:'")
-    return "jsonl"
+    if source == "jsonl:":
+        raise InputError("prompt_source jsonl:PATH: the path is missing")
+    return "jsonl"  # a path, or jsonl:PATH as `load --workload` takes it
 
 
 def load_sharegpt(path: Path) -> list[tuple[str, str]]:

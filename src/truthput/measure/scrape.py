@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 import time
 from typing import Any
 
@@ -46,24 +47,80 @@ async def scrape_edge(session: Any, base_url: str, phase: str) -> list[Scrape]:
     return [Scrape("periodic", f.t_mono, None, f.error) for f in tries[:-1]] + [tries[-1]]
 
 
-IDLE_CHECK_S = 1.0
-"""How long `load` and `run` (on a server truthput did not start) watch the counter before any load."""
+QUIET_CHECK_S = 3.0
+"""How long `load` and `run` (on a server truthput did not start) watch the server before any load:
+several scrape intervals, so a client that sends a request every few seconds is seen."""
+QUIET_INTERVAL_S = 0.5
 
 
-async def idle_rate(base_url: str, emitted_names: tuple[str, ...], seconds: float = IDLE_CHECK_S) -> float | None:
-    """How fast the server's token counter moves with no request of truthput's: two scrapes
-    `seconds` apart before any load (tok/s; None when /metrics or the counter cannot be read).
-    Anything above zero is another client's traffic."""
+@dataclass(frozen=True)
+class QuietCheck:
+    """What the server did before any load of truthput's (`quiet_check`): its token counter and
+    running requests for truthput's model, and how far other models' counters moved."""
+
+    seconds: float
+    tokens: float
+    """The rise of the emitted-token counter for truthput's model over `seconds`."""
+    running_max: float | None
+    """The most requests the server reported running for that model at one scrape."""
+    other_models: dict[str, float]
+    """Other models' counter rise over the same period (their traffic needs no flag)."""
+
+    def warning(self) -> str | None:
+        """One line where another client used truthput's model (None: quiet)."""
+        if self.tokens <= 0 and not self.running_max:
+            return None
+        running = f", up to {self.running_max:.0f} of its requests running" if self.running_max else ""
+        return (f"this server is serving other traffic: over {self.seconds:.1f} s before any load from truthput its "
+                f"token counter rose by {self.tokens:.0f} ({self.tokens / self.seconds:.1f} tok/s){running}; each "
+                "counter figure is checked against truthput's own tokens (foreign_traffic), and a quiet server gives "
+                "the seed's method back")
+
+    def note(self) -> str | None:
+        """Other models' traffic, said (it is not truthput's model's, so nothing is flagged)."""
+        moved = {m: v for m, v in self.other_models.items() if v > 0}
+        if not moved:
+            return None
+        said = ", ".join(f"{m} {v:.0f} tokens" for m, v in sorted(moved.items()))
+        return (f"other models on this server moved their counters over {self.seconds:.1f} s before the load ({said}); "
+                "truthput reads its own model's series only")
+
+
+async def quiet_check(base_url: str, emitted_names: tuple[str, ...], running_names: tuple[str, ...] = (),
+                      model: str | None = None, seconds: float = QUIET_CHECK_S) -> QuietCheck | None:
+    """Scrape every QUIET_INTERVAL_S for `seconds` before any load: the counter's rise and the
+    running requests for `model` (a server labelling series by `model_name` read for that one);
+    None when /metrics or the counter cannot be read."""
     import aiohttp
 
+    from truthput.measure.prom import parse_scrape
+
+    scrapes = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        first = await scrape_metrics(session, base_url, "pre")
-        await asyncio.sleep(seconds)
-        second = await scrape_metrics(session, base_url, "pre")
-    va, vb = counter_value(first, emitted_names), counter_value(second, emitted_names)
-    if va is None or vb is None or vb < va or second.t_mono <= first.t_mono:
+        t_end = time.monotonic() + seconds
+        while True:
+            scrapes.append(parse_scrape(await scrape_metrics(session, base_url, "pre")))
+            if time.monotonic() >= t_end:
+                break
+            await asyncio.sleep(min(QUIET_INTERVAL_S, max(0.0, t_end - time.monotonic())))
+    ok = [p for p in scrapes if p.ok]
+    name = next((p.first_present(emitted_names) for p in ok if p.first_present(emitted_names)), None)
+    if len(ok) < 2 or name is None:
         return None
-    return (vb - va) / (second.t_mono - first.t_mono)
+    labelled = {lb["model_name"] for p in ok for lb, _v in p.samples.get(name, []) if "model_name" in lb}
+    mine = {"model_name": model} if model and model in labelled else None
+    first, last = ok[0], ok[-1]
+    va, vb = first.total(name, mine), last.total(name, mine)
+    if va is None or vb is None or vb < va:
+        return None  # a restart in between: nothing to read
+    running = [v for p in ok for r in running_names[:1] if (v := p.total(r, mine)) is not None]
+    others: dict[str, float] = {}
+    for other in sorted(labelled - {model}) if mine else []:
+        oa, ob = first.total(name, {"model_name": other}), last.total(name, {"model_name": other})
+        if oa is not None and ob is not None and ob >= oa:
+            others[other] = ob - oa
+    return QuietCheck(seconds=last.t_mono - first.t_mono, tokens=vb - va,
+                      running_max=max(running) if running else None, other_models=others)
 
 
 async def server_started(base_url: str) -> float | None:
@@ -113,12 +170,9 @@ async def settled_post_scrapes(session: Any, base_url: str, emitted_names: tuple
     return [first] if scrape is first else [first, scrape]
 
 
-async def other_traffic(base_url: str, emitted_names: tuple[str, ...]) -> str | None:
-    """"this server is serving other traffic: ..." when its token counter moves with no load of
-    truthput's (`idle_rate` over IDLE_CHECK_S), else None (quiet, or no counter to read)."""
-    idle = await idle_rate(base_url, emitted_names, IDLE_CHECK_S)
-    if not idle:
-        return None
-    return (f"this server is serving other traffic: its token counter rose at {idle:.1f} tok/s over "
-            f"{IDLE_CHECK_S:g} s before any load from truthput; each counter figure is checked against "
-            "truthput's own tokens (foreign_traffic), and a quiet server gives the seed's method back")
+async def other_traffic(base_url: str, emitted_names: tuple[str, ...], running_names: tuple[str, ...] = (),
+                        model: str | None = None) -> tuple[str | None, str | None]:
+    """(a warning where another client used truthput's model before any load, a note where only
+    other models moved): `quiet_check` over QUIET_CHECK_S; (None, None) when quiet or unreadable."""
+    check = await quiet_check(base_url, emitted_names, running_names, model)
+    return (None, None) if check is None else (check.warning(), check.note())

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from truthput.text import capped, percent
-from truthput.experiment.levels import Level, level_cell, level_header, level_label
+from truthput.experiment.levels import level_cell, level_header, level_label
 from truthput.report.console import NARROW, fit_numbers, make_console
 from truthput.store.db import Store
 
@@ -128,7 +128,7 @@ def print_run(store: Store, run_id: str, console: Any = None, verbose: bool = Fa
     con.print(f"* baseline. Output tok/s = {basis.definition}. Per-stream rates leave out TTFT and the gaps "
               "between requests, so at c=1 a per-stream rate can exceed the aggregate.")
     verdict = summary.verdict
-    if verdict.per_concurrency or verdict.failed:
+    if verdict.per_concurrency or verdict.decision_lines():
         con.print("[bold]Verdict[/bold]")
         for line in verdict.decision_lines():
             con.print(Text(f"  {line}", style="bold"))
@@ -188,6 +188,7 @@ def print_audit_matrix(audit: Audit, console: Any = None) -> None:
     t.add_column("method")
     for v, c in cells:
         t.add_column(Text(f"{v}\n{level_label(c)}"), justify="right")
+    table_rows: list[list[Any]] = []
     for m in methods:
         vals = []
         for v, c in cells:
@@ -201,9 +202,9 @@ def print_audit_matrix(audit: Audit, console: Any = None) -> None:
                 text = "missing"
             else:
                 text = f"{percent(r.error_pct_vs_counter)} {r.cause}"
-            vals.append(text + (" !" + ",".join(r.flags) if r.flags else ""))
-        t.add_row(m, *vals)
-    con.print(t)
+            vals.append(text + (" !" + " !".join(r.flags) if r.flags else ""))
+        table_rows.append([m, *vals])
+    con.print(fit_numbers(t, table_rows, con.width))
     integ = audit.integrity
     held = sum(r.identity_held for r in integ)
     total = sum(r.trials for r in integ)
@@ -224,8 +225,9 @@ def print_audit_matrix(audit: Audit, console: Any = None) -> None:
         con.print(Text("warning", style="yellow") + Text(f": {w}"))
 
 
-def render_audit(rows: Sequence[AuditEntry], title: str, simulated: bool = False) -> Any:
-    """A rich Table of the audit rows (simulated figures say so on every figure)."""
+def render_audit(rows: Sequence[AuditEntry], title: str, simulated: bool = False, width: int = 160) -> Any:
+    """A rich Table of the audit rows (simulated figures say so on every figure), laid out for
+    `width` columns: figures and flags wrap at their spaces, never cut."""
     from rich.table import Table
     from rich.text import Text
 
@@ -234,20 +236,16 @@ def render_audit(rows: Sequence[AuditEntry], title: str, simulated: bool = False
     for col in ("variant", header, "method", "tok/s", "vs headline", "cause", "trials"):
         table.add_column(col, justify="right" if col in (header, "tok/s", "vs headline", "trials") else "left")
     tag = " (simulated)" if simulated else ""
-    prev: tuple[str, Level] | None = None
+    cells: list[list[Any]] = []
     for r in rows:
-        key = (r.variant, r.key)
-        if prev is not None and key != prev:
-            table.add_section()
-        prev = key
         tok = "missing" if r.tokps is None else f"{r.tokps:.1f}{tag}"
         err = "-" if r.error_pct_vs_counter is None else f"{percent(r.error_pct_vs_counter)}{tag}"
         style = {"reference": "bold", "agrees": "green", "missing data": "dim"}.get(r.cause, "yellow")
         cause = Text(r.cause, style=style)
         if r.flags:
-            cause.append(" !" + ",".join(r.flags), style="bold red")
-        table.add_row(Text(r.variant), level_cell(r.key), Text(r.method), tok, err, cause, str(r.n_trials))
-    return table
+            cause.append(" !" + " !".join(r.flags), style="bold red")
+        cells.append([Text(r.variant), level_cell(r.key), Text(r.method), tok, err, cause, str(r.n_trials)])
+    return fit_numbers(table, cells, width)
 
 
 def _workload_shares(store: Store, run_id: str) -> str | None:

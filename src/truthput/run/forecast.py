@@ -43,7 +43,7 @@ def starts_forecast(exp: Experiment, plan: Plan, store_path: Path, per_start_s: 
 
 
 def external_traffic(exp: Experiment, plan: Plan) -> list[str]:
-    """A server someone else runs (engine external) watched for a second before anything: its
+    """A server someone else runs (engine external) watched for 3 s before anything: its
     counter moving means other clients share it (what every counter figure is then checked for)."""
     import asyncio
 
@@ -52,9 +52,10 @@ def external_traffic(exp: Experiment, plan: Plan) -> list[str]:
     from truthput.engines.external import ExternalEngine
     from truthput.measure.scrape import other_traffic
 
-    emitted = metric_names_for(exp, plan.engine).candidates("emitted_tokens")
-    said = asyncio.run(other_traffic(ExternalEngine(exp.server.url).base_url, emitted))
-    return [said] if said else []
+    names = metric_names_for(exp, plan.engine)
+    said, note = asyncio.run(other_traffic(ExternalEngine(exp.server.url).base_url, names.candidates("emitted_tokens"),
+                                           names.candidates("running"), exp.workload.model))
+    return [x for x in (said, note) if x]
 
 
 def _stored_noise(store_path: Path, engine: str, hostname: str) -> tuple[float | None, str]:

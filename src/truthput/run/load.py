@@ -183,7 +183,7 @@ class LoadRun:
 
 
 def load_summary(opts: LoadOptions, run_id: str | None, outcomes: list[TrialOutcome], sweep: Sweep | None,
-                 simulated: bool) -> LoadSummary:
+                 simulated: bool, before_load: list[str] | None = None) -> LoadSummary:
     """The run's one summary: a row per trial (`truthput.analyze.loadrows.load_row`) and the sweep's answer."""
     from truthput.analyze.loadrows import LoadSweep, load_row
 
@@ -195,7 +195,7 @@ def load_summary(opts: LoadOptions, run_id: str | None, outcomes: list[TrialOutc
     rows = [load_row(o.level, o.mode, o.results, o.load.records, o.trial.status, o.trial.error, o.client_tokens)
             for o in outcomes]
     return LoadSummary(url=opts.url, run_id=run_id, simulated=simulated, unit="req/s" if opts.rate else "streams",
-                       goodput=opts.slo.any, levels=rows, sweep=said)
+                       goodput=opts.slo.any, levels=rows, sweep=said, before_load=list(before_load or []))
 
 
 async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPool | None = None,
@@ -230,6 +230,7 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
         start_id = store.begin_start(run_id, "load", 0, [opts.url], None)
         store.update_start(start_id, status="ready")
     outcomes: list[TrialOutcome] = []
+    before_load: list[str] = []
     sweep: Sweep | None = None
     status = "failed"
     summary: LoadSummary | None = None
@@ -240,11 +241,15 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
             await client.resolve_model()  # fail fast with one line when the endpoint is wrong
             from truthput.measure.scrape import other_traffic
 
-            said = await other_traffic(base, names.candidates("emitted_tokens"))
+            said, note = await other_traffic(base, names.candidates("emitted_tokens"), names.candidates("running"),
+                                             client.model)
             if said:
                 say("warning: " + said)
+                before_load.append(said)
                 if store is not None and run_id is not None:
                     store.event(run_id, "other_traffic", said)
+            if note:
+                say("note: " + note)
             ledger = await _row_ledger(opts, store, tokenizer)
             levels = _levels(opts)
             if opts.sweep:
@@ -283,7 +288,7 @@ async def run_load(opts: LoadOptions, store: Store | None = None, pool: WorkerPo
         status = "interrupted"
         raise
     finally:
-        summary = load_summary(opts, run_id, outcomes, sweep, simulated)
+        summary = load_summary(opts, run_id, outcomes, sweep, simulated, before_load)
         if store is not None:
             if start_id is not None:
                 store.update_start(start_id, status="stopped", stopped_at=time.time())

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from truthput.engines.factory import sim_requirements
 from truthput.errors import InputError
-from truthput.experiment.flagcheck import (check_llamacpp_values, check_speculative_keys, check_variant_flags,
-                                           check_vllm_values, vllm_vocabulary)
+from truthput.experiment.flagcheck import (check_llamacpp_argv, check_llamacpp_values, check_speculative_keys,
+                                           check_variant_flags, check_vllm_values, vllm_vocabulary)
 from truthput.experiment.argv import ServerArgv, argv_diff, int_flag, speculative_settings, variant_argv, whole_number
 from truthput.experiment.engines import metric_family
 from truthput.experiment.file import Experiment
@@ -243,6 +243,24 @@ def _check_variant_argv(exp: Experiment, name: str, argv: ServerArgv) -> None:
                         f"but [hardware].count = {exp.hardware.count}")
 
 
+def _values(argv: ServerArgv) -> list[tuple[str, str | None]]:
+    """The command's (spelling, value) pairs a start uses: not --host / --port, which truthput sets
+    on every start itself (an imported unit's `--port ${PORT}` is never run)."""
+    return [(f.spelling, f.value) for f in argv.flags if f.name not in ("--host", "--port")]
+
+
+def _request_tokens(exp: Experiment) -> tuple[int, int] | None:
+    """The largest prompt and output tokens a request of the workload asks, where set as numbers
+    (a trace: its longest request); None where the workload's lengths are not known here."""
+    wl = exp.workload
+    if wl.replays_trace:
+        reqs = [r for r in workload_of(exp, 0).trace.requests if r.input_tokens is not None]
+        return max(((r.input_tokens, r.output_tokens or 0) for r in reqs), key=sum, default=None)
+    if wl.prompt_source == "synthetic" and isinstance(wl.input_tokens, int) and isinstance(wl.output_tokens, int):
+        return wl.input_tokens, wl.output_tokens
+    return None
+
+
 def _check_duplicates(variants: list[VariantPlan]) -> None:
     """Two variants that would start the very same server (same argv, same environment) compare a
     configuration with itself: almost always a typo or a flag that is already at that value."""
@@ -301,7 +319,11 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
 
     kind = engine or exp.server.engine
     if kind not in ENGINE_KINDS:
-        raise InputError(f"--engine {kind!r}: expected one of {', '.join(ENGINE_KINDS)}")
+        import difflib
+
+        near = difflib.get_close_matches(kind, ENGINE_KINDS, n=1, cutoff=0.6)
+        raise InputError(f"--engine {kind!r}: expected one of {', '.join(ENGINE_KINDS)}"
+                         + (f": did you mean {near[0]!r}?" if near else ""))
     if kind == "sim":
         sim_requirements(exp)
     _check_names(exp, kind)
@@ -322,11 +344,12 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
         # the baseline's own flags too: the simulator would otherwise run a typo as "a flag it
         # does not model", and the verdict compare a server that is not the one written
         check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [], vocab=vocab)
-        check_vllm_values("[server].command", [(f.spelling, f.value) for f in base.flags], vocab)
+        check_vllm_values("[server].command", _values(base), vocab)
     llama = metric_family(kind) == "llamacpp" and _runs_llama_server(base)
     if llama:
         check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [], "llamacpp")
-        check_llamacpp_values("[server].command", [(f.spelling, f.value) for f in base.flags])
+        check_llamacpp_values("[server].command", _values(base))
+        check_llamacpp_argv("[server].command", base, _request_tokens(exp))
     _check_port(exp, kind)
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
@@ -336,9 +359,10 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
             check_variant_flags(f"[[variant]] {v.name!r}", v.set, v.remove, "llamacpp")
         argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
         if llama:
-            check_llamacpp_values(f"[[variant]] {v.name!r}", [(f.spelling, f.value) for f in argv.flags])
+            check_llamacpp_values(f"[[variant]] {v.name!r}", _values(argv))
+            check_llamacpp_argv(f"[[variant]] {v.name!r}", argv, _request_tokens(exp))
         elif vllm_argv:
-            check_vllm_values(f"[[variant]] {v.name!r}", [(f.spelling, f.value) for f in argv.flags], vocab)
+            check_vllm_values(f"[[variant]] {v.name!r}", _values(argv), vocab)
         try:
             spec = speculative_settings(argv)
         except InputError as exc:
@@ -361,8 +385,9 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     # a trial is its window plus ramp-up, drain and scrapes (~3 s); a start is load + readiness
     restart_s = {"sim": 1.5 + exp.sim.startup_s, "external": 0.0}.get(kind, 60.0)
     levels, trial_s = wl.levels, (wl.duration_s or 30.0) + 3.0
+    workload = workload_of(exp, 0)  # its source read as a start would read it: bad rows refused here
     if wl.replays_trace:  # one level: the trace's own rate over the slice replayed, its span a trial
-        replay = workload_of(exp, 0).trace
+        replay = workload.trace
         _check_trace(exp, replay)
         levels, trial_s = [Rate(round(replay.rate, 4))], replay.offsets[-1] + 3.0
     cost = estimate_plan_time(len(variants), len(levels), exp.measure.starts, exp.measure.repeats,

@@ -349,15 +349,19 @@ SHARED_KINDS = frozenset({"external", "systemd"})
 
 
 async def _say_other_traffic(ctx: StartContext, base_url: str, where: str) -> None:
-    """Scrape the server twice, a second apart, before any load of truthput's: a counter that
+    """Watch the server for QUIET_CHECK_S before any load of truthput's: a counter that
     moves is other traffic, said (a warning and an event) before the trials measure anything."""
     from truthput.measure.scrape import other_traffic
 
-    said = await other_traffic(base_url, metric_names_for(ctx.exp, ctx.plan.engine).candidates("emitted_tokens"))
+    names = metric_names_for(ctx.exp, ctx.plan.engine)
+    said, note = await other_traffic(base_url, names.candidates("emitted_tokens"), names.candidates("running"),
+                                     ctx.exp.workload.model)
     if said:
         said = f"{where}: {said}"
         ctx.emit(Note(said, "warning"))
         ctx.sink.event(ctx.run_id, "other_traffic", said)
+    if note:
+        ctx.emit(Note(f"{where}: {note}", "info"))
 
 
 async def _trials(ctx: StartContext, engine: Engine, vp: VariantPlan, start_index: int,

@@ -53,4 +53,5 @@ def summary_inputs(store: Store, run_id: str, guard_texts: dict[str, list[str]] 
         failed=store.failed_variants(run_id), baseline=baseline, measure=measure, simulated=bool(run.simulated),
         guard_texts=stored_guard_texts(store, run_id) if guard_texts is None else guard_texts,
         placements=placements, record=run.summary_json, compares=not run.is_load,
+        before_load=[e.message for e in store.events(run_id) if e.kind == "other_traffic"],
         prompt_source=exp.workload.prompt_source if (exp := store.experiment(run_id)[0]) is not None else "synthetic")
