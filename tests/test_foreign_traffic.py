@@ -54,6 +54,22 @@ def test_another_client_is_named_and_the_headline_is_truthputs_own(share, engine
     assert float(said.group(2)) / 100 <= share * 1.5 + 0.05, flag.reason
 
 
+@pytest.mark.parametrize("continuous", [False, True], ids=["usage only at the end", "running usage"])
+def test_a_bursty_client_is_sized_by_its_rate_over_the_window_not_one_interval(continuous):
+    """Issue 62: another client whose tokens land in bursts (a request every 1.5 s) was sized by the
+    one 0.1-s scrape interval that caught a burst, many times its real rate. The flag now names the
+    excess over the whole window: within 50% of the other client's mean rate."""
+    cfg = {"concurrency": 4, "requests": 160, "max_tokens": 40, "continuous_usage": continuous,
+           "periodic_scrapes": 30}
+    own = _own_rate(cfg)
+    foreign = 0.3 * own
+    sim = simulate(TruthConfig(**cfg, foreign_tps=foreign, foreign_every_s=1.5))
+    res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4, engine="vllm")
+    (flag,) = [f for f in res.throughput.counter_window.flags if f.code == "foreign_traffic"]
+    said = re.search(r"([\d.]+) tok/s more than truthput's own requests", flag.reason)
+    assert said and float(said.group(1)) <= 1.5 * foreign, (foreign, flag.reason)
+
+
 def test_a_quiet_server_raises_no_flag_with_or_without_running_usage():
     for continuous in (True, False):
         cfg = {"concurrency": 4, "requests": 96, "max_tokens": 40, "continuous_usage": continuous}

@@ -183,3 +183,43 @@ def test_a_unit_whose_port_and_host_are_variables_is_planned(tmp_path, env_file)
     plan = subprocess.run([*run, "plan", str(tmp_path / "v.toml")], capture_output=True, text=True, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
     assert "+ --max-num-seqs 16" in plan.stdout or "--max-num-seqs 8 -> 16" in plan.stdout
+
+
+def test_run_warns_as_plan_does_when_no_flag_table_matches_the_engine_version(tmp_path):
+    """Issue 62: `engine_version` naming a vLLM truthput has no flag table for drew plan's warning and
+    nothing from run."""
+    program = tmp_path / "vllm"
+    program.write_text("#!/bin/sh\nexit 1\n")
+    program.chmod(0o755)
+    exp = tmp_path / "e.toml"
+    exp.write_text(f"""[experiment]
+name = "ev"
+baseline = "a"
+
+[server]
+engine = "vllm"
+engine_version = "0.1.0"
+command = ["{program}", "serve", "/models/m", "--max-num-seqs", "8"]
+ready_timeout_s = 5
+
+[[variant]]
+name = "a"
+
+[[variant]]
+name = "b"
+set = {{ "--max-num-seqs" = 16 }}
+
+[workload]
+concurrency = [1]
+duration_s = 1
+warmup_s = 0
+
+[measure]
+starts = 1
+""")
+    run = [sys.executable, "-m", "truthput"]
+    plan = subprocess.run([*run, "plan", str(exp)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    ran = subprocess.run([*run, "run", str(exp), "--store", str(tmp_path / "r.db"), "--no-reports"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    said = [" ".join(x.split()) for x in (plan.stdout + plan.stderr, ran.stderr)]
+    assert all("flags not checked: truthput has no table of vLLM 0.1.0" in x for x in said), said

@@ -67,6 +67,7 @@ class TruthConfig:
     metrics_lag_s: float = 0.0  # /metrics shows the state this long ago
     metrics_lag_scrapes: bool = False  # /metrics serves what the previous scrape would have seen
     foreign_tps: float = 0.0  # another client's tokens per second: counted by /metrics, never sent to this one
+    foreign_every_s: float = 0.0  # > 0: the other client's tokens land in bursts this far apart (its mean rate foreign_tps)
     other_model_tps: float = 0.0  # a second model on the same server ("other"), its own labelled series
     periodic_scrapes: int = 0  # simulate(): this many evenly spaced scrapes inside the window
     stale_scrapes: tuple[int, ...] = ()  # these /metrics answers (0 = the first) come from a replica ...
@@ -190,7 +191,10 @@ class Metrics:
             lines.append(f"{name}_total{{{labels}}} {float(value)}")
             lines.append(f"{name}_created{{{labels}}} {created}")
 
-        foreign = int(cfg.foreign_tps * (t_seen - max(t0, 0.0)))
+        since = t_seen - max(t0, 0.0)
+        if cfg.foreign_every_s > 0:  # a request every few seconds, its tokens counted as it ends
+            since = cfg.foreign_every_s * int(since / cfg.foreign_every_s)
+        foreign = int(cfg.foreign_tps * since)
         counter("vllm:generation_tokens", sum(e.tokens for e in em) + foreign)
         if cfg.other_model_tps:
             other = 'engine="0",model_name="other"'

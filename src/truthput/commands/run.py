@@ -75,7 +75,12 @@ def run(
         # a bad file or an impossible plan fails before a store is created
         exp, text = load_experiment(experiment)
         overrides = simulate_on(exp, engine, sim_gpu, sim_model)
-        checked_plan(exp, engine, experiment)
+        planned = checked_plan(exp, engine, experiment)
+        from truthput.run.plan import vocabulary_lines
+
+        for line in vocabulary_lines(exp, planned.engine):  # what plan warns, run says too
+            if line.startswith("flags not checked"):
+                typer.echo(f"truthput: warning: {line}", err=True)
     elif resume and not store.exists():
         raise InputError(f"--resume {resume}: no results store at {store}")
     db = Store(store)

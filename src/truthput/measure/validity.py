@@ -64,9 +64,15 @@ def add_flag(fig: Figure | None, code: str, reason: str) -> None:
         fig.flags.append(Flag(code=code, reason=reason))
 
 
-def flag_foreign(counter: Figure, rise: float, own: float, seconds: float | None, said: str) -> None:
+def flag_foreign(counter: Figure, rise: float, own: float, seconds: float | None, said: str,
+                 window: tuple[float, float, float] | None = None) -> None:
     """`foreign_traffic` on a counter that rose by `rise` where truthput's own requests explain
-    `own` tokens: the excess in tok/s (over `seconds`) and as a share of truthput's own."""
+    `own` tokens: the excess in tok/s (over `seconds`) and as a share of truthput's own. `window`:
+    (rise, own, seconds) over the whole window, which sizes the excess where one interval between
+    two scrapes caught it (another client's burst in 0.7 s is not its rate)."""
+    if window is not None and window[2] > 0:
+        rise, own, seconds = window
+        said += f"; over the window's {seconds:.1f} s the counter rose {rise:.0f} against {own:.0f} of truthput's"
     excess = rise - own
     rate = f"{excess / seconds:.1f} tok/s" if seconds else f"{excess:g} tokens"
     share = f", {excess / own:+.0%} of truthput's own" if own > 0 else ""
@@ -169,8 +175,16 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
             break
 
 
+def _window_of(intervals: Sequence[tuple[float, float, float | None, int]], owns: Sequence[float],
+               ) -> tuple[float, float, float]:
+    """(the counter's rise, truthput's own tokens, seconds) summed over the readable intervals."""
+    kept = [(t_to - t_from, rise, own) for (t_from, t_to, rise, resets), own in zip(intervals, owns)
+            if rise is not None and not resets]
+    return sum(r for _s, r, _o in kept), sum(o for _s, _r, o in kept), sum(s for s, _r, _o in kept)
+
+
 def _out_of_bounds(counter: Figure, rise: float, seconds: float, bounds: tuple[float, float], own: float,
-                   said: tuple[str, str]) -> bool:
+                   said: tuple[str, str], window: tuple[float, float, float] | None = None) -> bool:
     """Flag a counter that rose by less than the lower bound (stale) or more than the upper bound
     (foreign traffic) of what truthput's own requests explain between two scrapes; `said` tells
     each bound's basis."""
@@ -179,7 +193,7 @@ def _out_of_bounds(counter: Figure, rise: float, seconds: float, bounds: tuple[f
         add_flag(counter, "stale_counter", f"{where} {said[0]}: /metrics is behind what was served")
         return True
     if rise > bounds[1]:
-        flag_foreign(counter, rise, own, seconds, f"{where} {said[1]}")
+        flag_foreign(counter, rise, own, seconds, f"{where} {said[1]}", window)
         return True
     return False
 
@@ -205,6 +219,7 @@ def _check_whole_requests(results: TrialResults, intervals: Sequence[tuple[float
     ends = np.asarray([t for t, _n in finished], dtype=float)
     tokens = np.asarray([n for _t, n in finished], dtype=float)
     e = FINISH_EDGE_S
+    window = _window_of(intervals, [float(tokens[(ends > a) & (ends <= b)].sum()) for a, b, _r, _n in intervals])
     for t_from, t_to, rise, resets in intervals:
         if rise is None or resets:
             continue
@@ -212,7 +227,7 @@ def _check_whole_requests(results: TrialResults, intervals: Sequence[tuple[float
         may = float(tokens[(ends > t_from - e) & (ends <= t_to + e)].sum())
         if _out_of_bounds(counter, rise, t_to - t_from, (sure, may), may,
                           (f"requests that ended between them carried {sure:g} tokens (usage)",
-                           f"every request that may have ended between them carried {may:g} tokens")):
+                           f"every request that may have ended between them carried {may:g} tokens"), window):
             break
 
 
@@ -241,6 +256,7 @@ def _check_request_spans(results: TrialResults, intervals: Sequence[tuple[float,
     ends = np.asarray([b for _a, b, _n in spans], dtype=float)
     tokens = np.asarray([n for _a, _b, n in spans], dtype=float)
     e = SPAN_EDGE_S
+    window = _window_of(intervals, placed)
     for (t_from, t_to, rise, resets), est in zip(intervals, placed):
         if rise is None or resets:
             continue
@@ -249,7 +265,7 @@ def _check_request_spans(results: TrialResults, intervals: Sequence[tuple[float,
         high = min(float(tokens[(ends > t_from - e) & (first <= t_to + e)].sum()), est + slack)
         placed_text = f"the requests' final usage placed on their chunks puts {est:.0f} tokens between them"
         if _out_of_bounds(counter, rise, t_to - t_from, (low, high), est,
-                          (f"{placed_text} (at least {low:.0f})", f"{placed_text} (at most {high:.0f})")):
+                          (f"{placed_text} (at least {low:.0f})", f"{placed_text} (at most {high:.0f})"), window):
             break
 
 
