@@ -215,24 +215,48 @@ def test_draft_model_speculation_ab_on_the_real_server(llama_server, small_gguf,
     print(f"llama.cpp draft-model speculation A/B: {took:.0f} s")
 
 
-def test_a_context_that_cuts_outputs_short_is_flagged_unequal_work_and_not_decided(llama_server, tiny_gguf,
-                                                                                    tmp_path):
-    """The `-c`/`-np` trap: `-c 1024` with `-np 4` gives each slot 256 tokens of context, so requests
-    asking 256 output tokens stop early (`finish_reason: length`). That variant's tok/s is not the
-    baseline's quantity: its cell is flagged `unequal_work`, the comparison is not decided, and the
-    verdict says why. Known truth: the server's own finish reasons and usage in the store."""
+def test_a_context_that_cuts_outputs_short_is_refused_by_plan_and_run(llama_server, tiny_gguf, tmp_path):
+    """The `-c`/`-np` trap: `-c 1024` with `-np 4` gives each slot 256 tokens of context, so requests of
+    64 prompt + 256 output tokens stop early (`finish_reason: length`): a variant measured so does other
+    work than the baseline. `plan` and `run` refuse it before any start, with one line (issue 62; until
+    then it ran and was flagged `unequal_work`). Known truth: the real server, started by hand with that
+    context, cuts such a request short."""
+    import urllib.request
+
+    from .conftest import free_port
+
     command = [str(llama_server), "-m", str(tiny_gguf), "--metrics", "-c", "4096", "-t", "1", "-np", "4"]
-    proc, took = run_ab(tmp_path, "llama-ctx", "c4096", command,
-                        ["[[variant]]", 'name = "c4096"', "", "[[variant]]", 'name = "c1024"', 'set = { "-c" = 1024 }',
-                         ""], "[4]", 256)
-    db = sqlite3.connect(tmp_path / "ab.db")
-    cut = db.execute("SELECT t.variant, COUNT(*) FROM requests r JOIN trials t ON t.id = r.trial_id "
-                     "WHERE r.finish_reason = 'length' AND r.completion_tokens < 256 GROUP BY t.variant").fetchall()
-    assert dict(cut).keys() == {"c1024"}, cut  # the server's own ledger: only the small context cut outputs
-    verdict = proc.stdout[proc.stdout.index("Verdict"):]
-    assert "c1024 is" not in verdict and "c4096 is" not in verdict, verdict[:2000]
-    assert "not compared on tok/s: its requests did other work" in verdict, verdict[:2000]
-    assert "unequal_work" in proc.stdout
-    summary = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])
-    assert "unequal_work" in json.dumps(summary)
-    print(f"llama.cpp -c 1024 vs 4096 at -np 4: {took:.0f} s; outputs cut short: {dict(cut)}")
+    exp = "\n".join([
+        "[experiment]", 'name = "llama-ctx"', 'baseline = "c4096"', "", "[server]", 'engine = "llamacpp"',
+        f"command = {json.dumps(command)}", "", "[[variant]]", 'name = "c4096"', "", "[[variant]]",
+        'name = "c1024"', 'set = { "-c" = 1024 }', "", "[workload]", "concurrency = [4]", "input_tokens = 64",
+        "output_tokens = 256", ""])
+    (tmp_path / "ab.toml").write_text(exp)
+    said = {}
+    for cmd in ("plan", "run"):
+        proc = subprocess.run([str(TRUTHPUT), cmd, str(tmp_path / "ab.toml"),
+                               *(["--store", str(tmp_path / "ab.db")] if cmd == "run" else [])],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (cmd, proc.stdout[-2000:], proc.stderr[-2000:])
+        said[cmd] = proc.stderr.strip().splitlines()[-1]
+    assert said["plan"] == said["run"] and "-c 1024 over -np 4 slots is 256 tokens a slot" in said["plan"], said
+    assert not (tmp_path / "ab.db").exists()
+    port = free_port()
+    server = subprocess.Popen([str(llama_server), "-m", str(tiny_gguf), "-c", "1024", "-np", "4", "-t", "1",
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        body = json.dumps({"prompt": " ".join(["word"] * 64), "max_tokens": 256, "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        answer = json.loads(urllib.request.urlopen(req, timeout=120).read())
+        assert answer["choices"][0]["finish_reason"] == "length"
+        assert answer["usage"]["completion_tokens"] < 256, answer["usage"]
+    finally:
+        server.terminate()
+        server.wait(10)
