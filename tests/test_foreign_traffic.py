@@ -52,6 +52,9 @@ def test_another_client_is_named_and_the_headline_is_truthputs_own(share, engine
     assert said, flag.reason
     # the excess it names is the other client's, give or take the edges of the interval it was seen in
     assert float(said.group(2)) / 100 <= share * 1.5 + 0.05, flag.reason
+    # the audit names the cause of the server-side counts that are off: the other client, not the window
+    (pre_post,) = [m for m in res.methods if m.method == "counter pre->post"]
+    assert pre_post.cause == ("another client" if share >= 0.3 else pre_post.cause), pre_post
 
 
 @pytest.mark.parametrize("continuous", [False, True], ids=["usage only at the end", "running usage"])

@@ -920,11 +920,14 @@ def _methods(result: TrialResults, emitted: str | None, d_win: CounterDelta, cou
                      "while per-request active time excludes TTFT and gaps (window)", probe_break))
     rows.append(_row("usage whole trial", whole.usage_trial.number(), ref, "window", "usage",
                      "includes ramp-up and drain"))
-    rows.append(_row("counter pre->post", whole.counter_trial.number(), ref, "window", "server_counter",
-                     "includes ramp-up, drain and idle time around the load"))
-    rows.append(_row("log line mean (window)", lb.generation_mean_window.number(), ref, "window", "log_line",
+    # the server's own counts hold another client's tokens where the window's counter was caught with them
+    server_side = "another client" if any(f.code == "foreign_traffic" for f in tp.counter_window.flags) else "window"
+    rows.append(_row("counter pre->post", whole.counter_trial.number(), ref, server_side, "server_counter",
+                     "includes ramp-up, drain and idle time around the load"
+                     + ("; and another client's tokens (foreign_traffic)" if server_side != "window" else "")))
+    rows.append(_row("log line mean (window)", lb.generation_mean_window.number(), ref, server_side, "log_line",
                      lb.generation_mean_window.note or "engine interval != timed window"))
-    rows.append(_row("log line peak (window)", lb.generation_peak_window.number(), ref, "window", "log_line",
+    rows.append(_row("log line peak (window)", lb.generation_peak_window.number(), ref, server_side, "log_line",
                      "peak of intervals, not the mean"))
     if lb.generation_peak_trial is not None:
         rows.append(_row("log line peak (trial)", lb.generation_peak_trial.number(), ref, "window", "log_line",
