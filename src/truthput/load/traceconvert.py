@@ -35,7 +35,6 @@ _VLLM_LINE = re.compile(
     r"(?P<msg>.*)$")
 _RECEIVED = re.compile(r"Received request (?P<id>\S+): params: (?P<params>.*)$")
 _BODY = re.compile(r"Request (?P<id>\S+) JSON body: (?P<body>\{.*)$")
-_PROMPT = re.compile(r"Request (?P<id>\S+) details: prompt: .*prompt_token_ids: \[(?P<ids>[^\]]*)\]")
 _OUTPUT = re.compile(r"Generated response (?P<id>\S+?)(?P<stream> \(streaming (?:complete|delta)\))? details: "
                      r"output_token_ids: \[(?P<ids>[^\]]*)\]")
 _FINISHED = re.compile(r"Generated response (?P<id>\S+?)(?: \(streaming (?:complete|delta)\))?: output: .*, "

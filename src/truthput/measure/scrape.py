@@ -104,7 +104,7 @@ async def quiet_check(base_url: str, emitted_names: tuple[str, ...], running_nam
                 break
             await asyncio.sleep(min(QUIET_INTERVAL_S, max(0.0, t_end - time.monotonic())))
     ok = [p for p in scrapes if p.ok]
-    name = next((p.first_present(emitted_names) for p in ok if p.first_present(emitted_names)), None)
+    name = next(filter(None, (p.first_present(emitted_names) for p in ok)), None)
     if len(ok) < 2 or name is None:
         return None
     labelled = {lb["model_name"] for p in ok for lb, _v in p.samples.get(name, []) if "model_name" in lb}
@@ -113,7 +113,8 @@ async def quiet_check(base_url: str, emitted_names: tuple[str, ...], running_nam
     va, vb = first.total(name, mine), last.total(name, mine)
     if va is None or vb is None or vb < va:
         return None  # a restart in between: nothing to read
-    running = [v for p in ok for r in running_names[:1] if (v := p.total(r, mine)) is not None]
+    gauge = running_names[0] if running_names else None
+    running = [v for p in ok if gauge and (v := p.total(gauge, mine)) is not None]
     others: dict[str, float] = {}
     for other in sorted(labelled - {model}) if mine else []:
         oa, ob = first.total(name, {"model_name": other}), last.total(name, {"model_name": other})

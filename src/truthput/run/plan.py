@@ -349,7 +349,8 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
     if llama:
         check_variant_flags("[server].command", [f.spelling.split("=", 1)[0] for f in base.flags], [], "llamacpp")
         check_llamacpp_values("[server].command", _values(base))
-        check_llamacpp_argv("[server].command", base, _request_tokens(exp))
+        request_tokens = _request_tokens(exp)  # once: every variant is checked against the same workload
+        check_llamacpp_argv("[server].command", base, request_tokens)
     _check_port(exp, kind)
     variants: list[VariantPlan] = []
     for pos, v in enumerate(exp.variant):
@@ -360,7 +361,7 @@ def build_plan(exp: Experiment, engine: str | None = None) -> Plan:
         argv = variant_argv(base, set=v.set, remove=v.remove, where=f"[[variant]] {v.name!r}")
         if llama:
             check_llamacpp_values(f"[[variant]] {v.name!r}", _values(argv))
-            check_llamacpp_argv(f"[[variant]] {v.name!r}", argv, _request_tokens(exp))
+            check_llamacpp_argv(f"[[variant]] {v.name!r}", argv, request_tokens)
         elif vllm_argv:
             check_vllm_values(f"[[variant]] {v.name!r}", _values(argv), vocab)
         try:
