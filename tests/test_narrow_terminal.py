@@ -88,3 +88,32 @@ def test_at_80_columns_no_figure_or_flag_is_cut(args, tmp_path):
     words = lambda text: {w for w in re.findall(r"[A-Za-z_]{6,}", text)}  # noqa: E731
     broken = {w for w in words(narrow) - words(wide) if not any(w in x for x in words(wide))}
     assert not broken, broken  # no word split mid-way into a new fragment
+
+
+def test_a_table_too_wide_for_80_columns_keeps_every_figure_and_flag_whole():
+    """More columns than 80 columns hold even at each column's longest word (a load row, a run with
+    its extra figure columns): the rows become blocks of `header: value` lines, no figure cut."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from truthput.report.console import fit_numbers
+
+    headers = ["variant", "req/s", "output tok/s (95% CI)\n[server counter]", "tok/s per stream", "TTFT p50 ms",
+               "tokens per request", "vs baseline (95% CI)", "prefix-cache hits %", "replay late p99 ms",
+               "starts x trials"]
+    rows = [["default", "5.4935", Text("210.6 (208.0..213.2)"), "125.2", "39.5", "39.8", "baseline", "68", "1.9",
+             "3 x 2"],
+            ["one_seq", "5.4935", Text("172.6 (157.9..188.7) !host_interference"), "195.7", "1205.9", "39.8",
+             "-18.0% (-27.3..-7.6)", "63", "1.7", "3 x 2"]]
+    table = Table()
+    for h in headers:
+        table.add_column(Text(h))  # as the views give them: "[server counter]" is text, not markup
+    con = Console(record=True, width=80)
+    con.print(fit_numbers(table, rows, 80))
+    text = con.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    words = set(text.split())
+    for row in rows:
+        for cell in row:
+            assert all(w in words for w in str(cell).split()), (cell, text)
+    assert "[server counter]" in " ".join(text.split())  # a header's provenance kept

@@ -53,8 +53,28 @@ def fit_numbers(table: Any, rows: Sequence[Sequence[Any]], width: int) -> Any:
         for column, w in zip(table.columns, widths):
             column.width = w
     elif room < sum(lows):
-        for column, lo in zip(table.columns, lows):
-            column.width = lo  # the figures whole, the table wider than the terminal
+        return _stacked(table, rows, texts)  # the figures whole: a block per row, a line per column
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _stacked(table: Any, rows: Sequence[Sequence[Any]], texts: Sequence[Sequence[str]]) -> Any:
+    """`table` too wide for the terminal even with each column at its longest word: each row as a
+    block of `header: value` lines (a terminal would otherwise cut figures and flags at its edge)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    out = Table(title=table.title, box=box.SIMPLE, show_header=False, pad_edge=False)
+    # the values keep their longest word whole; the headers wrap into what is left
+    longest = max((len(w) for col in texts for t in col[:-1] for w in t.split()), default=1)
+    out.add_column(style="dim")
+    out.add_column(min_width=longest)
+    headers = [" ".join(col[-1].split()) for col in texts]
+    for i, row in enumerate(rows):
+        for header, cell in zip(headers, row):
+            out.add_row(Text(header), cell)  # a header's "[server counter]" is text, not markup
+        if i < len(rows) - 1:
+            out.add_section()
+    return out
