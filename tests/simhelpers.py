@@ -118,6 +118,15 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
+def free_port() -> int:
+    """A port nothing listens on now (the OS's pick)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def wait_listening(port: int, timeout_s: float = 30.0) -> None:
     """Until something accepts TCP connections on 127.0.0.1:port (a server started as a subprocess)."""
     import socket

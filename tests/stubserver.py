@@ -7,7 +7,7 @@ is the text " t<k>"). It records the maximum number of concurrently open streams
 
 In-process: `server = await StubServer(StubConfig(...)).start()`; `server.url`; `await server.stop()`.
 Out of process (so client CPU can be measured alone): `python tests/stubserver.py --port P ...`;
-GET /stats returns the counters as JSON.
+GET /stats returns the counters as JSON; GET /journal each request as (received, answered, body).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -59,6 +60,7 @@ class StubServer:
         self.port = port
         self.active_samples: list[int] = []  # `active` at each request start (after increment)
         self.timeline: list[tuple[float, int]] = []  # (time.monotonic(), active) at every change
+        self.journal: list[tuple[float, float, dict[str, Any]]] = []  # (received, answered, body) per request
         self._runner: web.AppRunner | None = None
 
     @property
@@ -69,6 +71,7 @@ class StubServer:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stats", self._stats)
+        app.router.add_get("/journal", self._journal)
         if self.cfg.serve_metrics:
             app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._completions)
@@ -92,6 +95,9 @@ class StubServer:
 
     async def _stats(self, _req: web.Request) -> web.Response:
         return web.json_response(asdict(self.stats))
+
+    async def _journal(self, _req: web.Request) -> web.Response:
+        return web.json_response(self.journal)
 
     async def _metrics(self, _req: web.Request) -> web.Response:
         text = ("# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
@@ -130,6 +136,7 @@ class StubServer:
         running = bool(opts.get("continuous_usage_stats")) and cfg.continuous_usage == "on"
         include_usage = bool(opts.get("include_usage")) and cfg.continuous_usage != "none"
         self.stats.requests += 1
+        t_received = time.monotonic()
         self.stats.active += 1
         self.stats.max_active = max(self.stats.max_active, self.stats.active)
         self.active_samples.append(self.stats.active)
@@ -205,6 +212,7 @@ class StubServer:
         finally:
             self.stats.active -= 1
             self.timeline.append((time.monotonic(), self.stats.active))
+            self.journal.append((t_received, time.monotonic(), body))
 
 
 def main() -> None:

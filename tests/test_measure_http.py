@@ -24,6 +24,8 @@ from truthserver import TruthConfig, TruthServer, truth_tokenizer
 class FixedBodies:
     """A stand-in for load.workload.Workload: every request asks for the same max_tokens."""
 
+    chain = 1
+
     def __init__(self, chat: bool, max_tokens: int):
         self.chat, self.max_tokens = chat, max_tokens
 

@@ -30,7 +30,7 @@ from truthput.cluster import lost_errors
 from truthput.errors import MeasurementError, InputError
 from truthput.load.client import ClientConfig
 from truthput.load.schedule import LoadResult
-from truthput.load.workers import Callback, StridedWorkload, TrialLoad, coordinate, merge_results, share
+from truthput.load.workers import Callback, TrialLoad, coordinate, in_global_indices, merge_results, part_loop, share
 from truthput.load.workload import Workload
 
 PINGS = 25
@@ -88,17 +88,9 @@ class LoadWorkerImpl:
         self.task = asyncio.get_running_loop().create_task(self._trial(workload, part, n_active))
 
     async def _trial(self, workload: Workload, part: TrialLoad, n_active: int) -> None:
-        from truthput.load.schedule import ClosedLoop, OpenLoop
-
         k = self.k
         try:
-            wl = StridedWorkload(workload, k, n_active)
-            if part.mode == "closed":
-                load: Any = ClosedLoop(self.client, wl, part.concurrency, duration_s=part.duration_s,  # type: ignore[arg-type]
-                                       max_requests=part.max_requests)
-            else:
-                load = OpenLoop(self.client, wl, part.rate or 1.0, part.arrival, part.max_in_flight,  # type: ignore[arg-type]
-                                duration_s=part.duration_s, max_requests=part.max_requests, seed=part.seed)
+            load = part_loop(self.client, workload, part, k, n_active)
             self.load = load
             if self.ended:
                 load.end_window()
@@ -110,10 +102,7 @@ class LoadWorkerImpl:
             async def window_end() -> None:
                 self.msgs.append(("window_end", k))
 
-            res = await load.run(window_start, window_end)
-            for r in res.records:
-                r.idx = k + n_active * r.idx
-                r.worker = k
+            res = in_global_indices(await load.run(window_start, window_end), load.workload, k)
             self.msgs.append(("result", k, shift(res, self.skew)))
         except Exception as exc:  # noqa: BLE001 - reported to the driver as one line
             self.msgs.append(("error", k, f"load worker {k}: {type(exc).__name__}: {exc}"))
@@ -219,7 +208,7 @@ class RayLoadPool:
                   on_window_end: Callback | None = None) -> LoadResult:
         if not self.workers:
             raise MeasurementError("ray load workers: not started (await RayLoadPool.start() first)")
-        parts = share(load, self.n)
+        parts = share(load, self.n, workload.chain)
         n_active = len(parts)
         active = [w for w, _ in self.workers[:n_active]]
         lost = lost_errors(self.ray)

@@ -20,15 +20,14 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from truthput.errors import InputError
 from truthput.load.client import StreamClient
 from truthput.load.records import RequestRecord
 from truthput.load.selfcheck import LagProbe, SelfCheck
-from truthput.load.workload import Workload
 
 Callback = Callable[[], Awaitable[None]]
 
@@ -82,12 +81,22 @@ ERROR_BUDGET_MIN = 20
 ERROR_BUDGET_PER_STREAM = 4
 
 
+class Requests(Protocol):
+    """What a loop sends: request i's body, and how its requests chain (`Workload.chain`, the
+    workload itself or one worker's share of it)."""
+
+    @property
+    def chain(self) -> int: ...
+
+    def body(self, i: int) -> dict[str, Any]: ...
+
+
 class BodyPrefetch:
     """Request bodies built ahead of use, off the event loop (a worker thread), so building a long
     exact-length prompt never delays chunk timestamps. `get(i)` falls back to an inline build in a
     thread when the prefetch fell behind (counted in `late`)."""
 
-    def __init__(self, workload: Workload, ahead: int, limit: int | None) -> None:
+    def __init__(self, workload: Requests, ahead: int, limit: int | None) -> None:
         self.workload = workload
         self.ahead = ahead
         self.limit = limit
@@ -148,7 +157,7 @@ class _Loop:
     (a window's seconds or a number of requests), its lead before the window, the requests in
     flight, the end of the window on request, and how a load's result is made."""
 
-    def __init__(self, kind: str, client: StreamClient, workload: Workload, duration_s: float | None,
+    def __init__(self, kind: str, client: StreamClient, workload: Requests, duration_s: float | None,
                  max_requests: int | None, lead_s: float) -> None:
         _check_extent(kind, duration_s, max_requests)
         self.client = client
@@ -190,7 +199,7 @@ class ClosedLoop(_Loop):
     def __init__(
         self,
         client: StreamClient,
-        workload: Workload,
+        workload: Requests,
         concurrency: int,
         duration_s: float | None = None,
         max_requests: int | None = None,
@@ -231,7 +240,8 @@ class ClosedLoop(_Loop):
         # Bodies are built ahead (the first batch before the load, the rest in a worker thread):
         # an exact-length prompt of 32k tokens costs ~0.1 s of tokenizer time, which would stall
         # the event loop and delay every stream's chunk timestamps if built inline.
-        self.bodies = BodyPrefetch(workload, max(4 * concurrency, 32), max_requests)
+        self._chain = max(1, workload.chain)
+        self.bodies = BodyPrefetch(workload, max(4 * concurrency * self._chain, 32), max_requests)
         self.inline_builds = 0
 
     def _on_first_token(self, _idx: int) -> None:
@@ -239,16 +249,31 @@ class ClosedLoop(_Loop):
         if self._streaming >= self.concurrency:
             self._settled.set()
 
+    def _claim(self, turns: list[int]) -> int | None:
+        """The request a stream sends next: the next turn of the chain it holds (a conversation's
+        turns go one after another, each once the one before is answered), else the first of the
+        next chain (`Workload.chain`); None when the requests have run out."""
+        if not turns:
+            start, limit = self._next_idx, self.max_requests
+            if limit is not None and start >= limit:
+                self._all_issued.set()
+                return None
+            self._next_idx = start + self._chain if limit is None else min(start + self._chain, limit)
+            turns.extend(range(start, self._next_idx))
+            if limit is not None and self._next_idx >= limit:
+                self._all_issued.set()
+        return turns.pop(0)
+
     async def _worker(self) -> None:
         client, bodies, records = self.client, self.bodies, self._records
-        while not self._stop:
-            if self.max_requests is not None and self._next_idx >= self.max_requests:
-                self._all_issued.set()
+        turns: list[int] = []
+        # a set number of requests is sent whole: a conversation under way when the window closes
+        # finishes its turns (drained like the requests in flight); a timed load stops at the window
+        finish = self.max_requests is not None and self.drain
+        while not self._stop or (turns and finish and not self._abort.is_set()):
+            idx = self._claim(turns)
+            if idx is None:
                 return
-            idx = self._next_idx
-            self._next_idx += 1
-            if self.max_requests is not None and self._next_idx >= self.max_requests:
-                self._all_issued.set()
             body = await bodies.get(idx)
             self._in_flight += 1
             if self._in_flight > self.max_in_flight:
@@ -380,7 +405,7 @@ class OpenLoop(_Loop):
     def __init__(
         self,
         client: StreamClient,
-        workload: Workload,
+        workload: Requests,
         rate: float,
         arrival: str = "poisson",
         max_in_flight: int | None = None,
@@ -407,6 +432,14 @@ class OpenLoop(_Loop):
         self.seed = seed
         self.delayed_arrivals = 0
         self.lateness: list[float] = []
+        self.answered: dict[int, asyncio.Event] = {}
+        """Request i's event while it is unanswered, for the turn after it (`Workload.chain`); set and
+        dropped when it is answered."""
+        self.turns_waited = 0
+        """Later turns whose arrival came before the turn before them was answered."""
+        self.finish_turns = max_requests is not None
+        """A set number of requests is sent whole: a later turn held when the arrivals end is still
+        sent (not after an abort)."""
 
     def arrival_offsets(self) -> Iterator[float]:
         """Seconds after the start at which requests 0, 1, ... arrive (deterministic per seed): what
@@ -452,6 +485,8 @@ class OpenLoop(_Loop):
                 self._in_flight -= 1
                 if slots is not None:
                     slots.release()
+                if idx in self.answered:
+                    self.answered.pop(idx).set()
             records.append(rec)
             first_done.set()
             errors[rec.status == "ok"] += 1
@@ -459,18 +494,22 @@ class OpenLoop(_Loop):
                 # the same error budget as the closed loop: a dead server ends the load at once
                 stopped.append(f"{errors[0]} of {sum(errors)} requests failed (error budget {budget}); "
                                f"last: {rec.error}")
+                self.finish_turns = False
                 stop_arrivals.set()
                 aborted.set()
 
-        def send(idx: int, body: dict[str, Any]) -> None:
-            task = loop.create_task(one(idx, body), name=f"truthput-stream-{idx}")
+        def hold(coro: Coroutine[Any, Any, None], name: str = "truthput-next-turn") -> None:
+            task = loop.create_task(coro, name=name)
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+
+        def send(idx: int, body: dict[str, Any]) -> None:
+            hold(one(idx, body), f"truthput-stream-{idx}")
 
         probe = LagProbe()
         probe.start()
         t_start = time.monotonic()
-        arr = loop.create_task(self._arrivals(bodies, slots, stop_arrivals, send), name="truthput-arrivals")
+        arr = loop.create_task(self._arrivals(bodies, slots, stop_arrivals, send, hold), name="truthput-arrivals")
         t_ws: float | None = None
         t_we: float | None = None
         never_settled = False
@@ -505,6 +544,10 @@ class OpenLoop(_Loop):
         if self.delayed_arrivals:
             notes.append(f"{self.delayed_arrivals} arrivals waited for a free slot (max in flight "
                          f"{self.max_in_flight_cap}): the server received less than the offered {self.rate:g} req/s")
+        if self.turns_waited:
+            notes.append(f"{self.turns_waited} later turns arrived before the turn before them was answered and "
+                         "were sent once it was (a conversation goes one turn at a time): the server received less "
+                         f"than the offered {self.rate:g} req/s")
         if bodies.late:
             notes.append(f"{bodies.late} request bodies were not prefetched in time")
         result = self._result(records, t_start, (t_ws, t_we), never_settled, selfcheck, notes,
@@ -514,10 +557,14 @@ class OpenLoop(_Loop):
         return result
 
     async def _arrivals(self, bodies: BodyPrefetch, slots: asyncio.Semaphore | None, stop: asyncio.Event,
-                        send: Callable[[int, dict[str, Any]], None]) -> None:
+                        send: Callable[[int, dict[str, Any]], None],
+                        hold: Callable[[Coroutine[Any, Any, None]], None]) -> None:
         """Send request k at its arrival offset (`arrival_offsets`; with a cap on requests in flight,
-        once a slot is free) until `stop` or the requests run out."""
+        once a slot is free) until `stop` or the requests run out. A conversation's later turn
+        (`Workload.chain`) is sent at its offset or once the turn before it is answered, whichever
+        is later: that wait is held apart (`hold`), so the arrivals after it keep their times."""
         t0 = time.monotonic()
+        chain = max(1, self.workload.chain)
         for idx, t_next in enumerate(self.arrival_offsets()):
             if stop.is_set() or (self.max_requests is not None and idx >= self.max_requests):
                 return
@@ -529,14 +576,35 @@ class OpenLoop(_Loop):
                 except asyncio.TimeoutError:
                     pass
             body = await bodies.get(idx)
-            if slots is not None:
-                if slots.locked():
-                    self.delayed_arrivals += 1
-                await slots.acquire()
-            self._in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self._in_flight)
-            self.lateness.append(max(0.0, time.monotonic() - (t0 + t_next)))
-            send(idx, body)
+            if (idx + 1) % chain:
+                self.answered[idx] = asyncio.Event()
+            if idx % chain:
+                hold(self._next_turn(idx, body, t0 + t_next, slots, stop, send))
+            else:
+                await self._dispatch(idx, body, t0 + t_next, slots, send)
+
+    async def _next_turn(self, idx: int, body: dict[str, Any], t_due: float, slots: asyncio.Semaphore | None,
+                         stop: asyncio.Event, send: Callable[[int, dict[str, Any]], None]) -> None:
+        """A later turn: sent once the turn before it is answered (nothing new after `stop`)."""
+        before = self.answered.get(idx - 1)  # None: answered already
+        if before is not None:
+            self.turns_waited += 1
+            await before.wait()
+        if not stop.is_set() or self.finish_turns:
+            await self._dispatch(idx, body, max(t_due, time.monotonic()), slots, send)
+        elif idx in self.answered:
+            self.answered.pop(idx).set()  # never sent: the turns after it are not either
+
+    async def _dispatch(self, idx: int, body: dict[str, Any], t_due: float, slots: asyncio.Semaphore | None,
+                        send: Callable[[int, dict[str, Any]], None]) -> None:
+        if slots is not None:
+            if slots.locked():
+                self.delayed_arrivals += 1
+            await slots.acquire()
+        self._in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self._in_flight)
+        self.lateness.append(max(0.0, time.monotonic() - t_due))
+        send(idx, body)
 
 
 async def _timed(cb: Callback | None) -> float:

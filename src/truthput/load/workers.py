@@ -4,7 +4,8 @@ Why processes: the client's per-chunk work is Python on one event loop; at very 
 one core saturates and the figures start measuring the client. N worker processes each keep their
 share of the streams (concurrency `c` split as c//N, +1 for the first c%N workers; request indices
 dealt round-robin, so worker k sends the bodies of global indices k, k+N, k+2N, ...: the same
-bodies a single process would send).
+bodies a single process would send; a workload whose requests go in chains -- a conversation's
+turns -- is dealt by whole chains, so each chain's turns stay in one process, in order).
 
 Coordination (the parent only coordinates and scrapes; it sends no requests):
 - the workers are forked once, before the parent starts its event loop, and serve many trials
@@ -68,8 +69,9 @@ def split_evenly(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
 
 
-def share(load: TrialLoad, n: int) -> list[TrialLoad]:
-    """Each worker's part of `load` (workers that would get no streams are left out)."""
+def share(load: TrialLoad, n: int, chain: int = 1) -> list[TrialLoad]:
+    """Each worker's part of `load` (workers that would get no streams are left out), requests dealt
+    in whole chains of `chain` (`StridedWorkload`)."""
     if load.mode == "closed":
         active = min(n, load.concurrency)
         conc = split_evenly(load.concurrency, active)
@@ -81,7 +83,8 @@ def share(load: TrialLoad, n: int) -> list[TrialLoad]:
     caps = split_evenly(load.max_in_flight, active) if load.max_in_flight is not None else [None] * active
     out = []
     for k in range(active):
-        reqs = None if load.max_requests is None else len(range(k, load.max_requests, active))
+        reqs = None if load.max_requests is None else sum(
+            1 for g in range(load.max_requests) if (g // chain) % active == k)
         out.append(dataclasses.replace(
             load,
             concurrency=conc[k] if load.mode == "closed" else 1,
@@ -95,13 +98,20 @@ def share(load: TrialLoad, n: int) -> list[TrialLoad]:
 
 
 class StridedWorkload:
-    """Worker k of n: its j-th request is the base workload's request k + n*j."""
+    """Worker k of n: its j-th request is the base workload's request k + n*j -- dealt by whole
+    chains where the base's requests go in chains (`Workload.chain`): chain k, k+n, ... ."""
 
     def __init__(self, base: Workload, k: int, n: int) -> None:
         self.base, self.k, self.n = base, k, n
+        self.chain = base.chain
+
+    def global_index(self, j: int) -> int:
+        """The base workload's index of this worker's j-th request."""
+        c = self.chain
+        return c * (self.k + self.n * (j // c)) + j % c
 
     def body(self, j: int) -> dict[str, Any]:
-        return self.base.body(self.k + self.n * j)
+        return self.base.body(self.global_index(j))
 
 
 def _watch(loop: asyncio.AbstractEventLoop, conn: Any, callback: Callable[[], None]) -> None:
@@ -178,15 +188,7 @@ async def _worker_serve(conn: Any, cfg: ClientConfig, k: int) -> None:
 
 async def _worker_trial(conn: Any, client: Any, workload: Workload, part: TrialLoad, k: int, n_active: int,
                         current: dict[str, Any]) -> LoadResult:
-    from truthput.load.schedule import ClosedLoop, OpenLoop
-
-    wl = StridedWorkload(workload, k, n_active)
-    if part.mode == "closed":
-        load: Any = ClosedLoop(client, wl, part.concurrency, duration_s=part.duration_s,  # type: ignore[arg-type]
-                               max_requests=part.max_requests)
-    else:
-        load = OpenLoop(client, wl, part.rate or 1.0, part.arrival, part.max_in_flight,  # type: ignore[arg-type]
-                        duration_s=part.duration_s, max_requests=part.max_requests, seed=part.seed)
+    load = part_loop(client, workload, part, k, n_active)
     opened: asyncio.Event = current["opened"]
     current["load"] = load
     if current["ended"]:
@@ -199,9 +201,25 @@ async def _worker_trial(conn: Any, client: Any, workload: Workload, part: TrialL
     async def window_end() -> None:
         conn.send(("window_end", k))
 
-    res: LoadResult = await load.run(window_start, window_end)
+    return in_global_indices(await load.run(window_start, window_end), load.workload, k)
+
+
+def part_loop(client: Any, workload: Workload, part: TrialLoad, k: int, n_active: int) -> Any:
+    """Worker k's loop over its part of a trial (`share`): its strided share of the workload."""
+    from truthput.load.schedule import ClosedLoop, OpenLoop
+
+    wl = StridedWorkload(workload, k, n_active)
+    if part.mode == "closed":
+        return ClosedLoop(client, wl, part.concurrency, duration_s=part.duration_s,
+                          max_requests=part.max_requests)
+    return OpenLoop(client, wl, part.rate or 1.0, part.arrival, part.max_in_flight,
+                    duration_s=part.duration_s, max_requests=part.max_requests, seed=part.seed)
+
+
+def in_global_indices(res: LoadResult, wl: StridedWorkload, k: int) -> LoadResult:
+    """Worker k's records renumbered as the whole workload's requests."""
     for r in res.records:
-        r.idx = k + n_active * r.idx
+        r.idx = wl.global_index(r.idx)
         r.worker = k
     return res
 
@@ -253,7 +271,7 @@ class WorkerPool:
                   on_window_end: Callback | None = None) -> LoadResult:
         if not self._procs:
             raise MeasurementError("load workers: not started (WorkerPool.start() first)")
-        parts = share(load, self.n)
+        parts = share(load, self.n, workload.chain)
         n_active = len(parts)
         conns = self._conns[:n_active]
         loop = asyncio.get_running_loop()

@@ -27,7 +27,8 @@ Prompt sources (`WorkloadSpec.prompt_source`):
   prompt has exactly prefix + suffix tokens with a tokenizer (for `--enable-prefix-caching`);
 - `multi-turn`: conversations of `turns` user turns; request i is turn i % turns of conversation
   i // turns and carries the earlier turns (user: input length, assistant: output length) as
-  history (chat endpoint);
+  history (chat endpoint); a turn is sent once the previous turn's answer has arrived, as a
+  user's client would (`Workload.chain`);
 - `tool-call`: chat requests with `tools` (function definitions) and `tool_choice` in the body.
 `thinking` (True/False) sends `chat_template_kwargs.enable_thinking` (chat endpoint).
 """
@@ -256,6 +257,12 @@ class Workload:
                             trace=_trace_options(wl.trace) if wl.prompt_source.startswith("trace:") else None)
         return cls(spec, seed=seed, tokenizer=tokenizer, order_seed=exp.experiment.seed, **rows)
 
+    @property
+    def chain(self) -> int:
+        """Requests in a row that go one after another: request i (i % chain != 0) is sent only once
+        request i - 1 has been answered -- a conversation's turns. 1: every request stands alone."""
+        return self.spec.turns if self.kind == "multi-turn" else 1
+
     def position(self, i: int) -> int | None:
         """Request i's place in the run's order of rows (None: not a row source); >= n_rows: sent again."""
         if not self.n_rows:
@@ -385,7 +392,8 @@ class Workload:
         return f"{spec.prompt_source}: " + {
             "shared-prefix": f"{spec.prefixes} prefixes of {spec.prefix_tokens} tokens, each shared by every "
                              f"{spec.prefixes}th request",
-            "multi-turn": f"conversations of {spec.turns} turns: each turn carries the earlier turns as history",
+            "multi-turn": f"conversations of {spec.turns} turns: each turn carries the earlier turns as history "
+                          "and is sent after the previous turn's answer",
             "jsonl": "the user's rows, each sent once: only what the rows themselves share",
             "sharegpt": "the user's rows, each sent once: only what the rows themselves share",
         }.get(self.kind, "nothing: every prompt begins with its own random words")
