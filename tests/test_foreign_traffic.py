@@ -47,6 +47,13 @@ def test_another_client_is_named_and_the_headline_is_truthputs_own(share, engine
     truth = sim.ledger.between(ws, we) / (we - ws)
     head = res.headline()
     assert head.source == "usage" and abs(head.number() - truth) <= 0.01 * truth, (head, truth)
+    # the cell's note says how its headline was counted: there was a counter (set aside), and the
+    # tokens were placed by running usage only where the stream carried it
+    from truthput.analyze.cells import headline_basis_note
+
+    basis = headline_basis_note(res, head)
+    assert "no server counter" not in basis and ("running usage" in basis) == continuous, basis
+    assert ("final usage" in basis) == (not continuous), basis
     (flag,) = [f for f in res.throughput.counter_window.flags if f.code == "foreign_traffic"]
     said = re.search(r"([\d.]+) tok/s more than truthput's own requests can have produced, \+(\d+)%", flag.reason)
     assert said, flag.reason

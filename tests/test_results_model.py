@@ -159,7 +159,7 @@ def test_usage_fallback_is_labelled_usage_in_every_export(store, tmp_path):
     rows = read_csv(next(p for p in write_csv(doc_model, tmp_path / "csv") if p.name == "cells.csv"))
     assert rows and all(r["tokps_source"] == "usage" for r in rows)
     html = render_html(doc_model)
-    assert "no server counter: running usage counts" in html
+    assert "no server counter figure: running usage count differences" in html
 
 
 def test_compare_of_a_usage_run_with_itself_has_its_rows(store):

@@ -131,3 +131,28 @@ def test_load_with_no_figure_from_any_source_exits_4(tmp_path, capsys):
         _exit_if_nothing_measured(run)
     assert stop.value.exit_code == 4
     assert "no tok/s figure" in capsys.readouterr().err
+
+
+def test_a_failed_closing_scrape_is_said_as_the_missing_total_not_as_no_counter():
+    """The scrape after the load (8, post) answers 503: the window's counter figure stands (the
+    headline, from the server counter); what is missing is the counter's total over the load, which
+    checks truthput's own tokens. The load view says that, not "no server counter figure"."""
+    import io
+
+    from rich.console import Console
+
+    from truthput.analyze.loadrows import load_row
+    from truthput.report.loadtable import _print_row_lines
+
+    sim = simulate(TruthConfig(**BASE))
+    s = sim.scrapes[8]
+    assert s.phase == "post"
+    sim.scrapes[8] = type(s)(s.phase, s.t_mono, None, "GET /metrics answered HTTP 503")
+    res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4)
+    assert res.headline().source == "server_counter" and res.integrity.counter_delta.value is None
+    row = load_row(4, "closed", res, sim.records, "ok", None, sum(r.completion_tokens or 0 for r in sim.records))
+    out = io.StringIO()
+    _print_row_lines(Console(file=out, width=200), row, "4 streams")
+    text = " ".join(out.getvalue().split())
+    assert "no server counter figure" not in text, text
+    assert "the server counter's total over the load (its first to its last scrape) is missing" in text, text

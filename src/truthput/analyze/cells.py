@@ -46,6 +46,20 @@ class HeadlineBasis:
         return any(s != self.main for s in source.split("+") if s in HEADLINE_SOURCES)
 
 
+COUNTER_BASIS = "emitted-token counter delta over the steady-state window / its wall time"
+
+
+def headline_basis_note(results: TrialResults, h: Figure) -> str:
+    """How a trial's headline was counted, said from the figures themselves: the counter's delta,
+    or the usage figure's own note (running usage counts, or final usage spread over the chunks, and
+    why a counter gave way), said as without a counter where the window had no counter figure; `h`
+    is the trial's headline (`headline`)."""
+    if h.source == "server_counter":
+        return COUNTER_BASIS
+    how = h.note or source_label(h.source)
+    return how if results.throughput.counter_window.value is not None else f"no server counter figure: {how}"
+
+
 def headline_basis(sources: Iterable[str]) -> HeadlineBasis:
     """The basis of a column whose cells' headlines come from `sources` (one per cell; a cell
     whose trials differ gives "a+b"): the most common source heads it, the others are marked."""
@@ -147,6 +161,9 @@ class Cell:
     """The start index (the interleaved round) of each entry of `per_start`."""
     estimate: CellEstimate | None = None
     sources: list[str] = field(default_factory=list)
+    bases: list[str] = field(default_factory=list)
+    """How the trials' headlines were counted, each said once (`headline_basis_note`): a cell note
+    from the figures' own provenance, not from their source's name."""
     per_stream: float | None = None
     ttft_p50: float | None = None
     itl_p50: float | None = None
@@ -366,6 +383,8 @@ def build_cells(trials: Sequence[TrialLike], variants: Sequence[str] | None = No
                 starts.setdefault(_replicate(t), []).append(float(h.value))
                 if h.source not in sources:
                     sources.append(h.source)
+                if (basis := headline_basis_note(t.results, h)) not in cell.bases:
+                    cell.bases.append(basis)
             ok = [t for t in ts if t.status == "ok"]
             other_work = [t.results.requests.work_notes for t in ok if t.results.requests.work_notes]
             if other_work:

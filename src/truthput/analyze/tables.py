@@ -98,13 +98,6 @@ class TrialEntry(LevelRow):
 
 
 # ---- cells -----------------------------------------------------------------------------------
-HEADLINE_NOTES = {
-    "server_counter": "emitted-token counter delta over the steady-state window / its wall time",
-    "usage": "no server counter: running usage counts (continuous_usage_stats) of the chunks that arrived in the "
-             "steady-state window / its wall time",
-}
-
-
 def cell_rows(summary: RunSummary, simulated: bool) -> list[CellRow]:
     """The summary's cells as document rows; the interval of `delta_pct` is the verdict's."""
     out = []
@@ -114,7 +107,7 @@ def cell_rows(summary: RunSummary, simulated: bool) -> list[CellRow]:
         est = cell.estimate
         if cell.ok and est is not None:
             source = cell.source
-            note = " / ".join(HEADLINE_NOTES.get(x, x) for x in cell.sources)
+            note = " / ".join(cell.bases)
             row.tokps = figure(est.mean, "tok/s", source, simulated, lo=est.lo, hi=est.hi,
                                interval=f"{summary.verdict.confidence:.0%} Student-t over server starts", note=note,
                                flags=flag_refs(cell.flags_on("tok/s")))

@@ -128,7 +128,11 @@ def _print_row_lines(con: Any, row: LoadRow, where: str) -> None:
     else:
         con.print(Text(f"{where}: client ok (CPU {_f(row.cpu_util, '{:.2f}')} core, event-loop lag "
                        f"p99 {_f(row.lag_p99_ms)} ms)", style="dim"))
-    if row.counter_missing:
+    if row.counter_missing and row.counter_tps is not None:
+        con.print(Text(f"{where}: the server counter's total over the load (its first to its last scrape) is "
+                       f"missing, so truthput's own tokens are not checked against it: {row.counter_missing}",
+                       style="yellow"))
+    elif row.counter_missing:
         con.print(Text(f"{where}: no server counter figure: {row.counter_missing}", style="yellow"))
     if row.client_tokens is None:
         con.print(Text(f"{where}: the server sent no usage counts: client tokens unknown", style="yellow"))
