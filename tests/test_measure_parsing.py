@@ -39,6 +39,23 @@ def test_a_dip_that_recovers_is_a_stale_scrape_dropped_at_no_cost():
         assert "stale scrape" in d.note
 
 
+def test_a_dip_to_near_zero_that_recovers_at_once_is_stale_not_a_restart():
+    """A fresh replica behind a gateway answers one or two scrapes with its own near-zero counter;
+    the next scrape is the old counter again, sooner than a restarted counter could climb there."""
+    for samples, truth, n in (([(0.0, 1000.0), (1.0, 1200.0), (2.0, 3.0), (3.0, 1400.0)], 400, 1),
+                              ([(0.0, 1000.0), (1.0, 1200.0), (2.0, 3.0), (3.0, 9.0), (4.0, 1600.0)], 600, 2),
+                              ([(0.0, 1000.0), (1.0, 1200.0), (2.0, 0.0), (3.0, 1200.0)], 200, 1)):  # idle after
+        d = counter_delta(samples)
+        assert d.value == truth and d.resets == 0 and d.dips == n, d
+        assert "sooner than a restarted counter could climb" in d.note
+
+
+def test_a_restart_that_climbs_past_the_old_value_at_its_own_pace_stays_a_restart():
+    # 20 tok/s before; after the restart 195 tokens in 8 s (24 tok/s): a restart, not a dip
+    d = counter_delta([(0.0, 100.0), (1.0, 120.0), (2.0, 5.0), (10.0, 200.0)])
+    assert d.resets == 1 and d.value == 20 + 5 + 195 and d.dips == 0, d
+
+
 def test_a_dip_at_the_last_scrape_loses_the_edge_and_says_so():
     d = counter_delta([(0.0, 1000.0), (1.0, 1300.0), (2.0, 1250.0)])
     assert d.value == 300 and d.went_backwards_without_reset and "end is read at the highest" in d.note

@@ -37,6 +37,18 @@ def test_a_dip_inside_the_window_is_dropped_and_costs_nothing(stale):
     assert res.headline().source == "server_counter"
 
 
+@pytest.mark.parametrize("created", [True, False], ids=["with _created", "without _created"])
+@pytest.mark.parametrize("stale", [(3,), (3, 4)], ids=["one scrape", "two in a row"])
+def test_a_dip_to_near_zero_is_not_a_restart_and_raises_no_other_client(stale, created):
+    """A replica 100 s behind (before the server's first token: it reads ~0) answers inside the
+    window. Read as a restart, the next scrape's whole value would count again: a counter far
+    above truthput's own tokens, flagged `foreign_traffic` on a server nobody else uses."""
+    res, truth = _trial(stale_scrapes=stale, stale_lag_s=100.0, created_series=created)
+    counter = res.throughput.counter_window
+    assert not counter.flags and abs(counter.number() - truth) <= 0.01 * truth, (counter, truth)
+    assert res.headline().source == "server_counter"
+
+
 @pytest.mark.parametrize("continuous", [True, False], ids=["running usage", "usage only at the end"])
 def test_a_dip_at_the_window_end_loses_the_edge_the_counter_is_flagged_and_set_aside(continuous):
     res, truth = _trial(stale_scrapes=(7,), stale_lag_s=1.5, continuous_usage=continuous)

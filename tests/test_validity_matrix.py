@@ -119,6 +119,12 @@ CONDITIONS = [
     Condition("counter reset inside the window, usage only at the end", _cfg(reset_at=102.0, continuous_usage=False),
               flag="counter_reset", usage=False),
     Condition("counter reset before the window", _cfg(reset_at=100.02)),  # after `pre`, before the window
+    Condition("counter reset inside the window, no _created series", _cfg(reset_at=102.0, created_series=False),
+              flag="counter_reset"),
+    # a replica far behind (reads ~0) answers one scrape: a dip, not a restart (which would count the
+    # next scrape's whole value again, far above truthput's own tokens)
+    Condition("a stale scrape near zero inside the window, no _created series",
+              _cfg(periodic_scrapes=5, stale_scrapes=(3,), stale_lag_s=100.0, created_series=False)),
     Condition("counter reset after the window", _cfg(), reset_between=("window_end", "post")),
     Condition("counter restart seen only in _created (the value rose)", _cfg(), flag="counter_reset",
               reset_between=("window_start", "window_start+")),

@@ -73,6 +73,7 @@ class TruthConfig:
     stale_scrapes: tuple[int, ...] = ()  # these /metrics answers (0 = the first) come from a replica ...
     stale_lag_s: float = 1.0  # ... this far behind (a dip: the counter lower than the one before)
     failing_scrapes_every: int = 0  # every Nth /metrics answer fails (HTTP 503)
+    created_series: bool = True  # False: no `_created` series (a gateway or an exporter that drops them)
     final_usage: bool = True  # False: no usage in the stream at all, even when asked (an engine with none)
     prompt_words_per_token: float = 0.75  # usage.prompt_tokens = the prompt's words / this (truthput builds at 0.75)
     output_limit: int | None = None  # a context limit: no request gets more tokens than this (finish_reason length)
@@ -189,7 +190,8 @@ class Metrics:
             labels = lab + extra
             lines.append(f"# TYPE {name} counter")
             lines.append(f"{name}_total{{{labels}}} {float(value)}")
-            lines.append(f"{name}_created{{{labels}}} {created}")
+            if cfg.created_series:
+                lines.append(f"{name}_created{{{labels}}} {created}")
 
         since = t_seen - max(t0, 0.0)
         if cfg.foreign_every_s > 0:  # a request every few seconds, its tokens counted as it ends

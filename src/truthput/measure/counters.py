@@ -9,7 +9,10 @@ divide by the time between those scrapes. A missing sample is reported, never re
 When the counter's `_created` timestamp is known it decides: a changed `_created` is a restart even
 if the value rose meanwhile (invisible to the value-only rule), and a drop with an unchanged
 `_created` is not a restart. Without `_created`, a restart starts near zero: a drop to more than
-half the highest value seen is not one either. Such a drop is a dip: a stale scrape (a lagging
+half the highest value seen is not one either, nor is a drop (to any value) that the next scrape
+climbs back from to at least the highest value before it -- a restarted counter starts again from
+zero, it does not resume where the old one was (a fresh replica behind a gateway answering one
+scrape reads near zero). Such a drop is a dip: a stale scrape (a lagging
 replica, a cache) that is dropped, the counter read on from its highest value so far, so a dip
 that recovers costs nothing. Only a dip at the last scrape loses the interval's edge
 (`went_backwards_without_reset`: the end is read at the highest earlier value, an under-count).
@@ -52,26 +55,61 @@ class CounterDelta:
         return self.value / s
 
 
-def is_dip(high: float, value: float, known_created: bool, restarted: bool) -> bool:
-    """A drop below the highest value so far that is not a restart: a stale scrape. A restart
-    changes `_created`; without `_created`, it starts near zero (at most half the highest value)."""
-    return value < high and not restarted and (known_created or value > 0.5 * high)
+RESTART_RATE_FACTOR = 2.0
+"""A drop to near zero that a later scrape climbs back from to the old high is read as a restart
+only if the restarted counter could have climbed that far: no faster than this many times the
+fastest rise the counter showed before it. Faster, the drop was a stale scrape (a dip)."""
 
 
-def dips(values: Sequence[tuple[float, float | None]]) -> set[int]:
-    """Indexes of the stale scrapes among (value, created) samples in time order (`is_dip`)."""
-    out: set[int] = set()
-    high: float | None = None
+def classify(samples: Sequence[tuple[float, float, float | None]]) -> list[str]:
+    """Each of `samples` = [(t, value, created), ...] in time order: "rise" (the first, or at or
+    above the highest value so far), "dip" (a stale scrape below it, dropped) or "restart".
+
+    A changed `_created` is a restart, an unchanged one rules a restart out. Without `_created`, a
+    drop to more than half the highest value is a dip; a deeper drop is a restart unless a later
+    scrape is back at or above the old high sooner than a restarted counter could be there (it
+    starts again from zero: `RESTART_RATE_FACTOR`) -- a fresh replica behind a gateway answering
+    one or two scrapes reads near zero, and the next scrape is the old counter again."""
+    kinds: list[str] = []
+    high = high_t = None
     created: float | None = None
-    for i, (v, c) in enumerate(values):
-        restarted = created is not None and c is not None and c != created
-        if high is not None and is_dip(high, v, created is not None and c is not None, restarted):
-            out.add(i)
+    fastest = 0.0
+    for i, (t, v, c) in enumerate(samples):
+        if high is None or high_t is None:
+            kinds.append("rise")
+        elif created is not None and c is not None and c != created:
+            kinds.append("restart")
+        elif v >= high:
+            fastest = max(fastest, (v - high) / (t - high_t)) if t > high_t else fastest
+            kinds.append("rise")
+        elif (created is not None and c is not None) or v > 0.5 * high or _back_too_soon(samples, i, high, fastest):
+            kinds.append("dip")
             continue
+        else:
+            kinds.append("restart")
+            fastest = 0.0
         if c is not None:
             created = c
-        high = v  # a new high, or a restart (which starts one)
-    return out
+        high, high_t = v, t
+    return kinds
+
+
+def _back_too_soon(samples: Sequence[tuple[float, float, float | None]], i: int, high: float,
+                   fastest: float) -> bool:
+    """Whether a later scrape (the same `_created`, where known) is back at or above `high` sooner
+    than a counter restarted at sample i could have climbed there."""
+    t_i, v_i, c_i = samples[i]
+    for t, v, c in samples[i + 1:]:
+        if c_i is not None and c is not None and c != c_i:
+            return False
+        if v >= high:
+            return fastest <= 0 or t <= t_i or (v - v_i) / (t - t_i) > RESTART_RATE_FACTOR * fastest
+    return False
+
+
+def dips(samples: Sequence[tuple[float, float, float | None]]) -> set[int]:
+    """Indexes of the stale scrapes among (t, value, created) samples in time order (`classify`)."""
+    return {i for i, kind in enumerate(classify(samples)) if kind == "dip"}
 
 
 def counter_delta(samples: Sequence[Sample]) -> CounterDelta:
@@ -89,34 +127,30 @@ def counter_delta(samples: Sequence[Sample]) -> CounterDelta:
     result.t_first, result.t_last = ordered[0][0], ordered[-1][0]
     total = 0.0
     notes: list[str] = []
-    high = float(present[0][1])  # type: ignore[arg-type]
-    created = present[0][2] if len(present[0]) > 2 else None
+    triples = [(float(s[0]), float(s[1]), s[2] if len(s) > 2 else None) for s in present]  # type: ignore[arg-type]
+    kinds = classify(triples)
+    high = triples[0][1]
     last_dip = False
-    for prev, cur in zip(present, present[1:]):
-        c = float(cur[1])  # type: ignore[arg-type]
-        created_cur = cur[2] if len(cur) > 2 else None
-        known_created = created is not None and created_cur is not None
-        restarted = known_created and created != created_cur
-        if created_cur is not None:
-            created = created_cur
-        if c >= high and not restarted:
+    for k in range(1, len(triples)):
+        t_prev, t, c, kind = triples[k - 1][0], triples[k][0], triples[k][1], kinds[k]
+        if kind == "rise":
             total += c - high
             high, last_dip = c, False
             continue
-        if is_dip(high, c, known_created, restarted):
+        known_created = triples[k][2] is not None and any(x[2] is not None for x in triples[:k])
+        if kind == "dip":
             result.dips += 1
             last_dip = True
-            notes.append(
-                f"a stale scrape at t={cur[0]:.3f}: {c:g} after {high:g}"
-                + (" with the same _created" if known_created else ", not near zero") +
-                ": not a restart (a lagging replica or cache); dropped, the counter read on from its highest value"
-            )
+            why = (" with the same _created" if known_created else ", not near zero" if c > 0.5 * high
+                   else ", a later scrape back above it sooner than a restarted counter could climb")
+            notes.append(f"a stale scrape at t={t:.3f}: {c:g} after {high:g}{why}: not a restart (a lagging replica "
+                         "or cache); dropped, the counter read on from its highest value")
             continue
         result.resets += 1
         total += c
-        how = "_created changed" if restarted else "value dropped to near zero"
+        how = "_created changed" if known_created else "value dropped to near zero"
         notes.append(
-            f"counter reset ({how}) at t in ({prev[0]:.3f}, {cur[0]:.3f}] ({high:g} -> {c:g}): post-reset value added; "
+            f"counter reset ({how}) at t in ({t_prev:.3f}, {t:.3f}] ({high:g} -> {c:g}): post-reset value added; "
             "increments between the last scrape before the restart and the restart are lost (under-count)"
         )
         high, last_dip = c, False

@@ -111,7 +111,7 @@ class _Scrapes:
         if not name:
             return []
         ok = [p for p in self.all if p.ok and p.has(name) and (win is None or win[0] <= p.t_mono <= win[1])]
-        stale = dips([(p.total(name) or 0.0, _created_at(p, name)) for p in ok])
+        stale = dips([(p.t_mono, p.total(name) or 0.0, _created_at(p, name)) for p in ok])
         return [p for i, p in enumerate(ok) if i not in stale]
 
     def other_delta(self, name: str | None, start: ParsedScrape | None, end: ParsedScrape | None) -> float | None:
