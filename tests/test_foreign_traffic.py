@@ -127,6 +127,33 @@ def test_a_model_name_the_series_do_not_carry_is_said_not_guessed():
     assert any("none of them 'served-under-another-name'" in w for w in res.warnings), res.warnings
 
 
+@pytest.mark.parametrize("share", (0.0, 0.05, 0.10, 0.30, 1.00), ids=lambda s: f"{s:.0%}")
+def test_a_counter_that_moves_at_request_end_names_another_client_and_its_own_kind(share):
+    """A vLLM-named counter that adds a request's tokens when it ends (a gateway's, an exporter's),
+    final usage only, another client whose requests end every second: the per-token bound alone
+    called the counter stale and stopped there, so another client at 5% went unnamed and a server
+    with none got "/metrics is behind". Now: `foreign_traffic` sized by its rate wherever there is
+    another client, the counter's own kind named, the headline truthput's own tokens."""
+    cfg = {"concurrency": 4, "requests": 96, "max_tokens": 40, "continuous_usage": False, "counter_at_end": True,
+           "periodic_scrapes": 5}
+    own = _own_rate(cfg)
+    sim = simulate(TruthConfig(**cfg, foreign_tps=share * own, foreign_every_s=1.0))
+    res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4, engine="vllm")
+    ws, we = sim.window
+    truth = sim.ledger.between(ws, we) / (we - ws)
+    head = res.headline()
+    assert head.source == "usage" and abs(head.number() - truth) <= 0.01 * truth, (head, truth)
+    flags = {f.code: f.reason for f in res.throughput.counter_window.flags}
+    if share == 0:
+        assert "foreign_traffic" not in flags and "moves when a request ends" in flags["stale_counter"], flags
+        return
+    said = re.search(r"([\d.]+) tok/s more than truthput's own requests can have produced, \+(\d+)%",
+                     flags.get("foreign_traffic", ""))
+    assert said, flags
+    assert float(said.group(2)) / 100 <= share * 1.5 + 0.05, flags
+    assert "/metrics is behind" not in flags.get("stale_counter", ""), flags
+
+
 def _load_beside(tmp_path, foreign_tps: float):  # type: ignore[no-untyped-def]
     """`truthput load` (two levels) on a server another client uses at `foreign_tps`."""
     import asyncio

@@ -74,6 +74,7 @@ class TruthConfig:
     stale_lag_s: float = 1.0  # ... this far behind (a dip: the counter lower than the one before)
     failing_scrapes_every: int = 0  # every Nth /metrics answer fails (HTTP 503)
     created_series: bool = True  # False: no `_created` series (a gateway or an exporter that drops them)
+    counter_at_end: bool = False  # the token counter adds a request's tokens when it finishes, not per step
     final_usage: bool = True  # False: no usage in the stream at all, even when asked (an engine with none)
     prompt_words_per_token: float = 0.75  # usage.prompt_tokens = the prompt's words / this (truthput builds at 0.75)
     output_limit: int | None = None  # a context limit: no request gets more tokens than this (finish_reason length)
@@ -197,7 +198,11 @@ class Metrics:
         if cfg.foreign_every_s > 0:  # a request every few seconds, its tokens counted as it ends
             since = cfg.foreign_every_s * int(since / cfg.foreign_every_s)
         foreign = int(cfg.foreign_tps * since)
-        counter("vllm:generation_tokens", sum(e.tokens for e in em) + foreign)
+        if cfg.counter_at_end:  # a request's tokens are added when it finishes (its spans' end)
+            ended = {r for r, (_a, b) in led.spans.items() if t0 < b <= t_seen}
+            counter("vllm:generation_tokens", sum(e.tokens for e in led.emissions if e.req in ended) + foreign)
+        else:
+            counter("vllm:generation_tokens", sum(e.tokens for e in em) + foreign)
         if cfg.other_model_tps:
             other = 'engine="0",model_name="other"'
             lines.append(f"vllm:generation_tokens_total{{{other}}} {float(int(cfg.other_model_tps * (t_seen - max(t0, 0.0))))}")

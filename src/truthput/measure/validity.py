@@ -128,6 +128,17 @@ def check_counter(results: TrialResults, engine: str, concurrency: int, chunk_t:
     if finished is not None:
         _check_whole_requests(results, intervals, finished, window_resets, window_backwards, trial_resets)
         return
+    if usage_tokens is None and spans is not None and placed is not None and _moves_at_request_end(
+            intervals, spans, placed, edge_slack(concurrency, max_tokens_per_chunk) + moment_tokens):
+        # what a per-token bound would call stale is a counter that counts whole requests: its true
+        # cause said, and whole-request bounds left to see another client's tokens above them
+        _check_whole_requests(results, intervals, [(b, n) for _a, b, n in spans], window_resets, window_backwards,
+                              trial_resets)
+        add_flag(counter, "stale_counter",
+                 "the counter moves when a request ends, not per token: between scrapes it rose by the usage of "
+                 "the requests that ended between them, not by the tokens made meanwhile, so a window over it is "
+                 "off by the requests running at its edges")
+        return
     if usage_tokens is not None and window_rise is not None and not window_resets:
         # Both count the same tokens; they differ only by the tokens in flight at the two edges,
         # which cancel in steady state but not when the client reads late (a busy host).
@@ -238,6 +249,29 @@ reads late, a scrape's moment): a request is "wholly between" two scrapes only t
 PLACED_SHARE = 0.02
 """Final usage spread evenly over a request's text chunks places its tokens in time to within the
 unevenness of its chunks at the interval's edges; beyond the edge chunks, this share is allowed."""
+
+
+def _moves_at_request_end(intervals: Sequence[tuple[float, float, float | None, int]],
+                          spans: Sequence[tuple[float, float, int]], placed: Sequence[float],
+                          edge_tokens: float) -> bool:
+    """Whether the counter behaved as one that adds a request's tokens when it ends: below the
+    per-token lower bound in some interval (`_check_request_spans`: what would be called stale), yet
+    never below the usage of the requests that surely ended in an interval. Another client's tokens
+    only add, so they cannot make this true or false."""
+    first = np.asarray([a for a, _b, _n in spans], dtype=float)
+    ends = np.asarray([b for _a, b, _n in spans], dtype=float)
+    tokens = np.asarray([n for _a, _b, n in spans], dtype=float)
+    below_per_token = False
+    for (t_from, t_to, rise, resets), est in zip(intervals, placed):
+        if rise is None or resets:
+            continue
+        ended = float(tokens[(ends > t_from + FINISH_EDGE_S) & (ends <= t_to - FINISH_EDGE_S)].sum())
+        if rise < ended:
+            return False
+        low = max(float(tokens[(first > t_from + SPAN_EDGE_S) & (ends <= t_to - SPAN_EDGE_S)].sum()),
+                  est - edge_tokens - PLACED_SHARE * est)
+        below_per_token = below_per_token or rise < low
+    return below_per_token
 
 
 def _check_request_spans(results: TrialResults, intervals: Sequence[tuple[float, float, float | None, int]],
