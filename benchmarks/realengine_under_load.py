@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,19 +49,26 @@ def main() -> int:
           flush=True)
     t0 = time.monotonic()
     loads: list[float] = []
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        while proc.poll() is None:
-            loads.append(os.getloadavg()[0])
-            time.sleep(10)
-    finally:
-        for p in loaders:
-            p.terminate()
-        out = proc.communicate(timeout=60)[0]
+    # pytest's output goes to a file, not a pipe: a pipe nobody reads fills (64 KiB of failures) and
+    # blocks pytest at its summary
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            while proc.poll() is None:
+                loads.append(os.getloadavg()[0])
+                time.sleep(10)
+        finally:
+            for p in loaders:
+                p.terminate()
+            proc.wait()
+        log.seek(0)
+        out = log.read()
     wall = time.monotonic() - t0
     summary = [line for line in out.splitlines() if " passed" in line or " failed" in line or "FAILED" in line
                or " error" in line]
     print("\n".join(summary[-12:]) or out[-3000:])
+    failed = [line for line in out.splitlines() if line.startswith("E   ")]
+    print("\n".join(failed[:20]))
     loads.sort()
     if loads:
         print(f"load average (1 min) while the tests ran: median {loads[len(loads) // 2]:.1f}, max {loads[-1]:.1f}")

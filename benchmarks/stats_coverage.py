@@ -211,6 +211,8 @@ def scenario_cells(rng: np.random.Generator, n: int, ratios: Sequence[float], cv
             eff = eff + np.where(rng.random(n) < 0.15, math.log(0.8), 0.0)
         if kind == "catastrophic":
             eff = eff + np.where(rng.random(n) < 0.05, math.log(0.6), 0.0)
+        if kind == "rare bad" and i == len(arms) - 1:
+            eff = eff + np.where(rng.random(n) < 0.10, math.log(0.8), 0.0)
         if kind in ("ar1", "step"):
             eff = eff + np.array([host[position[(arm, j)]] for j in range(n)])
         for lv in range(1, levels + 1):
@@ -254,10 +256,23 @@ SCENARIOS = [
     ("A/A, 9 comparisons (9 variants), CV 5%", (1.0,) * 10, 0.05, "gaussian", 1),
     ("A/A, 3 variants x 2 levels, CV 10%", (1.0, 1.0, 1.0, 1.0), 0.10, "gaussian", 2),
     ("one real effect (+10%) + 2 nulls, 2 levels", (1.0, 1.10, 1.0, 1.0), 0.05, "gaussian", 2),
+    # issue 62's corners: two variants just outside the +-2% margin on either side share the baseline,
+    # so their equivalence tests are negatively dependent (a low baseline start draws one toward 0,
+    # the other away); a variant whose starts are 0.8x one time in ten (truth -2.2% on the log scale)
+    ("near the margin, negative dependence: +2.2% and -2.2%, CV 1%", (1.0, 1.022, 0.978), 0.01, "gaussian", 1),
+    ("near the margin, negative dependence: +2.2% and -2.2%, CV 2%", (1.0, 1.022, 0.978), 0.02, "gaussian", 1),
+    ("near the margin, negative dependence: +/-2.2%, 2 levels, CV 1%", (1.0, 1.022, 0.978), 0.01, "gaussian", 2),
+    ("at the margin, negative dependence: +2.01% and -2.01%, CV 1%", (1.0, 1.0201, 1 / 1.0201), 0.01, "gaussian", 1),
+    ("at the margin, negative dependence: +/-2.01% x 2 pairs, CV 1%", (1.0, 1.0201, 1 / 1.0201, 1.0201, 1 / 1.0201),
+     0.01, "gaussian", 1),
+    ("rare bad starts in one arm (10% at 0.8x), CV 1%", (1.0, 1.0), 0.01, "rare bad", 1),
 ]
 
 POWER = [((1.0, 2.0), 0.10, 1), ((1.0, 2.0), 0.30, 1), ((1.0, 1.10), 0.03, 1), ((1.0, 1.10), 0.10, 1),
-         ((1.0, 1.03), 0.02, 1), ((1.0, 2.0), 0.10, 2), ((1.0, 1.10), 0.05, 2), ((1.0, 1.10), 0.10, 2)]
+         ((1.0, 1.03), 0.02, 1), ((1.0, 2.0), 0.10, 2), ((1.0, 1.10), 0.05, 2), ((1.0, 1.10), 0.10, 2),
+         ((1.0, 1.10, 1.10, 1.10), 0.10, 2)]
+"""(true ratios, baseline first; start CV; levels). With several variants, power is per comparison
+(the share of comparisons decided in their direction), each row against the fixed design's."""
 
 
 def _claims(sim_truth: dict, decisions: dict, margin: float) -> tuple[bool, bool]:
@@ -295,6 +310,7 @@ def _run_rule(rule, full: dict, truth: dict, sequential: bool = True, one_look=N
             dec = decide_family(est, rule.alpha, rule.min_effect, nominal=one_look)
     decisions = {(k.variant, k.level): (v.kind, v.estimate.diff_log) for k, v in dec.items()}
     wrong, right = _claims(truth, decisions, math.log1p(rule.min_effect))
+    _run_rule.last = decisions  # type: ignore[attr-defined]  # per comparison, for the power per comparison
     return wrong, right, look
 
 
@@ -328,7 +344,9 @@ def false_claims_table(reps: int, rule=None, rows: str = "") -> None:  # type: i
         if rows and rows.lower() not in name.lower():
             continue
         rng = np.random.default_rng(zlib.crc32(name.encode()))
-        truth = {(f"a{i}", lv): r for i, r in enumerate(ratios) if i for lv in range(1, levels + 1)}
+        # the truth of an arm with rare bad starts is its mean on the log scale: 0.8 ** 0.1, -2.2%
+        true = [r * (0.8 ** 0.1 if kind == "rare bad" and i == len(ratios) - 1 else 1.0) for i, r in enumerate(ratios)]
+        truth = {(f"a{i}", lv): r for i, r in enumerate(true) if i for lv in range(1, levels + 1)}
         w_rule = w_one = w_fix = 0
         used = []
         for _ in range(reps):
@@ -338,7 +356,7 @@ def false_claims_table(reps: int, rule=None, rows: str = "") -> None:  # type: i
             used.append(look)
             w_one += _run_rule(rule, full, truth, sequential=False, one_look=one_look_levels(rule.min_starts))[0]
             fx = fixed_welch_holm({k: v[:FIXED] for k, v in full.items()})
-            w_fix += any(dec and (ratios[int(a[1:])] == 1.0 or np.sign(diff) != np.sign(math.log(ratios[int(a[1:])])))
+            w_fix += any(dec and (true[int(a[1:])] == 1.0 or np.sign(diff) != np.sign(math.log(true[int(a[1:])])))
                          for (a, _lv), (dec, diff) in fx.items())
         fr, fo = w_rule / reps, w_one / reps
         se_r, se_o = math.sqrt(max(fr * (1 - fr), 0.05 * 0.95) / reps), math.sqrt(max(fo * (1 - fo), 0.05 * 0.95) / reps)
@@ -358,23 +376,31 @@ def power_rows_table(reps: int, rule=None, rows: str = "") -> None:  # type: ign
     print(f"{'power: effect, start CV, levels':44s}{'rule':>8s}{'SE':>7s}{f'fixed {FIXED}':>8s}{'ratio':>7s}"
           f"{'SE':>7s}{'':>13s}{'starts':>7s}{'by 3':>6s}{'SE':>7s}")
     for ratios, cv, levels in POWER:
-        name = f"{ratios[1] - 1:+.0%} at CV {cv:.0%}, {levels} level{'s' if levels > 1 else ''}"
+        variants = len(ratios) - 1
+        name = (f"{ratios[1] - 1:+.0%} at CV {cv:.0%}, {levels} level{'s' if levels > 1 else ''}"
+                + (f", {variants} variants (per comparison)" if variants > 1 else ""))
         if rows and rows.lower() not in name.lower():
             continue
-        rng = np.random.default_rng(int(ratios[1] * 1000 + cv * 100 + levels))
-        truth = {("a1", lv): ratios[1] for lv in range(1, levels + 1)}
-        p_rule = p_fix = by3 = both = 0
+        rng = np.random.default_rng(int(ratios[1] * 1000 + cv * 100 + levels + 7 * (variants - 1)))
+        truth = {(f"a{i}", lv): ratios[i] for i in range(1, variants + 1) for lv in range(1, levels + 1)}
+        p_rule = p_fix = by3 = both = 0.0
         used = []
         for _ in range(reps):
             full = scenario_cells(rng, rule.max_starts, ratios, cv, "gaussian", levels)
             _w, right, look = _run_rule(rule, full, truth)
+            fx = fixed_welch_holm({k: v[:FIXED] for k, v in full.items()})
+            if variants > 1:  # the share of comparisons each design decided in their direction
+                dec = _run_rule.last  # type: ignore[attr-defined]
+                rule_share = np.mean([dec[k][0] == "different" and dec[k][1] > 0 for k in truth])
+                fixed_share = np.mean([fx[k][0] and fx[k][1] > 0 for k in truth])
+                right, fixed_right = float(rule_share), float(fixed_share)
+            else:
+                fixed_right = all(dec and diff > 0 for dec, diff in fx.values())
             p_rule += right
             used.append(look)
-            by3 += right and look <= 3
-            fx = fixed_welch_holm({k: v[:FIXED] for k, v in full.items()})
-            fixed_right = all(dec and diff > 0 for dec, diff in fx.values())
+            by3 += right if look <= 3 else 0.0
             p_fix += fixed_right
-            both += right and fixed_right
+            both += right * fixed_right
         pr, pf, b3 = p_rule / reps, p_fix / reps, by3 / reps
         ratio = (pr / pf) if pf else float("nan")
         # the ratio's SE by the delta method, the two powers from the same experiments (their covariance counted)

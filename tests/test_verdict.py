@@ -54,6 +54,9 @@ def test_seed_case_lines_and_figures():
     assert s3_8.line.startswith("c=8: spec3 is equivalent to baseline within +-2% (" if s3_8.outcome == "equivalent"
                                 else "c=8: spec3 vs baseline: not decided (")
     assert "spec5: failed, no measurements (OOM during CUDA graph capture)" in lines
+    if s3_8.outcome == "equivalent":  # an equivalence claim says the starts it rests on
+        assert s3_8.line.endswith("rests on 4 starts an arm: a start 1 time in 10 unlike these would go unseen "
+                                  "in 4 starts 66% of the time"), s3_8.line
     # the typed verdict is its own JSON form: written strictly (NaN as null) and read back whole
     from pydantic import TypeAdapter
 
@@ -275,3 +278,15 @@ def test_absurd_bounds_and_start_counts_print_as_bounds_not_forty_digit_numbers(
     assert percent(1.5e40) == ">+999%" and percent(-2000.0) == "<-999%" and percent(12.34) == "+12.3%"
     assert _pct(1e50) == ">+999%"
     assert interval_text(-100.0, 1e45, "{:+.1f}") == " (-100.0..>+999.0)"
+
+
+def test_an_equivalence_claim_says_the_starts_it_rests_on():
+    """Three quiet starts an arm, no change: equivalent, and the line says on how many starts --
+    a slow start one time in ten would go unseen in 3 starts 73% of the time (0.9 ** 3)."""
+    rng = np.random.default_rng(3)
+    cells = {("base", 4): _arm(rng, 300.0, n=3, sd_b=0.002, sd_w=0.001),
+             ("same", 4): _arm(rng, 300.0, n=3, sd_b=0.002, sd_w=0.001)}
+    (c,) = make_verdict(cells, "base").per_concurrency[0].comparisons
+    assert c.outcome == "equivalent", c.line
+    assert c.line.endswith("rests on 3 starts an arm: a start 1 time in 10 unlike these would go unseen in 3 starts "
+                           "73% of the time"), c.line
