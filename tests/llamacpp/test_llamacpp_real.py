@@ -48,14 +48,17 @@ def trials(store: Path) -> list[tuple[int, int, dict]]:
 
 def run_ab(tmp_path: Path, name: str, baseline: str, command: list[str], variants: list[str], levels: str,
            output_tokens: int) -> tuple[subprocess.CompletedProcess, float]:
-    """`truthput run` of a two-variant experiment on llama-server (the default design), as a user runs it."""
+    """`truthput run` of a two-variant experiment on llama-server (the default design, at most 5
+    starts a variant), as a user runs it."""
     exp = "\n".join([
         "[experiment]", f'name = "{name}"', f'baseline = "{baseline}"', "seed = 1", "",
         "[server]", 'engine = "llamacpp"', f"command = {json.dumps(command)}", "ready_timeout_s = 60",
         "stop_grace_s = 5", "", *variants,
         "[workload]", f"concurrency = {levels}", "duration_s = 4", "warmup_s = 0.5", 'endpoint = "completions"',
         "input_tokens = 64", f"output_tokens = {output_tokens}", "ignore_eos = true", "",
-        "[measure]", "repeats = 1", "output_guard = false", "",
+        # at most 5 starts a variant: bounded by starts, not by how busy the host is (up to 8 on a
+        # loaded host ran past the 600-s limit)
+        "[measure]", "repeats = 1", "output_guard = false", "max_starts = 5", "",
     ])
     (tmp_path / "ab.toml").write_text(exp)
     t0 = time.monotonic()
@@ -87,7 +90,7 @@ def test_the_per_request_counter_headline_is_the_usage_of_the_same_whole_request
     figure is their usage over the time between the first and last completion (within 1%). The
     trial's headline is usage placed in time, and says so."""
     srv = serve(small_gguf, "-np", "4")
-    load(srv.url, tmp_path / "c.db", "-c", "1", "--duration", "5", "--output-tokens", "24")
+    load(srv.url, tmp_path / "c.db", "-c", "1", "--requests", "10", "--output-tokens", "24")
     db = sqlite3.connect(tmp_path / "c.db")
     ((tid, _c, doc),) = trials(tmp_path / "c.db")
     head = doc["throughput"]["counter_window"]
