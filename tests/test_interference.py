@@ -29,8 +29,7 @@ print(json.dumps({k: getattr(host, k) for k in ("other_cores", "server_cores", "
 
 def _measure(server_pgid: int, seconds: float = 1.5) -> HostLoad:
     """HostLoad over `seconds`, measured as truthput measures it: from a process in a session of
-    its own (truthput's own process group counts as truthput; inside the test runner that group is
-    every worker of the suite, whose finishing children would land in it mid-window)."""
+    its own (what it starts counts as truthput's own)."""
     import json
 
     out = subprocess.run([sys.executable, "-c", MEASURE, str(server_pgid), str(seconds)], capture_output=True,
@@ -235,3 +234,43 @@ def test_tick_rounding_never_reports_more_cores_than_the_host_has(monkeypatch):
     check_interference(res)
     reasons = [f.reason for f in res.throughput.counter_window.flags]
     assert any("all 2 CPU cores" in r for r in reasons) and not any("2.24" in r for r in reasons), reasons
+
+
+SAME_GROUP = """
+import json, os, subprocess, sys, time
+from truthput.engines.interference import HostLoad
+# a job of the same shell script: the same process group as truthput, but not started by it (a
+# double fork: its parent exits, so it is no descendant of this process)
+subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+                  + repr(sys.argv[1]) + "])"]).wait()
+time.sleep(0.3)
+mine = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+def ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    return int(rest[11]) + int(rest[12]), int(rest[2]), int(rest[1])
+stranger = [p for p in mine if p != os.getpid() and ticks(p)[1] == os.getpgrp() and ticks(p)[2] != os.getpid()]
+k0, t0 = ticks(stranger[0])[0], time.monotonic()
+host = HostLoad(server_pgids=set())
+host.begin()
+time.sleep(1.5)
+host.end()
+used = (ticks(stranger[0])[0] - k0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0)
+os.kill(stranger[0], 9)
+print(json.dumps({"other": host.other_cores, "used": used}))
+"""
+
+
+def test_a_job_in_truthputs_process_group_that_truthput_did_not_start_is_another_user():
+    """Two busy processes started by the same script as truthput (so in its process group) were
+    read as truthput's own: `host_other_cores` 0.0 while they took both cores, and a llama.cpp A/B
+    on that host was decided without a word of interference. truthput's own is what it started."""
+    import json
+
+    burn = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 10: pass\n"
+    out = subprocess.run([sys.executable, "-c", SAME_GROUP, burn], capture_output=True, text=True, timeout=60,
+                         start_new_session=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["used"] > 0.2, "the stranger never ran (test premise)"
+    assert got["other"] >= 0.6 * got["used"] - 0.05, got

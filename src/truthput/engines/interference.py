@@ -55,6 +55,35 @@ def _process_ticks(pid: int, own: bool = False) -> tuple[int, int] | None:
     return ticks, pgrp
 
 
+def descendant_ticks(root: int) -> int:
+    """CPU ticks of `root` (with its reaped children's) and of every live process below it (a
+    forked load worker, a tokenizer thread pool's helper): truthput's own work. Not its process
+    group: a script's other jobs share it (a build started beside `truthput run` in the same shell
+    script), and they are another user of the host."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                text = fh.read()
+            rest = text[text.rfind(")") + 2:].split()
+            parent[int(name)] = int(rest[1])
+            ticks[int(name)] = sum(int(rest[i]) for i in (11, 12, 13, 14))
+        except (OSError, IndexError, ValueError):
+            continue
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += ticks.get(pid, 0)
+        todo.extend(children.get(pid, ()))
+    return total
+
+
 def group_ticks(pgids: set[int]) -> tuple[int, set[int]]:
     """CPU ticks of every live process in these process groups, and their pids."""
     total, pids = 0, set[int]()
@@ -100,12 +129,12 @@ class HostLoad:
         own = _process_ticks(os.getpid())
         if busy is None or own is None:
             return None
-        ours = own[0]
-        own_group = group_ticks({own[1]})[0] if own[1] not in self.server_pgids else 0
+        # truthput and what it started, less the server's processes (which it also started)
         server, _ = group_ticks(self.server_pgids)
+        ours = max(descendant_ticks(os.getpid()) - server, own[0])
         fronts = [_process_ticks(pgid, own=True) for pgid in self.server_pgids]
         front = sum(f[0] for f in fronts if f) if fronts and all(fronts) else None
-        return HostSample(busy=busy, ours=max(ours, own_group), server=server, front=front)
+        return HostSample(busy=busy, ours=ours, server=server, front=front)
 
     def begin(self) -> None:
         self.start, self.t_start = self._sample(), time.monotonic()
