@@ -82,3 +82,26 @@ def test_audit_errors_are_one_line(tmp_path):
     assert out.exit_code != 0 and "no runs" in str(out.exception)
     out = CliRunner().invoke(app, ["audit", "latest", "--store", str(tmp_path / "missing.db")])
     assert out.exit_code != 0 and "no results store" in str(out.exception)
+
+
+def test_the_audit_and_the_cells_show_one_hit_rate_per_cell(tmp_path):
+    """Three trials whose windows hit 5%, 10% and 90%: the cell table and the audit's identity line
+    said 10% and 35% of the same cell (a median in one, a mean in the other); one figure now."""
+    from truthput.analyze.audit import integrity_rows
+    from truthput.analyze.cells import build_cells
+    from truthput.measure.model import Figure
+
+    run_id, _truth = fill_store(tmp_path / "t.db")
+    db = Store(tmp_path / "t.db")
+    sim = simulate(TruthConfig(concurrency=4, requests=24))
+    res = measure_trial(sim.records, sim.scrapes, sim.log_lines, sim.window, 4)
+    db.commit_trial(run_id, "nospec", None, TrialKey("nospec", 0, 4, 2), "ok", time.time(), 0.0, sim.window,
+                    sim.window[1], res, sim.records, sim.scrapes)
+    trials = [t for t in db.trial_results(run_id) if t.variant == "nospec" and t.level == 4]
+    db.close()
+    assert len(trials) == 3
+    for t, hit in zip(trials, (0.05, 0.10, 0.90)):
+        t.results.server_samples.prefix_cache_hit_rate = Figure(value=hit, unit="fraction", source="server_counter")
+    (row,) = integrity_rows(trials)
+    (cell,) = build_cells(trials)
+    assert row.prefix_cache_hit_rate == cell.prefix_cache_hit_rate()[0] == pytest.approx(0.10)

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import Field
 
-from truthput.analyze.cells import TrialLike, group_trials
+from truthput.analyze.cells import TrialLike, group_trials, hit_rate_of
 from truthput.analyze.rows import LevelRow, clean
 from truthput.measure.model import Check, MethodRow, TrialResults
 from truthput.experiment.levels import Level, level_json
@@ -137,16 +137,10 @@ def integrity_rows(trials: Sequence[TrialLike]) -> list[IntegrityRow]:
             spec_checks_failed=[c.message for c in checks if c.ok is False],
             # work other than asked is said once per cell (its warnings), not once per trial here
             warnings=sorted({w for r in results for w in r.warnings if w not in r.requests.work_notes}),
-            prefix_cache_hit_rate=_mean_hit_rate(results), cache=sorted({r.cache for r in results if r.cache}),
+            prefix_cache_hit_rate=hit_rate_of(results)[0], cache=sorted({r.cache for r in results if r.cache}),
             flags=list(dict.fromkeys(f"{f.code}: {f.reason}" for r in results for f in r.headline().flags)),
         ))
     return rows
-
-
-def _mean_hit_rate(results: Sequence[TrialResults]) -> float | None:
-    rates = [v for r in results if (f := r.server_samples.prefix_cache_hit_rate) is not None
-             and (v := f.number()) is not None]
-    return mean(rates) if rates else None
 
 
 @dataclass

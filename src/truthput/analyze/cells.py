@@ -49,6 +49,17 @@ class HeadlineBasis:
 COUNTER_BASIS = "emitted-token counter delta over the steady-state window / its wall time"
 
 
+def hit_rate_of(results: Sequence[TrialResults]) -> tuple[float | None, str]:
+    """A cell's prefix-cache hit rate, the one figure every view shows: the median over its ok
+    trials of each window's rate (the server's counters), or why there is none."""
+    figs = [r.server_samples.prefix_cache_hit_rate for r in results]
+    known = [v for f in figs if f is not None and (v := f.number()) is not None]
+    notes = [f.note for f in figs if f is not None and f.note]
+    if not known:
+        return None, notes[0] if notes else "no trial measured it"
+    return median(known), "median over trials of the window's cached / looked-up prompt tokens (the server's counters)"
+
+
 def headline_basis_note(results: TrialResults, h: Figure) -> str:
     """How a trial's headline was counted, said from the figures themselves: the counter's delta,
     or the usage figure's own note (running usage counts, or final usage spread over the chunks, and
@@ -250,13 +261,7 @@ class Cell:
     def prefix_cache_hit_rate(self) -> tuple[float | None, str]:
         """(median over the cell's ok trials of the window's prefix-cache hit rate, what it is or
         why there is none)."""
-        figs = [t.results.server_samples.prefix_cache_hit_rate for t in self.trials if t.status == "ok"]
-        known = [v for f in figs if f is not None and (v := f.number()) is not None]
-        notes = [f.note for f in figs if f is not None and f.note]
-        if not known:
-            return None, notes[0] if notes else "no trial measured it"
-        said = "median over trials of the window's cached / looked-up prompt tokens (the server's counters)"
-        return median(known), said
+        return hit_rate_of([t.results for t in self.trials if t.status == "ok"])
 
     def spec_acceptance(self) -> tuple[float | None, float | None]:
         """(acceptance rate, mean acceptance length) of the cell's speculation: the means over its ok
