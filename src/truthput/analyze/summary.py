@@ -307,8 +307,9 @@ def _caution_cache_state(verdict: Verdict, cells: list[Cell], baseline: str,
             mine = start_hit_rates(by_key.get((comp.variant, cv.level)))
             if not cache_state_differs(base, mine):
                 continue
-            rates = (f"prefix-cache hit rate {baseline} {sum(base) / len(base):.0%}, "
-                     f"{comp.variant} {sum(mine) / len(mine):.0%}")
+            # the figures every view shows for these cells (`hit_rate_of`), not the test's per-start means
+            shown = [by_key[(v, cv.level)].prefix_cache_hit_rate()[0] for v in (baseline, comp.variant)]
+            rates = f"prefix-cache hit rate {baseline} {shown[0] or 0:.0%}, {comp.variant} {shown[1] or 0:.0%}"
             named = changes.get(comp.variant) or []
             said = (f"the arms ran at different cache states ({rates}): part of the effect, since {comp.variant} "
                     f"changes {', '.join(named)}, which sets what the prefix cache holds" if named else
