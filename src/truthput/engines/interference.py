@@ -38,9 +38,9 @@ def _host_busy_ticks() -> int | None:
     return sum(values[i] for i in BUSY_FIELDS if i < len(values))
 
 
-def _process_ticks(pid: int, own: bool = False) -> tuple[int, int] | None:
-    """(utime + stime + cutime + cstime, process group) of a process, from /proc/<pid>/stat;
-    `own`: utime + stime only (not its reaped children's)."""
+def _stat(pid: int) -> tuple[int, int, int, int] | None:
+    """(utime + stime + cutime + cstime, utime + stime, process group, parent) of a process, from
+    /proc/<pid>/stat (None when it is gone or unreadable)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             text = fh.read()
@@ -48,55 +48,51 @@ def _process_ticks(pid: int, own: bool = False) -> tuple[int, int] | None:
         return None
     rest = text[text.rfind(")") + 2:].split()
     try:
-        pgrp = int(rest[2])
-        ticks = sum(int(rest[i]) for i in ((11, 12) if own else (11, 12, 13, 14)))
+        own = int(rest[11]) + int(rest[12])
+        return own + int(rest[13]) + int(rest[14]), own, int(rest[2]), int(rest[1])
     except (IndexError, ValueError):
         return None
-    return ticks, pgrp
 
 
-def descendant_ticks(root: int) -> int:
+def _process_ticks(pid: int, own: bool = False) -> tuple[int, int] | None:
+    """(utime + stime + cutime + cstime, process group) of a process; `own`: utime + stime only (not
+    its reaped children's)."""
+    st = _stat(pid)
+    return None if st is None else (st[1] if own else st[0], st[2])
+
+
+def _table() -> dict[int, tuple[int, int, int, int]]:
+    """`_stat` of every live process: one walk of /proc per sample."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _stat(int(name))) is not None:
+            out[int(name)] = st
+    return out
+
+
+def descendant_ticks(root: int, table: dict[int, tuple[int, int, int, int]]) -> int:
     """CPU ticks of `root` (with its reaped children's) and of every live process below it (a
     forked load worker, a tokenizer thread pool's helper): truthput's own work. Not its process
     group: a script's other jobs share it (a build started beside `truthput run` in the same shell
     script), and they are another user of the host."""
-    parent: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as fh:
-                text = fh.read()
-            rest = text[text.rfind(")") + 2:].split()
-            parent[int(name)] = int(rest[1])
-            ticks[int(name)] = sum(int(rest[i]) for i in (11, 12, 13, 14))
-        except (OSError, IndexError, ValueError):
-            continue
     children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, st in table.items():
+        children.setdefault(st[3], []).append(pid)
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()
-        total += ticks.get(pid, 0)
+        total += table[pid][0] if pid in table else 0
         todo.extend(children.get(pid, ()))
     return total
 
 
-def group_ticks(pgids: set[int]) -> tuple[int, set[int]]:
+def group_ticks(pgids: set[int], table: dict[int, tuple[int, int, int, int]] | None = None) -> tuple[int, set[int]]:
     """CPU ticks of every live process in these process groups, and their pids."""
-    total, pids = 0, set[int]()
     if not pgids:
-        return 0, pids
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        info = _process_ticks(int(name))
-        if info is not None and info[1] in pgids:
-            total += info[0]
-            pids.add(int(name))
-    return total, pids
+        return 0, set()
+    table = _table() if table is None else table
+    pids = {pid for pid, st in table.items() if st[2] in pgids}
+    return sum(table[p][0] for p in pids), pids
 
 
 @dataclass
@@ -130,8 +126,9 @@ class HostLoad:
         if busy is None or own is None:
             return None
         # truthput and what it started, less the server's processes (which it also started)
-        server, _ = group_ticks(self.server_pgids)
-        ours = max(descendant_ticks(os.getpid()) - server, own[0])
+        table = _table()
+        server, _ = group_ticks(self.server_pgids, table)
+        ours = max(descendant_ticks(os.getpid(), table) - server, own[0])
         fronts = [_process_ticks(pgid, own=True) for pgid in self.server_pgids]
         front = sum(f[0] for f in fronts if f) if fronts and all(fronts) else None
         return HostSample(busy=busy, ours=ours, server=server, front=front)
